@@ -1,0 +1,158 @@
+# dflash: C11 + CUDA tools that train and evaluate DFlash drafters.
+#
+#   make            libdflash and every tool into bin/ (CUDA when nvcc is found)
+#   make check      install missing packages, build, run every test, then again
+#                   under ASan+UBSan; ends with "N passed, N failed"
+#   make demo       the whole job on a tiny built-in model (under 5 minutes)
+#   make bench      throughput beside the PyTorch/lz4/zstd equivalents
+#   make fuzz       the libFuzzer targets, FUZZ_SECONDS each
+#   make fixtures   remake the golden fixtures (needs torch and transformers)
+#   make man        regenerate man/*.1 and man/*.5 from their scdoc sources
+#   make install    PREFIX=/usr/local
+#   make deps       apt-get the Debian packages that are missing
+#
+# Knobs: NO_CUDA=1 skips the CUDA part; SAN=1 builds with ASan+UBSan;
+# BUILD=dir and BIN=dir move the build; CC=clang works as well as gcc.
+
+PREFIX   ?= /usr/local
+BUILD    ?= build
+BIN      ?= bin
+FUZZ_SECONDS ?= 60
+CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
+
+# msgpack-c is "msgpack-c" from 6.0 on and "msgpack" before (Debian 12).
+MSGPACK_PC := $(shell pkg-config --exists msgpack-c 2>/dev/null && echo msgpack-c || echo msgpack)
+PKGS     := $(MSGPACK_PC) liblz4 jansson libxxhash openblas
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+CFLAGS   ?= -O2 -g
+ALL_CFLAGS := -std=c11 -D_GNU_SOURCE $(WARN) $(CFLAGS) -fopenmp -Ilib $(PKG_CFLAGS)
+LDLIBS   := $(PKG_LIBS) -fopenmp -lm
+
+ifeq ($(SAN),1)
+  ALL_CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDLIBS += -fsanitize=address,undefined
+  NO_CUDA := 1
+endif
+
+NVCC := $(if $(NO_CUDA),,$(shell command -v nvcc 2>/dev/null))
+ifneq ($(NVCC),)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  ALL_CFLAGS += -DDFLASH_HAVE_CUDA
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+  NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -lineinfo -Ilib -Ikernels -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -Werror all-warnings
+  CUDA_STATUS := CUDA backend: building with $(NVCC) for sm_90a (+PTX)
+else
+  CUDA_STATUS := CUDA backend: skipped ($(if $(NO_CUDA),NO_CUDA=1,nvcc not found)); --device cuda will report it
+endif
+
+LIB_SRC    := $(sort $(wildcard lib/*.c))
+LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o)
+KERNEL_SRC := $(if $(NVCC),$(sort $(wildcard kernels/*.cu)))
+KERNEL_OBJ := $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
+TOOL_SRC   := $(sort $(wildcard tools/dflash-*.c))
+TOOLS      := $(TOOL_SRC:tools/%.c=$(BIN)/%)
+UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+HELPER_SRC := $(sort $(wildcard tests/helpers/*.c))
+HELPER_BIN := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
+MAN_SRC    := $(sort $(wildcard man/*.scd))
+MAN_OUT    := $(MAN_SRC:%.scd=%)
+
+LIBDFLASH  := $(BUILD)/libdflash.a
+
+.PHONY: all check check-build test deps demo bench fuzz fixtures man install clean status gpu-check
+.DEFAULT_GOAL := all
+
+all: status $(TOOLS)
+
+status:
+	@echo "$(CUDA_STATUS)"
+
+$(BUILD)/lib/%.o: lib/%.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(LIBDFLASH): $(LIB_OBJ) $(KERNEL_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN)/%: tools/%.c $(LIBDFLASH)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -MF $(BUILD)/tools/$*.d $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
+$(TOOLS): | $(BUILD)/tools
+$(BUILD)/tools:
+	@mkdir -p $@
+
+$(BUILD)/tests/%: tests/unit/%.c tests/test.h $(LIBDFLASH)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: tests/helpers/%.c $(LIBDFLASH)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
+
+check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN)
+
+# The tests of one build tree (BUILD/BIN); prints its own tally.
+test: check-build
+	@DFLASH_BIN=$(abspath $(BIN)) DFLASH_BUILD=$(abspath $(BUILD)) tests/run.sh
+
+# Everything: the normal build, then the sanitizer build, one final tally.
+check: deps
+	@$(MAKE) --no-print-directory status
+	@$(MAKE) --no-print-directory check-build
+	@$(MAKE) --no-print-directory SAN=1 BUILD=build-asan BIN=build-asan/bin check-build
+	@DFLASH_BIN=$(abspath $(BIN)) DFLASH_BUILD=$(abspath $(BUILD)) \
+	 DFLASH_ASAN_BIN=$(abspath build-asan/bin) DFLASH_ASAN_BUILD=$(abspath build-asan) \
+	 tests/run.sh --with-asan
+
+deps:
+	@build-aux/deps.sh
+
+demo: all
+	@DFLASH_BIN=$(abspath $(BIN)) pipelines/demo.sh
+
+bench: all $(HELPER_BIN)
+	@DFLASH_BIN=$(abspath $(BIN)) DFLASH_BUILD=$(abspath $(BUILD)) tests/bench/run.sh
+
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+FUZZ_LIB_SRC := $(filter-out lib/ops_cpu%.c,$(LIB_SRC))
+
+build-fuzz/%: tests/fuzz/%.c $(LIB_SRC)
+	@mkdir -p $(@D)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fopenmp -Ilib $(PKG_CFLAGS) \
+	  $< $(LIB_SRC) $(PKG_LIBS) -lm -o $@
+
+fuzz: $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p tests/fuzz/corpus/$$n; \
+	  echo "fuzzing $$n for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=1024 tests/fuzz/corpus/$$n || exit 1; done
+
+fixtures:
+	python3 tests/reference/make_fixtures.py
+
+man: $(MAN_OUT)
+man/%: man/%.scd man/gen.sh $(TOOLS)
+	@BIN=$(BIN) man/gen.sh $< $@
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(wildcard man/*.1) $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 $(wildcard man/*.5) $(DESTDIR)$(PREFIX)/share/man/man5/
+
+gpu-check:
+	tests/gpu/run.sh
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz $(BIN)
+
+-include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d)

@@ -1,0 +1,157 @@
+/* common.c: error buffer, checked allocation, number parsing, f16. */
+#include "common.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <time.h>
+
+static _Thread_local char err_buf[1024];
+static _Thread_local int err_code;
+
+int dfl_err(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+    va_end(ap);
+    err_code = code;
+    return code;
+}
+
+const char *dfl_errmsg(void) { return err_buf[0] ? err_buf : "unknown error"; }
+int dfl_errcode(void) { return err_code ? err_code : DFL_EX_SOFTWARE; }
+
+void dfl_die_last(const char *prog) {
+    fprintf(stderr, "%s: %s\n", prog, dfl_errmsg());
+    exit(dfl_errcode());
+}
+
+void dfl_die(const char *prog, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+void dfl_abort(const char *file, int line, const char *what) {
+    fprintf(stderr, "dflash: internal error at %s:%d: assertion '%s' failed\n", file, line, what);
+    abort();
+}
+
+static void *out_of_memory(size_t n) {
+    fprintf(stderr, "dflash: out of memory allocating %zu bytes\n", n);
+    exit(DFL_EX_SOFTWARE);
+}
+
+void *dfl_malloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    return p ? p : out_of_memory(n);
+}
+
+void *dfl_calloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    return p ? p : out_of_memory(n * size);
+}
+
+void *dfl_realloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    return q ? q : out_of_memory(n);
+}
+
+char *dfl_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(dfl_malloc(n), s, n);
+}
+
+void *dfl_aligned_alloc(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) return out_of_memory(n);
+    return p;
+}
+
+float dfl_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        float f = ldexpf((float)man, -24); /* subnormal or zero */
+        return sign ? -f : f;
+    } else {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t dfl_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00;        /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00;       /* overflow -> inf */
+    if (a < 0x38800000u) {                            /* subnormal or zero */
+        float af;
+        memcpy(&af, &a, 4);
+        return sign | (uint16_t)lrintf(af * 16777216.0f); /* 2^24, RNE */
+    }
+    uint32_t r = a + 0x7ffu + ((a >> 13) & 1u) - 0x38000000u; /* rebias 127->15, RNE */
+    return sign | (uint16_t)(r >> 13);
+}
+
+int dfl_parse_i64(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int dfl_parse_double(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int dfl_parse_size(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (!isdigit((unsigned char)*s)) return -1;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mult = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': mult = 1024.0; end++; break;
+    case 'M': mult = 1048576.0; end++; break;
+    case 'G': mult = 1073741824.0; end++; break;
+    case 'T': mult = 1099511627776.0; end++; break;
+    default: break;
+    }
+    if (mult > 1) {
+        if (*end == 'i' && toupper((unsigned char)end[1]) == 'B') end += 2;
+        else if (toupper((unsigned char)*end) == 'B') end++;
+    } else if (toupper((unsigned char)*end) == 'B') {
+        end++;
+    }
+    if (*end) return -1;
+    v *= mult;
+    if (v >= 18446744073709551615.0) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+double dfl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

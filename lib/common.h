@@ -1,0 +1,95 @@
+/* common.h: exit codes, error reporting, checked allocation, number formats.
+ *
+ * Every dflash library function that can fail on bad input returns an int
+ * status: 0 on success, otherwise one of the DFL_EX_* exit codes below, after
+ * recording a message with dfl_err(). Tools print that message, prefixed with
+ * their name, and exit with the code. Internal invariants (programmer errors)
+ * abort through DFL_ASSERT instead: bad input must never reach an assert.
+ */
+#ifndef DFLASH_COMMON_H
+#define DFLASH_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define DFLASH_VERSION "0.1.0"
+
+/* C11 _Noreturn is not C++; this spelling works in both (kernels/ include us). */
+#define DFL_NORETURN __attribute__((noreturn))
+
+/* The exit-code table, documented in every man page (EXIT STATUS). The
+ * numbers follow sysexits.h where one fits, as jq and GNU tools do. */
+enum {
+    DFL_EX_OK       = 0,  /* success */
+    DFL_EX_NEGATIVE = 1,  /* a requested check failed (e.g. a score threshold) */
+    DFL_EX_USAGE    = 2,  /* bad command line */
+    DFL_EX_DATA     = 65, /* malformed input: stream, safetensors, JSON, config */
+    DFL_EX_NOINPUT  = 66, /* an input file or directory cannot be opened */
+    DFL_EX_UNAVAIL  = 69, /* a requested facility is missing (no CUDA device) */
+    DFL_EX_SOFTWARE = 70, /* internal error, CUDA/cuBLAS failure */
+    DFL_EX_CANTCREAT = 73, /* an output cannot be created */
+    DFL_EX_IOERR    = 74, /* read or write failure, full disk, closed pipe */
+};
+
+/* Record an error message (printf-style) and return `code`. The message is
+ * kept in a thread-local buffer until the next call; dfl_errmsg() returns it. */
+int dfl_err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *dfl_errmsg(void);
+int dfl_errcode(void);
+
+/* Print "prog: message" for the last recorded error and exit with its code. */
+DFL_NORETURN void dfl_die_last(const char *prog);
+/* Print "prog: message" and exit with `code`. */
+DFL_NORETURN void dfl_die(const char *prog, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Internal invariant: abort with file and line. Never used for input checks. */
+#define DFL_ASSERT(x) \
+    do { if (!(x)) dfl_abort(__FILE__, __LINE__, #x); } while (0)
+DFL_NORETURN void dfl_abort(const char *file, int line, const char *what);
+
+/* Allocation that aborts on failure (exit 70): used only for sizes that were
+ * already validated against caps; untrusted sizes are checked first. */
+void *dfl_malloc(size_t n);
+void *dfl_calloc(size_t n, size_t size);
+void *dfl_realloc(void *p, size_t n);
+char *dfl_strdup(const char *s);
+/* 64-byte aligned allocation, freed with free(). */
+void *dfl_aligned_alloc(size_t n);
+
+/* a*b with overflow detection: returns 0 and sets *out, or -1 on overflow. */
+static inline int dfl_mul_overflow(uint64_t a, uint64_t b, uint64_t *out) {
+    if (a != 0 && b > UINT64_MAX / a) return -1;
+    *out = a * b;
+    return 0;
+}
+
+/* bf16 <-> f32, round-to-nearest-even as PyTorch (c10/util/BFloat16.h). */
+static inline float dfl_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t dfl_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+/* IEEE half <-> f32 (round-to-nearest-even). */
+float dfl_f16_to_f32(uint16_t h);
+uint16_t dfl_f32_to_f16(float f);
+
+/* Parse helpers for option values; return 0 or -1. */
+int dfl_parse_i64(const char *s, int64_t *out);
+int dfl_parse_double(const char *s, double *out);
+/* Sizes with optional K/M/G/T suffix (powers of 1024, "KiB" and "KB" alike). */
+int dfl_parse_size(const char *s, uint64_t *out);
+
+/* Monotonic wall clock in seconds. */
+double dfl_now(void);
+
+#endif

@@ -1,0 +1,147 @@
+/* ops.h: the table of ops the target and the drafter are written against.
+ *
+ * The model code in lib/ (target.c, drafter.c, train.c, score.c) is written
+ * once, as a sequence of calls through a `const dfl_ops *`. Two tables
+ * implement it: the CPU reference (lib/ops_cpu*.c: fp32, plain loops,
+ * OpenBLAS sgemm, OpenMP) and the CUDA backend (kernels/: bf16 storage, fp32
+ * accumulation, cuBLAS). Changing backends changes only the table.
+ *
+ * Buffers. Every pointer argument is a backend buffer from ops->alloc,
+ * except where marked "host". Three kinds:
+ *   act  activations and their gradients: f32 on the CPU, bf16 on CUDA
+ *        (ops->act_bytes per element)
+ *   wt   compute weights: f32 on the CPU, bf16 on CUDA (ops->wt_bytes)
+ *   f32, i32  always 32-bit floats / ints (master weights, parameter
+ *        gradients, AdamW moments, saved statistics, token ids, positions)
+ * Model code never dereferences act or wt pointers; it offsets them with
+ * DFL_AT(). Shapes are row-major, last index fastest, as in PyTorch.
+ *
+ * Gradients. Backward ops ACCUMULATE (+=) into every gradient they write,
+ * as llm.c does, so one memset zeroes a step. A NULL gradient pointer means
+ * "not needed" (frozen weights, inputs that need no gradient).
+ *
+ * Naming: out first, then saved-for-backward, then inputs, then weights,
+ * then sizes. M,K,N for matmul; T tokens; Hq/Hkv heads; D head dim.
+ */
+#ifndef DFLASH_OPS_H
+#define DFLASH_OPS_H
+
+#include "dtype.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dfl_ops dfl_ops;
+
+/* Pointer to element `i` of an act buffer (or wt buffer, with wt_bytes). */
+#define DFL_AT(ops, p, i) ((void *)((char *)(p) + (size_t)(i) * (size_t)(ops)->act_bytes))
+#define DFL_WAT(ops, p, i) ((void *)((char *)(p) + (size_t)(i) * (size_t)(ops)->wt_bytes))
+
+/* One DFlash block as seen by attn_dflash: its queries are rows
+ * [j*B, j*B+B) of q; it sees key rows [ctx_off, ctx_off+ctx_len) (the
+ * target context strictly before its anchor) and [blk_off, blk_off+B) (its
+ * own block, bidirectionally). Nothing else. */
+typedef struct {
+    int32_t ctx_off, ctx_len, blk_off;
+} dfl_block;
+
+struct dfl_ops {
+    const char *name;  /* "cpu" or "cuda" */
+    int act_bytes;     /* 4 or 2 */
+    int wt_bytes;      /* 4 or 2 */
+
+    /* ---- memory ---- */
+    void *(*alloc)(size_t bytes);             /* zeroed; aborts (exit 70) on failure */
+    void (*free)(void *p);
+    void (*zero)(void *p, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    void (*upload)(void *dst, const void *host_src, size_t bytes);
+    void (*download)(void *host_dst, const void *src, size_t bytes);
+    void (*sync)(void);
+
+    /* ---- conversions ---- */
+    /* host array of `dtype` (bf16/f16/f32) -> act or wt buffer */
+    void (*load_act)(void *dst, const void *host_src, dfl_dtype dtype, int64_t n);
+    void (*load_wt)(void *dst, const void *host_src, dfl_dtype dtype, int64_t n);
+    /* act -> host f32 / host bf16 (round to nearest even) */
+    void (*act_to_f32)(float *host_dst, const void *src, int64_t n);
+    void (*act_to_bf16)(uint16_t *host_dst, const void *src, int64_t n);
+    /* f32 master weights -> compute weights (a copy on the CPU, a cast on CUDA) */
+    void (*master_to_wt)(void *dst, const float *master, int64_t n);
+
+    /* ---- dense ---- */
+    /* out[M,N] = in[M,K] · w[N,K]^T, plus out when accumulate is set. */
+    void (*matmul)(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
+    /* din[M,K] += dout[M,N] · w;  dw[N,K] += dout^T · in (f32). */
+    void (*matmul_bwd)(void *din, float *dw, const void *dout, const void *in, const void *w,
+                       int64_t M, int64_t K, int64_t N);
+    /* out = in * rstd * w per row of `dim`, rstd = 1/sqrt(mean(in^2) + eps)
+     * computed in f32 and saved in rstd[rows] (f32, may be NULL). */
+    void (*rmsnorm)(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
+    void (*rmsnorm_bwd)(void *din, float *dw, const void *dout, const void *in, const float *rstd,
+                        const void *w, int64_t rows, int64_t dim);
+    /* Rotate x[T, nh, d] in place, NeoX pairing (i, i + d/2): with
+     * th = pos[t] * inv_freq[i], x_i' = x_i cos th - x_{i+d/2} sin th and
+     * x_{i+d/2}' = x_{i+d/2} cos th + x_i sin th. inverse = 1 rotates by -th
+     * (the backward pass). pos: i32 [T]; inv_freq: f32 [d/2]. */
+    void (*rope)(void *x, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, int inverse);
+    /* out = silu(gate) * up, elementwise. */
+    void (*swiglu)(void *out, const void *gate, const void *up, int64_t n);
+    void (*swiglu_bwd)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
+    /* out = a + b (out may alias a or b). */
+    void (*add)(void *out, const void *a, const void *b, int64_t n);
+    /* out[T,H] = table[ids[t]] (table: wt [V,H]). */
+    void (*embed)(void *out, const int32_t *ids, const void *table, int64_t T, int64_t H);
+
+    /* ---- attention (scale 1/sqrt(D); q head h uses kv head h / (Hq/Hkv)) ---- */
+    /* Causal self-attention over packed sequences: sequence s holds rows
+     * [cu[s], cu[s+1]) of q[T,Hq,D], k,v[T,Hkv,D]; no row sees another
+     * sequence. cu: i32 [nseq+1]. Forward only (the target). */
+    void (*attn_causal)(void *out, const void *q, const void *k, const void *v, const int32_t *cu,
+                        int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
+    /* DFlash block attention: q[nblk*B, Hq, D], k,v[NK, Hkv, D], out like q.
+     * Block j sees exactly the keys of blocks[j] (dfl_block, i32 triples).
+     * lse[nblk*B, Hq] (f32) is saved for the backward pass. */
+    void (*attn_dflash)(void *out, float *lse, const void *q, const void *k, const void *v,
+                        const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
+                        int64_t Hq, int64_t Hkv, int64_t D);
+    void (*attn_dflash_bwd)(void *dq, void *dk, void *dv, const void *dout, const void *out,
+                            const float *lse, const void *q, const void *k, const void *v,
+                            const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
+                            int64_t Hq, int64_t Hkv, int64_t D);
+
+    /* ---- LM head and losses (w: wt [V,H], frozen; logits never whole) ---- */
+    /* With z_i = h_i · w^T: pred[i] = argmax z_i (lowest index on ties);
+     * for rows with labels[i] >= 0, loss[i] = logsumexp(z_i) - z_i[labels[i]]
+     * (else 0); if dh, dh_i += gscale[i] * (softmax(z_i) - onehot) · w for
+     * rows with gscale[i] != 0. loss, gscale: f32 [N]; pred, labels: i32 [N]. */
+    void (*lmhead_ce)(float *loss, int32_t *pred, void *dh, const void *h, const void *w,
+                      const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V);
+    /* KL(p_t || p_d) with p_t = softmax(th_i · w^T) (th: the target's
+     * final-normed hidden state, act [N,H]) and p_d = softmax(h_i · w^T):
+     * loss[i] = sum p_t (log p_t - log p_d); dh_i += gscale[i] (p_d - p_t) · w;
+     * pred[i] = argmax of the drafter, tpred[i] (may be NULL) of the target.
+     * Rows with gscale[i] == 0 get loss 0 and no gradient. */
+    void (*lmhead_kl)(float *loss, int32_t *pred, int32_t *tpred, void *dh, const void *h, const void *th,
+                      const void *w, const float *gscale, int64_t N, int64_t H, int64_t V);
+    /* pred[i] = argmax_v h_i · w_v (lowest index on ties); gap[i] (f32, may be
+     * NULL) = top-1 minus top-2 logit, to tell near-ties apart in tests. */
+    void (*lmhead_argmax)(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H, int64_t V);
+
+    /* ---- optimizer (all f32) ---- */
+    double (*sumsq)(const float *x, int64_t n);
+    /* PyTorch AdamW, step t >= 1, on g = gscale * grad:
+     * p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+     * p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). */
+    void (*adamw)(float *p, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2,
+                  float eps, float wd, float gscale, int64_t t);
+};
+
+/* The CPU reference table. */
+const dfl_ops *dfl_ops_cpu(void);
+/* Look up a backend by name ("cpu" or "cuda"). Returns 0, or DFL_EX_UNAVAIL
+ * with the reason recorded ("built without CUDA", "no CUDA device: ...").
+ * `device` may be "cuda" or "cuda:N". */
+int dfl_ops_get(const char *device, const dfl_ops **out);
+
+#endif

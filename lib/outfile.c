@@ -1,0 +1,227 @@
+/* outfile.c: temporary-name outputs renamed on commit, with signal cleanup. */
+#include "outfile.h"
+
+#include "common.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_CLEANUP 64
+
+struct dfl_out {
+    FILE *f;
+    char *final_path;
+    char *tmp_path; /* NULL for stdout */
+};
+
+static struct {
+    char path[PATH_MAX];
+    int is_dir, used;
+} cleanup[MAX_CLEANUP];
+static int handlers_installed;
+
+/* Remove a directory and the plain files in it (checkpoints are flat). */
+static void remove_flat_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        char p[PATH_MAX];
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            if (snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p) unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+static void run_cleanup(void) {
+    for (int i = 0; i < MAX_CLEANUP; i++) {
+        if (!cleanup[i].used) continue;
+        if (cleanup[i].is_dir) remove_flat_dir(cleanup[i].path);
+        else unlink(cleanup[i].path);
+        cleanup[i].used = 0;
+    }
+}
+
+static void on_signal(int sig) {
+    run_cleanup();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_handlers(void) {
+    if (handlers_installed) return;
+    handlers_installed = 1;
+    atexit(run_cleanup);
+    int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sigs[i], &sa, NULL);
+    }
+}
+
+void dfl_cleanup_register(const char *path, int is_dir) {
+    install_handlers();
+    for (int i = 0; i < MAX_CLEANUP; i++) {
+        if (cleanup[i].used) continue;
+        snprintf(cleanup[i].path, sizeof cleanup[i].path, "%s", path);
+        cleanup[i].is_dir = is_dir;
+        cleanup[i].used = 1;
+        return;
+    }
+    DFL_ASSERT(!"too many temporary outputs");
+}
+
+void dfl_cleanup_unregister(const char *path) {
+    for (int i = 0; i < MAX_CLEANUP; i++)
+        if (cleanup[i].used && !strcmp(cleanup[i].path, path)) cleanup[i].used = 0;
+}
+
+/* ".NAME.tmp.XXXXXX" in the directory of `final`. */
+static int tmp_name_for(const char *final, char *buf, size_t n) {
+    const char *slash = strrchr(final, '/');
+    int dirlen = slash ? (int)(slash - final + 1) : 0;
+    const char *base = slash ? slash + 1 : final;
+    int k = snprintf(buf, n, "%.*s.%s.tmp.XXXXXX", dirlen, final, base);
+    return k > 0 && (size_t)k < n ? 0 : -1;
+}
+
+int dfl_out_open(dfl_out **out, const char *path, int binary) {
+    *out = NULL;
+    if (!strcmp(path, "-")) {
+        if (binary && isatty(STDOUT_FILENO))
+            return dfl_err(DFL_EX_USAGE, "refusing to write binary data to a terminal; redirect stdout or use -o FILE");
+        dfl_out *o = dfl_calloc(1, sizeof *o);
+        o->f = stdout;
+        o->final_path = dfl_strdup("-");
+        *out = o;
+        return 0;
+    }
+    char tmp[PATH_MAX];
+    if (tmp_name_for(path, tmp, sizeof tmp)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create: %s", path, strerror(errno));
+    dfl_cleanup_register(tmp, 0);
+    fchmod(fd, 0644);
+    dfl_out *o = dfl_calloc(1, sizeof *o);
+    o->f = fdopen(fd, "wb");
+    if (!o->f) {
+        close(fd);
+        unlink(tmp);
+        dfl_cleanup_unregister(tmp);
+        free(o);
+        return dfl_err(DFL_EX_CANTCREAT, "%s: cannot open: %s", path, strerror(errno));
+    }
+    o->final_path = dfl_strdup(path);
+    o->tmp_path = dfl_strdup(tmp);
+    *out = o;
+    return 0;
+}
+
+FILE *dfl_out_file(dfl_out *o) { return o->f; }
+const char *dfl_out_path(const dfl_out *o) { return o->final_path; }
+
+static void out_free(dfl_out *o) {
+    free(o->final_path);
+    free(o->tmp_path);
+    free(o);
+}
+
+int dfl_out_commit(dfl_out *o) {
+    int rc = 0;
+    if (!o->tmp_path) {
+        if (fflush(o->f) != 0 || ferror(o->f))
+            rc = dfl_err(DFL_EX_IOERR, "stdout: write failed: %s", strerror(errno));
+        out_free(o);
+        return rc;
+    }
+    if (fflush(o->f) != 0 || ferror(o->f) || fsync(fileno(o->f)) != 0)
+        rc = dfl_err(DFL_EX_IOERR, "%s: write failed: %s", o->final_path, strerror(errno));
+    if (fclose(o->f) != 0 && !rc) rc = dfl_err(DFL_EX_IOERR, "%s: close failed: %s", o->final_path, strerror(errno));
+    if (!rc && rename(o->tmp_path, o->final_path) != 0)
+        rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", o->final_path, strerror(errno));
+    if (rc) unlink(o->tmp_path);
+    dfl_cleanup_unregister(o->tmp_path);
+    out_free(o);
+    return rc;
+}
+
+void dfl_out_abort(dfl_out *o) {
+    if (!o) return;
+    if (o->tmp_path) {
+        fclose(o->f);
+        unlink(o->tmp_path);
+        dfl_cleanup_unregister(o->tmp_path);
+    } else {
+        fflush(o->f);
+    }
+    out_free(o);
+}
+
+int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n) {
+    char buf[PATH_MAX];
+    size_t len = strlen(final_path);
+    while (len > 1 && final_path[len - 1] == '/') len--; /* "ckpt/" -> "ckpt" */
+    if (len >= sizeof buf) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
+    memcpy(buf, final_path, len);
+    buf[len] = 0;
+    if (tmp_name_for(buf, tmp_path, n)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
+    if (!mkdtemp(tmp_path)) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", final_path, strerror(errno));
+    chmod(tmp_path, 0755);
+    dfl_cleanup_register(tmp_path, 1);
+    return 0;
+}
+
+static int fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+int dfl_tmpdir_commit(const char *tmp_path, const char *final_path) {
+    fsync_path(tmp_path);
+    struct stat st;
+    if (stat(final_path, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) return dfl_err(DFL_EX_CANTCREAT, "%s: exists and is not a directory", final_path);
+        /* Move the old directory aside, put the new one in place, then drop the old one. */
+        char old[PATH_MAX];
+        if (tmp_name_for(final_path, old, sizeof old)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
+        if (!mkdtemp(old)) return dfl_err(DFL_EX_CANTCREAT, "%s: %s", final_path, strerror(errno));
+        rmdir(old);
+        if (rename(final_path, old) != 0) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot replace: %s", final_path, strerror(errno));
+        if (rename(tmp_path, final_path) != 0) {
+            rename(old, final_path);
+            return dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", final_path, strerror(errno));
+        }
+        remove_flat_dir(old);
+    } else if (rename(tmp_path, final_path) != 0) {
+        return dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", final_path, strerror(errno));
+    }
+    dfl_cleanup_unregister(tmp_path);
+    return 0;
+}
+
+void dfl_tmpdir_abort(const char *tmp_path) {
+    remove_flat_dir(tmp_path);
+    dfl_cleanup_unregister(tmp_path);
+}
+
+int dfl_close_stdout(void) {
+    int bad = fflush(stdout) != 0 || ferror(stdout);
+    if (fclose(stdout) != 0) bad = 1;
+    if (bad) return dfl_err(DFL_EX_IOERR, "writing output failed: %s", strerror(errno));
+    return 0;
+}

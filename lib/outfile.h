@@ -1,0 +1,44 @@
+/* outfile.h: outputs that never exist half-written under their real name.
+ *
+ * A file output is written to a hidden temporary name in the same directory
+ * (".NAME.tmp.XXXXXX") and renamed over NAME on commit, as zstd and
+ * safetensors do. The temporary path is registered for cleanup: SIGINT,
+ * SIGTERM, SIGHUP and exit() before commit remove it. "-" writes to stdout,
+ * which is refused when it is a terminal and the output is binary.
+ */
+#ifndef DFLASH_OUTFILE_H
+#define DFLASH_OUTFILE_H
+
+#include <stdio.h>
+
+typedef struct dfl_out dfl_out;
+
+/* Open `path` for writing ("-" is stdout). Returns 0 or an exit code
+ * (DFL_EX_CANTCREAT, DFL_EX_USAGE for binary output to a terminal) with the
+ * error recorded. */
+int dfl_out_open(dfl_out **out, const char *path, int binary);
+FILE *dfl_out_file(dfl_out *o);
+const char *dfl_out_path(const dfl_out *o);   /* the final name ("-" for stdout) */
+/* Flush, check for write errors, fsync and rename into place; frees `o`.
+ * Returns 0 or DFL_EX_IOERR (the temporary file is then removed). */
+int dfl_out_commit(dfl_out *o);
+/* Discard: remove the temporary file; frees `o`. Safe with NULL. */
+void dfl_out_abort(dfl_out *o);
+
+/* Temporary directories (checkpoints): created as ".NAME.tmp.XXXXXX" beside
+ * NAME and renamed into place by dfl_tmpdir_commit(), which replaces an
+ * existing NAME directory only after the new one is complete. */
+int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n);
+int dfl_tmpdir_commit(const char *tmp_path, const char *final_path);
+void dfl_tmpdir_abort(const char *tmp_path);
+
+/* The cleanup registry used by the above: paths removed if the process is
+ * interrupted or exits before they are unregistered. */
+void dfl_cleanup_register(const char *path, int is_dir);
+void dfl_cleanup_unregister(const char *path);
+
+/* Check stdout at exit, as jq does: flush, ferror and fclose. Returns 0 or
+ * DFL_EX_IOERR with the error recorded. Call once, last, from main. */
+int dfl_close_stdout(void);
+
+#endif

@@ -1,0 +1,76 @@
+/* safetensors.h: memory-mapped, validated safetensors reading and writing.
+ *
+ * Layout (huggingface/safetensors README): u64 LE header length N, N bytes
+ * of JSON {"NAME": {"dtype", "shape", "data_offsets": [begin, end]}, ...,
+ * "__metadata__": {str: str}}, then the byte buffer. The reader checks every
+ * rule before trusting the header: N <= 100 MB and within the file, JSON
+ * object with no duplicate keys, known dtype strings, shapes whose products
+ * do not overflow, end - begin == numel * size, and tensors that tile the
+ * buffer from 0 to its end with no gap or overlap.
+ *
+ * A model directory holds model.safetensors or model.safetensors.index.json
+ * with its shards; dfl_st_open_dir handles both.
+ */
+#ifndef DFLASH_SAFETENSORS_H
+#define DFLASH_SAFETENSORS_H
+
+#include "dtype.h"
+
+#include <jansson.h>
+#include <stdint.h>
+
+#define DFL_ST_MAX_HEADER 100000000ull
+#define DFL_ST_MAX_DIMS 8
+
+typedef struct {
+    const char *name;
+    int         dtype;     /* a dfl_dtype, or -1 for a valid type dflash does not use */
+    const char *dtype_str; /* as in the file: "BF16", "F32", ... */
+    int         ndim;
+    int64_t     shape[DFL_ST_MAX_DIMS];
+    int64_t     numel;
+    const void *data;      /* inside the mapping; may be unaligned */
+    uint64_t    nbytes;
+    const char *file;      /* the shard it lives in */
+} dfl_st_tensor;
+
+typedef struct dfl_st dfl_st;
+
+/* Open one .safetensors file. Returns 0 or DFL_EX_NOINPUT / DFL_EX_DATA. */
+int dfl_st_open(dfl_st **st, const char *path);
+/* Open a model directory: model.safetensors.index.json (sharded) if present,
+ * else model.safetensors. Every shard named in the index is validated. */
+int dfl_st_open_dir(dfl_st **st, const char *dir);
+void dfl_st_close(dfl_st *st);
+
+int dfl_st_count(const dfl_st *st);
+const dfl_st_tensor *dfl_st_at(const dfl_st *st, int i);
+const dfl_st_tensor *dfl_st_find(const dfl_st *st, const char *name);
+/* Find `name` and check its shape (ndim entries); dtype must be bf16, f16 or
+ * f32. Returns 0 or DFL_EX_DATA naming the file, the tensor and both shapes. */
+int dfl_st_get(const dfl_st *st, const char *name, int ndim, const int64_t *shape, const dfl_st_tensor **out);
+/* A "__metadata__" value of the first file, or NULL. */
+const char *dfl_st_meta(const dfl_st *st, const char *key);
+
+/* Convert a bf16/f16/f32 tensor to f32 (n = t->numel floats). */
+void dfl_st_to_f32(const dfl_st_tensor *t, float *out);
+
+/* ---- writing ---- */
+typedef struct {
+    const char *name;
+    dfl_dtype   dtype;
+    int         ndim;
+    int64_t     shape[DFL_ST_MAX_DIMS];
+    const void *data;
+} dfl_st_in;
+
+/* Write a .safetensors file the way the reference writer does: header padded
+ * with spaces to a multiple of 8, tensors sorted by descending dtype size then
+ * name, `metadata` (an object of strings, may be NULL) as "__metadata__".
+ * Written under a temporary name and renamed. Returns 0 or an exit code. */
+int dfl_st_write(const char *path, const dfl_st_in *t, int n, const json_t *metadata);
+
+/* "BF16" for DFL_BF16, etc. */
+const char *dfl_st_dtype_str(dfl_dtype t);
+
+#endif

@@ -1,0 +1,27 @@
+# tests/cli/lib.sh: helpers for the CLI tests (sourced).
+#   pass NAME / fail NAME MSG     report one check
+#   check NAME CMD...             pass if CMD exits 0
+#   expect_exit CODE NAME CMD...  pass if CMD exits CODE
+#   $T                            a scratch directory, removed at exit
+# Tools are found in $DFLASH_BIN (default: bin/ of the checkout).
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+: "${DFLASH_BIN:=$here/bin}"
+: "${DFLASH_BUILD:=$here/build}"
+export PATH="$DFLASH_BIN:$PATH"
+FIX=$here/tests/fixtures
+T=$(mktemp -d "${TMPDIR:-/tmp}/dflash-cli.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1${2:+: $2}"; }
+check() {
+    local name=$1; shift
+    if "$@" >"$T/.out" 2>"$T/.err"; then pass "$name"; else fail "$name" "exit $? from: $* ($(head -c 300 "$T/.err"))"; fi
+}
+expect_exit() {
+    local code=$1 name=$2; shift 2
+    "$@" >"$T/.out" 2>"$T/.err"
+    local rc=$?
+    if [ "$rc" -eq "$code" ]; then pass "$name"; else fail "$name" "expected exit $code, got $rc from: $* ($(head -c 300 "$T/.err"))"; fi
+}

@@ -1,0 +1,98 @@
+/* test_safetensors.c: the safetensors reader's validation and the writer. */
+#include "common.h"
+#include "safetensors.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+static char dir[] = "/tmp/dflash-st-XXXXXX";
+
+static void path_in(char *buf, const char *name) { snprintf(buf, 512, "%s/%s", dir, name); }
+
+/* Write raw bytes: u64 header length, header text, then `data_len` bytes. */
+static void write_raw(const char *path, const char *header, size_t data_len) {
+    FILE *f = fopen(path, "wb");
+    uint64_t n = strlen(header);
+    fwrite(&n, 8, 1, f);
+    fputs(header, f);
+    for (size_t i = 0; i < data_len; i++) fputc((int)i, f);
+    fclose(f);
+}
+
+static void test_round_trip(void) {
+    char path[512];
+    path_in(path, "rt.safetensors");
+    float a[6] = {1, 2, 3, 4, 5, 6};
+    uint16_t b[3] = {0x3f80, 0x4000, 0xbf80};
+    dfl_st_in in[2] = {{"w.a", DFL_F32, 2, {2, 3}, a}, {"w.b", DFL_BF16, 1, {3}, b}};
+    json_t *meta = json_pack("{ss}", "format", "pt");
+    T_CHECK(dfl_st_write(path, in, 2, meta) == 0);
+    json_decref(meta);
+    dfl_st *st;
+    T_CHECK(dfl_st_open(&st, path) == 0);
+    if (!st) return;
+    T_CHECK(dfl_st_count(st) == 2);
+    const dfl_st_tensor *t;
+    int64_t shape[2] = {2, 3};
+    T_CHECK(dfl_st_get(st, "w.a", 2, shape, &t) == 0 && t && !memcmp(t->data, a, sizeof a));
+    int64_t bad[2] = {3, 2};
+    T_CHECK(dfl_st_get(st, "w.a", 2, bad, &t) == DFL_EX_DATA && strstr(dfl_errmsg(), "[2, 3]"));
+    T_CHECK(dfl_st_get(st, "nope", 2, shape, &t) == DFL_EX_DATA && strstr(dfl_errmsg(), "missing"));
+    float f[3];
+    dfl_st_to_f32(dfl_st_find(st, "w.b"), f);
+    T_CHECK(f[0] == 1 && f[1] == 2 && f[2] == -1);
+    T_CHECK(!strcmp(dfl_st_meta(st, "format"), "pt"));
+    dfl_st_close(st);
+}
+
+/* Each malformed file is refused with DFL_EX_DATA and a message naming it. */
+static void test_rejects(void) {
+    static const struct {
+        const char *header;
+        size_t data;
+        const char *why;
+    } cases[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "truncated"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12, "trailing"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "need"},
+        {"{\"a\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "unknown dtype"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, "overlap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "gap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "duplicate"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8, "overflow"},
+        {"[1,2]", 0, "not a JSON object"},
+        {"{\"a\":", 0, "JSON"},
+    };
+    char path[512];
+    path_in(path, "bad.safetensors");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_raw(path, cases[i].header, cases[i].data);
+        dfl_st *st;
+        int rc = dfl_st_open(&st, path);
+        T_CHECKF(rc == DFL_EX_DATA && st == NULL, "case %zu: rc %d", i, rc);
+        T_CHECKF(strstr(dfl_errmsg(), cases[i].why) != NULL, "case %zu: '%s' lacks '%s'", i, dfl_errmsg(), cases[i].why);
+        T_CHECKF(strstr(dfl_errmsg(), "bad.safetensors") != NULL, "case %zu names the file", i);
+    }
+    /* A header length beyond the file. */
+    FILE *f = fopen(path, "wb");
+    uint64_t huge = 1ull << 40;
+    fwrite(&huge, 8, 1, f);
+    fclose(f);
+    dfl_st *st;
+    T_CHECK(dfl_st_open(&st, path) == DFL_EX_DATA && strstr(dfl_errmsg(), "100 MB"));
+    path_in(path, "missing.safetensors");
+    T_CHECK(dfl_st_open(&st, path) == DFL_EX_NOINPUT);
+}
+
+int main(void) {
+    if (!mkdtemp(dir)) return 1;
+    T_RUN(test_round_trip);
+    T_RUN(test_rejects);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) return 1;
+    return t_exit();
+}
