@@ -1,0 +1,217 @@
+/* model_config.c: reading Qwen3/Llama config.json files. */
+#include "model_config.h"
+
+#include "common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+static int read_file(const char *path, char **buf, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *b = dfl_malloc(cap);
+    for (;;) {
+        if (n == cap) {
+            if (cap >= (16u << 20)) {
+                fclose(f);
+                free(b);
+                return dfl_err(DFL_EX_DATA, "%s: larger than 16 MiB, not a config.json", path);
+            }
+            b = dfl_realloc(b, cap *= 2);
+        }
+        size_t r = fread(b + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(b);
+        return dfl_err(DFL_EX_IOERR, "%s: read error", path);
+    }
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+/* Integer key: required (def < -1 means required) or defaulted. */
+static int get_int(const json_t *o, const char *key, int64_t def, int64_t *out, const char *path) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (def < -1) return dfl_err(DFL_EX_DATA, "%s: \"%s\" is missing", path, key);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v)) return dfl_err(DFL_EX_DATA, "%s: \"%s\" is not an integer", path, key);
+    *out = json_integer_value(v);
+    return 0;
+}
+
+static int get_num(const json_t *o, const char *key, double def, double *out, const char *path) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (isnan(def)) return dfl_err(DFL_EX_DATA, "%s: \"%s\" is missing", path, key);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v)) return dfl_err(DFL_EX_DATA, "%s: \"%s\" is not a number", path, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int is_true(const json_t *o, const char *key) { return json_is_true(json_object_get(o, key)); }
+
+static void copy_str(char *dst, size_t n, const json_t *v) {
+    const char *s = json_string_value(v);
+    snprintf(dst, n, "%s", s ? s : "");
+}
+
+/* Refuse what the model code would silently get wrong. */
+static int check_supported(const dfl_model_config *c, const json_t *j, const char *path, const char *role) {
+    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "DFlashDraftModel"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) known |= !strcmp(c->architecture, archs[i]);
+    if (!known)
+        return dfl_err(DFL_EX_DATA, "%s: %s architecture \"%s\" is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM%s)",
+                       path, role, c->architecture, !strcmp(role, "drafter") ? ", DFlashDraftModel" : "");
+    if (is_true(j, "attention_bias")) return dfl_err(DFL_EX_DATA, "%s: \"attention_bias\": true is not supported", path);
+    if (is_true(j, "mlp_bias")) return dfl_err(DFL_EX_DATA, "%s: \"mlp_bias\": true is not supported", path);
+    if (is_true(j, "use_sliding_window")) return dfl_err(DFL_EX_DATA, "%s: \"use_sliding_window\": true is not supported", path);
+    json_t *act = json_object_get(j, "hidden_act");
+    if (act && strcmp(json_string_value(act) ? json_string_value(act) : "", "silu"))
+        return dfl_err(DFL_EX_DATA, "%s: \"hidden_act\" must be \"silu\"", path);
+    json_t *lt = json_object_get(j, "layer_types"), *v;
+    size_t i;
+    json_array_foreach(lt, i, v) {
+        if (strcmp(json_string_value(v) ? json_string_value(v) : "", "full_attention"))
+            return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only full_attention is supported", path, i,
+                           json_string_value(v) ? json_string_value(v) : "?");
+    }
+    if (c->hidden_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 || c->num_key_value_heads <= 0 ||
+        c->head_dim <= 0 || c->vocab_size <= 0 || c->intermediate_size <= 0)
+        return dfl_err(DFL_EX_DATA, "%s: sizes must be positive", path);
+    if (c->head_dim % 2) return dfl_err(DFL_EX_DATA, "%s: \"head_dim\" %lld must be even for RoPE", path, (long long)c->head_dim);
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return dfl_err(DFL_EX_DATA, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
+                       (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
+    if (!(c->rms_norm_eps > 0)) return dfl_err(DFL_EX_DATA, "%s: \"rms_norm_eps\" must be positive", path);
+    return 0;
+}
+
+/* rope_theta/rope_scaling (4.x) or rope_parameters (5.x). */
+static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
+    json_t *rp = json_object_get(j, "rope_parameters"), *rs = json_object_get(j, "rope_scaling");
+    const json_t *scaling = json_is_object(rp) ? rp : (json_is_object(rs) ? rs : NULL);
+    int rc = get_num(json_is_object(rp) ? rp : j, "rope_theta", json_is_object(rp) ? NAN : 10000.0, &c->rope_theta, path);
+    if (rc && json_is_object(rp)) rc = get_num(j, "rope_theta", NAN, &c->rope_theta, path);
+    if (rc) return rc;
+    c->rope_type = DFL_ROPE_DEFAULT;
+    if (!scaling) return 0;
+    json_t *t = json_object_get(scaling, "rope_type");
+    if (!t) t = json_object_get(scaling, "type");
+    const char *type = json_string_value(t) ? json_string_value(t) : "default";
+    if (!strcmp(type, "default")) return 0;
+    if (strcmp(type, "llama3"))
+        return dfl_err(DFL_EX_DATA, "%s: rope type \"%s\" is not supported (supported: default, llama3)", path, type);
+    c->rope_type = DFL_ROPE_LLAMA3;
+    if ((rc = get_num(scaling, "factor", NAN, &c->rope_factor, path))) return rc;
+    if ((rc = get_num(scaling, "low_freq_factor", NAN, &c->rope_low_freq_factor, path))) return rc;
+    if ((rc = get_num(scaling, "high_freq_factor", NAN, &c->rope_high_freq_factor, path))) return rc;
+    if ((rc = get_int(scaling, "original_max_position_embeddings", -2, &c->rope_original_max_pos, path))) return rc;
+    if (!(c->rope_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor))
+        return dfl_err(DFL_EX_DATA, "%s: llama3 rope factors are inconsistent", path);
+    return 0;
+}
+
+static void parse_token_ids(dfl_model_config *c, const json_t *j) {
+    json_t *b = json_object_get(j, "bos_token_id"), *e = json_object_get(j, "eos_token_id"), *v;
+    c->bos_token_id = json_is_integer(b) ? json_integer_value(b) : -1;
+    c->n_eos = 0;
+    if (json_is_integer(e)) {
+        c->eos_token_ids[c->n_eos++] = json_integer_value(e);
+    } else {
+        size_t i;
+        json_array_foreach(e, i, v) {
+            if (json_is_integer(v) && c->n_eos < 8) c->eos_token_ids[c->n_eos++] = json_integer_value(v);
+        }
+    }
+}
+
+int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, const char *path, const char *role) {
+    memset(c, 0, sizeof *c);
+    json_error_t je;
+    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        return dfl_err(DFL_EX_DATA, "%s: not a JSON object: %s (line %d)", path, j ? "" : je.text, je.line);
+    }
+    c->json = j;
+    snprintf(c->digest, sizeof c->digest, "%016llx", (unsigned long long)XXH64(text, len, 0));
+    copy_str(c->architecture, sizeof c->architecture, json_array_get(json_object_get(j, "architectures"), 0));
+    copy_str(c->model_type, sizeof c->model_type, json_object_get(j, "model_type"));
+    copy_str(c->dtype, sizeof c->dtype, json_object_get(j, "dtype") ? json_object_get(j, "dtype") : json_object_get(j, "torch_dtype"));
+    int rc = 0;
+    rc = rc ? rc : get_int(j, "hidden_size", -2, &c->hidden_size, path);
+    rc = rc ? rc : get_int(j, "intermediate_size", -2, &c->intermediate_size, path);
+    rc = rc ? rc : get_int(j, "num_hidden_layers", -2, &c->num_hidden_layers, path);
+    rc = rc ? rc : get_int(j, "num_attention_heads", -2, &c->num_attention_heads, path);
+    rc = rc ? rc : get_int(j, "num_key_value_heads", c->num_attention_heads, &c->num_key_value_heads, path);
+    rc = rc ? rc : get_int(j, "head_dim", c->num_attention_heads ? c->hidden_size / c->num_attention_heads : 0, &c->head_dim, path);
+    rc = rc ? rc : get_int(j, "vocab_size", -2, &c->vocab_size, path);
+    rc = rc ? rc : get_int(j, "max_position_embeddings", 0, &c->max_position_embeddings, path);
+    rc = rc ? rc : get_num(j, "rms_norm_eps", 1e-6, &c->rms_norm_eps, path);
+    rc = rc ? rc : parse_rope(c, j, path);
+    if (rc) return rc;
+    c->tie_word_embeddings = is_true(j, "tie_word_embeddings");
+    c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") != 0;
+    parse_token_ids(c, j);
+    return check_supported(c, j, path, role);
+}
+
+int dfl_model_config_load(dfl_model_config *c, const char *path, const char *role) {
+    char *text = NULL;
+    size_t len = 0;
+    memset(c, 0, sizeof *c);
+    int rc = read_file(path, &text, &len);
+    if (rc) return rc;
+    rc = dfl_model_config_parse(c, text, len, path, role);
+    free(text);
+    return rc;
+}
+
+void dfl_model_config_free(dfl_model_config *c) {
+    json_decref(c->json);
+    c->json = NULL;
+}
+
+void dfl_rope_inv_freq(const dfl_model_config *c, float *inv_freq) {
+    int64_t half = c->head_dim / 2;
+    float base = (float)c->rope_theta;
+    for (int64_t i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)c->head_dim);
+    if (c->rope_type != DFL_ROPE_LLAMA3) return;
+    /* transformers _compute_llama3_parameters */
+    float factor = (float)c->rope_factor, lo = (float)c->rope_low_freq_factor, hi = (float)c->rope_high_freq_factor;
+    float old = (float)c->rope_original_max_pos, low_wl = old / lo, high_wl = old / hi;
+    for (int64_t i = 0; i < half; i++) {
+        float wl = 2.0f * (float)M_PI / inv_freq[i], f = inv_freq[i];
+        float scaled = wl > low_wl ? f / factor : f;
+        if (!(wl < high_wl) && !(wl > low_wl)) {
+            float s = (old / wl - lo) / (hi - lo);
+            scaled = (1.0f - s) * scaled / factor + s * scaled;
+        }
+        inv_freq[i] = scaled;
+    }
+}
+
+void dfl_default_layer_ids(int L, int n, int *ids) {
+    if (n == 1) {
+        ids[0] = L / 2;
+        return;
+    }
+    double start = 1, end = L - 3;
+    for (int i = 0; i < n; i++) ids[i] = (int)nearbyint(start + i * (end - start) / (n - 1)); /* half to even */
+}
