@@ -128,7 +128,8 @@ FUZZ_LIB_SRC := $(filter-out lib/ops_cpu%.c,$(LIB_SRC))
 
 # The library goes into an archive, so a target links only what it uses
 # (a reader's fuzz target does not need the op table's backends).
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fopenmp -Ilib $(PKG_CFLAGS)
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION -g -O1 \
+  -fsanitize=address,undefined -fopenmp -Ilib $(PKG_CFLAGS)
 build-fuzz/lib/%.o: lib/%.c
 	@mkdir -p $(@D)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
