@@ -161,7 +161,7 @@ static int next_record(dfs_reader *r, msgpack_unpacked *mp, uint64_t *payload) {
     const msgpack_object_kv *dup = dfs_mp_dup_key(h);
     const msgpack_object *type = dfs_mp_get(h, "type");
     if (dup || !type || type->type != MSGPACK_OBJECT_STR || dfs_mp_u64(dfs_mp_get(h, "payload"), payload)) {
-        int rc = dup ? bad(r, "duplicate key \"%.*s\" in the header", (int)dup->key.via.str.size, dup->key.via.str.ptr)
+        rc = dup ? bad(r, "duplicate key \"%.*s\" in the header", (int)dup->key.via.str.size, dup->key.via.str.ptr)
                      : bad(r, "header lacks a string \"type\" or an unsigned integer \"payload\"");
         msgpack_unpacked_destroy(mp); /* after the message: dup points into it */
         return rc;
