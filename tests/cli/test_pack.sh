@@ -196,6 +196,11 @@ m, s = pty.openpty()
 r = subprocess.run(['dflash-pack', '$T/a.dfs'], stdout=s, stderr=subprocess.PIPE)
 sys.stderr.write(r.stderr.decode()); sys.exit(r.returncode)"
 grep -q terminal "$T/.err" && pass "terminal refusal explained" || fail "terminal refusal message" "$(cat "$T/.err")"
+expect_exit 2 "reading a stream from a terminal is refused" $PY -c "
+import os, pty, subprocess, sys
+m, s = pty.openpty()
+r = subprocess.run(['dflash-pack', '--verify'], stdin=s, stderr=subprocess.PIPE)
+sys.stderr.write(r.stderr.decode()); sys.exit(r.returncode)"
 expect_exit 73 "unwritable output" dflash-pack -o "$T/no/such/dir/x.dfs" "$T/a.dfs"
 
 # A killed write leaves neither the output nor a temporary file; a killed
