@@ -262,9 +262,9 @@ static int write_npy(const char *path, const dfs_tensor *t) {
         uint64_t cnt = t->raw_bytes / 2;
         float buf[4096];
         for (uint64_t i = 0; i < cnt; i += 4096) {
-            size_t k = cnt - i < 4096 ? (size_t)(cnt - i) : 4096;
-            for (size_t j = 0; j < k; j++) buf[j] = dfl_bf16_to_f32(v[i + j]);
-            fwrite(buf, 4, k, f);
+            size_t m = cnt - i < 4096 ? (size_t)(cnt - i) : 4096;
+            for (size_t j = 0; j < m; j++) buf[j] = dfl_bf16_to_f32(v[i + j]);
+            fwrite(buf, 4, m, f);
         }
     } else {
         fwrite(t->data, 1, t->raw_bytes, f);
