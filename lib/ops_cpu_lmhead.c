@@ -140,13 +140,20 @@ void dfl_cpu_lmhead_ce(float *loss, int32_t *pred, void *dh_, const void *h_, co
             DFL_ASSERT(y < V);
             row_top t = top2(z, V);
             if (pred) pred[r] = t.arg;
-            float lse = y >= 0 || dh ? logsumexp(z, V, t.max) : 0;
-            if (loss) loss[r] = y >= 0 ? lse - z[y] : 0;
             float gs = gscale ? gscale[r] : 1.0f;
             ck.want[i] = dh && y >= 0 && gs != 0;
+            if (y < 0) {
+                if (loss) loss[r] = 0;
+                continue;
+            }
+            /* z becomes exp(z - max), then gscale * (softmax - onehot) */
+            float zy = z[y];
+            double sum = 0;
+            for (int64_t c = 0; c < V; c++) z[c] = expf(z[c] - t.max), sum += z[c];
+            if (loss) loss[r] = t.max + (float)log(sum) - zy;
             if (!ck.want[i]) continue;
-            /* z becomes gscale * (softmax - onehot) */
-            for (int64_t c = 0; c < V; c++) z[c] = gs * expf(z[c] - lse);
+            float g = (float)((double)gs / sum);
+            for (int64_t c = 0; c < V; c++) z[c] *= g;
             z[y] -= gs;
         }
         if (dh) {
