@@ -312,102 +312,129 @@ void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, co
 /* ------------------------------------------------------------------------ */
 /* backward                                                                  */
 
-/* The flash-attention backward with the saved lse, for key rows
- * [r0, r0+n): P = exp(scale K.Q^T - lse), dS = P * (V.dO^T - rowsum(dO*O))
- * (both kept [keys, lines]), dq += dS.K (scaled at the end),
- * dk += scale dS^T.Q, dv += P^T.dO, the last two into this thread's
- * partial [NK, D] buffers. */
-static void bwd_key_tile(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc, int own,
-                         int64_t k0, int64_t r0, int64_t n, float *dkp, float *dvp) {
-    int64_t L = a->G * t->nq, D = a->D, nq = t->nq;
-    const float *kr = a->k + at_head(r0, kvh, a->Hkv, D), *vr = a->v + at_head(r0, kvh, a->Hkv, D);
+/* The flash-attention backward with the saved lse, in two passes that
+ * each own what they write, so no sums race and the result does not depend
+ * on the thread count or the schedule:
+ *   dq pass, per (block, kv head): over the block's visible keys,
+ *     P = exp(scale K.Q^T - lse), dS = P * (V.dO^T - rowsum(dO*O)),
+ *     dq += scale dS.K;
+ *   dk/dv pass, per (key tile of KT rows, kv head): over the blocks that see
+ *     any of those rows, in block order, the same P and dS, then
+ *     dk += scale dS^T.Q, dv += P^T.dO.
+ * P and dS are recomputed in both (7 matrix products instead of 5), the
+ * price of needing no per-thread [NK, D] partial sums. Backward is for
+ * DFlash (non-causal) tiles only. */
+
+/* P and dS for key rows [r0, r0+n) of one tile's lines, kept [keys, lines]
+ * in sc->st and sc->dpt; sc->m holds lse, sc->sum rowsum(dO*O). */
+static void bwd_p_ds(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc, int64_t r0, int64_t n) {
+    int64_t L = a->G * t->nq, D = a->D;
     memset(sc->st, 0, (size_t)(n * L) * sizeof(float));
     memset(sc->dpt, 0, (size_t)(n * L) * sizeof(float));
-    mm_nn(sc->st, L, kr, a->Hkv * D, sc->qt, L, n, L, D);
-    mm_nn(sc->dpt, L, vr, a->Hkv * D, sc->dot, L, n, L, D);
+    mm_nn(sc->st, L, a->k + at_head(r0, kvh, a->Hkv, D), a->Hkv * D, sc->qt, L, n, L, D);
+    mm_nn(sc->dpt, L, a->v + at_head(r0, kvh, a->Hkv, D), a->Hkv * D, sc->dot, L, n, L, D);
     for (int64_t c = 0; c < n; c++) {
         float *p = sc->st + c * L, *ds = sc->dpt + c * L;
-        int64_t i0 = first_row_seeing(t, own, k0, c);
         for (int64_t l = 0; l < L; l++) {
-            p[l] = i0 == 0 || l % nq >= i0 ? expf(p[l] * a->scale - sc->m[l]) : 0.0f;
+            p[l] = expf(p[l] * a->scale - sc->m[l]);
             ds[l] = p[l] * (ds[l] - sc->sum[l]);
         }
     }
-    mm_tn(sc->acc, D, sc->dpt, L, kr, a->Hkv * D, L, D, n);
-    if (dvp) mm_nn(dvp + r0 * D, D, sc->st, L, sc->dop, D, n, D, L);
-    if (dkp) {
-        for (int64_t e = 0; e < n * L; e++) sc->dpt[e] *= a->scale;
-        mm_nn(dkp + r0 * D, D, sc->dpt, L, sc->qp, D, n, D, L);
-    }
 }
 
-static void tile_bwd(float *dq, float *dkp, float *dvp, const float *dout, const float *out, const float *lse,
-                     const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc) {
-    int64_t L = a->G * t->nq, D = a->D;
+/* Pack a tile's q and dout lines, its lse and rowsum(dO*O) (precomputed in
+ * dsum[rows, Hq]) into the scratch. */
+static void bwd_pack(const float *dout, const float *lse, const float *dsum, const attn_dims *a, const attn_tile *t,
+                     int64_t kvh, attn_scratch *sc) {
     pack_lines(sc->qp, sc->qt, a->q, a, t, kvh);
     pack_lines(sc->dop, sc->dot, dout, a, t, kvh);
-    memset(sc->acc, 0, (size_t)(L * D) * sizeof(float));
-    for (int64_t l = 0; l < L; l++) {
+    for (int64_t l = 0; l < a->G * t->nq; l++) {
         int64_t g = l / t->nq, i = l % t->nq, head = kvh * a->G + g;
-        const float *o = out + at_head(t->q0 + i, head, a->Hq, D), *dol = sc->dop + l * D;
-        float s = 0;
-        for (int64_t d = 0; d < D; d++) s += dol[d] * o[d];
         sc->m[l] = lse[(t->q0 + i) * a->Hq + head];
-        sc->sum[l] = s;
+        sc->sum[l] = dsum[(t->q0 + i) * a->Hq + head];
     }
-    for (int own = 0; own < 2; own++) {
-        int64_t off = own ? t->own_off : t->ctx_off, len = own ? t->own_len : t->ctx_len;
-        for (int64_t k0 = 0; k0 < len; k0 += KT)
-            bwd_key_tile(a, t, kvh, sc, own, k0, off + k0, len - k0 < KT ? len - k0 : KT, dkp, dvp);
-    }
-    if (dq)
-        for (int64_t l = 0; l < L; l++) {
-            int64_t g = l / t->nq, i = l % t->nq, head = kvh * a->G + g;
-            float *dql = dq + at_head(t->q0 + i, head, a->Hq, D);
-            for (int64_t d = 0; d < D; d++) dql[d] += a->scale * sc->acc[l * D + d];
-        }
 }
 
-/* Blocks share context keys (and overlapping dfl_blocks may share own keys),
- * so dk/dv are summed per thread: each thread owns partial [NK, D] buffers
- * for the kv head being processed (memory: threads * 2 * NK * D floats),
- * added into dk/dv after each head. dq rows belong to one block each. */
-void dfl_cpu_attn_dflash_bwd(void *dq, void *dk_, void *dv_, const void *dout, const void *out, const float *lse,
+static void tile_bwd_dq(float *dq, const float *dout, const float *lse, const float *dsum, const attn_dims *a,
+                        const attn_tile *t, int64_t kvh, attn_scratch *sc) {
+    int64_t L = a->G * t->nq, D = a->D;
+    bwd_pack(dout, lse, dsum, a, t, kvh, sc);
+    memset(sc->acc, 0, (size_t)(L * D) * sizeof(float));
+    for (int own = 0; own < 2; own++) {
+        int64_t off = own ? t->own_off : t->ctx_off, len = own ? t->own_len : t->ctx_len;
+        for (int64_t k0 = 0; k0 < len; k0 += KT) {
+            int64_t n = len - k0 < KT ? len - k0 : KT;
+            bwd_p_ds(a, t, kvh, sc, off + k0, n);
+            mm_tn(sc->acc, D, sc->dpt, L, a->k + at_head(off + k0, kvh, a->Hkv, D), a->Hkv * D, L, D, n);
+        }
+    }
+    for (int64_t l = 0; l < L; l++) {
+        int64_t g = l / t->nq, i = l % t->nq, head = kvh * a->G + g;
+        float *dql = dq + at_head(t->q0 + i, head, a->Hq, D);
+        for (int64_t d = 0; d < D; d++) dql[d] += a->scale * sc->acc[l * D + d];
+    }
+}
+
+/* dk, dv of key rows [t0, t1) of kv head kvh, from every block that sees
+ * some of them, in block order. */
+static void key_tile_bwd_dkv(float *dk, float *dv, const float *dout, const float *lse, const float *dsum,
+                             const attn_dims *a, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
+                             int64_t kvh, int64_t t0, int64_t t1, attn_scratch *sc) {
+    int64_t D = a->D, L = a->G * B, ld = a->Hkv * D;
+    for (int64_t j = 0; j < nblk; j++) {
+        attn_tile t = block_tile(&blocks[j], j, B, NK);
+        int packed = 0;
+        for (int own = 0; own < 2; own++) {
+            int64_t off = own ? t.own_off : t.ctx_off, len = own ? t.own_len : t.ctx_len;
+            int64_t lo = off > t0 ? off : t0, hi = off + len < t1 ? off + len : t1;
+            if (lo >= hi) continue;
+            if (!packed) {
+                bwd_pack(dout, lse, dsum, a, &t, kvh, sc);
+                packed = 1;
+            }
+            bwd_p_ds(a, &t, kvh, sc, lo, hi - lo);
+            if (dv) mm_nn(dv + at_head(lo, kvh, a->Hkv, D), ld, sc->st, L, sc->dop, D, hi - lo, D, L);
+            if (dk) {
+                for (int64_t e = 0; e < (hi - lo) * L; e++) sc->dpt[e] *= a->scale;
+                mm_nn(dk + at_head(lo, kvh, a->Hkv, D), ld, sc->dpt, L, sc->qp, D, hi - lo, D, L);
+            }
+        }
+    }
+}
+
+void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout_, const void *out_, const float *lse,
                              const void *q, const void *k, const void *v, const dfl_block *blocks, int64_t nblk,
                              int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D) {
     attn_dims a = dims_of(q, k, v, Hq, Hkv, D);
-    float *dk = dk_, *dv = dv_;
+    const float *dout = dout_, *out = out_;
     DFL_ASSERT(B > 0);
-    int nt = omp_get_max_threads();
-    size_t part_n = (size_t)NK * (size_t)D;
-    float *dkpart = dk ? dfl_calloc((size_t)nt * part_n, sizeof(float)) : NULL;
-    float *dvpart = dv ? dfl_calloc((size_t)nt * part_n, sizeof(float)) : NULL;
+    int64_t nq = nblk * B, ntile = (NK + KT - 1) / KT;
+    /* rowsum(dO * O) per query row and head */
+    float *dsum = dfl_aligned_alloc((size_t)(nq * Hq + 1) * sizeof(float));
+#pragma omp parallel for
+    for (int64_t r = 0; r < nq * Hq; r++) {
+        float s = 0;
+        for (int64_t d = 0; d < D; d++) s += dout[r * D + d] * out[r * D + d];
+        dsum[r] = s;
+    }
 #pragma omp parallel
     {
         attn_scratch sc = scratch_alloc(a.G * B, D);
-        size_t me = (size_t)omp_get_thread_num() * part_n;
-        float *dkp = dkpart ? dkpart + me : NULL, *dvp = dvpart ? dvpart + me : NULL;
-        for (int64_t kvh = 0; kvh < Hkv; kvh++) {
+        if (dq) {
 #pragma omp for schedule(dynamic)
-            for (int64_t j = 0; j < nblk; j++) {
-                attn_tile t = block_tile(&blocks[j], j, B, NK);
-                tile_bwd(dq, dkp, dvp, dout, out, lse, &a, &t, kvh, &sc);
+            for (int64_t task = 0; task < nblk * Hkv; task++) {
+                attn_tile t = block_tile(&blocks[task / Hkv], task / Hkv, B, NK);
+                tile_bwd_dq(dq, dout, lse, dsum, &a, &t, task % Hkv, &sc);
             }
-            /* implicit barrier: every partial of this head is complete */
-#pragma omp for
-            for (int64_t r = 0; r < NK; r++)
-                for (int th = 0; th < nt; th++) {
-                    size_t o = (size_t)th * part_n + (size_t)r * (size_t)D;
-                    for (int which = 0; which < 2; which++) {
-                        float *dst = which ? dv : dk, *part = which ? dvpart : dkpart;
-                        if (!dst) continue;
-                        float *x = dst + at_head(r, kvh, Hkv, D), *y = part + o;
-                        for (int64_t d = 0; d < D; d++) x[d] += y[d], y[d] = 0;
-                    }
-                }
+        }
+        if (dk || dv) {
+#pragma omp for schedule(dynamic)
+            for (int64_t task = 0; task < ntile * Hkv; task++) {
+                int64_t t0 = task / Hkv * KT, t1 = t0 + KT < NK ? t0 + KT : NK;
+                key_tile_bwd_dkv(dk, dv, dout, lse, dsum, &a, blocks, nblk, B, NK, task % Hkv, t0, t1, &sc);
+            }
         }
         scratch_free(&sc);
     }
-    free(dkpart);
-    free(dvpart);
+    free(dsum);
 }

@@ -25,6 +25,7 @@
 #include "safetensors.h"
 #include "test.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -868,7 +869,80 @@ static void test_adamw(void) {
     ops->free(m), ops->free(v);
 }
 
+/* ------------------------------------------------------------------------ */
+/* determinism                                                               */
+
+/* Every sum that crosses threads has a fixed order, so 1 and 3 threads give
+ * the same bits. */
+typedef struct {
+    float *out, *lse, *dq, *dk, *dv, *rdx, *rdw, *dh;
+    double ss;
+} run_out;
+
+static run_out run_all(int threads, attn_ctx *c, float *dout, float *x, float *w, int64_t rows, int64_t dim,
+                       lm_ctx *lm) {
+    omp_set_num_threads(threads);
+    run_out r;
+    int64_t nq = c->nblk * c->B;
+    r.out = fbuf(nq * c->Hq * c->D), r.lse = fbuf(nq * c->Hq), r.dq = fbuf(nq * c->Hq * c->D);
+    r.dk = fbuf(c->NK * c->Hkv * c->D), r.dv = fbuf(c->NK * c->Hkv * c->D);
+    ops->attn_dflash(r.out, r.lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK, c->Hq, c->Hkv, c->D);
+    ops->attn_dflash_bwd(r.dq, r.dk, r.dv, dout, r.out, r.lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK,
+                         c->Hq, c->Hkv, c->D);
+    float *y = fbuf(rows * dim), *rstd = fbuf(rows);
+    r.rdx = fbuf(rows * dim), r.rdw = fbuf(dim);
+    ops->rmsnorm(y, rstd, x, w, rows, dim, 1e-6f);
+    ops->rmsnorm_bwd(r.rdx, r.rdw, x /* as dout */, x, rstd, w, rows, dim);
+    r.ss = ops->sumsq(x, rows * dim);
+    r.dh = fbuf(lm->N * lm->H);
+    ops->lmhead_ce(lm->loss, lm->pred, r.dh, lm->h, lm->w, lm->labels, lm->gscale, lm->N, lm->H, lm->V);
+    ops->lmhead_kl(lm->loss, lm->pred, NULL, r.dh, lm->h, lm->th, lm->w, lm->gscale, lm->N, lm->H, lm->V);
+    ops->free(y), ops->free(rstd);
+    return r;
+}
+
+static void run_free(run_out *r) {
+    ops->free(r->out), ops->free(r->lse), ops->free(r->dq), ops->free(r->dk), ops->free(r->dv);
+    ops->free(r->rdx), ops->free(r->rdw), ops->free(r->dh);
+}
+
+static void test_thread_count_invariance(void) {
+    /* many blocks share context rows: sums of many terms, where order shows */
+    dfl_layout L = {2, 11, {0, 90}, {90, 200}, {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1},
+                    {0, 50, 51, 60, 70, 80, 89, 95, 150, 160, 199}, 200, 16};
+    attn_ctx c = {0};
+    c.nblk = L.nblk, c.B = L.B, c.NK = L.S + L.nblk * L.B, c.Hq = 4, c.Hkv = 2, c.D = 32;
+    c.blocks = layout_blocks(&L);
+    int64_t nq = c.nblk * c.B, rows = 700, dim = 33;
+    dfl_rng r;
+    dfl_rng_seed(&r, 10);
+    c.q = fbuf(nq * c.Hq * c.D), c.k = fbuf(c.NK * c.Hkv * c.D), c.v = fbuf(c.NK * c.Hkv * c.D);
+    float *dout = fbuf(nq * c.Hq * c.D), *x = fbuf(rows * dim), *w = fbuf(dim);
+    frand(c.q, nq * c.Hq * c.D, &r, 1), frand(c.k, c.NK * c.Hkv * c.D, &r, 1), frand(c.v, c.NK * c.Hkv * c.D, &r, 1);
+    frand(dout, nq * c.Hq * c.D, &r, 1), frand(x, rows * dim, &r, 1), frand(w, dim, &r, 1);
+    lm_ctx lm = lm_fixture();
+    dfl_cpu_lmhead_rows_override = 5;
+    run_out a = run_all(1, &c, dout, x, w, rows, dim, &lm), b = run_all(3, &c, dout, x, w, rows, dim, &lm);
+    dfl_cpu_lmhead_rows_override = 0;
+    omp_set_num_threads(3);
+#define SAME(f, n) T_CHECKF(!memcmp(a.f, b.f, (size_t)(n) * 4), "%s differs between 1 and 3 threads", #f)
+    SAME(out, nq * c.Hq * c.D);
+    SAME(lse, nq * c.Hq);
+    SAME(dq, nq * c.Hq * c.D);
+    SAME(dk, c.NK * c.Hkv * c.D);
+    SAME(dv, c.NK * c.Hkv * c.D);
+    SAME(rdx, rows * dim);
+    SAME(rdw, dim);
+    SAME(dh, lm.N * lm.H);
+#undef SAME
+    T_CHECK(a.ss == b.ss);
+    run_free(&a), run_free(&b), lm_free(&lm);
+    ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(dout), ops->free(x), ops->free(w), free(c.blocks);
+}
+
 int main(void) {
+    /* an odd thread count, whatever the environment: uneven splits */
+    omp_set_num_threads(3);
     ops = dfl_ops_cpu();
     const dfl_ops *byname = NULL;
     T_CHECK(dfl_ops_get("cpu", &byname) == 0 && byname == ops);
@@ -894,6 +968,7 @@ int main(void) {
     T_RUN(test_lmhead_argmax);
     T_RUN(test_lmhead_memory_bound);
     T_RUN(test_adamw);
+    T_RUN(test_thread_count_invariance);
     dfl_st_close(fx_dense), dfl_st_close(fx_attn), dfl_st_close(fx_lm), dfl_st_close(fx_adam);
     return t_exit();
 }
