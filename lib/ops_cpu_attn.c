@@ -20,6 +20,14 @@
  * q[*, Hq, D], k,v[*, Hkv, D], row-major; scale 1/sqrt(D); q head h reads kv
  * head h / G. lse is the natural log-sum-exp of the scaled scores.
  */
+/* GCC keeps a loop's float selects as branches (so the loop stays scalar)
+ * while a compare could trap; nothing here enables FP traps. Set before the
+ * includes so that the inline dfl_cpu_expf gets it too. Clang ignores
+ * traps by default. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include "ops_cpu.h"
 
 #include "common.h"
@@ -39,6 +47,7 @@
 #else
 #define SIMD_CLONES
 #endif
+
 
 /* ------------------------------------------------------------------------ */
 /* small matrix products                                                     */
@@ -94,8 +103,8 @@ static inline __attribute__((always_inline)) void mk1x16(float *C, const float *
 
 /* C[M, N] += op(A) . B[K, N], op(A)[i, k] = A[i*ai + k*ak]: row-major A
  * [M, K] is (lda, 1), A^T stored [K, M] is (1, lda). B and C row-major. */
-SIMD_CLONES static void mm(float *C, int64_t ldc, const float *A, int64_t ai, int64_t ak, const float *B,
-                           int64_t ldb, int64_t M, int64_t N, int64_t K) {
+SIMD_CLONES static void attn_mm(float *C, int64_t ldc, const float *A, int64_t ai, int64_t ak, const float *B,
+                                int64_t ldb, int64_t M, int64_t N, int64_t K) {
     int64_t N16 = N & ~(int64_t)15, i = 0;
     for (; i + 4 <= M; i += 4)
         for (int64_t j = 0; j < N16; j += 16) mk4x16(C + i * ldc + j, ldc, A + i * ai, ai, ak, B + j, ldb, K);
@@ -112,13 +121,13 @@ SIMD_CLONES static void mm(float *C, int64_t ldc, const float *A, int64_t ai, in
 /* C[M, N] += A[M, K] . B[K, N] */
 static void mm_nn(float *C, int64_t ldc, const float *A, int64_t lda, const float *B, int64_t ldb, int64_t M,
                   int64_t N, int64_t K) {
-    mm(C, ldc, A, lda, 1, B, ldb, M, N, K);
+    attn_mm(C, ldc, A, lda, 1, B, ldb, M, N, K);
 }
 
 /* C[M, N] += At^T . B[K, N], At stored [K, M] */
 static void mm_tn(float *C, int64_t ldc, const float *At, int64_t ldat, const float *B, int64_t ldb, int64_t M,
                   int64_t N, int64_t K) {
-    mm(C, ldc, At, 1, ldat, B, ldb, M, N, K);
+    attn_mm(C, ldc, At, 1, ldat, B, ldb, M, N, K);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -146,6 +155,8 @@ typedef struct {
     float *dop; /* [L, D] dout (backward) */
     float *dot; /* [D, L] dout, transposed (backward) */
     float *acc; /* [L, D] output (forward) or dq (backward) accumulator */
+    float *kp;  /* [KT, D] the key tile's K rows of this kv head, contiguous */
+    float *vp;  /* [KT, D] its V rows */
     float *st;  /* [KT, L] scores, then P */
     float *dpt; /* [KT, L] V.dO^T, then dS (backward) */
     float *m;   /* [L] running max (forward) or lse (backward) */
@@ -157,9 +168,11 @@ typedef struct {
 static attn_scratch scratch_alloc(int64_t L, int64_t D) {
     attn_scratch sc;
     size_t ld = (size_t)(L * D), lk = (size_t)(L * KT), l = (size_t)L;
-    float *p = dfl_aligned_alloc((5 * ld + 2 * lk + 4 * l) * sizeof(float));
+    size_t kd = (size_t)(KT * D);
+    float *p = dfl_aligned_alloc((5 * ld + 2 * kd + 2 * lk + 4 * l) * sizeof(float));
     sc.qp = p, sc.qt = sc.qp + ld, sc.dop = sc.qt + ld, sc.dot = sc.dop + ld, sc.acc = sc.dot + ld;
-    sc.st = sc.acc + ld, sc.dpt = sc.st + lk;
+    sc.kp = sc.acc + ld, sc.vp = sc.kp + kd;
+    sc.st = sc.vp + kd, sc.dpt = sc.st + lk;
     sc.m = sc.dpt + lk, sc.sum = sc.m + l, sc.tm = sc.sum + l, sc.ts = sc.tm + l;
     return sc;
 }
@@ -182,6 +195,16 @@ static void pack_lines(float *dst, float *dstt, const float *src, const attn_dim
         for (int64_t d = 0; d < D; d++) dstt[d * L + l] = dst[l * D + d];
 }
 
+/* K and V rows [r0, r0+n) of kv head kvh into sc->kp, sc->vp [n, D]:
+ * contiguous, where the rows of one head lie Hkv*D apart (4 KiB for 8
+ * heads of 128, which would map every row to the same L1 set). */
+static void load_kv_tile(attn_scratch *sc, const attn_dims *a, int64_t kvh, int64_t r0, int64_t n) {
+    for (int64_t c = 0; c < n; c++) {
+        memcpy(sc->kp + c * a->D, a->k + at_head(r0 + c, kvh, a->Hkv, a->D), (size_t)a->D * sizeof(float));
+        memcpy(sc->vp + c * a->D, a->v + at_head(r0 + c, kvh, a->Hkv, a->D), (size_t)a->D * sizeof(float));
+    }
+}
+
 /* Key c (index k0 + c of range `own`) is hidden from row i only in a causal
  * own range with k0 + c > i. Returns the first row that sees it. */
 static inline int64_t first_row_seeing(const attn_tile *t, int own, int64_t k0, int64_t c) {
@@ -194,41 +217,48 @@ static inline int64_t first_row_seeing(const attn_tile *t, int own, int64_t k0, 
 /* Key rows [r0, r0+n) (index k0 of range `own`): scores St = K.Q^T, then
  * the online softmax update of every line (rescale the accumulated output
  * and sum by exp(m_old - m_new)), then acc += P.V. */
-static void fwd_key_tile(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc, int own,
-                         int64_t k0, int64_t r0, int64_t n) {
+SIMD_CLONES static void attn_fwd_key_tile(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc,
+                                          int own, int64_t k0, int64_t r0, int64_t n) {
     int64_t L = a->G * t->nq, D = a->D, nq = t->nq;
-    const float *kr = a->k + at_head(r0, kvh, a->Hkv, D), *vr = a->v + at_head(r0, kvh, a->Hkv, D);
+    float *restrict tm = sc->tm, *restrict ts = sc->ts, *restrict m = sc->m;
+    load_kv_tile(sc, a, kvh, r0, n);
     memset(sc->st, 0, (size_t)(n * L) * sizeof(float));
-    mm_nn(sc->st, L, kr, a->Hkv * D, sc->qt, L, n, L, D);
-    for (int64_t l = 0; l < L; l++) sc->tm[l] = -INFINITY, sc->ts[l] = 0;
+    mm_nn(sc->st, L, sc->kp, D, sc->qt, L, n, L, D);
+    for (int64_t l = 0; l < L; l++) tm[l] = -INFINITY, ts[l] = 0;
     for (int64_t c = 0; c < n; c++) {
-        float *s = sc->st + c * L;
-        int64_t i0 = first_row_seeing(t, own, k0, c);
-        for (int64_t l = 0; l < L; l++) {
-            s[l] = i0 == 0 || l % nq >= i0 ? s[l] * a->scale : -INFINITY;
-            sc->tm[l] = s[l] > sc->tm[l] ? s[l] : sc->tm[l];
-        }
+        float *restrict s = sc->st + c * L;
+#pragma omp simd
+        for (int64_t l = 0; l < L; l++) s[l] *= a->scale;
+        int64_t i0 = first_row_seeing(t, own, k0, c); /* causal: rows before i0 do not see key c */
+        for (int64_t g = 0; g < a->G && i0 > 0; g++)
+            for (int64_t i = 0; i < i0 && i < nq; i++) s[g * nq + i] = -INFINITY;
+#pragma omp simd
+        for (int64_t l = 0; l < L; l++) tm[l] = s[l] > tm[l] ? s[l] : tm[l];
     }
+#pragma omp simd
     for (int64_t l = 0; l < L; l++) {
-        float mx = sc->tm[l] > sc->m[l] ? sc->tm[l] : sc->m[l];
+        float mx = tm[l] > m[l] ? tm[l] : m[l];
         /* exp(m_old - m_new): 0 on a line's first visible tile (m_old = -inf, acc = 0) */
-        sc->tm[l] = mx == -INFINITY ? 1.0f : expf(sc->m[l] - mx);
-        sc->m[l] = mx;
+        float corr = dfl_cpu_expf(m[l] - mx);
+        tm[l] = mx == -INFINITY ? 1.0f : corr;
+        m[l] = mx;
     }
     for (int64_t c = 0; c < n; c++) {
-        float *s = sc->st + c * L;
+        float *restrict s = sc->st + c * L;
+#pragma omp simd
         for (int64_t l = 0; l < L; l++) {
-            s[l] = s[l] == -INFINITY ? 0.0f : expf(s[l] - sc->m[l]);
-            sc->ts[l] += s[l];
+            float e = dfl_cpu_expf(s[l] - m[l]);
+            s[l] = s[l] == -INFINITY ? 0.0f : e;
+            ts[l] += s[l];
         }
     }
     for (int64_t l = 0; l < L; l++) {
-        float corr = sc->tm[l], *acc = sc->acc + l * D;
-        sc->sum[l] = sc->sum[l] * corr + sc->ts[l];
+        float corr = tm[l], *restrict acc = sc->acc + l * D;
+        sc->sum[l] = sc->sum[l] * corr + ts[l];
         if (corr != 1.0f)
             for (int64_t d = 0; d < D; d++) acc[d] *= corr;
     }
-    mm_tn(sc->acc, D, sc->st, L, vr, a->Hkv * D, L, D, n);
+    mm_tn(sc->acc, D, sc->st, L, sc->vp, D, L, D, n);
 }
 
 static void tile_fwd(float *out, float *lse, const attn_dims *a, const attn_tile *t, int64_t kvh,
@@ -240,7 +270,7 @@ static void tile_fwd(float *out, float *lse, const attn_dims *a, const attn_tile
     for (int own = 0; own < 2; own++) {
         int64_t off = own ? t->own_off : t->ctx_off, len = own ? t->own_len : t->ctx_len;
         for (int64_t k0 = 0; k0 < len; k0 += KT)
-            fwd_key_tile(a, t, kvh, sc, own, k0, off + k0, len - k0 < KT ? len - k0 : KT);
+            attn_fwd_key_tile(a, t, kvh, sc, own, k0, off + k0, len - k0 < KT ? len - k0 : KT);
     }
     for (int64_t l = 0; l < L; l++) {
         int64_t g = l / t->nq, i = l % t->nq, head = kvh * a->G + g;
@@ -326,18 +356,23 @@ void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, co
  * DFlash (non-causal) tiles only. */
 
 /* P and dS for key rows [r0, r0+n) of one tile's lines, kept [keys, lines]
- * in sc->st and sc->dpt; sc->m holds lse, sc->sum rowsum(dO*O). */
-static void bwd_p_ds(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc, int64_t r0, int64_t n) {
+ * in sc->st and sc->dpt (the K, V rows left in sc->kp, sc->vp); sc->m holds
+ * lse, sc->sum rowsum(dO*O). */
+SIMD_CLONES static void attn_bwd_p_ds(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc,
+                                      int64_t r0, int64_t n) {
     int64_t L = a->G * t->nq, D = a->D;
+    const float *restrict m = sc->m, *restrict sum = sc->sum;
     memset(sc->st, 0, (size_t)(n * L) * sizeof(float));
     memset(sc->dpt, 0, (size_t)(n * L) * sizeof(float));
-    mm_nn(sc->st, L, a->k + at_head(r0, kvh, a->Hkv, D), a->Hkv * D, sc->qt, L, n, L, D);
-    mm_nn(sc->dpt, L, a->v + at_head(r0, kvh, a->Hkv, D), a->Hkv * D, sc->dot, L, n, L, D);
+    load_kv_tile(sc, a, kvh, r0, n);
+    mm_nn(sc->st, L, sc->kp, D, sc->qt, L, n, L, D);
+    mm_nn(sc->dpt, L, sc->vp, D, sc->dot, L, n, L, D);
     for (int64_t c = 0; c < n; c++) {
-        float *p = sc->st + c * L, *ds = sc->dpt + c * L;
+        float *restrict p = sc->st + c * L, *restrict ds = sc->dpt + c * L;
+#pragma omp simd
         for (int64_t l = 0; l < L; l++) {
-            p[l] = expf(p[l] * a->scale - sc->m[l]);
-            ds[l] = p[l] * (ds[l] - sc->sum[l]);
+            p[l] = dfl_cpu_expf(p[l] * a->scale - m[l]);
+            ds[l] = p[l] * (ds[l] - sum[l]);
         }
     }
 }
@@ -364,8 +399,8 @@ static void tile_bwd_dq(float *dq, const float *dout, const float *lse, const fl
         int64_t off = own ? t->own_off : t->ctx_off, len = own ? t->own_len : t->ctx_len;
         for (int64_t k0 = 0; k0 < len; k0 += KT) {
             int64_t n = len - k0 < KT ? len - k0 : KT;
-            bwd_p_ds(a, t, kvh, sc, off + k0, n);
-            mm_tn(sc->acc, D, sc->dpt, L, a->k + at_head(off + k0, kvh, a->Hkv, D), a->Hkv * D, L, D, n);
+            attn_bwd_p_ds(a, t, kvh, sc, off + k0, n);
+            mm_tn(sc->acc, D, sc->dpt, L, sc->kp, D, L, D, n);
         }
     }
     for (int64_t l = 0; l < L; l++) {
@@ -392,7 +427,7 @@ static void key_tile_bwd_dkv(float *dk, float *dv, const float *dout, const floa
                 bwd_pack(dout, lse, dsum, a, &t, kvh, sc);
                 packed = 1;
             }
-            bwd_p_ds(a, &t, kvh, sc, lo, hi - lo);
+            attn_bwd_p_ds(a, &t, kvh, sc, lo, hi - lo);
             if (dv) mm_nn(dv + at_head(lo, kvh, a->Hkv, D), ld, sc->st, L, sc->dop, D, hi - lo, D, L);
             if (dk) {
                 for (int64_t e = 0; e < (hi - lo) * L; e++) sc->dpt[e] *= a->scale;

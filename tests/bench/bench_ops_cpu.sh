@@ -7,6 +7,7 @@
 #                   dense DFlash mask (SpecForge's SDPA path); fwd also vs
 #                   flex_attention with the same mask (torch.compile, CPU has
 #                   no flex backward). Set BENCH_FLEX=0 to skip its ~1 min compile.
+#   attn_causal     vs scaled_dot_product_attention(is_causal=True)
 #   lmhead_ce       loss + dh (chunked) vs logits = h w^T, cross_entropy, backward
 #
 # Times are process CPU time (all threads) of the best of REPS calls: the
@@ -25,6 +26,7 @@ if ! python3 -c 'import torch' 2>/dev/null; then
     echo "bench_ops_cpu: torch not importable; dflash figures only"
     "$bench" matmul 512 2048 2048 3
     "$bench" dflash 512 32 16 32 8 128 3
+    "$bench" causal 2048 32 8 128 2
     "$bench" lmhead 128 1024 32000 2
     exit 0
 fi
@@ -79,6 +81,13 @@ elif op == "dflash":
         fa = torch.compile(flex_attention)
         qd, kd, vd = q.detach(), k.detach(), v.detach()
         print("dflash_fwd_flex", best(lambda: fa(qd, kd, vd, block_mask=bm, enable_gqa=True), reps))
+elif op == "causal":
+    T, Hq, Hkv, D, reps = args
+    q, k, v = torch.randn(1, Hq, T, D), torch.randn(1, Hkv, T, D), torch.randn(1, Hkv, T, D)
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    print("causal", best(fwd, reps))
 elif op == "lmhead":
     N, H, V, reps = args
     h, w = torch.randn(N, H, requires_grad=True), torch.randn(V, H)
@@ -115,4 +124,5 @@ compare "M512 K2048 N2048" matmul 512 2048 2048 3
 compare "M2048 K1024 N3072" matmul 2048 1024 3072 2
 compare "S512 nblk32 B16 32/8x128" dflash 512 32 16 32 8 128 3
 compare "S2048 nblk128 B16 32/8x128" dflash 2048 128 16 32 8 128 1
+compare "T2048 32/8x128" causal 2048 32 8 128 2
 compare "N128 H1024 V32000" lmhead 128 1024 32000 2

@@ -5,6 +5,7 @@
  *       attn_dflash forward, then forward + backward, on the training
  *       layout: S context rows, block j anchored at (j + 0.5) * S / NBLK,
  *       its keys at S + j*B
+ *   bench_ops_cpu causal T HQ HKV D REPS      attn_causal, one sequence of T
  *   bench_ops_cpu lmhead N H V REPS           lmhead_ce with gradient
  *
  * Prints "name seconds gflop_per_s" lines, the best of REPS calls, in CPU
@@ -79,12 +80,27 @@ static void bench_dflash(int64_t S, int64_t nblk, int64_t B, int64_t Hq, int64_t
         if (i > 0 && t1 - t0 < fwd) fwd = t1 - t0;
         if (i > 0 && t2 - t0 < both) both = t2 - t0;
     }
-    /* flops of the visible pairs: 4 D per pair forward (QK^T, PV), 10 D backward (recomputed QK^T, dO V^T, dQ, dK, dV) */
+    /* flops of the visible pairs: 4 D per pair forward (QK^T, PV); 10 D backward (QK^T, dO V^T, dQ, dK, dV) */
     report("dflash_fwd", fwd, 4.0 * (double)D * visible * (double)Hq);
     report("dflash_fwd_bwd", both, 14.0 * (double)D * visible * (double)Hq);
     free(blocks);
     ops->free(q), ops->free(k), ops->free(v), ops->free(dout), ops->free(out), ops->free(lse);
     ops->free(dq), ops->free(dk), ops->free(dv);
+}
+
+static void bench_causal(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int reps, dfl_rng *r) {
+    float *q = rand_buf(T * Hq * D, r), *k = rand_buf(T * Hkv * D, r), *v = rand_buf(T * Hkv * D, r);
+    float *out = ops->alloc((size_t)(T * Hq * D) * 4);
+    int32_t cu[2] = {0, (int32_t)T};
+    double best = 1e30;
+    for (int i = 0; i < reps + 1; i++) {
+        double t0 = cpu_now();
+        ops->attn_causal(out, q, k, v, cu, 1, T, Hq, Hkv, D);
+        double dt = cpu_now() - t0;
+        if (i > 0 && dt < best) best = dt;
+    }
+    report("causal", best, 4.0 * (double)D * (double)T * (double)(T + 1) / 2 * (double)Hq);
+    ops->free(q), ops->free(k), ops->free(v), ops->free(out);
 }
 
 static void bench_lmhead(int64_t N, int64_t H, int64_t V, int reps, dfl_rng *r) {
@@ -112,10 +128,13 @@ int main(int argc, char **argv) {
     else if (argc == 9 && !strcmp(argv[1], "dflash"))
         bench_dflash(arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5), arg(argv, 6), arg(argv, 7),
                      (int)arg(argv, 8), &r);
+    else if (argc == 7 && !strcmp(argv[1], "causal"))
+        bench_causal(arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5), (int)arg(argv, 6), &r);
     else if (argc == 6 && !strcmp(argv[1], "lmhead"))
         bench_lmhead(arg(argv, 2), arg(argv, 3), arg(argv, 4), (int)arg(argv, 5), &r);
     else {
-        fprintf(stderr, "usage: bench_ops_cpu matmul M K N REPS | dflash S NBLK B HQ HKV D REPS | lmhead N H V REPS\n");
+        fprintf(stderr, "usage: bench_ops_cpu matmul M K N REPS | dflash S NBLK B HQ HKV D REPS | "
+                        "causal T HQ HKV D REPS | lmhead N H V REPS\n");
         return 2;
     }
     return 0;
