@@ -740,6 +740,18 @@ static void test_lmhead_ce(void) {
     memset(c.loss, 0, (size_t)c.N * 4);
     ops->lmhead_ce(c.loss, c.pred, NULL, c.h, c.w, c.labels, NULL, c.N, c.H, c.V);
     CHECK_NMSE("lmhead_ce loss (no grad)", c.loss, rloss, c.N, NMSE_F32);
+    /* gscale NULL means 1 */
+    float *ones = fbuf(c.N), *dh1 = fbuf(c.N * c.H);
+    for (int64_t i = 0; i < c.N; i++) ones[i] = 1;
+    memset(c.dh, 0, (size_t)(c.N * c.H) * 4);
+    ops->lmhead_ce(c.loss, c.pred, c.dh, c.h, c.w, c.labels, NULL, c.N, c.H, c.V);
+    ops->lmhead_ce(c.loss, c.pred, dh1, c.h, c.w, c.labels, ones, c.N, c.H, c.V);
+    T_CHECK(!memcmp(c.dh, dh1, (size_t)(c.N * c.H) * 4));
+    memset(c.dh, 0, (size_t)(c.N * c.H) * 4), memset(dh1, 0, (size_t)(c.N * c.H) * 4);
+    ops->lmhead_kl(c.loss, c.pred, NULL, c.dh, c.h, c.th, c.w, NULL, c.N, c.H, c.V);
+    ops->lmhead_kl(c.loss, c.pred, NULL, dh1, c.h, c.th, c.w, ones, c.N, c.H, c.V);
+    T_CHECK(!memcmp(c.dh, dh1, (size_t)(c.N * c.H) * 4));
+    ops->free(ones), ops->free(dh1);
     ops->free(rloss), ops->free(rdh), ops->free(rpred);
     lm_free(&c);
 }
