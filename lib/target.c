@@ -22,6 +22,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* Rows per MLP chunk: large enough for full-speed GEMMs, small enough that
+ * the [rows, intermediate] buffers stay modest for any sequence length. */
+#define MLP_ROWS 4096
+
 typedef struct {
     void *in_norm, *q, *k, *v, *o, *q_norm, *k_norm, *post_norm, *gate, *up, *down;
 } layer_w;
@@ -29,7 +33,8 @@ typedef struct {
 /* The workspace: grows to the largest batch seen, never shrinks. */
 typedef struct {
     int64_t cap_T, cap_taps, cap_rows, cap_seq;
-    void *x, *h, *q, *k, *v, *ao, *gate, *up; /* act, sized by cap_T */
+    void *x, *h, *q, *k, *v, *ao;             /* act, sized by cap_T */
+    void *gate, *up;                          /* act [min(cap_T, MLP_ROWS), I] */
     void *taps;                               /* act [cap_taps] elements */
     void *sel, *normed;                       /* act [cap_rows, H] */
     int32_t *pred;                            /* i32 [cap_rows] */
@@ -251,8 +256,9 @@ static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nro
         /* ao holds the raw q (and k) projections before their norms, then
          * the attention output: at least as large as either. */
         w->ao = realloc_buf(ops, w->ao, (size_t)(T * (QD > KD ? QD : KD)) * a);
-        w->gate = realloc_buf(ops, w->gate, (size_t)(T * I) * a);
-        w->up = realloc_buf(ops, w->up, (size_t)(T * I) * a);
+        int64_t mr = T < MLP_ROWS ? T : MLP_ROWS;
+        w->gate = realloc_buf(ops, w->gate, (size_t)(mr * I) * a);
+        w->up = realloc_buf(ops, w->up, (size_t)(mr * I) * a);
         w->ids = realloc_buf(ops, w->ids, (size_t)T * sizeof(int32_t));
         w->pos = realloc_buf(ops, w->pos, (size_t)T * sizeof(int32_t));
         free(w->host_pos);
@@ -341,10 +347,16 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
     ops->matmul(w->x, w->ao, lw->o, T, Hq * D, H, 1);         /* x += attn Wo^T */
 
     ops->rmsnorm(w->h, NULL, w->x, lw->post_norm, T, H, eps);
-    ops->matmul(w->gate, w->h, lw->gate, T, H, I, 0);
-    ops->matmul(w->up, w->h, lw->up, T, H, I, 0);
-    ops->swiglu(w->gate, w->gate, w->up, T * I);               /* elementwise, in place */
-    ops->matmul(w->x, w->gate, lw->down, T, I, H, 1);         /* x += mlp */
+    /* The MLP is row-wise: run it in chunks so its [rows, I] buffers stay
+     * bounded however long a sequence is. */
+    for (int64_t r0 = 0; r0 < T; r0 += MLP_ROWS) {
+        int64_t n = T - r0 < MLP_ROWS ? T - r0 : MLP_ROWS;
+        const void *h = DFL_AT(ops, w->h, r0 * H);
+        ops->matmul(w->gate, h, lw->gate, n, H, I, 0);
+        ops->matmul(w->up, h, lw->up, n, H, I, 0);
+        ops->swiglu(w->gate, w->gate, w->up, n * I);           /* elementwise, in place */
+        ops->matmul(DFL_AT(ops, w->x, r0 * H), w->gate, lw->down, n, I, H, 1); /* x += mlp */
+    }
 }
 
 /* Copy the chosen rows of x into sel (runs of consecutive rows at once). */

@@ -29,8 +29,10 @@
  * to bf16 on output.
  *
  * Memory: the weights (as compute weights: f32 on the CPU) plus a workspace
- * that grows to the largest batch seen (a few [T, H] and [T, I] buffers and
- * the taps); independent of how many batches are run.
+ * that grows to the largest batch seen: a few [T, H]-sized buffers (q, k, v
+ * and the attention output included), the taps [K, T, H], and two MLP
+ * buffers of at most [4096, I] (the MLP runs in row chunks). Nothing grows
+ * with the number of batches run.
  */
 #ifndef DFLASH_TARGET_H
 #define DFLASH_TARGET_H
