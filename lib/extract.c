@@ -70,14 +70,45 @@ static int from_drafter(const char *path, int L, int *ids, int *n) {
     return rc;
 }
 
+/* The stream stores each tapped layer once (dfs_hs_meta refuses repeats). */
+static int find_repeat(const int *ids, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (ids[i] == ids[j]) return i;
+    return -1;
+}
+
+static void format_ids(char *buf, size_t cap, const int *ids, int n) {
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) snprintf(buf + strlen(buf), cap - strlen(buf), "%s%d", i ? "," : "", ids[i]);
+}
+
 int dfl_extract_layer_ids(const char *list, const char *drafter_config, int L, int *ids, int *n) {
-    if (list) return parse_list(list, L, ids, n);
-    if (drafter_config) return from_drafter(drafter_config, L, ids, n);
+    char buf[512];
+    int rc, r;
+    if (list) {
+        if ((rc = parse_list(list, L, ids, n))) return rc;
+        if ((r = find_repeat(ids, *n)) >= 0)
+            return dfl_err(DFL_EX_USAGE, "--layers: layer id %d is repeated (a stream holds each layer once)", ids[r]);
+        return 0;
+    }
+    if (drafter_config) {
+        if ((rc = from_drafter(drafter_config, L, ids, n))) return rc;
+        if ((r = find_repeat(ids, *n)) >= 0)
+            return dfl_err(DFL_EX_DATA, "%s: target_layer_ids repeats layer %d, which a stream cannot hold", drafter_config,
+                           ids[r]);
+        return 0;
+    }
     *n = 5;
     dfl_default_layer_ids(L, 5, ids);
+    format_ids(buf, sizeof buf, ids, *n);
     for (int i = 0; i < *n; i++)
         if (ids[i] < 0 || ids[i] >= L)
             return dfl_err(DFL_EX_USAGE, "the default layer ids do not fit a %d-layer target; give --layers", L);
+    /* Below 8 layers the reference rule repeats ids (6 layers: 1,2,2,2,3). */
+    if (find_repeat(ids, *n) >= 0)
+        return dfl_err(DFL_EX_USAGE, "the reference rule gives layer ids %s for this %d-layer target, with repeats, "
+                                     "which a stream cannot hold; give --layers", buf, L);
     return 0;
 }
 

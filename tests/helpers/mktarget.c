@@ -147,7 +147,7 @@ static int write_config(const json_t *c, const char *path) {
     dfl_out *o;
     int rc = dfl_out_open(&o, path, 0);
     if (rc) return rc;
-    if (json_dumpf(c, dfl_out_file(o), JSON_INDENT(2) | JSON_SORT_KEYS) != 0 || fputc('\n', dfl_out_file(o)) == EOF) {
+    if (json_dumpf(c, dfl_out_file(o), JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) != 0 || fputc('\n', dfl_out_file(o)) == EOF) {
         dfl_out_abort(o);
         return dfl_err(DFL_EX_IOERR, "%s: write error", path);
     }
@@ -158,6 +158,7 @@ int main(int argc, char **argv) {
     char **pos;
     int npos = dfl_cli_parse(&cli, argc, argv, &pos);
     if (npos) dfl_cli_usage_error(&cli, "unexpected argument '%s'", pos[0]);
+    free(pos);
     if (!out_dir) dfl_cli_usage_error(&cli, "-o DIR is required");
     int qwen = !strcmp(arch, "qwen3");
     if (!head_dim && heads > 0) head_dim = hidden / heads;
