@@ -155,9 +155,10 @@ def record(model_dir, samples, ref_dir):
         "gap": torch.cat(gap_all).contiguous(),
     }
     save_file(tensors, os.path.join(ref_dir, "expected.safetensors"),
-              metadata={"made_by": "tests/reference/make_targets.py",
-                        "torch": torch.__version__, "transformers": transformers.__version__,
-                        "hidden_states": "HF output.hidden_states, fp32 compute on bf16 weights, eager attention"})
+              # one key: safetensors writes a metadata map in hash order
+              metadata={"made_by": f"tests/reference/make_targets.py with torch {torch.__version__}, "
+                                   f"transformers {transformers.__version__}: HF output.hidden_states, "
+                                   "fp32 compute on bf16 weights, eager attention"})
     with open(os.path.join(ref_dir, "inputs.jsonl"), "w") as f:
         for s in samples:
             f.write(json.dumps(s, separators=(",", ":")) + "\n")

@@ -428,10 +428,6 @@ static void edit_config(const char *name, const char *from, const char *to) {
 }
 
 static void test_broken_models(void) {
-    if (!mkdtemp(tmp)) {
-        T_CHECK(0);
-        return;
-    }
     make_broken("missing", "model.layers.3.self_attn.k_norm.weight", NULL);
     expect_load_error("missing", DFL_EX_DATA, "model.layers.3.self_attn.k_norm.weight");
     int64_t wrong[2] = {72, 73};
@@ -470,9 +466,138 @@ static void test_broken_models(void) {
     dfl_target_free(t);
 
     expect_load_error("does-not-exist", DFL_EX_NOINPUT, "does-not-exist");
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    T_CHECK(system(cmd) == 0);
+}
+
+/* ---- weight encodings ---------------------------------------------------- */
+
+/* All taps of qwen3-tied's fixture inputs for the model in `dir`, f32. */
+static float *all_taps(const char *dir, int64_t *n) {
+    expected e;
+    float *got = NULL;
+    if (load_expected(&e, "qwen3-tied")) return NULL;
+    dfl_target *t = NULL;
+    dfl_target_opts o = {0, 0};
+    if (dfl_target_load(&t, dir, dfl_ops_cpu(), &o) == 0) {
+        int taps[6] = {0, 1, 2, 3, 4, 5};
+        dfl_target_batch b = {e.ids, e.cu, e.nseq};
+        dfl_target_want w = {6, taps, 0, 0, 0, NULL, 0};
+        dfl_target_out out;
+        if (dfl_target_forward(t, &out, &b, &w) == 0) {
+            *n = e.T * 6 * e.H;
+            got = dfl_malloc((size_t)*n * sizeof *got);
+            dfl_target_taps_to_f32(t, &out, 0, e.T, got);
+        }
+    } else {
+        fprintf(stderr, "  %s: %s\n", dir, dfl_errmsg());
+    }
+    dfl_target_free(t);
+    free_expected(&e);
+    return got;
+}
+
+/* qwen3-tied rewritten with every tensor in `dtype` (f32, f16) in tmp/NAME. */
+static void make_converted(const char *name, dfl_dtype dtype) {
+    char d[512], p[600], src[512];
+    snprintf(d, sizeof d, "%s/%s", tmp, name);
+    mkdir(d, 0777);
+    snprintf(src, sizeof src, "%s/qwen3-tied/config.json", FIX);
+    snprintf(p, sizeof p, "%s/config.json", d);
+    copy_file(src, p);
+    snprintf(src, sizeof src, "%s/qwen3-tied/model.safetensors", FIX);
+    dfl_st *st;
+    if (dfl_st_open(&st, src)) return;
+    int n = dfl_st_count(st);
+    dfl_st_in *in = dfl_calloc((size_t)n, sizeof *in);
+    void **bufs = dfl_calloc((size_t)n, sizeof *bufs);
+    for (int i = 0; i < n; i++) {
+        const dfl_st_tensor *t = dfl_st_at(st, i);
+        float *f = dfl_malloc((size_t)t->numel * sizeof *f);
+        dfl_st_to_f32(t, f);
+        if (dtype == DFL_F16) {
+            uint16_t *h = dfl_malloc((size_t)t->numel * sizeof *h);
+            for (int64_t j = 0; j < t->numel; j++) h[j] = dfl_f32_to_f16(f[j]);
+            free(f);
+            bufs[i] = h;
+        } else {
+            bufs[i] = f;
+        }
+        in[i] = (dfl_st_in){t->name, dtype, t->ndim, {0}, bufs[i]};
+        for (int j = 0; j < t->ndim; j++) in[i].shape[j] = t->shape[j];
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    dfl_st_write(p, in, n, NULL);
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(in);
+    dfl_st_close(st);
+}
+
+/* qwen3-tied with a 1-byte tensor first, so every weight is misaligned in
+ * the file (other writers do not align); written by hand. */
+static void make_unaligned(const char *name) {
+    char d[512], p[600], src[512];
+    snprintf(d, sizeof d, "%s/%s", tmp, name);
+    mkdir(d, 0777);
+    snprintf(src, sizeof src, "%s/qwen3-tied/config.json", FIX);
+    snprintf(p, sizeof p, "%s/config.json", d);
+    copy_file(src, p);
+    snprintf(src, sizeof src, "%s/qwen3-tied/model.safetensors", FIX);
+    dfl_st *st;
+    if (dfl_st_open(&st, src)) return;
+    json_t *h = json_object();
+    json_object_set_new(h, "aaa.pad", json_pack("{s:s,s:[i],s:[i,i]}", "dtype", "U8", "shape", 1, "data_offsets", 0, 1));
+    uint64_t off = 1;
+    for (int i = 0; i < dfl_st_count(st); i++) {
+        const dfl_st_tensor *t = dfl_st_at(st, i);
+        json_t *shape = json_array();
+        for (int j = 0; j < t->ndim; j++) json_array_append_new(shape, json_integer(t->shape[j]));
+        json_object_set_new(h, t->name, json_pack("{s:s,s:o,s:[I,I]}", "dtype", t->dtype_str, "shape", shape,
+                                                  "data_offsets", (json_int_t)off, (json_int_t)(off + t->nbytes)));
+        off += t->nbytes;
+    }
+    char *text = json_dumps(h, JSON_COMPACT);
+    uint64_t n = strlen(text), padded = (n + 7) / 8 * 8;
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    FILE *f = fopen(p, "wb");
+    fwrite(&padded, 8, 1, f);
+    fputs(text, f);
+    for (uint64_t i = n; i < padded; i++) fputc(' ', f);
+    fputc(0, f);
+    for (int i = 0; i < dfl_st_count(st); i++) fwrite(dfl_st_at(st, i)->data, 1, dfl_st_at(st, i)->nbytes, f);
+    fclose(f);
+    free(text);
+    json_decref(h);
+    dfl_st_close(st);
+}
+
+/* The same weights stored as f32 give bitwise the same states as bf16;
+ * as f16 (exact for all but the tiniest weights) the same to ~f32 rounding;
+ * misaligned in the file, bitwise the same. */
+static void test_weight_encodings(void) {
+    char ref_dir[512], d[600];
+    snprintf(ref_dir, sizeof ref_dir, "%s/qwen3-tied", FIX);
+    int64_t n = 0;
+    float *ref = all_taps(ref_dir, &n), *got;
+    T_CHECK(ref != NULL);
+    if (!ref) return;
+    make_converted("f32", DFL_F32);
+    snprintf(d, sizeof d, "%s/f32", tmp);
+    got = all_taps(d, &n);
+    T_CHECK(got && !memcmp(got, ref, (size_t)n * sizeof *got));
+    free(got);
+    make_converted("f16", DFL_F16);
+    snprintf(d, sizeof d, "%s/f16", tmp);
+    got = all_taps(d, &n);
+    double e = got ? t_nmse_f32(got, ref, n) : 1;
+    T_CHECKF(e < 1e-8, "f16 weights: nmse %.3g", e);
+    fprintf(stderr, "  f16 weights vs bf16: nmse %.2e\n", e);
+    free(got);
+    make_unaligned("unaligned");
+    snprintf(d, sizeof d, "%s/unaligned", tmp);
+    got = all_taps(d, &n);
+    T_CHECK(got && !memcmp(got, ref, (size_t)n * sizeof *got));
+    free(got);
+    free(ref);
 }
 
 int main(void) {
@@ -484,6 +609,11 @@ int main(void) {
     T_RUN(test_long_batch_chunks);
     T_RUN(test_rows);
     T_RUN(test_partial_load_and_bad_requests);
+    if (!mkdtemp(tmp)) return 1;
     T_RUN(test_broken_models);
+    T_RUN(test_weight_encodings);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) return 1;
     return t_exit();
 }
