@@ -298,28 +298,28 @@ static int check_batch(const dfl_target *t, const dfl_target_batch *b, int64_t *
     return 0;
 }
 
-/* The number of layers the request needs, or -1 with the error recorded. */
-static int layers_needed(const dfl_target *t, const dfl_target_want *w, int64_t T) {
-    int L = (int)t->cfg.num_hidden_layers, need = 0;
-    if (w->ntaps < 0 || w->ntaps > 64) return dfl_err(DFL_EX_USAGE, "target: %d taps requested (at most 64)", w->ntaps), -1;
+/* Check the request; *need = the number of layers it runs. */
+static int check_want(const dfl_target *t, const dfl_target_want *w, int64_t T, int *need) {
+    int L = (int)t->cfg.num_hidden_layers;
+    *need = 0;
+    if (w->ntaps < 0 || w->ntaps > 64) return dfl_err(DFL_EX_USAGE, "target: %d taps requested (at most 64)", w->ntaps);
     for (int j = 0; j < w->ntaps; j++) {
         if (w->taps[j] < 0 || w->taps[j] >= L)
-            return dfl_err(DFL_EX_USAGE, "layer id %d is outside [0, %d) for this %d-layer model", w->taps[j], L, L), -1;
-        if (w->taps[j] + 1 > need) need = w->taps[j] + 1;
+            return dfl_err(DFL_EX_USAGE, "layer id %d is outside [0, %d) for this %d-layer model", w->taps[j], L, L);
+        if (w->taps[j] + 1 > *need) *need = w->taps[j] + 1;
     }
-    int final = w->last_hidden || w->normed || w->argmax;
-    if (final) need = L;
-    if (need > t->nlayers)
-        return dfl_err(DFL_EX_USAGE, "target: layer %d requested but only %d layers were loaded", need - 1, t->nlayers), -1;
+    if (w->last_hidden || w->normed || w->argmax) *need = L;
+    if (*need > t->nlayers)
+        return dfl_err(DFL_EX_USAGE, "target: layer %d requested but only %d layers were loaded", *need - 1, t->nlayers);
     if ((w->normed || w->argmax) && !t->head)
-        return dfl_err(DFL_EX_USAGE, "target: the final norm and LM head were not loaded"), -1;
+        return dfl_err(DFL_EX_USAGE, "target: the final norm and LM head were not loaded");
     if (w->rows) {
-        if (w->nrows < 0 || w->nrows > INT32_MAX) return dfl_err(DFL_EX_USAGE, "target: bad row count"), -1;
+        if (w->nrows < 0 || w->nrows > INT32_MAX) return dfl_err(DFL_EX_USAGE, "target: bad row count");
         for (int64_t i = 0; i < w->nrows; i++)
             if (w->rows[i] < 0 || w->rows[i] >= T)
-                return dfl_err(DFL_EX_USAGE, "target: row %d is outside the batch of %lld rows", (int)w->rows[i], (long long)T), -1;
+                return dfl_err(DFL_EX_USAGE, "target: row %d is outside the batch of %lld rows", (int)w->rows[i], (long long)T);
     }
-    return need;
+    return 0;
 }
 
 static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t nseq) {
@@ -379,8 +379,8 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
     int64_t T = 0, H = c->hidden_size;
     int rc = check_batch(t, b, &T);
     if (rc) return rc;
-    int need = layers_needed(t, w, T);
-    if (need < 0) return dfl_errcode();
+    int need;
+    if ((rc = check_want(t, w, T, &need))) return rc;
     int64_t nrows = (w->normed || w->argmax) ? (w->rows ? w->nrows : T) : 0;
     ws_reserve(t, T, (int64_t)w->ntaps * T * H, nrows, b->nseq);
     workspace *ws = &t->ws;
