@@ -163,7 +163,7 @@ static void options_default(int B) {
     if (isnan(warmup_ratio)) warmup_ratio = d.warmup_ratio;
     if (isnan(weight_decay)) weight_decay = d.weight_decay;
     if (isnan(max_grad_norm)) max_grad_norm = d.max_grad_norm;
-    if (total_steps < 0) total_steps = steps;
+    if (total_steps < 0) total_steps = steps > 0 ? steps : 1;
     if (batch_seqs < 0) batch_seqs = 4;
     if (batch_tokens < 0) batch_tokens = 0;
     if (micro_rows < 0) micro_rows = d.micro_rows;
