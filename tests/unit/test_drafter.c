@@ -15,6 +15,7 @@
  * summation order, while any wrong term (a missing block, a shifted label,
  * a wrong weight) moves them above 1e-3.
  */
+#include "checkpoint.h"
 #include "common.h"
 #include "drafter.h"
 #include "ops.h"
@@ -26,6 +27,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef FIXTURE_DIR
 #define FIXTURE_DIR "tests/fixtures/drafter"
@@ -734,6 +736,70 @@ static void test_init_weights(void) {
     dfl_drafter_config_free(&c);
 }
 
+/* Checkpoint directories: bf16 weights, exact trainer state, refusals. */
+static void test_checkpoint(void) {
+    dfl_drafter_config c;
+    char *s = cfg_text(16, 24, 2, 2, 1, 8, 29, 4, "[0,2]", 4, 28);
+    T_CHECK(parse_cfg(&c, s) == 0);
+    free(s);
+    dfl_drafter *d = dfl_drafter_new(ops, &c);
+    dfl_rng r;
+    dfl_rng_seed(&r, 21);
+    random_master(d, &r, 0.3);
+    const int64_t P = d->nparams;
+    float *mv = dfl_malloc((size_t)P * 4);
+    for (int64_t i = 0; i < P; i++) mv[i] = (float)frand(&r);
+    ops->upload(d->m, mv, (size_t)P * 4);
+    for (int64_t i = 0; i < P; i++) mv[i] = (float)(1 + frand(&r));
+    ops->upload(d->v, mv, (size_t)P * 4);
+    char dir[] = "/tmp/dflash-ckpt-XXXXXX", ck[600];
+    T_CHECK(mkdtemp(dir) != NULL);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    json_t *st = json_pack("{ss si}", "format", "dflash-trainer-state", "step", 3);
+    T_CHECK(dfl_ckpt_save(ck, d, st) == 0);
+    json_decref(st);
+    dfl_drafter_config c2;
+    T_CHECK(dfl_ckpt_load_config(ck, &c2) == 0);
+    T_CHECK(c2.K == 2 && c2.block_size == 4 && c2.mask_token_id == 28 && c2.H == 16 && c2.L == 2);
+    dfl_drafter *e = dfl_drafter_new(ops, &c2);
+    float *w = dfl_malloc((size_t)P * 4), *w2 = dfl_malloc((size_t)P * 4);
+    dfl_drafter_get_master(d, w);
+    /* model.safetensors: the master rounded to bf16 */
+    T_CHECK(dfl_ckpt_load_weights(ck, e) == 0);
+    dfl_drafter_get_master(e, w2);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < P; i++) bad += w2[i] != dfl_bf16_to_f32(dfl_f32_to_bf16(w[i]));
+    T_CHECKF(bad == 0, "%lld weights are not the bf16 rounding of the master", (long long)bad);
+    /* trainer state: master and moments exactly */
+    json_t *got = NULL;
+    T_CHECK(dfl_ckpt_has_state(ck) && dfl_ckpt_load_state(ck, e, &got) == 0);
+    T_CHECK(got && json_integer_value(json_object_get(got, "step")) == 3);
+    json_decref(got);
+    dfl_drafter_get_master(e, w2);
+    T_CHECK(!memcmp(w, w2, (size_t)P * 4));
+    ops->download(w2, e->v, (size_t)P * 4);
+    T_CHECK(!memcmp(mv, w2, (size_t)P * 4));
+    /* a model-only checkpoint has no state; a drafter of another shape is refused */
+    T_CHECK(dfl_ckpt_save(ck, d, NULL) == 0);
+    T_CHECK(!dfl_ckpt_has_state(ck) && dfl_ckpt_load_state(ck, e, &got) == DFL_EX_NOINPUT);
+    dfl_drafter_config c3;
+    s = cfg_text(16, 20, 2, 2, 1, 8, 29, 4, "[0,2]", 4, 28);
+    T_CHECK(parse_cfg(&c3, s) == 0);
+    free(s);
+    dfl_drafter *f = dfl_drafter_new(ops, &c3);
+    T_CHECKF(dfl_ckpt_load_weights(ck, f) == DFL_EX_DATA && strstr(dfl_errmsg(), "mlp."), "%s", dfl_errmsg());
+    dfl_drafter_free(f);
+    dfl_drafter_config_free(&c3);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    T_CHECK(system(cmd) == 0);
+    free(w), free(w2), free(mv);
+    dfl_drafter_free(e);
+    dfl_drafter_free(d);
+    dfl_drafter_config_free(&c2);
+    dfl_drafter_config_free(&c);
+}
+
 int main(void) {
     ops = dfl_ops_cpu();
     T_RUN(test_config);
@@ -742,6 +808,7 @@ int main(void) {
     T_RUN(test_batch_rules);
     T_RUN(test_visibility_model);
     T_RUN(test_init_weights);
+    T_RUN(test_checkpoint);
     T_RUN(test_fd_ce);
     T_RUN(test_fd_kl);
     T_RUN(test_fixture_ce);
