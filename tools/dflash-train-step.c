@@ -300,5 +300,6 @@ int main(int argc, char **argv) {
     dfl_drafter_free(d);
     dfl_drafter_config_free(&dcfg);
     dfl_model_config_free(&tcfg);
+    free(pos);
     return dfl_close_stdout() ? (dfl_die_last(PROG), 1) : 0;
 }
