@@ -63,6 +63,10 @@ MAN_OUT    := $(MAN_SRC:%.scd=%)
 
 LIBDFLASH  := $(BUILD)/libdflash.a
 
+# Rebuild everything when the flags change (e.g. NO_CUDA=1 after a CUDA build).
+FLAGS_STAMP := $(BUILD)/.flags
+$(shell mkdir -p $(BUILD); echo '$(CC) $(ALL_CFLAGS) $(NVCC)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(ALL_CFLAGS) $(NVCC)' > $(FLAGS_STAMP))
+
 .PHONY: all check check-build test deps demo bench fuzz fixtures man install clean status gpu-check
 .DEFAULT_GOAL := all
 
@@ -71,11 +75,11 @@ all: status $(TOOLS)
 status:
 	@echo "$(CUDA_STATUS)"
 
-$(BUILD)/lib/%.o: lib/%.c
+$(BUILD)/lib/%.o: lib/%.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu
+$(BUILD)/kernels/%.o: kernels/%.cu $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
@@ -83,18 +87,18 @@ $(LIBDFLASH): $(LIB_OBJ) $(KERNEL_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BIN)/%: tools/%.c $(LIBDFLASH)
+$(BIN)/%: tools/%.c $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -MF $(BUILD)/tools/$*.d $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 $(TOOLS): | $(BUILD)/tools
 $(BUILD)/tools:
 	@mkdir -p $@
 
-$(BUILD)/tests/%: tests/unit/%.c tests/test.h $(LIBDFLASH)
+$(BUILD)/tests/%: tests/unit/%.c tests/test.h $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 
-$(BUILD)/tests/%: tests/helpers/%.c $(LIBDFLASH)
+$(BUILD)/tests/%: tests/helpers/%.c $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 
