@@ -23,7 +23,7 @@ import os
 import sys
 
 import torch
-from safetensors.torch import save_file
+import struct
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import drafter_reference as R  # noqa: E402
@@ -63,6 +63,23 @@ TARGET_EPS = 1e-5    # the target's rms eps (KL), different from the drafter's o
 ANCHORS = [[6, 7, 9, 15, 17], [4, 5, 8]]
 ANCHORS_STEP2 = [[8, 11, 12], [6, 10, 11]]
 ADAM = dict(peak=0.02, total=5, warmup_ratio=0.2, wd=0.1, b1=0.9, b2=0.999, eps=1e-8, clip=1.0)
+
+
+def save_file(tensors, path, metadata):
+    """A safetensors file written deterministically (the library's metadata
+    order varies from run to run): tensors in name order, keys sorted."""
+    names = sorted(tensors)
+    dt = {torch.float32: "F32", torch.int32: "I32"}
+    header, off, blobs = {"__metadata__": metadata}, 0, []
+    for n in names:
+        b = tensors[n].contiguous().numpy().tobytes()
+        header[n] = {"dtype": dt[tensors[n].dtype], "shape": list(tensors[n].shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def make_case(g):
