@@ -396,6 +396,46 @@ static void test_visibility_model(void) {
     dfl_drafter_config_free(&c);
 }
 
+/* An anchor at position 0 has no context at all: its block sees only
+ * itself, its outputs are finite and no feature changes them. */
+static void test_anchor_at_zero(void) {
+    dfl_drafter_config c;
+    char *s = cfg_text(8, 12, 1, 2, 1, 4, 23, 4, "[0,2]", 4, 22);
+    T_CHECK(parse_cfg(&c, s) == 0);
+    free(s);
+    dfl_rng r;
+    dfl_rng_seed(&r, 13);
+    dfl_drafter *d = dfl_drafter_new(ops, &c);
+    random_master(d, &r, 0.4);
+    random_target(d, &r);
+    test_seq a;
+    make_seq(&a, &c, 10, 0, &r);
+    int32_t anc[] = {0, 5};
+    const int64_t B = c.block_size, H = c.H, Q = 2 * B, KH = c.K * c.H;
+    dfl_train_opts o;
+    dfl_train_opts_default(&o, (int)B);
+    dfl_train_seq sq = as_seq(&a);
+    float *base = dfl_malloc((size_t)(Q * H) * 4), *out = dfl_malloc((size_t)(Q * H) * 4);
+    for (int pass = 0; pass < 2; pass++) {
+        dfl_train_mb mb;
+        dfl_train_mb_init(&mb);
+        dfl_train_mb_add(&mb, &c, &o, &sq, anc, 2, &r);
+        T_CHECK(mb.blocks[0].ctx_len == 0 && mb.b.NC == 5);
+        close_mb(d, &o, &mb);
+        ops->act_to_f32(pass ? out : base, dfl_drafter_output(d), Q * H);
+        dfl_train_mb_free(&mb);
+        for (int64_t i = 0; i < a.T * KH; i++) a.hidden[i] = -2.0f * a.hidden[i] + 1.0f;
+    }
+    int finite = 1;
+    for (int64_t i = 0; i < Q * H; i++) finite &= isfinite(base[i]);
+    T_CHECK(finite);
+    T_CHECK(!memcmp(base, out, (size_t)(B * H) * 4));                   /* block 0: no context */
+    T_CHECK(memcmp(base + B * H, out + B * H, (size_t)(B * H) * 4) != 0); /* block 1 sees 0..4 */
+    free(base), free(out), free(a.hidden), free(a.last);
+    dfl_drafter_free(d);
+    dfl_drafter_config_free(&c);
+}
+
 /* ---- finite differences ------------------------------------------------------------ */
 
 static void fd_check(int kl) {
@@ -807,6 +847,7 @@ int main(void) {
     T_RUN(test_anchors);
     T_RUN(test_batch_rules);
     T_RUN(test_visibility_model);
+    T_RUN(test_anchor_at_zero);
     T_RUN(test_init_weights);
     T_RUN(test_checkpoint);
     T_RUN(test_fd_ce);
