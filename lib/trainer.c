@@ -114,6 +114,7 @@ int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epo
     if (rc) return rc;
     t->epoch = epoch;
     t->records = 0;
+    t->usable = skip > 0; /* records were used before the resume */
     t->ended = 0;
     for (int64_t i = 0; i < skip; i++) {
         dfs_sample *s;
@@ -157,9 +158,12 @@ static int next_seq(dfl_trainer *t, dfl_train_seq *q, int *got) {
     dfs_sample *s;
     int rc = dfs_read(t->r, &s);
     if (rc == 0 && t->loop) {
-        if (t->records == 0) return dfl_err(DFL_EX_DATA, "%s: --loop over a stream with no record", t->path);
+        if (t->usable == 0)
+            return dfl_err(DFL_EX_DATA, "%s: --loop over a stream with no usable record (none has two consecutive "
+                           "supervised tokens)", t->path);
         t->epoch++;
         t->records = 0;
+        t->usable = 0;
         if ((rc = reopen(t))) return rc;
         rc = dfs_read(t->r, &s);
     }
@@ -233,6 +237,7 @@ int dfl_trainer_step(dfl_trainer *t, dfl_step_log *log, int *made) {
         if (!got) break;
         int64_t n = dfl_anchors_sample(t->anchors, q.loss_mask, q.T, t->o.anchors, &t->rng);
         if (n == 0) continue; /* no two consecutive supervised tokens */
+        t->usable++;
         int64_t rows = t->anchors[n - 1] + n * B;
         if (t->mb.nseq > 0 && dfl_train_mb_rows(&t->mb) + rows > t->o.micro_rows) {
             dfl_train_mb_run(t->d, &t->o, &t->mb, &st, 1);

@@ -34,6 +34,7 @@ typedef struct {
     dfs_reader *r;
     dfs_hs_meta meta;
     int64_t records, epoch;      /* records consumed in this epoch; completed passes */
+    int64_t usable;              /* sequences with anchors seen in this epoch */
     int     ended;
     /* scratch */
     dfl_train_mb mb;

@@ -131,6 +131,14 @@ expect_exit 65 "--labels target on a stream without target_ids is refused" $TS $
     --init "$T/drafter.json" --steps 1 --out "$T/x" "$T/plain.dfs"
 expect_exit 65 "--loss kl on a stream without last_hidden is refused" $TS $COMMON --loss kl \
     --init "$T/drafter.json" --steps 1 --out "$T/x" "$T/plain.dfs"
+python3 -c "
+import json
+for i in range(3):
+    print(json.dumps({'id': i, 'input_ids': list(range(1, 21)), 'loss_mask': [i % 2 for i in range(20)]}))" >"$T/sparse.jsonl"
+check "extract a stream with no two consecutive supervised tokens" dflash-extract -m "$T/target" -l 1,3,4 \
+    -o "$T/sparse.dfs" "$T/sparse.jsonl"
+expect_exit 65 "--loop over a stream with no usable record is refused (no endless loop)" $TS $COMMON \
+    --init "$T/drafter.json" --steps 5 --out "$T/x" "$T/sparse.dfs"
 check "no checkpoint after the refusals" test ! -e "$T/x"
 check "--labels target" $TS $COMMON --labels target --init "$T/drafter.json" --steps 3 --out "$T/lt" "$T/train.dfs"
 check "--loss kl" $TS $COMMON --loss kl --init "$T/drafter.json" --steps 3 --log "$T/kl.log" --out "$T/kl" "$T/train.dfs"
