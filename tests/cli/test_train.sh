@@ -139,6 +139,9 @@ check "extract a stream with no two consecutive supervised tokens" dflash-extrac
     -o "$T/sparse.dfs" "$T/sparse.jsonl"
 expect_exit 65 "--loop over a stream with no usable record is refused (no endless loop)" $TS $COMMON \
     --init "$T/drafter.json" --steps 5 --out "$T/x" "$T/sparse.dfs"
+head -c $(($(stat -c %s "$T/train.dfs") / 2)) "$T/train.dfs" >"$T/trunc.dfs"
+expect_exit 65 "a truncated stream is an error, not a short input" $TS $COMMON --init "$T/drafter.json" --steps 50 \
+    --out "$T/x" "$T/trunc.dfs"
 check "no checkpoint after the refusals" test ! -e "$T/x"
 check "--labels target" $TS $COMMON --labels target --init "$T/drafter.json" --steps 3 --out "$T/lt" "$T/train.dfs"
 check "--loss kl" $TS $COMMON --loss kl --init "$T/drafter.json" --steps 3 --log "$T/kl.log" --out "$T/kl" "$T/train.dfs"
