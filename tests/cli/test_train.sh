@@ -195,6 +195,11 @@ import json
 a = json.loads(open('$T/from.log').readline())['loss']; b = json.loads(open('$T/learn.log').readline())['loss']
 assert a < 0.7 * b, (a, b)"
 
+# ---- a tied target: its embedding is also the LM head ------------------------------------------
+"$MKT" -o "$T/tied" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie yes --seed 4 >/dev/null
+check "tied target: extract" dflash-extract -m "$T/tied" -l 1,3,4 -o "$T/tied.dfs" "$T/data.jsonl"
+check "tied target: train" $TS --target "$T/tied" --init "$T/drafter.json" --anchors 12 --steps 2 --out "$T/tied-ck" "$T/tied.dfs"
+
 # ---- pipes, short input, devices ------------------------------------------------------------------
 check "dflash-extract | dflash-train-step" sh -c "dflash-extract -m '$T/target' -l 1,3,4 '$T/data.jsonl' | \
     $TS --target '$T/target' --init '$T/drafter.json' --anchors 12 --steps 2 --out '$T/piped'"
