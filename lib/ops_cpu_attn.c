@@ -9,13 +9,15 @@
  * context range of key rows, every key visible to every query, and an "own"
  * range, all visible (a DFlash block) or causal (a causal tile). Keys are
  * walked in tiles of KT with an online softmax (forward) or the saved lse
- * (backward), so the work is the visible keys (rounded up to a key tile per
- * range) and the scratch memory is fixed, O(L*(D+KT)) per thread, whatever
- * the sequence length.
+ * (backward), so the work is exactly the visible keys and the scratch
+ * memory is fixed, O(L*(D+KT) + KT*D) per thread, whatever the sequence
+ * length. The backward's two passes are described above
+ * dfl_cpu_attn_dflash_bwd.
  *
- * Inside a key tile every product is a small matrix product (mm, an
- * AVX2 4x16 register kernel): the scores, transposed, K.Q^T, then P.V, and
- * in the backward V.dO^T, dS.K, dS^T.Q and P^T.dO.
+ * Inside a key tile every product is a small matrix product (attn_mm, a
+ * 4x16 register kernel, AVX2 where the CPU has it): the scores, kept
+ * transposed, K.Q^T, then P.V, and in the backward V.dO^T, dS.K, dS^T.Q
+ * and P^T.dO. exp is dfl_cpu_expf, so that the softmax loops vectorise.
  *
  * q[*, Hq, D], k,v[*, Hkv, D], row-major; scale 1/sqrt(D); q head h reads kv
  * head h / G. lse is the natural log-sum-exp of the scaled scores.
@@ -47,7 +49,6 @@
 #else
 #define SIMD_CLONES
 #endif
-
 
 /* ------------------------------------------------------------------------ */
 /* small matrix products                                                     */
