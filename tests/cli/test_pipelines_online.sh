@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# slow
+# Online training, no hidden states on disk: dflash-extract | dflash-train-step.
+#   - one pass through a pipe gives the checkpoint that training from the
+#     extracted file gives, bit for bit (raw and byte-shuffled LZ4 streams);
+#   - the epoch loop of the README (shuffled JSONL per epoch | extract |
+#     train-step --resume) equals the same chain run from files;
+#   - a pipe that ends before --steps: the steps made are saved, exit 0.
+. "$(dirname "$0")/lib.sh"
+
+MKT=$DFLASH_BUILD/tests/mktarget
+cd "$T"
+"$MKT" -o target --vocab 61 --hidden 32 --intermediate 48 --layers 4 --heads 4 --kv-heads 2 --tie no --seed 5 >/dev/null
+awk 'BEGIN { x = 3; for (i = 0; i < 12; i++) { s = ""; m = ""
+      for (j = 0; j < 30; j++) { x = (x * 48271) % 2147483647; s = s (j ? "," : "") x % 60; m = m (j ? "," : "") (j < 5 ? 0 : 1) }
+      printf "{\"id\":\"o%d\",\"input_ids\":[%s],\"loss_mask\":[%s]}\n", i, s, m } }' >samples.jsonl
+cat >drafter.json <<'EOF'
+{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4, "num_target_layers": 4,
+ "dflash_config": {"mask_token_id": 60, "target_layer_ids": [0, 2]},
+ "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
+EOF
+EX=(dflash-extract -m target --drafter-config drafter.json -t 1)
+TR=(dflash-train-step --target target --threads 1 --lr 5e-3 --anchors 4 --batch-seqs 2 --total-steps 12 --log /dev/null)
+same_ckpt() { cmp -s "$1/model.safetensors" "$2/model.safetensors" && cmp -s "$1/trainer_state.safetensors" "$2/trainer_state.safetensors"; }
+
+# ---- one pass: pipe = file ----------------------------------------------------------
+"${EX[@]}" -o s.dfs samples.jsonl
+"${TR[@]}" --init drafter.json --steps 6 --out file-ckpt s.dfs 2>/dev/null
+"${EX[@]}" samples.jsonl | "${TR[@]}" --init drafter.json --steps 6 --out pipe-ckpt 2>/dev/null
+same_ckpt file-ckpt pipe-ckpt && pass "extract | train-step = train-step on the extracted file" ||
+    fail "extract | train-step = train-step on the extracted file"
+"${EX[@]}" --byte-shuffle samples.jsonl | "${TR[@]}" --init drafter.json --steps 6 --out pipe-lz4 2>/dev/null
+same_ckpt file-ckpt pipe-lz4 && pass "the same through an LZ4 + byte-shuffle pipe" ||
+    fail "the same through an LZ4 + byte-shuffle pipe"
+"${EX[@]}" samples.jsonl | "${TR[@]}" --init drafter.json --steps 6 --out dash-ckpt - 2>/dev/null
+same_ckpt file-ckpt dash-ckpt && pass "'-' reads standard input" || fail "'-' reads standard input"
+
+# ---- the README's epoch loop, against the same chain from files -----------------------
+prev=""
+for e in 1 2; do
+    shuf --random-source=<(yes "$e") samples.jsonl >"epoch$e.jsonl"
+    start=(--init drafter.json); [ -n "$prev" ] && start=(--resume "$prev")
+    "${EX[@]}" "epoch$e.jsonl" | "${TR[@]}" "${start[@]}" --steps 6 --out "online-e$e" 2>/dev/null || fail "epoch $e" "exit $?"
+    prev=online-e$e
+done
+"${EX[@]}" -o e1.dfs epoch1.jsonl && "${EX[@]}" -o e2.dfs epoch2.jsonl
+"${TR[@]}" --init drafter.json --steps 6 --out off-e1 e1.dfs 2>/dev/null
+"${TR[@]}" --resume off-e1 --steps 6 --out off-e2 e2.dfs 2>/dev/null
+cmp -s epoch1.jsonl epoch2.jsonl && fail "epochs are shuffled differently"
+same_ckpt online-e2 off-e2 && pass "epoch loop through pipes = the same chain from files" ||
+    fail "epoch loop through pipes = the same chain from files"
+jq -e '.step == 12' online-e2/trainer_state.json >/dev/null && pass "two epochs of 6 steps: step 12" ||
+    fail "two epochs of 6 steps: step 12" "$(head -c 300 online-e2/trainer_state.json)"
+
+# ---- a pipe that runs dry -------------------------------------------------------------
+head -3 samples.jsonl | "${EX[@]}" | "${TR[@]}" --init drafter.json --steps 50 --out short 2>short.err
+rc=$?
+[ $rc = 0 ] && [ -f short/model.safetensors ] && jq -e '.step >= 1 and .step < 50' short/trainer_state.json >/dev/null &&
+    pass "input ends before --steps: the steps made are saved, exit 0" ||
+    fail "input ends before --steps: the steps made are saved, exit 0" "rc $rc: $(tail -2 short.err)"
