@@ -18,7 +18,8 @@
 struct dfl_out {
     FILE *f;
     char *final_path;
-    char *tmp_path; /* NULL for stdout */
+    char *tmp_path; /* NULL for stdout and devices */
+    int own_f;      /* a device opened here: fclose on commit */
 };
 
 static struct {
@@ -108,6 +109,23 @@ int dfl_out_open(dfl_out **out, const char *path, int binary) {
         *out = o;
         return 0;
     }
+    /* An existing device or FIFO (-o /dev/null) is written in place: a rename
+     * over it would replace the device with a regular file. */
+    struct stat st;
+    if (stat(path, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+        FILE *f = fopen(path, "wb");
+        if (!f) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot open: %s", path, strerror(errno));
+        if (binary && isatty(fileno(f))) {
+            fclose(f);
+            return dfl_err(DFL_EX_USAGE, "%s: refusing to write binary data to a terminal", path);
+        }
+        dfl_out *o = dfl_calloc(1, sizeof *o);
+        o->f = f;
+        o->own_f = 1;
+        o->final_path = dfl_strdup(path);
+        *out = o;
+        return 0;
+    }
     char tmp[PATH_MAX];
     if (tmp_name_for(path, tmp, sizeof tmp)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", path);
     int fd = mkstemp(tmp);
@@ -141,8 +159,11 @@ static void out_free(dfl_out *o) {
 int dfl_out_commit(dfl_out *o) {
     int rc = 0;
     if (!o->tmp_path) {
+        const char *name = o->own_f ? o->final_path : "stdout";
         if (fflush(o->f) != 0 || ferror(o->f))
-            rc = dfl_err(DFL_EX_IOERR, "stdout: write failed: %s", strerror(errno));
+            rc = dfl_err(DFL_EX_IOERR, "%s: write failed: %s", name, strerror(errno));
+        if (o->own_f && fclose(o->f) != 0 && !rc)
+            rc = dfl_err(DFL_EX_IOERR, "%s: close failed: %s", name, strerror(errno));
         out_free(o);
         return rc;
     }
@@ -163,6 +184,8 @@ void dfl_out_abort(dfl_out *o) {
         fclose(o->f);
         unlink(o->tmp_path);
         dfl_cleanup_unregister(o->tmp_path);
+    } else if (o->own_f) {
+        fclose(o->f);
     } else {
         fflush(o->f);
     }

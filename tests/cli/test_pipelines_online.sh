@@ -5,7 +5,9 @@
 #     extracted file gives, bit for bit (raw and byte-shuffled LZ4 streams);
 #   - the epoch loop of the README (shuffled JSONL per epoch | extract |
 #     train-step --resume) equals the same chain run from files;
-#   - a pipe that ends before --steps: the steps made are saved, exit 0.
+#   - a pipe that ends before --steps: the steps made are saved, exit 0;
+#   - -o NAMED_FIFO writes into the FIFO (it is not renamed over, as a file
+#     would be; the same goes for -o /dev/null).
 . "$(dirname "$0")/lib.sh"
 
 MKT=$DFLASH_BUILD/tests/mktarget
@@ -59,3 +61,13 @@ rc=$?
 [ $rc = 0 ] && [ -f short/model.safetensors ] && jq -e '.step >= 1 and .step < 50' short/trainer_state.json >/dev/null &&
     pass "input ends before --steps: the steps made are saved, exit 0" ||
     fail "input ends before --steps: the steps made are saved, exit 0" "rc $rc: $(tail -2 short.err)"
+
+# ---- -o a named pipe --------------------------------------------------------------------
+mkfifo fifo
+cat fifo >from-fifo.dfs &
+reader=$!
+SOURCE_DATE_EPOCH=1764460800 "${EX[@]}" -o fifo samples.jsonl
+SOURCE_DATE_EPOCH=1764460800 "${EX[@]}" -o s-fixed.dfs samples.jsonl
+if [ -p fifo ]; then wait $reader; else kill $reader; wait $reader; fi 2>/dev/null
+[ -p fifo ] && cmp -s from-fifo.dfs s-fixed.dfs && pass "-o FIFO: written through the pipe, which stays a pipe" ||
+    fail "-o FIFO: written through the pipe, which stays a pipe" "$(ls -l fifo)"
