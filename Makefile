@@ -120,8 +120,8 @@ check: deps
 deps:
 	@build-aux/deps.sh
 
-demo: all
-	@DFLASH_BIN=$(abspath $(BIN)) pipelines/demo.sh
+demo: all $(BUILD)/tests/mktarget
+	@DFLASH_BIN=$(abspath $(BIN)) DFLASH_BUILD=$(abspath $(BUILD)) pipelines/demo.sh
 
 bench: all $(HELPER_BIN)
 	@DFLASH_BIN=$(abspath $(BIN)) DFLASH_BUILD=$(abspath $(BUILD)) tests/bench/run.sh

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# eval-sweep.sh: score every checkpoint of a training run that is not scored
+# yet, append one TSV line per checkpoint, and plot tau and loss against step.
+# Made for cron: runs that overlap take turns on a lock, a re-run adds nothing
+# for checkpoints already scored, and output goes to files, not a terminal.
+#
+#   pipelines/eval-sweep.sh --target TARGET_DIR --val VAL.dfs --dir RUN_DIR [OPTIONS] [-- SCORE_OPTIONS]
+#   pipelines/eval-sweep.sh --target TARGET_DIR --prompts P.jsonl --dir RUN_DIR [OPTIONS]
+#
+# A checkpoint is a directory under RUN_DIR holding model.safetensors and a
+# config.json with dflash_config (dflash-train-step renames it into place only when
+# complete; hidden .NAME.tmp.* directories are skipped). The new ones are scored
+# in one dflash-score call (offline on VAL, or online with speculative decoding
+# on PROMPTS), sorted by step, and their lines appended to TSV: the header once,
+# then one line per checkpoint, its path absolute (that is how a later run
+# knows it was scored). The TSV is replaced atomically (written beside, renamed).
+# Then gnuplot renders PNG: tau_pooled against step, and loss (offline) on a
+# second axis.
+#
+# Options (each also an environment variable, given here in capitals):
+#   --target DIR        TARGET     the target model directory
+#   --val FILE          VAL        offline: the validation stream (dflash-pack --split)
+#   --prompts FILE      PROMPTS    online instead: tokenized prompts (JSONL input_ids)
+#   --max-new-tokens N  MAX_NEW    online: tokens per prompt (default 256)
+#   --dir DIR           CKPT_DIR   where the checkpoints appear (default .)
+#   --tsv FILE          TSV        the scores (default CKPT_DIR/scores.tsv)
+#   --png FILE          PNG        the plot (default: TSV with .png; "" for none)
+#   --lock FILE         LOCK       the lock (default: TSV with .lock)
+#   --wait SECONDS      WAIT       wait this long for the lock (default 0: if another
+#                                  sweep runs, exit 0 at once and let it work)
+#   after --: options for dflash-score (SCORE_OPTS), e.g. --device cuda --anchors 64
+# Tools are found on PATH, or in DFLASH_BIN when set. Needs flock, jq, gnuplot.
+#
+# Cron, every 30 minutes (crontab -e):
+#   */30 * * * * cd /data/run1 && /opt/dflash/pipelines/eval-sweep.sh --target /models/Qwen3-8B --val val.dfs --dir . -- --device cuda >>sweep.log 2>&1
+#
+# Napkin math: offline scoring reads VAL once per call (all new checkpoints in
+# one pass, on the same anchors): a 1% split of 800K samples x 1,000 tokens of
+# Qwen3-8B is 8M tokens = 330 GB at 40 KiB/token; score on a few thousand
+# records instead (dflash-pack --split val=0.001 or --anchors). Online scoring
+# costs a target forward per verify step, ~max_new_tokens/tau per prompt.
+# Expected tau for a Qwen3-8B drafter at temperature 0: ~1.5 early, 3-4 after
+# the first epoch in reproductions, 6.5 (GSM8K) / 4.3 (MT-Bench) for the
+# released checkpoint (dflash-spec.md 4.3).
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
+die() { echo "eval-sweep.sh: $*" >&2; exit 2; }
+
+TARGET=${TARGET:-} VAL=${VAL:-} PROMPTS=${PROMPTS:-} MAX_NEW=${MAX_NEW:-256} CKPT_DIR=${CKPT_DIR:-.}
+TSV=${TSV:-} PNG=${PNG-unset} LOCK=${LOCK:-} WAIT=${WAIT:-0} SCORE_OPTS=${SCORE_OPTS:-}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --target) TARGET=$2; shift 2 ;;
+        --val) VAL=$2; shift 2 ;;
+        --prompts) PROMPTS=$2; shift 2 ;;
+        --max-new-tokens) MAX_NEW=$2; shift 2 ;;
+        --dir) CKPT_DIR=$2; shift 2 ;;
+        --tsv) TSV=$2; shift 2 ;;
+        --png) PNG=$2; shift 2 ;;
+        --lock) LOCK=$2; shift 2 ;;
+        --wait) WAIT=$2; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; SCORE_OPTS="$SCORE_OPTS $*"; break ;;
+        *) die "unknown argument '$1' (try --help)" ;;
+    esac
+done
+[ -n "$TARGET" ] || die "--target DIR is required"
+[ -n "$VAL" ] || [ -n "$PROMPTS" ] || die "--val STREAM or --prompts FILE is required"
+[ -z "$VAL" ] || [ -z "$PROMPTS" ] || die "--val and --prompts exclude each other (one TSV per kind of score)"
+[ -d "$CKPT_DIR" ] || { echo "eval-sweep.sh: $CKPT_DIR: no such directory" >&2; exit 66; }
+[ -n "${DFLASH_BIN:-}" ] && export PATH="$DFLASH_BIN:$PATH"
+command -v dflash-score >/dev/null || die "dflash-score is not on PATH (set DFLASH_BIN)"
+TSV=${TSV:-$CKPT_DIR/scores.tsv}
+[ "$PNG" = unset ] && PNG=${TSV%.tsv}.png
+LOCK=${LOCK:-${TSV%.tsv}.lock}
+
+# One sweep at a time. The lock is held until this script exits.
+exec 9>>"$LOCK"
+if ! flock -w "$WAIT" 9; then
+    echo "eval-sweep.sh: another sweep holds $LOCK; leaving the work to it"
+    exit 0
+fi
+
+# Column NAME of a TSV header line, 1-based (0 if absent).
+col_of() { awk -F'\t' -v c="$1" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == c) { print i; exit } print 0 }' "$2"; }
+
+# The checkpoints: complete directories, by step (trainer_state.json), else by name.
+scored=""
+if [ -s "$TSV" ]; then
+    dcol=$(col_of drafter "$TSV")
+    [ "$dcol" -gt 0 ] || { echo "eval-sweep.sh: $TSV: no 'drafter' column in the header" >&2; exit 65; }
+    scored=$(tail -n +2 "$TSV" | cut -f "$dcol")
+fi
+new=()
+while IFS=$'\t' read -r _ dir; do
+    grep -qxF -- "$dir" <<<"$scored" || new+=("$dir")
+done < <(
+    find "$CKPT_DIR" -mindepth 1 -maxdepth 1 -type d ! -name '.*' | while read -r d; do
+        [ -f "$d/model.safetensors" ] && jq -e 'has("dflash_config")' "$d/config.json" >/dev/null 2>&1 || continue
+        step=$(jq -r '.step // empty' "$d/trainer_state.json" 2>/dev/null || true)
+        printf '%s\t%s\n' "${step:-0}" "$(realpath "$d")"
+    done | sort -t$'\t' -k1,1n -k2,2V)
+
+if [ ${#new[@]} -eq 0 ]; then
+    echo "eval-sweep.sh: nothing new to score in $CKPT_DIR"
+else
+    echo "eval-sweep.sh: scoring ${#new[@]} checkpoint(s): ${new[*]##*/}"
+    args=(--target "$TARGET")
+    for d in "${new[@]}"; do args+=(--drafter "$d"); done
+    if [ -n "$VAL" ]; then args+=("$VAL"); else args+=(--prompts "$PROMPTS" --max-new-tokens "$MAX_NEW"); fi
+    tmp=$(mktemp "$TSV.XXXXXX")
+    trap 'rm -f "$tmp" "$tmp.all"' EXIT
+    # shellcheck disable=SC2086
+    dflash-score $SCORE_OPTS "${args[@]}" >"$tmp"
+    # old lines + the new ones without their header, renamed into place
+    if [ -s "$TSV" ]; then { cat "$TSV"; tail -n +2 "$tmp"; } >"$tmp.all"; else cp "$tmp" "$tmp.all"; fi
+    mv "$tmp.all" "$TSV"
+fi
+
+# The plot: tau (and loss, offline) against step, from the columns by name.
+if [ -n "$PNG" ] && [ -s "$TSV" ] && [ "$(wc -l <"$TSV")" -gt 1 ]; then
+    command -v gnuplot >/dev/null || { echo "eval-sweep.sh: gnuplot is not installed (make deps); no plot" >&2; exit 0; }
+    scol=$(col_of step "$TSV") tcol=$(col_of tau_pooled "$TSV") lcol=$(col_of loss "$TSV")
+    data=$(mktemp)
+    awk -F'\t' -v s="$scol" -v t="$tcol" -v l="$lcol" 'NR > 1 { print $s "\t" $t "\t" (l ? $l : "NaN") }' "$TSV" |
+        sort -n >"$data"
+    plot="plot '$data' using 1:2 with linespoints title 'tau (mean accepted length)' axes x1y1"
+    [ "$lcol" -gt 0 ] && plot="$plot, '' using 1:3 with linespoints title 'loss' axes x1y2"
+    gnuplot <<EOF
+set terminal png size 900,500
+set output '$PNG.tmp'
+set datafile separator "\t"
+set title "$(basename "$(realpath "$CKPT_DIR")"): $( [ -n "$VAL" ] && echo "offline on $(basename "$VAL")" || echo "online on $(basename "$PROMPTS")")"
+set xlabel 'step'
+set ylabel 'tau'
+set y2label 'loss'
+set ytics nomirror
+set y2tics
+set grid
+set key below
+$plot
+EOF
+    mv "$PNG.tmp" "$PNG"
+    rm -f "$data"
+fi

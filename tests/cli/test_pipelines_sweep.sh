@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# slow
+# pipelines/eval-sweep.sh, the cron job:
+#   - scores every complete checkpoint (skips temporaries, the target dir,
+#     half-made dirs), one TSV line each, sorted by step, equal (but for the
+#     time column) to one dflash-score call on the same checkpoints;
+#   - a second run adds nothing and leaves the TSV byte for byte;
+#   - a new checkpoint adds one line, the old lines kept;
+#   - a held lock: the run exits 0 and adds nothing; two runs at once
+#     (--wait) score each checkpoint once;
+#   - a PNG plot of tau and loss against step.
+. "$(dirname "$0")/lib.sh"
+
+MKT=$DFLASH_BUILD/tests/mktarget
+SW=$here/pipelines/eval-sweep.sh
+if ! command -v dflash-score >/dev/null; then fail "eval sweep" "dflash-score is not built"; exit 0; fi
+cd "$T"
+"$MKT" -o target --vocab 61 --hidden 32 --intermediate 48 --layers 4 --heads 4 --kv-heads 2 --tie no --seed 8 >/dev/null
+awk 'BEGIN { x = 9; for (i = 0; i < 10; i++) { s = ""; m = ""
+      for (j = 0; j < 5; j++) { x = (x * 48271) % 2147483647; mo[j] = x % 60 }
+      for (j = 0; j < 30; j++) { s = s (j ? "," : "") mo[j % 5]; m = m (j ? "," : "") (j < 5 ? 0 : 1) }
+      printf "{\"id\":\"w%d\",\"input_ids\":[%s],\"loss_mask\":[%s]}\n", i, s, m } }' >samples.jsonl
+cat >drafter.json <<'EOF'
+{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4, "num_target_layers": 4,
+ "dflash_config": {"mask_token_id": 60, "target_layer_ids": [0, 2]},
+ "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
+EOF
+dflash-extract -m target --drafter-config drafter.json -t 1 -o val.dfs samples.jsonl
+mkdir run
+TR=(dflash-train-step --target target --threads 1 --lr 1e-2 --anchors 6 --batch-seqs 2 --total-steps 40 --loop --log /dev/null)
+"${TR[@]}" --init drafter.json --steps 10 --out run/ckpt-10 val.dfs 2>/dev/null
+"${TR[@]}" --resume run/ckpt-10 --steps 10 --out run/ckpt-20 val.dfs 2>/dev/null
+"${TR[@]}" --resume run/ckpt-20 --steps 10 --out run/ckpt-30 val.dfs 2>/dev/null
+cp -r run/ckpt-10 run/.ckpt-40.tmp.AbCdEf          # a checkpoint being written: skipped
+mkdir run/half && cp run/ckpt-10/config.json run/half/  # no weights: skipped
+cp -r target run/target-copy                           # not a drafter: skipped
+SW_ARGS=(--target target --val val.dfs --dir run -- --threads 1)
+strip_time() { cut -f 2- "$1"; }
+
+check "first sweep" "$SW" "${SW_ARGS[@]}"
+dflash-score --target target --threads 1 --drafter "$T/run/ckpt-10" --drafter "$T/run/ckpt-20" --drafter "$T/run/ckpt-30" \
+    val.dfs >direct.tsv
+if [ "$(strip_time run/scores.tsv)" = "$(strip_time direct.tsv)" ]; then
+    pass "the TSV = one dflash-score call on the three checkpoints (header once, by step)"
+else
+    fail "the TSV = one dflash-score call on the three checkpoints" "$(diff <(strip_time run/scores.tsv) <(strip_time direct.tsv) | head -5)"
+fi
+[ "$(head -c 8 run/scores.png | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] &&
+    pass "a PNG plot" || fail "a PNG plot" "$(file run/scores.png 2>&1)"
+# tau rises over the three checkpoints here (the motif data is easy): the plot has something to show
+tau=$(awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "tau_pooled") c = i } NR > 1 { print $c }' run/scores.tsv | tr '\n' ' ')
+awk -v t="$tau" 'BEGIN { split(t, a, " "); exit !(a[3] > a[1]) }' && pass "tau rises with training ($tau)" ||
+    fail "tau rises with training" "$tau"
+
+cp run/scores.tsv before.tsv
+check "second sweep" "$SW" "${SW_ARGS[@]}"
+cmp -s run/scores.tsv before.tsv && grep -q "nothing new" "$T/.out" &&
+    pass "second sweep adds nothing" || fail "second sweep adds nothing" "$(cat "$T/.out")"
+
+"${TR[@]}" --resume run/ckpt-30 --steps 10 --out run/ckpt-40 val.dfs 2>/dev/null
+rm -rf run/.ckpt-40.tmp.AbCdEf
+check "sweep after a new checkpoint" "$SW" "${SW_ARGS[@]}"
+[ "$(head -n 4 run/scores.tsv)" = "$(cat before.tsv)" ] && [ "$(wc -l <run/scores.tsv)" = 5 ] &&
+    [ "$(tail -1 run/scores.tsv | cut -f 3)" = "$T/run/ckpt-40" ] &&
+    pass "one line added for the new checkpoint, old lines kept" || fail "one line added for the new checkpoint, old lines kept"
+
+# A sweep already running (the lock is held): exit 0, nothing added.
+cp run/scores.tsv before.tsv
+"${TR[@]}" --resume run/ckpt-40 --steps 0 --out run/ckpt-40b val.dfs 2>/dev/null
+exec 8>>run/scores.lock
+flock 8
+check "a sweep while another holds the lock exits 0" "$SW" "${SW_ARGS[@]}"
+cmp -s run/scores.tsv before.tsv && grep -q "another sweep" "$T/.out" &&
+    pass "... and adds nothing" || fail "... and adds nothing" "$(cat "$T/.out")"
+exec 8>&-
+# Two sweeps at once, the second waiting for the lock: ckpt-40b scored once.
+"$SW" --wait 60 "${SW_ARGS[@]}" >a.out 2>&1 &
+"$SW" --wait 60 "${SW_ARGS[@]}" >b.out 2>&1 &
+wait
+[ "$(grep -c "/ckpt-40b	" run/scores.tsv)" = 1 ] && [ "$(wc -l <run/scores.tsv)" = 6 ] &&
+    pass "two overlapping sweeps score the new checkpoint once" ||
+    fail "two overlapping sweeps score the new checkpoint once" "$(cut -f 3 run/scores.tsv | tr '\n' ' ')"
+expect_exit 2 "no --val or --prompts is a usage error" "$SW" --target target --dir run
