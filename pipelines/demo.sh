@@ -14,7 +14,9 @@
 #                 files: hidden states of layers 0 and 2, a shuffle and a
 #                 90/10 split, 600 steps with a checkpoint every 200 (each a
 #                 `dflash-train-step --resume` of the one before), offline
-#                 scores of every checkpoint on the validation split
+#                 scores of every checkpoint on the validation split, then
+#                 pipelines/eval-sweep.sh (the cron job) adds the untrained
+#                 drafter and plots tau and loss against step (scores.png)
 #   5. tau        speculative decoding with the target on 32 held-out prompts,
 #                 before training and after: the acceptance length tau (mean
 #                 tokens accepted per target forward, the bonus token included;
@@ -115,8 +117,13 @@ echo "\$ make -f pipelines/Makefile TARGET=... SAMPLES=... K=$K STEPS=$STEPS ...
 echo
 dflash-pack --stats "$OUT/samples.dfs" | sed -n '4,8p'
 echo
+# The cron job of a long run, here once: scores what is not scored yet (the
+# untrained ckpt-0) into the same scores.tsv, and plots it (scores.png).
+echo "\$ pipelines/eval-sweep.sh --target target --val val.dfs --dir $(basename "$OUT")"
+DFLASH_BIN=$BIN "$here/pipelines/eval-sweep.sh" --target "$OUT/target" --val "$OUT/val.dfs" --dir "$OUT" -- $T1
 echo "offline, on the validation split (records never trained on):"
-cut -f 3,4,10,11,12 "$OUT/scores.tsv" | column -t
+{ head -n 1 "$OUT/scores.tsv"; tail -n +2 "$OUT/scores.tsv" | sort -t$'\t' -k4,4n; } |
+    cut -f 3,4,10,11,12 | sed "s|$OUT/||" | column -t
 
 say "5. tau before and after training: speculative decoding on $N_EVAL held-out prompts"
 echo "\$ dflash-score --target target --drafter ckpt-0 --drafter ckpt-$STEPS --prompts prompts-eval.jsonl --max-new-tokens $NEW_TOKENS --ignore-eos"
@@ -133,6 +140,6 @@ echo "  target/            the target model        samples.jsonl  training sampl
 echo "  samples.dfs        hidden states           train.dfs, val.dfs  shuffled 90/10 split"
 echo "  ckpt-$K ... ckpt-$STEPS  checkpoints (serve with SGLang/vLLM; resume with --resume)"
 echo "  ckpt-*.log         per-step training log (JSON lines)"
-echo "  scores.tsv         offline scores          tau.tsv  online tau before/after"
+echo "  scores.tsv, .png   offline scores, plot    tau.tsv  online tau before/after"
 echo "Next: README.md (a real Qwen3 run), pipelines/Makefile (your experiment), man dflash-train-step."
 awk -v a="$after" -v b="$before" 'BEGIN { exit !(a > b) }' || { echo "demo: tau did not rise" >&2; exit 1; }
