@@ -63,6 +63,15 @@ MAN_OUT    := $(MAN_SRC:%.scd=%)
 
 LIBDFLASH  := $(BUILD)/libdflash.a
 
+# The CUDA kernels compiled for the CPU against a CUDA emulation (tests/emu)
+# and linked into test_ops_cuda as its "device": the CUDA agreement tests
+# then run on every machine (not under SAN: fibers and ASan do not mix).
+EMU_CXXFLAGS := -std=c++17 -O2 -g -DDFLASH_EMU -DDFLASH_HAVE_CUDA -Ilib -Ikernels -Itests/emu \
+                -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing
+EMU_SRC    := $(sort $(wildcard kernels/*.cu)) tests/emu/cuda_emu.cpp
+EMU_OBJ    := $(EMU_SRC:%=$(BUILD)/emu/%.o) $(BUILD)/emu/lib/ops.c.o
+EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu)
+
 .PHONY: all check check-build test deps demo bench fuzz fixtures man install clean status gpu-check
 .DEFAULT_GOAL := all
 
@@ -98,7 +107,17 @@ $(BUILD)/tests/%: tests/helpers/%.c $(LIBDFLASH)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 
-check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN)
+$(BUILD)/emu/%.o: %
+	@mkdir -p $(@D)
+	$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/emu/lib/ops.c.o: lib/ops.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -DDFLASH_HAVE_CUDA -MMD -MP -c $< -o $@
+$(BUILD)/tests/test_ops_cuda_emu: tests/unit/test_ops_cuda.c tests/test.h tests/ops_agree.h $(EMU_OBJ) $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
+
+check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN) $(EMU_TEST)
 
 # The tests of one build tree (BUILD/BIN); prints its own tally.
 test: check-build
@@ -155,4 +174,4 @@ gpu-check:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz $(BIN)
 
--include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d)
+-include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d) $(wildcard $(BUILD)/emu/*/*.d)

@@ -8,18 +8,23 @@
 // ---------------------------------------------------------------------------
 // CUDA kernels
 
-// PyTorch AdamW (decoupled decay), one fused pass: g = gscale * grad;
-// p *= 1 - lr wd; m, v updated; p -= step * m / (sqrt(v) / bc2_sqrt + eps).
-__global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, int64_t n, float decay, float b1,
-                             float b2, float eps, float gscale, float step, float bc2_sqrt) {
+// torch.optim.AdamW (single-tensor path), in its order and f32 roundings,
+// as the CPU reference: g = gscale grad; p *= 1 - lr wd (when wd != 0);
+// m = lerp(m, g, 1 - b1); v = v b2 + (1 - b2) g^2;
+// p += -step * m / (sqrt(v) / bc2_sqrt + eps). One fused pass.
+__global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, int64_t n, float decay, float w1,
+                             float b2, float w2, float eps, float gscale, float neg_step, float bc2_sqrt,
+                             int lerp_small) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float g = gscale * grad[i];
-        float mi = b1 * m[i] + (1.0f - b1) * g;
-        float vi = b2 * v[i] + (1.0f - b2) * g * g;
+        float pi = p[i] * decay;
+        float mo = m[i];
+        float mi = lerp_small ? mo + w1 * (g - mo) : g - (g - mo) * (1.0f - w1);
+        float vi = v[i] * b2 + w2 * g * g;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = pi + neg_step * mi / denom;
         m[i] = mi;
         v[i] = vi;
-        float pi = p[i] * decay;
-        p[i] = pi - step * mi / (sqrtf(vi) / bc2_sqrt + eps);
     }
 }
 
@@ -63,15 +68,16 @@ void cuda_adamw(float *p, const float *grad, float *m, float *v, int64_t n, floa
                 float wd, float gscale, int64_t t) {
     CU_ASSERT(p && grad && m && v && n >= 0 && t >= 1);
     if (n == 0) return;
-    double bc1 = 1.0 - pow((double)b1, (double)t);
-    double bc2 = 1.0 - pow((double)b2, (double)t);
-    float step = (float)((double)lr / bc1);
+    // the Python-side scalars in double, each rounded to f32 where it meets a tensor
+    float decay = wd != 0.0f ? (float)(1.0 - (double)lr * (double)wd) : 1.0f;
+    float w1 = (float)(1.0 - (double)b1), w2 = (float)(1.0 - (double)b2);
+    double bc1 = 1.0 - pow((double)b1, (double)t), bc2 = 1.0 - pow((double)b2, (double)t);
+    float neg_step = (float)-((double)lr / bc1);
     float bc2_sqrt = (float)sqrt(bc2);
-    float decay = 1.0f - lr * wd;
     int64_t g = CEIL_DIV(n, (int64_t)256);
     int64_t cap = (int64_t)g_cuda.sm_count * 8;
-    adamw_kernel<<<(unsigned)(g < cap ? g : cap), 256, 0, g_cuda.stream>>>(p, grad, m, v, n, decay, b1, b2, eps, gscale,
-                                                                         step, bc2_sqrt);
+    KLAUNCH(adamw_kernel, (unsigned)(g < cap ? g : cap), 256, 0)(p, grad, m, v, n, decay, w1, b2, w2, eps, gscale,
+                                                                neg_step, bc2_sqrt, w1 < 0.5f);
     LAUNCH_CHECK();
 }
 
@@ -79,9 +85,9 @@ double cuda_sumsq(const float *x, int64_t n) {
     CU_ASSERT(x && n >= 0);
     if (n == 0) return 0.0;
     double *part = (double *)cuda_scratch(SCRATCH_OP, (SUMSQ_BLOCKS + 1) * sizeof(double));
-    sumsq_kernel<<<SUMSQ_BLOCKS, SUMSQ_THREADS, 0, g_cuda.stream>>>(part, x, n);
+    KLAUNCH(sumsq_kernel, SUMSQ_BLOCKS, SUMSQ_THREADS, 0)(part, x, n);
     LAUNCH_CHECK();
-    sumsq_final_kernel<<<1, SUMSQ_THREADS, 0, g_cuda.stream>>>(part + SUMSQ_BLOCKS, part, SUMSQ_BLOCKS);
+    KLAUNCH(sumsq_final_kernel, 1, SUMSQ_THREADS, 0)(part + SUMSQ_BLOCKS, part, SUMSQ_BLOCKS);
     LAUNCH_CHECK();
     double r;
     cudaCheck(cudaMemcpyAsync(&r, part + SUMSQ_BLOCKS, sizeof r, cudaMemcpyDeviceToHost, g_cuda.stream));

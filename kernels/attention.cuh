@@ -40,6 +40,24 @@ constexpr float LN2 = 0.6931471805599453f;
 // ---------------------------------------------------------------------------
 // primitives
 
+#ifdef DFLASH_EMU
+__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16 *p) {
+    emu::ldmatrix_x4(r0, r1, r2, r3, p, false);
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16 *p) {
+    emu::ldmatrix_x4(r0, r1, r2, r3, p, true);
+}
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    emu::mma_m16n8k16(c, a, b0, b1);
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    if (valid) memcpy(smem, gmem, 16);
+    else memset(smem, 0, 16);
+}
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+#else
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16 *p) {
@@ -71,6 +89,7 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool va
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif
 
 // two f32 -> one register of two bf16 (the lower column in the low half)
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -195,8 +214,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
                                               int Hq, int Hkv, int G, int64_t tok0, int rows_total, int r0, int hkv,
                                               const KeySegs &segs, int64_t kbase, float scale_log2) {
     constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *sQ = (bf16 *)smem_raw;
+    DYN_SMEM(bf16, sQ);
     bf16 *sK = sQ + BM * SD; // [2][BN][SD]
     bf16 *sV = sK + 2 * BN * SD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;

@@ -54,14 +54,14 @@ static void launch_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
                           int64_t T, int Hq, int Hkv) {
     int G = Hq / Hkv;
     int *tile_off = (int *)cuda_scratch(SCRATCH_OP, (size_t)(nseq + 1) * sizeof(int));
-    causal_tiles_kernel<<<1, 1024, 0, g_cuda.stream>>>(tile_off, cu, (int)nseq, G);
+    KLAUNCH(causal_tiles_kernel, 1, 1024, 0)(tile_off, cu, (int)nseq, G);
     LAUNCH_CHECK();
     size_t smem = fwd_smem_bytes<D>();
     static int once = 0;
     if (!once) allow_smem(attn_causal_kernel<D>, smem), once = 1;
     dim3 grid((unsigned)(CEIL_DIV(T * G, (int64_t)BM) + nseq), (unsigned)Hkv);
     float scale_log2 = LOG2E / sqrtf((float)D);
-    attn_causal_kernel<D><<<grid, NTHREADS, smem, g_cuda.stream>>>(out, q, k, v, cu, tile_off, (int)nseq, Hq, Hkv, G,
+    KLAUNCH(attn_causal_kernel<D>, grid, NTHREADS, smem)(out, q, k, v, cu, tile_off, (int)nseq, Hq, Hkv, G,
                                                                    scale_log2);
     LAUNCH_CHECK();
 }

@@ -129,8 +129,8 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                           const bf16 *k, const bf16 *v, const dfl_block *blocks, int nblk, int B, int64_t NK, int Hq,
                           int Hkv, int G, float scale_log2, float scale) {
     constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *sQ = (bf16 *)smem_raw, *sdO = sQ + BM * SD;
+    DYN_SMEM(bf16, sQ);
+    bf16 *sdO = sQ + BM * SD;
     bf16 *sK = sdO + BM * SD, *sV = sK + 2 * BN * SD; // [2][BN][SD] each
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const int j = nblk - 1 - (int)blockIdx.x, hkv = blockIdx.y, r0 = blockIdx.z * BM;
@@ -260,8 +260,8 @@ __global__ void __launch_bounds__(NTHREADS)
                             const bf16 *v, const dfl_block *blocks, int B, int64_t NK, int Hq, int Hkv, int G,
                             float scale_log2, float scale) {
     constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *sK = (bf16 *)smem_raw, *sV = sK + BN * SD;
+    DYN_SMEM(bf16, sK);
+    bf16 *sV = sK + BN * SD;
     bf16 *sQ = sV + BN * SD, *sdO = sQ + 2 * BR * SD; // [2][BR][SD] each
     float *sL = (float *)(sdO + 2 * BR * SD), *sDl = sL + 2 * BR; // [2][BR] each
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -411,7 +411,7 @@ __global__ void dkdv_reduce_kernel(bf16 *dk, bf16 *dv, const float *part_dk, con
 
 void attn::launch_delta(float *delta, const bf16 *dout, const bf16 *out, int64_t n, int D) {
     if (n == 0) return;
-    delta_kernel<<<(unsigned)CEIL_DIV(n * 32, (int64_t)256), 256, 0, g_cuda.stream>>>(delta, dout, out, n, D);
+    KLAUNCH(delta_kernel, (unsigned)CEIL_DIV(n * 32, (int64_t)256), 256, 0)(delta, dout, out, n, D);
     LAUNCH_CHECK();
 }
 
@@ -427,9 +427,9 @@ void attn::build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, 
     tl->chunks = NULL;
     if (ntiles == 0) return;
     unsigned wgrid = (unsigned)CEIL_DIV((int64_t)ntiles * 32, (int64_t)256);
-    tile_count_kernel<<<wgrid, 256, 0, g_cuda.stream>>>(tl->cnt, blocks, (int)nblk, (int)B, NK, ntiles);
+    KLAUNCH(tile_count_kernel, wgrid, 256, 0)(tl->cnt, blocks, (int)nblk, (int)B, NK, ntiles);
     LAUNCH_CHECK();
-    tile_scan_kernel<<<1, 1024, 0, g_cuda.stream>>>(tl->list_off, tl->chunk_off, tl->cnt, ntiles);
+    KLAUNCH(tile_scan_kernel, 1, 1024, 0)(tl->list_off, tl->chunk_off, tl->cnt, ntiles);
     LAUNCH_CHECK();
     int tot[2];
     cudaCheck(cudaMemcpyAsync(&tot[0], tl->list_off + ntiles, sizeof(int), cudaMemcpyDeviceToHost, g_cuda.stream));
@@ -441,7 +441,7 @@ void attn::build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, 
     char *mem = (char *)cuda_scratch(SCRATCH_LISTS, list_bytes + (size_t)tl->nchunks * sizeof(KeyChunk) + 16);
     tl->list = (int *)mem;
     tl->chunks = (KeyChunk *)(mem + list_bytes);
-    tile_fill_kernel<<<wgrid, 256, 0, g_cuda.stream>>>(tl->list, tl->chunks, tl->cnt, tl->list_off, tl->chunk_off,
+    KLAUNCH(tile_fill_kernel, wgrid, 256, 0)(tl->list, tl->chunks, tl->cnt, tl->list_off, tl->chunk_off,
                                                        blocks, (int)nblk, (int)B, NK, ntiles);
     LAUNCH_CHECK();
 }
@@ -454,7 +454,7 @@ static void launch_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, cons
     static int once = 0;
     if (!once) allow_smem(attn_dflash_kernel<D>, smem), once = 1;
     dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)CEIL_DIV(B * G, BM));
-    attn_dflash_kernel<D><<<grid, NTHREADS, smem, g_cuda.stream>>>(out, lse, q, k, v, blocks, (int)nblk, B, NK, Hq,
+    KLAUNCH(attn_dflash_kernel<D>, grid, NTHREADS, smem)(out, lse, q, k, v, blocks, (int)nblk, B, NK, Hq,
                                                                    Hkv, G, LOG2E / sqrtf((float)D));
     LAUNCH_CHECK();
 }
@@ -485,7 +485,7 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const flo
         static int once = 0;
         if (!once) allow_smem(attn_dflash_dq_kernel<D>, smem), once = 1;
         dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)CEIL_DIV(B * G, BM));
-        attn_dflash_dq_kernel<D><<<grid, NTHREADS, smem, g_cuda.stream>>>(dq, dout, lse, delta, q, k, v, blocks,
+        KLAUNCH(attn_dflash_dq_kernel<D>, grid, NTHREADS, smem)(dq, dout, lse, delta, q, k, v, blocks,
                                                                           (int)nblk, B, NK, Hq, Hkv, G, scale_log2,
                                                                           scale);
         LAUNCH_CHECK();
@@ -497,11 +497,11 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const flo
         static int once = 0;
         if (!once) allow_smem(attn_dflash_dkdv_kernel<D>, smem), once = 1;
         dim3 grid((unsigned)tl->nchunks, (unsigned)Hkv);
-        attn_dflash_dkdv_kernel<D><<<grid, NTHREADS, smem, g_cuda.stream>>>(
+        KLAUNCH(attn_dflash_dkdv_kernel<D>, grid, NTHREADS, smem)(
             part, part + part_elems, tl->chunks, tl->list, dout, lse, delta, q, k, v, blocks, B, NK, Hq, Hkv, G,
             scale_log2, scale);
         LAUNCH_CHECK();
-        dkdv_reduce_kernel<<<dim3((unsigned)tl->ntiles, (unsigned)Hkv), 256, 0, g_cuda.stream>>>(
+        KLAUNCH(dkdv_reduce_kernel, dim3((unsigned)tl->ntiles, (unsigned)Hkv), 256, 0)(
             dk, dv, part, part + part_elems, tl->chunk_off, Hkv, NK, D);
         LAUNCH_CHECK();
     }

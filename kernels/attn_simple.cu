@@ -206,7 +206,7 @@ static unsigned warps_grid(int64_t nwarps) { return (unsigned)CEIL_DIV(nwarps * 
 void attn::simple_attn_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
                               int64_t T, int Hq, int Hkv, int D) {
     CU_ASSERT(D <= 32 * PL);
-    simple_causal_kernel<<<warps_grid(T * Hq), 256, 0, g_cuda.stream>>>(out, q, k, v, cu, (int)nseq, T, Hq, Hkv, D,
+    KLAUNCH(simple_causal_kernel, warps_grid(T * Hq), 256, 0)(out, q, k, v, cu, (int)nseq, T, Hq, Hkv, D,
                                                                        1.0f / sqrtf((float)D));
     LAUNCH_CHECK();
 }
@@ -215,7 +215,7 @@ void attn::simple_attn_dflash(bf16 *out, float *lse, const bf16 *q, const bf16 *
                               const dfl_block *blocks, int64_t nblk, int B, int64_t NK, int Hq, int Hkv, int D) {
     CU_ASSERT(D <= 32 * PL);
     int64_t nrows = nblk * B * Hq;
-    simple_dflash_kernel<<<warps_grid(nrows), 256, 0, g_cuda.stream>>>(out, lse, q, k, v, blocks, B, NK, nrows, Hq,
+    KLAUNCH(simple_dflash_kernel, warps_grid(nrows), 256, 0)(out, lse, q, k, v, blocks, B, NK, nrows, Hq,
                                                                       Hkv, D, 1.0f / sqrtf((float)D));
     LAUNCH_CHECK();
 }
@@ -225,7 +225,7 @@ void attn::simple_attn_dflash_dq(bf16 *dq, const bf16 *dout, const float *lse, c
                                  int64_t NK, int Hq, int Hkv, int D) {
     CU_ASSERT(D <= 32 * PL);
     int64_t nrows = nblk * B * Hq;
-    simple_dq_kernel<<<warps_grid(nrows), 256, 0, g_cuda.stream>>>(dq, dout, lse, delta, q, k, v, blocks, B, NK, nrows,
+    KLAUNCH(simple_dq_kernel, warps_grid(nrows), 256, 0)(dq, dout, lse, delta, q, k, v, blocks, B, NK, nrows,
                                                                   Hq, Hkv, D, 1.0f / sqrtf((float)D));
     LAUNCH_CHECK();
 }
@@ -235,7 +235,7 @@ void attn::simple_attn_dflash_dkdv(bf16 *dk, bf16 *dv, const bf16 *dout, const f
                                    const TileLists *tl, int B, int64_t NK, int Hq, int Hkv, int D) {
     CU_ASSERT(D <= 32 * PL);
     if (NK == 0 || tl->nlist == 0) return;
-    simple_dkdv_kernel<<<warps_grid(NK * Hkv), 256, 0, g_cuda.stream>>>(dk, dv, dout, lse, delta, q, k, v, blocks,
+    KLAUNCH(simple_dkdv_kernel, warps_grid(NK * Hkv), 256, 0)(dk, dv, dout, lse, delta, q, k, v, blocks,
                                                                        tl->list, tl->list_off, B, NK, Hq, Hkv, D,
                                                                        1.0f / sqrtf((float)D));
     LAUNCH_CHECK();

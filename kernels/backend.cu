@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+
 dfl_cuda_state g_cuda;
 static int g_ready = 0;
 static dfl_ops g_table;
@@ -155,6 +156,8 @@ extern "C" int dfl_ops_cuda(int dev, const dfl_ops **out) {
     g_cuda.smem_optin = prop.sharedMemPerBlockOptin;
     g_cuda.simple = env_flag("DFLASH_CUDA_SIMPLE");
     g_cuda.sync = env_flag("DFLASH_CUDA_SYNC");
+    const char *rows = getenv("DFLASH_CUDA_LMHEAD_ROWS");
+    g_cuda.lmhead_rows = rows ? atoll(rows) : 0;
     if ((e = cudaStreamCreateWithFlags(&g_cuda.stream, cudaStreamNonBlocking)) != cudaSuccess)
         return dfl_err(DFL_EX_UNAVAIL, "--device cuda:%d: %s", dev, cudaGetErrorString(e));
     cublasStatus_t s = cublasCreate(&g_cuda.blas);
@@ -164,6 +167,9 @@ extern "C" int dfl_ops_cuda(int dev, const dfl_ops **out) {
     if ((e = cudaMalloc(&g_cuda.blas_ws, g_cuda.blas_ws_bytes)) != cudaSuccess)
         return dfl_err(DFL_EX_UNAVAIL, "--device cuda:%d: %s", dev, cudaGetErrorString(e));
     cublasCheck(cublasSetStream(g_cuda.blas, g_cuda.stream));
+    // bf16 results: no split-K partial sums rounded to bf16 (accuracy, and
+    // results that do not depend on the algorithm cuBLAS picks as much)
+    cublasCheck(cublasSetMathMode(g_cuda.blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     cublasCheck(cublasSetWorkspace(g_cuda.blas, g_cuda.blas_ws, g_cuda.blas_ws_bytes));
     fill_table(&g_table);
     g_ready = 1;

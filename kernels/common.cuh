@@ -11,10 +11,19 @@
 #ifndef DFLASH_KERNELS_COMMON_CUH
 #define DFLASH_KERNELS_COMMON_CUH
 
+#ifdef DFLASH_EMU
+// tests/emu: the same sources compiled for the CPU, with an emulation of the
+// CUDA subset used here (warps as fibers, ldmatrix/mma by the PTX fragment
+// layouts, cuBLAS by its column-major definition), so that every kernel and
+// launcher is checked against the CPU reference where there is no GPU.
+#include "cuda_emu.h"
+#else
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <stdint.h>
 #include <stdio.h>
@@ -55,6 +64,18 @@ void cuda_after_launch(const char *file, int line);
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 
+// Kernel launch on the backend's stream: KLAUNCH(kernel, grid, block, smem)(args...)
+#ifdef DFLASH_EMU
+#define KLAUNCH(kernel, grid, block, smem) emu::launcher(grid, block, smem, kernel)
+#define DYN_SMEM(T, name) T *name = (T *)emu::dyn_smem()
+#else
+#define KLAUNCH(kernel, grid, block, smem) kernel<<<(grid), (block), (smem), g_cuda.stream>>>
+// the block's dynamic shared memory, 16-byte aligned
+#define DYN_SMEM(T, name)                                     \
+    extern __shared__ __align__(16) unsigned char name##_raw[]; \
+    T *name = (T *)name##_raw
+#endif
+
 // ---------------------------------------------------------------------------
 // backend state (backend.cu)
 
@@ -68,6 +89,7 @@ struct dfl_cuda_state {
     size_t smem_optin;    // max dynamic shared memory per block
     int simple;           // DFLASH_CUDA_SIMPLE=1: reference kernels for attention
     int sync;             // DFLASH_CUDA_SYNC=1: synchronise after every launch
+    int64_t lmhead_rows;  // DFLASH_CUDA_LMHEAD_ROWS=n: rows per LM-head chunk (tests)
 };
 extern dfl_cuda_state g_cuda;
 

@@ -5,8 +5,6 @@
 // dfl_f32_to_bf16 and PyTorch do.
 #include "common.cuh"
 
-#include <cuda_fp16.h>
-
 // ---------------------------------------------------------------------------
 // CUDA kernels
 
@@ -32,7 +30,7 @@ static int grid_for(int64_t n, int block) {
 void cuda_master_to_wt(void *dst, const float *master, int64_t n) {
     CU_ASSERT(dst && master && n >= 0);
     if (n == 0) return;
-    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, g_cuda.stream>>>((bf16 *)dst, master, n);
+    KLAUNCH(f32_to_bf16_kernel, grid_for(n, 256), 256, 0)((bf16 *)dst, master, n);
     LAUNCH_CHECK();
 }
 
@@ -57,9 +55,9 @@ static void load_bf16(void *dst, const void *host_src, dfl_dtype dtype, int64_t 
                                   g_cuda.stream));
         bf16 *out = (bf16 *)dst + off;
         if (dtype == DFL_F32)
-            f32_to_bf16_kernel<<<grid_for(m, 256), 256, 0, g_cuda.stream>>>(out, (const float *)stage, m);
+            KLAUNCH(f32_to_bf16_kernel, grid_for(m, 256), 256, 0)(out, (const float *)stage, m);
         else
-            f16_to_bf16_kernel<<<grid_for(m, 256), 256, 0, g_cuda.stream>>>(out, (const __half *)stage, m);
+            KLAUNCH(f16_to_bf16_kernel, grid_for(m, 256), 256, 0)(out, (const __half *)stage, m);
         LAUNCH_CHECK();
     }
 }

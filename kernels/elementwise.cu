@@ -117,8 +117,8 @@ void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n) {
     const bf16 *g = (const bf16 *)gate, *u = (const bf16 *)up;
     int al = is_aligned(o, 16) && is_aligned(g, 16) && is_aligned(u, 16);
     split_vec(n, al, [&](int W, int64_t off, int64_t m) {
-        if (W == 8) swiglu_kernel<8><<<grid_for(m / 8), 256, 0, g_cuda.stream>>>(o + off, g + off, u + off, m);
-        else swiglu_kernel<1><<<grid_for(m), 256, 0, g_cuda.stream>>>(o + off, g + off, u + off, m);
+        if (W == 8) KLAUNCH(swiglu_kernel<8>, grid_for(m / 8), 256, 0)(o + off, g + off, u + off, m);
+        else KLAUNCH(swiglu_kernel<1>, grid_for(m), 256, 0)(o + off, g + off, u + off, m);
         LAUNCH_CHECK();
     });
 }
@@ -132,9 +132,9 @@ void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate,
     split_vec(n, al, [&](int W, int64_t off, int64_t m) {
         bf16 *dgo = dg ? dg + off : NULL, *duo = du ? du + off : NULL;
         if (W == 8)
-            swiglu_bwd_kernel<8><<<grid_for(m / 8), 256, 0, g_cuda.stream>>>(dgo, duo, d + off, g + off, u + off, m);
+            KLAUNCH(swiglu_bwd_kernel<8>, grid_for(m / 8), 256, 0)(dgo, duo, d + off, g + off, u + off, m);
         else
-            swiglu_bwd_kernel<1><<<grid_for(m), 256, 0, g_cuda.stream>>>(dgo, duo, d + off, g + off, u + off, m);
+            KLAUNCH(swiglu_bwd_kernel<1>, grid_for(m), 256, 0)(dgo, duo, d + off, g + off, u + off, m);
         LAUNCH_CHECK();
     });
 }
@@ -145,8 +145,8 @@ void cuda_add(void *out, const void *a, const void *b, int64_t n) {
     const bf16 *x = (const bf16 *)a, *y = (const bf16 *)b;
     int al = is_aligned(o, 16) && is_aligned(x, 16) && is_aligned(y, 16);
     split_vec(n, al, [&](int W, int64_t off, int64_t m) {
-        if (W == 8) add_kernel<8><<<grid_for(m / 8), 256, 0, g_cuda.stream>>>(o + off, x + off, y + off, m);
-        else add_kernel<1><<<grid_for(m), 256, 0, g_cuda.stream>>>(o + off, x + off, y + off, m);
+        if (W == 8) KLAUNCH(add_kernel<8>, grid_for(m / 8), 256, 0)(o + off, x + off, y + off, m);
+        else KLAUNCH(add_kernel<1>, grid_for(m), 256, 0)(o + off, x + off, y + off, m);
         LAUNCH_CHECK();
     });
 }

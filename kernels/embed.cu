@@ -30,7 +30,7 @@ void cuda_embed(void *out, const int32_t *ids, const void *table, int64_t T, int
     CU_ASSERT(out && ids && table && T >= 0 && H >= 0 && T <= INT32_MAX);
     if (T == 0 || H == 0) return;
     int vec = H % 8 == 0 && is_aligned(out, 16) && is_aligned(table, 16);
-    if (vec) embed_kernel<1><<<(unsigned)T, 128, 0, g_cuda.stream>>>((bf16 *)out, ids, (const bf16 *)table, H);
-    else embed_kernel<0><<<(unsigned)T, 128, 0, g_cuda.stream>>>((bf16 *)out, ids, (const bf16 *)table, H);
+    if (vec) KLAUNCH(embed_kernel<1>, (unsigned)T, 128, 0)((bf16 *)out, ids, (const bf16 *)table, H);
+    else KLAUNCH(embed_kernel<0>, (unsigned)T, 128, 0)((bf16 *)out, ids, (const bf16 *)table, H);
     LAUNCH_CHECK();
 }

@@ -7,7 +7,9 @@
 //   2. one block per row: a single pass of online max / sum-exp / argmax
 //      (lowest index on ties) / top-2, a fixed-order block reduction
 //      (deterministic), loss and pred; then, with a gradient, a second pass
-//      writes dz[R,V] (bf16) = gscale (softmax - onehot), or (p_d - p_t)
+//      writes dz[R,V] (bf16) = gscale (softmax - onehot), or gscale (p_d - p_t),
+//      zero on rows without a gradient (gscale 0; CE: no label); a NULL
+//      gscale means 1 for every row, as on the CPU
 //   3. cuBLAS: dh[R,H] += dz · w
 // Memory bound: the chunk buffers take R·V·(4 | 6 | 10) bytes (argmax | CE
 // | KL with gradient), R chosen so that this stays under LOGITS_BUDGET
@@ -137,15 +139,14 @@ __global__ void __launch_bounds__(ROW_THREADS)
     }
     block_reduce(st, sh);
     const float lse = st.m + logf(st.s);
-    const float g = gscale ? gscale[i] : 0.0f;
+    const float g = gscale ? gscale[i] : 1.0f;
+    const int lab = MODE == MODE_CE && labels ? labels[i] : -1;
+    const bool has_label = lab >= 0 && lab < V;
 
     if (threadIdx.x == 0) {
         if (pred) pred[i] = st.idx;
         if (MODE == MODE_ARGMAX && gap) gap[i] = st.best - st.second;
-        if (MODE == MODE_CE && loss) {
-            int lab = labels ? labels[i] : -1;
-            loss[i] = lab >= 0 && lab < V ? lse - z[lab] : 0.0f;
-        }
+        if (MODE == MODE_CE && loss) loss[i] = has_label ? lse - z[lab] : 0.0f;
         if (MODE == MODE_KL) {
             if (tpred) tpred[i] = tt.idx;
             float lse_t = tt.m + logf(tt.s);
@@ -154,12 +155,11 @@ __global__ void __launch_bounds__(ROW_THREADS)
     }
     if (!dz) return;
     bf16 *d = dz + r * V;
-    if (g == 0.0f) {
+    if (g == 0.0f || (MODE == MODE_CE && !has_label)) { // no gradient from this row
         for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = f2bf(0.0f);
         return;
     }
     if (MODE == MODE_CE) {
-        int lab = labels ? labels[i] : -1;
         for (int v = threadIdx.x; v < V; v += blockDim.x)
             d[v] = f2bf(g * (expf(z[v] - lse) - (v == lab ? 1.0f : 0.0f)));
     } else if (MODE == MODE_KL) {
@@ -174,6 +174,7 @@ __global__ void __launch_bounds__(ROW_THREADS)
 // Rows per chunk so that R * V * bytes_per_elem <= LOGITS_BUDGET.
 static int64_t chunk_rows(int64_t N, int64_t V, int bytes_per_elem) {
     int64_t r = (int64_t)(LOGITS_BUDGET / ((size_t)V * bytes_per_elem));
+    if (g_cuda.lmhead_rows > 0) r = g_cuda.lmhead_rows; // tests: chunk boundaries
     if (r >= 64) r = r / 64 * 64;
     if (r < 1) r = 1;
     return r < N ? r : N;
@@ -183,7 +184,6 @@ template <int MODE>
 static void lmhead_run(float *loss, int32_t *pred, int32_t *tpred, float *gap, void *dh, const void *h, const void *th,
                        const void *w, const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V) {
     CU_ASSERT(h && w && N >= 0 && H > 0 && V > 0 && V <= INT32_MAX);
-    CU_ASSERT(!dh || gscale);
     if (N == 0) return;
     const int nlog = MODE == MODE_KL ? 2 : 1;
     const int bytes = 4 * nlog + (dh ? 2 : 0);
@@ -196,7 +196,7 @@ static void lmhead_run(float *loss, int32_t *pred, int32_t *tpred, float *gap, v
         const int64_t n = N - r0 < R ? N - r0 : R;
         gemm_nt(zd, 1, (const bf16 *)h + r0 * H, wb, n, V, H, H, H, V, 1.0f, 0.0f);
         if (MODE == MODE_KL) gemm_nt(zt, 1, (const bf16 *)th + r0 * H, wb, n, V, H, H, H, V, 1.0f, 0.0f);
-        lmhead_rows_kernel<MODE><<<(unsigned)n, ROW_THREADS, 0, g_cuda.stream>>>(dz, zd, zt, (int)V, r0, loss, pred,
+        KLAUNCH(lmhead_rows_kernel<MODE>, (unsigned)n, ROW_THREADS, 0)(dz, zd, zt, (int)V, r0, loss, pred,
                                                                                 tpred, gap, labels, gscale);
         LAUNCH_CHECK();
         if (dh) gemm_nn((bf16 *)dh + r0 * H, 0, dz, wb, n, H, V, V, H, H, 1.0f, 1.0f);
@@ -210,7 +210,7 @@ void cuda_lmhead_ce(float *loss, int32_t *pred, void *dh, const void *h, const v
 
 void cuda_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh, const void *h, const void *th,
                     const void *w, const float *gscale, int64_t N, int64_t H, int64_t V) {
-    CU_ASSERT(th && gscale);
+    CU_ASSERT(th);
     lmhead_run<MODE_KL>(loss, pred, tpred, NULL, dh, h, th, w, NULL, gscale, N, H, V);
 }
 

@@ -72,7 +72,7 @@ __global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf1
 template <int VW>
 __global__ void rmsnorm_bwd_kernel(bf16 *din, float *dw_part, const bf16 *dout, const bf16 *in, const float *rstd,
                                    const bf16 *w, int64_t rows, int dim, int64_t rpb) {
-    extern __shared__ float sdw[]; // [nwarps][dim]
+    DYN_SMEM(float, sdw); // [nwarps][dim]
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
     float *mydw = sdw + (int64_t)warp * dim;
     if (dw_part)
@@ -140,10 +140,10 @@ void cuda_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t
     unsigned grid = (unsigned)CEIL_DIV(rows, (int64_t)warps);
     int vec = dim % 8 == 0 && is_aligned(out, 16) && is_aligned(in, 16) && is_aligned(w, 16);
     if (vec)
-        rmsnorm_kernel<8><<<grid, warps * 32, 0, g_cuda.stream>>>((bf16 *)out, rstd, (const bf16 *)in,
+        KLAUNCH(rmsnorm_kernel<8>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in,
                                                                   (const bf16 *)w, rows, (int)dim, eps);
     else
-        rmsnorm_kernel<1><<<grid, warps * 32, 0, g_cuda.stream>>>((bf16 *)out, rstd, (const bf16 *)in,
+        KLAUNCH(rmsnorm_kernel<1>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in,
                                                                   (const bf16 *)w, rows, (int)dim, eps);
     LAUNCH_CHECK();
 }
@@ -156,7 +156,7 @@ static void launch_bwd(unsigned grid, int warps, size_t smem, bf16 *din, float *
         cudaCheck(cudaFuncSetAttribute(rmsnorm_bwd_kernel<VW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         smem_set = smem;
     }
-    rmsnorm_bwd_kernel<VW><<<grid, warps * 32, smem, g_cuda.stream>>>(din, part, dout, in, rstd, w, rows, dim, rpb);
+    KLAUNCH(rmsnorm_bwd_kernel<VW>, grid, warps * 32, smem)(din, part, dout, in, rstd, w, rows, dim, rpb);
     LAUNCH_CHECK();
 }
 
@@ -182,7 +182,7 @@ void cuda_rmsnorm_bwd(void *din, float *dw, const void *dout, const void *in, co
         launch_bwd<1>((unsigned)nblk, warps, smem, (bf16 *)din, part, (const bf16 *)dout, (const bf16 *)in, rstd,
                       (const bf16 *)w, rows, (int)dim, rpb);
     if (dw) {
-        sum_partials_kernel<<<(unsigned)CEIL_DIV(dim, (int64_t)256), 256, 0, g_cuda.stream>>>(dw, part, (int)nblk,
+        KLAUNCH(sum_partials_kernel, (unsigned)CEIL_DIV(dim, (int64_t)256), 256, 0)(dw, part, (int)nblk,
                                                                                            (int)dim);
         LAUNCH_CHECK();
     }

@@ -36,7 +36,7 @@ void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int64_t T, in
     CU_ASSERT(x && pos && inv_freq && T >= 0 && nh > 0 && d > 0 && d % 2 == 0 && nh <= INT32_MAX && d <= INT32_MAX);
     int64_t n = T * (d / 2);
     if (n == 0) return;
-    rope_kernel<<<(unsigned)CEIL_DIV(n, (int64_t)256), 256, 0, g_cuda.stream>>>(
+    KLAUNCH(rope_kernel, (unsigned)CEIL_DIV(n, (int64_t)256), 256, 0)(
         (bf16 *)x, pos, inv_freq, T, (int)nh, (int)d, inverse ? -1.0f : 1.0f);
     LAUNCH_CHECK();
 }
