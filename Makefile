@@ -63,6 +63,10 @@ MAN_OUT    := $(MAN_SRC:%.scd=%)
 
 LIBDFLASH  := $(BUILD)/libdflash.a
 
+# Rebuild everything when the flags change (e.g. NO_CUDA=1 after a CUDA build).
+FLAGS_STAMP := $(BUILD)/.flags
+$(shell mkdir -p $(BUILD); echo '$(CC) $(ALL_CFLAGS) $(NVCC)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(ALL_CFLAGS) $(NVCC)' > $(FLAGS_STAMP))
+
 # The CUDA kernels compiled for the CPU against a CUDA emulation (tests/emu)
 # and linked into test_ops_cuda as its "device": the CUDA agreement tests
 # then run on every machine (not under SAN: fibers and ASan do not mix).
@@ -80,11 +84,11 @@ all: status $(TOOLS)
 status:
 	@echo "$(CUDA_STATUS)"
 
-$(BUILD)/lib/%.o: lib/%.c
+$(BUILD)/lib/%.o: lib/%.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/kernels/%.o: kernels/%.cu
+$(BUILD)/kernels/%.o: kernels/%.cu $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
@@ -92,25 +96,25 @@ $(LIBDFLASH): $(LIB_OBJ) $(KERNEL_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BIN)/%: tools/%.c $(LIBDFLASH)
+$(BIN)/%: tools/%.c $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -MF $(BUILD)/tools/$*.d $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 $(TOOLS): | $(BUILD)/tools
 $(BUILD)/tools:
 	@mkdir -p $@
 
-$(BUILD)/tests/%: tests/unit/%.c tests/test.h $(LIBDFLASH)
+$(BUILD)/tests/%: tests/unit/%.c tests/test.h $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 
-$(BUILD)/tests/%: tests/helpers/%.c $(LIBDFLASH)
+$(BUILD)/tests/%: tests/helpers/%.c $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/emu/%.o: %
 	@mkdir -p $(@D)
 	$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
-$(BUILD)/emu/lib/ops.c.o: lib/ops.c
+$(BUILD)/emu/lib/ops.c.o: lib/ops.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -DDFLASH_HAVE_CUDA -MMD -MP -c $< -o $@
 $(BUILD)/tests/test_ops_cuda_emu: tests/unit/test_ops_cuda.c tests/test.h tests/ops_agree.h $(EMU_OBJ) $(LIB_OBJ)
@@ -174,4 +178,4 @@ gpu-check:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz $(BIN)
 
--include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d) $(wildcard $(BUILD)/emu/*/*.d)
+-include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d) $(wildcard $(BUILD)/emu/*/*.d $(BUILD)/emu/*/*/*.d)

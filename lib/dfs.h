@@ -69,6 +69,9 @@ typedef struct dfs_reader dfs_reader;
 /* Open a stream ("-" is stdin) and read its first stream header. Returns 0
  * or an exit code (DFL_EX_NOINPUT, DFL_EX_DATA, DFL_EX_IOERR). */
 int dfs_reader_open(dfs_reader **r, const char *path);
+/* The same on an open stream (a pipe, a memory stream); `name` names it in
+ * errors; f is not closed by the reader. On failure *r is NULL. */
+int dfs_reader_open_stream(dfs_reader **r, FILE *f, const char *name);
 /* Read the next sample record. Returns 1 and sets *s (owned by the reader,
  * valid until the next call), 0 at the clean end of the stream, or an exit
  * code. Stream headers and end records between samples are consumed here:
@@ -87,6 +90,7 @@ const json_t *dfs_reader_meta(const dfs_reader *r);
 const json_t *dfs_reader_header(const dfs_reader *r);
 const char *dfs_reader_path(const dfs_reader *r);
 uint64_t dfs_reader_offset(const dfs_reader *r);  /* bytes consumed so far */
+int dfs_reader_segments(const dfs_reader *r);     /* stream headers read so far */
 void dfs_reader_close(dfs_reader *r);
 
 /* ---- writer ------------------------------------------------------------- */
@@ -117,8 +121,16 @@ int dfs_writer_open(dfs_writer **w, FILE *f, const char *path, const json_t *met
 int dfs_write(dfs_writer *w, const char *id, int ntensors, const dfs_tensor_in *t);
 /* Write a sample read from a stream. Tensors whose stored encoding equals
  * the writer's are copied as stored (no decode); others are re-encoded. With
- * keep_encoding set, every tensor is copied as stored. */
+ * keep_encoding set, every tensor is copied as stored. Re-encoding decodes
+ * into the writer's own buffers (or uses t->data if already decoded), so
+ * `from` may be NULL and its decode buffers are left alone. */
 int dfs_write_sample(dfs_writer *w, dfs_reader *from, dfs_sample *s, int keep_encoding);
+/* A sample copied out of its reader (id and stored bytes owned), to hold
+ * many in memory (dflash-pack --shuffle); write it with dfs_write_sample
+ * (from may be NULL). dfs_sample_size is the memory it takes. */
+dfs_sample *dfs_sample_clone(const dfs_sample *s);
+uint64_t dfs_sample_size(const dfs_sample *s);
+void dfs_sample_free(dfs_sample *s);
 /* Write the end record and free the writer. Returns 0 or DFL_EX_IOERR. */
 int dfs_writer_close(dfs_writer *w);
 /* Free without writing the end record (the output will be discarded). */
@@ -150,5 +162,12 @@ int dfs_hs_meta_from_json(const json_t *meta, dfs_hs_meta *m, const char *path);
  * Returns the number of differing fields and writes their names, with both
  * values, into buf ("layer_ids: [1,9] vs [2,10]; hidden_size: ..."). */
 int dfs_meta_diff(const json_t *a, const json_t *b, char *buf, size_t n);
+
+/* Check a sample of a hidden-state stream against its meta: input_ids i32
+ * [T], loss_mask u8 [T], hidden [T, K*H], and target_ids / last_hidden when
+ * the meta announces them; for tensors already decoded (t->data set), also
+ * token ids in [0, vocab_size) and loss_mask values 0 or 1. Returns 0 or
+ * DFL_EX_DATA naming `path`, the record offset, the sample and the tensor. */
+int dfs_hs_check_sample(const dfs_hs_meta *m, const dfs_sample *s, const char *path);
 
 #endif

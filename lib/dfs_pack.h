@@ -1,0 +1,53 @@
+/* dfs_pack.h: what dflash-pack does, as library calls: merge, shuffle,
+ * split and shard DFS streams, and inspect, summarise, verify and export
+ * them. The tool parses options and calls these; man dflash-pack(1) is the
+ * user-facing description of each. */
+#ifndef DFLASH_DFS_PACK_H
+#define DFLASH_DFS_PACK_H
+
+#include "dfs.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define DFS_PACK_MAX_SPLITS 16
+
+typedef struct {
+    const char *const *inputs;   /* paths, "-" = stdin */
+    int         ninputs;
+    const char *output;          /* a path, "-", or a pattern with %s (split) or %d (shards) */
+    int         shuffle;
+    uint64_t    seed;
+    uint64_t    mem;             /* bytes of records held in memory when shuffling */
+    const char *tmpdir;          /* where shuffle buckets go */
+    int         nsplits;         /* 0: no split */
+    char        split_name[DFS_PACK_MAX_SPLITS][64];
+    double      split_frac[DFS_PACK_MAX_SPLITS];
+    int         shards;          /* 0: no sharding */
+    int         reencode;        /* 0: copy every tensor as stored */
+    dfs_encoding enc;            /* the encoding when reencode is set */
+    int         progress;        /* force the progress line */
+    const char *producer;        /* "dflash-pack 0.1.0" */
+} dfs_pack_opts;
+
+/* Parse "train=0.99,val=0.01" into o->split_*. Returns 0, or -1 with the
+ * reason recorded (dfl_errmsg). */
+int dfs_pack_parse_split(const char *spec, dfs_pack_opts *o);
+/* Check that an output pattern holds exactly one conversion of `kind`
+ * ('s' or 'd'; "%%" is a literal %). Returns 0 or -1. */
+int dfs_pack_pattern_ok(const char *pattern, char kind);
+/* The split a sample id falls in: u = (XXH64(id) >> 11) * 2^-53 against the
+ * cumulative normalised fractions. */
+int dfs_pack_split_of(const dfs_pack_opts *o, const char *id);
+
+/* Merge (and shuffle, split, shard) the inputs into the outputs. Returns 0
+ * or an exit code with the error recorded; outputs appear only on success. */
+int dfs_pack_run(const dfs_pack_opts *o);
+
+/* Read-only modes over the inputs. Each returns 0 or an exit code. */
+int dfs_pack_inspect(const char *const *inputs, int n, FILE *out);
+int dfs_pack_stats(const char *const *inputs, int n, int as_json, FILE *out);
+int dfs_pack_verify(const char *const *inputs, int n, FILE *out);
+int dfs_pack_export(const char *const *inputs, int n, const char *dir);
+
+#endif

@@ -1,0 +1,311 @@
+/* dfs_pack_view.c: the read-only modes of dflash-pack: --inspect (JSON
+ * lines), --stats (totals), --verify (every rule, every checksum, every
+ * frame decoded) and --export (.npy files for numpy and PyTorch users). */
+#include "dfs_pack.h"
+
+#include "common.h"
+#include "outfile.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- shared ------------------------------------------------------------- */
+
+/* Open an input; a hidden-state meta is parsed into *hs (*is_hs set). */
+static int open_input(dfs_reader **r, const char *path, dfs_hs_meta *hs, int *is_hs) {
+    int rc = dfs_reader_open(r, path);
+    if (rc) return rc;
+    *is_hs = json_object_get(dfs_reader_meta(*r), "target") != NULL;
+    if (*is_hs && (rc = dfs_hs_meta_from_json(dfs_reader_meta(*r), hs, dfs_reader_path(*r)))) {
+        dfs_reader_close(*r);
+        *r = NULL;
+    }
+    return rc;
+}
+
+static int out_error(void) { return dfl_err(DFL_EX_IOERR, "stdout: write failed: %s", strerror(errno)); }
+
+static int print_json(FILE *out, json_t *j) {
+    int bad = json_dumpf(j, out, JSON_COMPACT) != 0 || fputc('\n', out) == EOF;
+    json_decref(j);
+    return bad ? out_error() : 0;
+}
+
+static const char *codec_name(dfs_codec c) { return c == DFS_CODEC_LZ4 ? "lz4" : "none"; }
+
+static json_t *shape_json(const dfs_tensor *t) {
+    json_t *a = json_array();
+    for (int d = 0; d < t->ndim; d++) json_array_append_new(a, json_integer(t->shape[d]));
+    return a;
+}
+
+/* Tokens of a sample: the length of its input_ids, or 0. */
+static int64_t sample_tokens(dfs_sample *s) {
+    dfs_tensor *t = dfs_find(s, "input_ids");
+    return t && t->ndim == 1 ? t->shape[0] : 0;
+}
+
+/* ---- inspect ------------------------------------------------------------- */
+
+static json_t *sample_json(const char *file, uint64_t index, dfs_sample *s) {
+    json_t *ts = json_array();
+    for (int i = 0; i < s->ntensors; i++) {
+        const dfs_tensor *t = &s->t[i];
+        char x[17];
+        snprintf(x, sizeof x, "%016llx", (unsigned long long)t->checksum);
+        json_array_append_new(ts, json_pack("{s:s, s:s, s:o, s:s, s:b, s:I, s:I, s:s}", "name", t->name, "dtype",
+                                            dfl_dtype_name(t->dtype), "shape", shape_json(t), "codec",
+                                            codec_name(t->codec), "shuffle", t->shuffle, "raw",
+                                            (json_int_t)t->raw_bytes, "stored", (json_int_t)t->stored_bytes,
+                                            "xxh64", x));
+    }
+    dfs_tensor *ids = dfs_find(s, "input_ids");
+    return json_pack("{s:s, s:s, s:I, s:I, s:s, s:o, s:o}", "type", "sample", "file", file, "index",
+                     (json_int_t)index, "offset", (json_int_t)s->offset, "id", s->id, "tokens",
+                     ids ? json_integer(sample_tokens(s)) : json_null(), "tensors", ts);
+}
+
+int dfs_pack_inspect(const char *const *inputs, int n, FILE *out) {
+    for (int f = 0; f < n; f++) {
+        dfs_reader *r;
+        int rc = dfs_reader_open(&r, inputs[f]);
+        if (rc) return rc;
+        json_t *h = json_deep_copy(dfs_reader_header(r));
+        json_object_set_new(h, "file", json_string(dfs_reader_path(r)));
+        rc = print_json(out, h);
+        dfs_sample *s;
+        uint64_t index = 0;
+        while (!rc && (rc = dfs_read(r, &s)) == 1) rc = print_json(out, sample_json(dfs_reader_path(r), index++, s));
+        dfs_reader_close(r);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ---- stats --------------------------------------------------------------- */
+
+typedef struct {
+    char     name[DFS_MAX_NAME + 1];
+    dfl_dtype dtype;
+    uint64_t raw, stored;
+} tensor_total;
+
+typedef struct {
+    uint64_t files, segments, records, tokens, supervised, raw, stored;
+    int      ntensors;
+    tensor_total t[DFS_MAX_TENSORS * 4];
+} totals;
+
+static void add_tensor(totals *tt, const dfs_tensor *t) {
+    tt->raw += t->raw_bytes;
+    tt->stored += t->stored_bytes;
+    for (int i = 0; i < tt->ntensors; i++)
+        if (!strcmp(tt->t[i].name, t->name)) {
+            tt->t[i].raw += t->raw_bytes;
+            tt->t[i].stored += t->stored_bytes;
+            return;
+        }
+    if (tt->ntensors == (int)(sizeof tt->t / sizeof tt->t[0])) return; /* per-name table full: totals still count */
+    tensor_total *n = &tt->t[tt->ntensors++];
+    snprintf(n->name, sizeof n->name, "%s", t->name);
+    n->dtype = t->dtype;
+    n->raw = t->raw_bytes;
+    n->stored = t->stored_bytes;
+}
+
+static double ratio(uint64_t raw, uint64_t stored) { return stored ? (double)raw / (double)stored : 0; }
+
+static int stats_add_file(totals *tt, const char *path) {
+    dfs_reader *r;
+    int rc = dfs_reader_open(&r, path);
+    if (rc) return rc;
+    dfs_sample *s;
+    while ((rc = dfs_read(r, &s)) == 1) {
+        tt->records++;
+        tt->tokens += (uint64_t)sample_tokens(s);
+        for (int i = 0; i < s->ntensors; i++) add_tensor(tt, &s->t[i]);
+        dfs_tensor *m = dfs_find(s, "loss_mask");
+        if (m && m->dtype == DFL_U8) {
+            if ((rc = dfs_decode(r, m))) break;
+            const uint8_t *v = m->data;
+            for (uint64_t i = 0; i < m->raw_bytes; i++) tt->supervised += v[i];
+        }
+    }
+    tt->files++;
+    tt->segments += (uint64_t)dfs_reader_segments(r);
+    dfs_reader_close(r);
+    return rc;
+}
+
+static int stats_print_json(const totals *tt, FILE *out) {
+    json_t *per = json_object();
+    for (int i = 0; i < tt->ntensors; i++)
+        json_object_set_new(per, tt->t[i].name,
+                            json_pack("{s:s, s:I, s:I, s:f}", "dtype", dfl_dtype_name(tt->t[i].dtype), "raw_bytes",
+                                      (json_int_t)tt->t[i].raw, "stored_bytes", (json_int_t)tt->t[i].stored, "ratio",
+                                      ratio(tt->t[i].raw, tt->t[i].stored)));
+    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:o}", "files", (json_int_t)tt->files, "segments",
+                          (json_int_t)tt->segments, "records", (json_int_t)tt->records, "tokens",
+                          (json_int_t)tt->tokens, "supervised_tokens", (json_int_t)tt->supervised, "raw_bytes",
+                          (json_int_t)tt->raw, "stored_bytes", (json_int_t)tt->stored, "ratio",
+                          ratio(tt->raw, tt->stored), "tensors", per);
+    return print_json(out, j);
+}
+
+static void stats_print_text(const totals *tt, FILE *out) {
+    fprintf(out, "%-18s %llu\n%-18s %llu\n%-18s %llu\n%-18s %llu\n%-18s %llu\n%-18s %llu\n%-18s %llu\n%-18s %.3f\n",
+            "files", (unsigned long long)tt->files, "segments", (unsigned long long)tt->segments, "records",
+            (unsigned long long)tt->records, "tokens", (unsigned long long)tt->tokens, "supervised tokens",
+            (unsigned long long)tt->supervised, "raw bytes", (unsigned long long)tt->raw, "stored bytes",
+            (unsigned long long)tt->stored, "ratio", ratio(tt->raw, tt->stored));
+    if (!tt->ntensors) return;
+    fprintf(out, "\n%-20s %-5s %16s %16s %7s\n", "tensor", "dtype", "raw bytes", "stored bytes", "ratio");
+    for (int i = 0; i < tt->ntensors; i++)
+        fprintf(out, "%-20s %-5s %16llu %16llu %7.3f\n", tt->t[i].name, dfl_dtype_name(tt->t[i].dtype),
+                (unsigned long long)tt->t[i].raw, (unsigned long long)tt->t[i].stored,
+                ratio(tt->t[i].raw, tt->t[i].stored));
+}
+
+int dfs_pack_stats(const char *const *inputs, int n, int as_json, FILE *out) {
+    totals *tt = dfl_calloc(1, sizeof *tt);
+    int rc = 0;
+    for (int f = 0; f < n && !rc; f++) rc = stats_add_file(tt, inputs[f]);
+    if (!rc && as_json) rc = stats_print_json(tt, out);
+    else if (!rc) stats_print_text(tt, out);
+    free(tt);
+    return rc;
+}
+
+/* ---- verify -------------------------------------------------------------- */
+
+int dfs_pack_verify(const char *const *inputs, int n, FILE *out) {
+    uint64_t total = 0;
+    for (int f = 0; f < n; f++) {
+        dfs_reader *r;
+        dfs_hs_meta hs;
+        int is_hs, rc = open_input(&r, inputs[f], &hs, &is_hs);
+        if (rc) return rc;
+        dfs_sample *s;
+        while ((rc = dfs_read(r, &s)) == 1) {
+            rc = 0;
+            for (int i = 0; i < s->ntensors && !rc; i++) rc = dfs_decode(r, &s->t[i]);
+            if (!rc && is_hs) rc = dfs_hs_check_sample(&hs, s, dfs_reader_path(r));
+            if (rc) break;
+            total++;
+        }
+        dfs_reader_close(r);
+        if (rc) return rc;
+    }
+    if (fprintf(out, "OK %llu records\n", (unsigned long long)total) < 0) return out_error();
+    return 0;
+}
+
+/* ---- export ---------------------------------------------------------------- */
+
+/* Keep letters, digits, '.', '_' and '-'; anything else (and a leading '.',
+ * so no "..") becomes '_'; at most 80 bytes. */
+static void sanitise(char *dst, const char *src, size_t cap) {
+    size_t k = 0;
+    for (; src[k] && k + 1 < cap && k < 80; k++) {
+        char c = src[k];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+                 (c == '.' && k > 0);
+        dst[k] = ok ? c : '_';
+    }
+    dst[k] = 0;
+}
+
+/* numpy's descr for each dtype; bf16 is exported as float32 (exact). */
+static const char *npy_descr(dfl_dtype t) {
+    switch (t) {
+    case DFL_BF16: return "<f4";
+    case DFL_F16: return "<f2";
+    case DFL_F32: return "<f4";
+    case DFL_I32: return "<i4";
+    case DFL_I64: return "<i8";
+    case DFL_U8: return "|u1";
+    default: return "|u1";
+    }
+}
+
+/* .npy v1.0: magic, version, u16 header length, a dict literal padded with
+ * spaces to a multiple of 64 bytes and ended by '\n', then the data. */
+static int write_npy(const char *path, const dfs_tensor *t) {
+    char shape[256] = "(";
+    size_t k = 1;
+    for (int d = 0; d < t->ndim; d++)
+        k += (size_t)snprintf(shape + k, sizeof shape - k, "%lld,%s", (long long)t->shape[d],
+                              d + 1 < t->ndim ? " " : "");
+    if (t->ndim > 1) shape[--k] = 0; /* "(2, 3)" not "(2, 3,)"; "(5,)" keeps its comma */
+    snprintf(shape + k, sizeof shape - k, ")");
+    char head[512];
+    int n = snprintf(head, sizeof head, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", npy_descr(t->dtype),
+                     shape);
+    int total = 10 + n + 1, pad = (64 - total % 64) % 64;
+    memset(head + n, ' ', (size_t)pad);
+    head[n + pad] = '\n';
+    uint16_t hl = (uint16_t)(n + pad + 1);
+    dfl_out *o;
+    int rc = dfl_out_open(&o, path, 1);
+    if (rc) return rc;
+    FILE *f = dfl_out_file(o);
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    uint8_t le[2] = {(uint8_t)hl, (uint8_t)(hl >> 8)};
+    fwrite(le, 1, 2, f);
+    fwrite(head, 1, hl, f);
+    if (t->dtype == DFL_BF16) {
+        const uint16_t *v = t->data;
+        uint64_t cnt = t->raw_bytes / 2;
+        for (uint64_t i = 0; i < cnt; i++) {
+            float x = dfl_bf16_to_f32(v[i]);
+            fwrite(&x, 4, 1, f);
+        }
+    } else {
+        fwrite(t->data, 1, t->raw_bytes, f);
+    }
+    return dfl_out_commit(o);
+}
+
+static int make_dir(const char *path) {
+    if (mkdir(path, 0755) == 0 || errno == EEXIST) return 0;
+    return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", path, strerror(errno));
+}
+
+int dfs_pack_export(const char *const *inputs, int n, const char *dir) {
+    int rc = make_dir(dir);
+    uint64_t index = 0;
+    for (int f = 0; f < n && !rc; f++) {
+        dfs_reader *r;
+        if ((rc = dfs_reader_open(&r, inputs[f]))) return rc;
+        if (f == 0) {
+            char path[PATH_MAX];
+            snprintf(path, sizeof path, "%s/stream.json", dir);
+            dfl_out *o;
+            if (!(rc = dfl_out_open(&o, path, 0))) {
+                json_dumpf(dfs_reader_header(r), dfl_out_file(o), JSON_INDENT(2));
+                fputc('\n', dfl_out_file(o));
+                rc = dfl_out_commit(o);
+            }
+        }
+        dfs_sample *s;
+        while (!rc && (rc = dfs_read(r, &s)) == 1) {
+            char id[96], sub[PATH_MAX];
+            sanitise(id, s->id, sizeof id);
+            snprintf(sub, sizeof sub, "%s/%06llu-%s", dir, (unsigned long long)index++, id);
+            rc = make_dir(sub);
+            for (int i = 0; i < s->ntensors && !rc; i++) {
+                char name[96], path[PATH_MAX + 128];
+                sanitise(name, s->t[i].name, sizeof name);
+                snprintf(path, sizeof path, "%s/%s.npy", sub, name);
+                rc = dfs_decode(r, &s->t[i]);
+                if (!rc) rc = write_npy(path, &s->t[i]);
+            }
+        }
+        dfs_reader_close(r);
+    }
+    return rc;
+}

@@ -1,0 +1,304 @@
+/* ops_cpu.c: the CPU reference op table: fp32 math, OpenMP loops, OpenBLAS
+ * sgemm. Every act and wt buffer is float here (act_bytes = wt_bytes = 4).
+ *
+ * defines: dfl_ops_cpu (the table), memory, conversions, matmul(_bwd),
+ * rmsnorm(_bwd), rope, swiglu(_bwd), add, embed, sumsq, adamw.
+ * Attention lives in ops_cpu_attn.c, the LM head and losses in
+ * ops_cpu_lmhead.c.
+ *
+ * cblas_sgemm is only ever called outside OpenMP parallel regions: OpenBLAS
+ * runs its own thread pool.
+ */
+#include "ops_cpu.h"
+
+#include "common.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* memory                                                                    */
+
+static void *cpu_alloc(size_t bytes) {
+    void *p = dfl_aligned_alloc(bytes); /* exits 70 when out of memory */
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cpu_free(void *p) { free(p); }
+static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
+static void cpu_sync(void) {}
+
+/* ------------------------------------------------------------------------ */
+/* conversions                                                               */
+
+/* host bf16/f16/f32 -> f32 buffer */
+static void cpu_load(void *dst, const void *host_src, dfl_dtype dtype, int64_t n) {
+    float *out = dst;
+    switch (dtype) {
+    case DFL_F32:
+        cpu_copy(dst, host_src, (size_t)n * 4);
+        break;
+    case DFL_BF16: {
+        const uint16_t *in = host_src;
+#pragma omp parallel for if (n > 65536)
+        for (int64_t i = 0; i < n; i++) out[i] = dfl_bf16_to_f32(in[i]);
+        break;
+    }
+    case DFL_F16: {
+        const uint16_t *in = host_src;
+#pragma omp parallel for if (n > 65536)
+        for (int64_t i = 0; i < n; i++) out[i] = dfl_f16_to_f32(in[i]);
+        break;
+    }
+    default:
+        DFL_ASSERT(!"load_act/load_wt: dtype must be bf16, f16 or f32");
+    }
+}
+
+static void cpu_act_to_f32(float *host_dst, const void *src, int64_t n) { cpu_copy(host_dst, src, (size_t)n * 4); }
+
+static void cpu_act_to_bf16(uint16_t *host_dst, const void *src, int64_t n) {
+    const float *in = src;
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; i++) host_dst[i] = dfl_f32_to_bf16(in[i]);
+}
+
+/* The CPU computes with the master weights' values: a copy (nothing at all
+ * when the model points its compute weights at the master copy). */
+static void cpu_master_to_wt(void *dst, const float *master, int64_t n) { cpu_copy(dst, master, (size_t)n * 4); }
+
+/* ------------------------------------------------------------------------ */
+/* dense                                                                     */
+
+/* cblas takes int sizes. */
+static int blas_int(int64_t n) {
+    DFL_ASSERT(n >= 0 && n <= 0x7fffffff);
+    return (int)n;
+}
+
+/* out[M,N] = in[M,K] . w[N,K]^T (+ out) */
+static void cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!accumulate) memset(out, 0, (size_t)M * (size_t)N * 4);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(M), blas_int(N), blas_int(K), 1.0f, in,
+                blas_int(K), w, blas_int(K), accumulate ? 1.0f : 0.0f, out, blas_int(N));
+}
+
+/* din[M,K] += dout[M,N] . w[N,K];  dw[N,K] += dout^T . in[M,K] */
+static void cpu_matmul_bwd(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M,
+                           int64_t K, int64_t N) {
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    if (din)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(M), blas_int(K), blas_int(N), 1.0f, dout,
+                    blas_int(N), w, blas_int(K), 1.0f, din, blas_int(K));
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(N), blas_int(K), blas_int(M), 1.0f, dout,
+                    blas_int(N), in, blas_int(K), 1.0f, dw, blas_int(K));
+}
+
+/* Per row: rstd = 1/sqrt(mean(x^2) + eps), out = (x * rstd) * w, the order
+ * of transformers' Qwen3RMSNorm in f32 (the sum of squares in double). */
+static void cpu_rmsnorm(void *out_, float *rstd, const void *in_, const void *w_, int64_t rows, int64_t dim,
+                        float eps) {
+    float *out = out_;
+    const float *in = in_, *w = w_;
+#pragma omp parallel for
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = in + r * dim;
+        float *y = out + r * dim;
+        double ss = 0;
+        for (int64_t i = 0; i < dim; i++) ss += (double)x[i] * x[i];
+        float rs = 1.0f / sqrtf((float)(ss / (double)dim) + eps);
+        if (rstd) rstd[r] = rs;
+        for (int64_t i = 0; i < dim; i++) y[i] = (x[i] * rs) * w[i];
+    }
+}
+
+/* With y = x r w, r = (mean(x^2) + eps)^-1/2:
+ *   dx_i = r w_i dy_i - x_i r^3 / dim * sum_j dy_j w_j x_j,   dw_i = sum_rows dy_i x_i r.
+ * dw is summed per thread in double, then added once. */
+static void cpu_rmsnorm_bwd(void *din_, float *dw, const void *dout_, const void *in_, const float *rstd,
+                            const void *w_, int64_t rows, int64_t dim) {
+    float *din = din_;
+    const float *dout = dout_, *in = in_, *w = w_;
+    int nt = omp_get_max_threads();
+    double *part = dw ? dfl_calloc((size_t)nt * (size_t)dim, sizeof(double)) : NULL;
+#pragma omp parallel
+    {
+        double *mine = part ? part + (size_t)omp_get_thread_num() * (size_t)dim : NULL;
+#pragma omp for
+        for (int64_t r = 0; r < rows; r++) {
+            const float *x = in + r * dim, *dy = dout + r * dim;
+            float rs = rstd[r];
+            if (din) {
+                double dot = 0;
+                for (int64_t i = 0; i < dim; i++) dot += (double)dy[i] * w[i] * x[i];
+                float c = (float)(dot / (double)dim) * rs * rs * rs;
+                float *dx = din + r * dim;
+                for (int64_t i = 0; i < dim; i++) dx[i] += rs * w[i] * dy[i] - c * x[i];
+            }
+            if (mine)
+                for (int64_t i = 0; i < dim; i++) mine[i] += (double)dy[i] * (x[i] * rs);
+        }
+    }
+    if (dw) {
+#pragma omp parallel for
+        for (int64_t i = 0; i < dim; i++) {
+            double s = 0;
+            for (int t = 0; t < nt; t++) s += part[(size_t)t * (size_t)dim + (size_t)i];
+            dw[i] += (float)s;
+        }
+        free(part);
+    }
+}
+
+/* NeoX rotate-half RoPE on x[T, nh, d], in place. The angle is the f32
+ * product pos * inv_freq (transformers' f32 matmul of one term), its cos and
+ * sin in f32; inverse rotates by -angle, the exact backward pass. */
+static void cpu_rope(void *x_, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d,
+                     int inverse) {
+    DFL_ASSERT(d % 2 == 0);
+    float *x = x_;
+    int64_t half = d / 2;
+#pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) {
+        float p = (float)pos[t];
+        float *xt = x + t * nh * d;
+        for (int64_t i = 0; i < half; i++) {
+            float th = p * inv_freq[i];
+            float c = cosf(th), s = inverse ? -sinf(th) : sinf(th);
+            for (int64_t h = 0; h < nh; h++) {
+                float *xh = xt + h * d;
+                float x0 = xh[i], x1 = xh[i + half];
+                xh[i] = x0 * c - x1 * s;
+                xh[i + half] = x1 * c + x0 * s;
+            }
+        }
+    }
+}
+
+/* silu(g) = g / (1 + exp(-g)), as PyTorch's CPU kernel writes it. */
+static void cpu_swiglu(void *out_, const void *gate_, const void *up_, int64_t n) {
+    float *out = out_;
+    const float *g = gate_, *u = up_;
+#pragma omp parallel for if (n > 16384)
+    for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* d silu(g)/dg = s (1 + g (1 - s)) with s = sigmoid(g). */
+static void cpu_swiglu_bwd(void *dgate_, void *dup_, const void *dout_, const void *gate_, const void *up_,
+                           int64_t n) {
+    float *dgate = dgate_, *dup = dup_;
+    const float *dout = dout_, *g = gate_, *u = up_;
+#pragma omp parallel for if (n > 16384)
+    for (int64_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-g[i]));
+        if (dgate) dgate[i] += dout[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
+        if (dup) dup[i] += dout[i] * (g[i] * s);
+    }
+}
+
+static void cpu_add(void *out_, const void *a_, const void *b_, int64_t n) {
+    float *out = out_;
+    const float *a = a_, *b = b_;
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+/* out[T,H] = table[ids[t]]; the caller has checked the ids against V. */
+static void cpu_embed(void *out_, const int32_t *ids, const void *table_, int64_t T, int64_t H) {
+    float *out = out_;
+    const float *table = table_;
+#pragma omp parallel for if (T * H > 65536)
+    for (int64_t t = 0; t < T; t++) {
+        DFL_ASSERT(ids[t] >= 0);
+        memcpy(out + t * H, table + (int64_t)ids[t] * H, (size_t)H * 4);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* optimizer                                                                 */
+
+static double cpu_sumsq(const float *x, int64_t n) {
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+/* torch.optim.AdamW, single-tensor path (torch/optim/adam.py,
+ * _single_tensor_adam with decoupled weight decay), in its order and
+ * precision: Python-side scalars in double, each rounded to f32 where it
+ * meets a tensor; the moments' update is lerp for m (weight < 0.5 form)
+ * and mul + addcmul for v; the step is addcdiv with value -step_size. */
+static void cpu_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2,
+                      float eps, float wd, float gscale, int64_t t) {
+    DFL_ASSERT(t >= 1);
+    float decay = (float)(1.0 - (double)lr * (double)wd);
+    float w1 = (float)(1.0 - (double)b1);
+    float w2 = (float)(1.0 - (double)b2);
+    double bc1 = 1.0 - pow((double)b1, (double)t);
+    double bc2 = 1.0 - pow((double)b2, (double)t);
+    float neg_step = (float)-((double)lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    int lerp_small = w1 < 0.5f;
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        float g = gscale * grad[i];
+        float pi = wd != 0 ? p[i] * decay : p[i];
+        float mi = lerp_small ? m[i] + w1 * (g - m[i]) : g - (g - m[i]) * (1.0f - w1);
+        float vi = v[i] * b2 + w2 * g * g;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = pi + neg_step * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* the table                                                                 */
+
+static const dfl_ops cpu_ops = {
+    .name = "cpu",
+    .act_bytes = 4,
+    .wt_bytes = 4,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .load_act = cpu_load,
+    .load_wt = cpu_load,
+    .act_to_f32 = cpu_act_to_f32,
+    .act_to_bf16 = cpu_act_to_bf16,
+    .master_to_wt = cpu_master_to_wt,
+    .matmul = cpu_matmul,
+    .matmul_bwd = cpu_matmul_bwd,
+    .rmsnorm = cpu_rmsnorm,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .add = cpu_add,
+    .embed = cpu_embed,
+    .attn_causal = dfl_cpu_attn_causal,
+    .attn_dflash = dfl_cpu_attn_dflash,
+    .attn_dflash_bwd = dfl_cpu_attn_dflash_bwd,
+    .lmhead_ce = dfl_cpu_lmhead_ce,
+    .lmhead_kl = dfl_cpu_lmhead_kl,
+    .lmhead_argmax = dfl_cpu_lmhead_argmax,
+    .sumsq = cpu_sumsq,
+    .adamw = cpu_adamw,
+};
+
+const dfl_ops *dfl_ops_cpu(void) { return &cpu_ops; }

@@ -1,0 +1,43 @@
+/* ops_cpu.h: what lib/ops_cpu*.c share. Not an interface for model code,
+ * which reaches these ops only through dfl_ops_cpu(); the unit test uses the
+ * LM-head chunk hook below to exercise chunk boundaries.
+ *
+ * Sizes: T tokens, Hq/Hkv heads, D head dim, B block size, NK key rows,
+ * N rows, H hidden, V vocab. Every buffer is f32 on the CPU.
+ */
+#ifndef DFLASH_OPS_CPU_H
+#define DFLASH_OPS_CPU_H
+
+#include "ops.h"
+
+#include <stdint.h>
+
+/* ---- attention (ops_cpu_attn.c) ---- */
+void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu,
+                         int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
+void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v,
+                         const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
+                         int64_t Hq, int64_t Hkv, int64_t D);
+void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const void *out,
+                             const float *lse, const void *q, const void *k, const void *v,
+                             const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
+                             int64_t Hq, int64_t Hkv, int64_t D);
+
+/* ---- LM head and losses (ops_cpu_lmhead.c) ---- */
+void dfl_cpu_lmhead_ce(float *loss, int32_t *pred, void *dh, const void *h, const void *w,
+                       const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V);
+void dfl_cpu_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh, const void *h, const void *th,
+                       const void *w, const float *gscale, int64_t N, int64_t H, int64_t V);
+void dfl_cpu_lmhead_argmax(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H, int64_t V);
+
+/* Rows of logits held at once for a vocabulary of V: the logits buffers are
+ * rows x V floats, at most DFL_CPU_LMHEAD_FLOATS (+ one row when V alone
+ * exceeds it), whatever N is. */
+#define DFL_CPU_LMHEAD_FLOATS ((int64_t)1 << 22) /* 16 MiB per logits buffer */
+#define DFL_CPU_LMHEAD_MAX_ROWS 128
+int64_t dfl_cpu_lmhead_chunk_rows(int64_t V);
+/* Test hook: when > 0, the number of rows per chunk (instead of the rule
+ * above). Not thread-safe; set it only between calls. */
+extern int64_t dfl_cpu_lmhead_rows_override;
+
+#endif

@@ -1,0 +1,221 @@
+/* ops_cpu_lmhead.c: the frozen LM head on the CPU: cross-entropy, KL to
+ * the target's distribution, greedy argmax, each with its logits computed
+ * a chunk of rows at a time and never whole.
+ *
+ * defines: dfl_cpu_lmhead_ce, dfl_cpu_lmhead_kl, dfl_cpu_lmhead_argmax,
+ * dfl_cpu_lmhead_chunk_rows
+ *
+ * h, th [N, H]; w [V, H]. A chunk of R rows has its logits z[R, V] = h . w^T
+ * made by one sgemm; the row statistics (max, argmax, log-sum-exp in double)
+ * are computed in parallel over rows; then z is overwritten with
+ * gscale * (softmax - target) for the rows that want a gradient, which are
+ * packed to the front so that dh[rows] += G . w is one sgemm over them only.
+ * Memory: one (CE, argmax) or two (KL) logits buffers of R x V floats, with
+ * R = dfl_cpu_lmhead_chunk_rows(V), plus R x H for the gradient: bounded by
+ * DFL_CPU_LMHEAD_FLOATS, independent of N.
+ */
+#include "ops_cpu.h"
+
+#include "common.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+int64_t dfl_cpu_lmhead_rows_override;
+
+int64_t dfl_cpu_lmhead_chunk_rows(int64_t V) {
+    if (dfl_cpu_lmhead_rows_override > 0) return dfl_cpu_lmhead_rows_override;
+    int64_t r = DFL_CPU_LMHEAD_FLOATS / (V > 0 ? V : 1);
+    return r < 1 ? 1 : r > DFL_CPU_LMHEAD_MAX_ROWS ? DFL_CPU_LMHEAD_MAX_ROWS : r;
+}
+
+static int blas_int(int64_t n) {
+    DFL_ASSERT(n >= 0 && n <= 0x7fffffff);
+    return (int)n;
+}
+
+/* z[R, V] = h[R, H] . w[V, H]^T */
+static void logits(float *z, const float *h, const float *w, int64_t R, int64_t H, int64_t V) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(R), blas_int(V), blas_int(H), 1.0f, h,
+                blas_int(H), w, blas_int(H), 0.0f, z, blas_int(V));
+}
+
+/* Row statistics of z[V]: the argmax (lowest index on ties), top-1 minus
+ * top-2, and the max. */
+typedef struct {
+    int32_t arg;
+    float max, second;
+} row_top;
+
+static row_top top2(const float *z, int64_t V) {
+    row_top t = {0, z[0], -INFINITY};
+    for (int64_t c = 1; c < V; c++) {
+        if (z[c] > t.max) t.second = t.max, t.max = z[c], t.arg = (int32_t)c;
+        else if (z[c] > t.second) t.second = z[c];
+    }
+    return t;
+}
+
+/* log sum exp z, the sum in double around the max. */
+static float logsumexp(const float *z, int64_t V, float max) {
+    double s = 0;
+    for (int64_t c = 0; c < V; c++) s += expf(z[c] - max);
+    return max + (float)log(s);
+}
+
+/* The gradient rows: g[n, V] (packed in z's memory) times w gives dhc[n, H],
+ * added to dh at rows r0 + rows[i]. */
+static void add_grad_rows(float *dh, float *dhc, const float *g, const int32_t *rows, int64_t n, int64_t r0,
+                          const float *w, int64_t H, int64_t V) {
+    if (n == 0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(n), blas_int(H), blas_int(V), 1.0f, g,
+                blas_int(V), w, blas_int(H), 0.0f, dhc, blas_int(H));
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {
+        float *d = dh + (r0 + rows[i]) * H;
+        const float *s = dhc + i * H;
+        for (int64_t c = 0; c < H; c++) d[c] += s[c];
+    }
+}
+
+/* Move the gradient rows (want[i] set) of z[R, V] to the front, in order;
+ * rows[] gets their chunk indices. Returns their number. */
+static int64_t pack_rows(float *z, const uint8_t *want, int32_t *rows, int64_t R, int64_t V) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < R; i++) {
+        if (!want[i]) continue;
+        if (n != i) memcpy(z + n * V, z + i * V, (size_t)V * sizeof(float));
+        rows[n++] = (int32_t)i;
+    }
+    return n;
+}
+
+typedef struct {
+    int64_t R;     /* rows per chunk */
+    float *z;      /* [R, V] */
+    float *zt;     /* [R, V] (KL only) */
+    float *dhc;    /* [R, H] */
+    uint8_t *want; /* [R] */
+    int32_t *rows; /* [R] */
+} lm_chunk;
+
+static lm_chunk chunk_alloc(int64_t N, int64_t H, int64_t V, int two, int grad) {
+    lm_chunk c = {0};
+    c.R = dfl_cpu_lmhead_chunk_rows(V);
+    if (c.R > N) c.R = N;
+    c.z = dfl_aligned_alloc((size_t)c.R * (size_t)V * sizeof(float));
+    c.zt = two ? dfl_aligned_alloc((size_t)c.R * (size_t)V * sizeof(float)) : NULL;
+    c.dhc = grad ? dfl_aligned_alloc((size_t)c.R * (size_t)H * sizeof(float)) : NULL;
+    c.want = dfl_calloc((size_t)c.R, 1);
+    c.rows = dfl_calloc((size_t)c.R, sizeof(int32_t));
+    return c;
+}
+
+static void chunk_free(lm_chunk *c) {
+    free(c->z);
+    free(c->zt);
+    free(c->dhc);
+    free(c->want);
+    free(c->rows);
+}
+
+void dfl_cpu_lmhead_ce(float *loss, int32_t *pred, void *dh_, const void *h_, const void *w_,
+                       const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V) {
+    if (N <= 0) return;
+    DFL_ASSERT(V > 0 && H > 0);
+    float *dh = dh_;
+    const float *h = h_, *w = w_;
+    lm_chunk ck = chunk_alloc(N, H, V, 0, dh != NULL);
+    for (int64_t r0 = 0; r0 < N; r0 += ck.R) {
+        int64_t R = N - r0 < ck.R ? N - r0 : ck.R;
+        logits(ck.z, h + r0 * H, w, R, H, V);
+#pragma omp parallel for
+        for (int64_t i = 0; i < R; i++) {
+            float *z = ck.z + i * V;
+            int64_t r = r0 + i;
+            int32_t y = labels ? labels[r] : -1;
+            DFL_ASSERT(y < V);
+            row_top t = top2(z, V);
+            if (pred) pred[r] = t.arg;
+            float lse = y >= 0 || dh ? logsumexp(z, V, t.max) : 0;
+            if (loss) loss[r] = y >= 0 ? lse - z[y] : 0;
+            float gs = gscale ? gscale[r] : 1.0f;
+            ck.want[i] = dh && y >= 0 && gs != 0;
+            if (!ck.want[i]) continue;
+            /* z becomes gscale * (softmax - onehot) */
+            for (int64_t c = 0; c < V; c++) z[c] = gs * expf(z[c] - lse);
+            z[y] -= gs;
+        }
+        if (dh) {
+            int64_t n = pack_rows(ck.z, ck.want, ck.rows, R, V);
+            add_grad_rows(dh, ck.dhc, ck.z, ck.rows, n, r0, w, H, V);
+        }
+    }
+    chunk_free(&ck);
+}
+
+void dfl_cpu_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh_, const void *h_, const void *th_,
+                       const void *w_, const float *gscale, int64_t N, int64_t H, int64_t V) {
+    if (N <= 0) return;
+    DFL_ASSERT(V > 0 && H > 0);
+    float *dh = dh_;
+    const float *h = h_, *th = th_, *w = w_;
+    lm_chunk ck = chunk_alloc(N, H, V, 1, dh != NULL);
+    for (int64_t r0 = 0; r0 < N; r0 += ck.R) {
+        int64_t R = N - r0 < ck.R ? N - r0 : ck.R;
+        logits(ck.z, h + r0 * H, w, R, H, V);
+        logits(ck.zt, th + r0 * H, w, R, H, V);
+#pragma omp parallel for
+        for (int64_t i = 0; i < R; i++) {
+            float *zd = ck.z + i * V;
+            const float *zt = ck.zt + i * V;
+            int64_t r = r0 + i;
+            row_top td = top2(zd, V), tt = top2(zt, V);
+            if (pred) pred[r] = td.arg;
+            if (tpred) tpred[r] = tt.arg;
+            float gs = gscale ? gscale[r] : 1.0f;
+            ck.want[i] = dh && gs != 0;
+            if (gs == 0) {
+                if (loss) loss[r] = 0;
+                continue;
+            }
+            float lse_d = logsumexp(zd, V, td.max), lse_t = logsumexp(zt, V, tt.max);
+            /* sum p_t (log p_t - log p_d); p_t = 0 terms are 0 (finite logs) */
+            double kl = 0;
+            for (int64_t c = 0; c < V; c++) {
+                float lpt = zt[c] - lse_t, lpd = zd[c] - lse_d;
+                kl += (double)expf(lpt) * ((double)lpt - (double)lpd);
+            }
+            if (loss) loss[r] = (float)kl;
+            if (!ck.want[i]) continue;
+            for (int64_t c = 0; c < V; c++) zd[c] = gs * (expf(zd[c] - lse_d) - expf(zt[c] - lse_t));
+        }
+        if (dh) {
+            int64_t n = pack_rows(ck.z, ck.want, ck.rows, R, V);
+            add_grad_rows(dh, ck.dhc, ck.z, ck.rows, n, r0, w, H, V);
+        }
+    }
+    chunk_free(&ck);
+}
+
+void dfl_cpu_lmhead_argmax(int32_t *pred, float *gap, const void *h_, const void *w_, int64_t N, int64_t H,
+                           int64_t V) {
+    if (N <= 0) return;
+    DFL_ASSERT(V > 0 && H > 0);
+    const float *h = h_, *w = w_;
+    lm_chunk ck = chunk_alloc(N, H, V, 0, 0);
+    for (int64_t r0 = 0; r0 < N; r0 += ck.R) {
+        int64_t R = N - r0 < ck.R ? N - r0 : ck.R;
+        logits(ck.z, h + r0 * H, w, R, H, V);
+#pragma omp parallel for
+        for (int64_t i = 0; i < R; i++) {
+            row_top t = top2(ck.z + i * V, V);
+            if (pred) pred[r0 + i] = t.arg;
+            if (gap) gap[r0 + i] = t.max - t.second;
+        }
+    }
+    chunk_free(&ck);
+}

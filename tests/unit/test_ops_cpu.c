@@ -1,0 +1,899 @@
+/* test_ops_cpu.c: the CPU op table against independent oracles.
+ *
+ * Oracles: PyTorch/transformers fixtures (tests/reference/ops_reference.py ->
+ * tests/fixtures/ops/NAME.safetensors, forward and autograd backward), dense
+ * attention with the DFlash mask rebuilt here from the spec's rule and
+ * computed in double, central finite differences of each op's own forward,
+ * and plain double loops for the trivial ops.
+ *
+ * Tolerances. Outputs are compared by normalised error
+ * nmse = sum (a-b)^2 / sum b^2 against a reference computed in float64 (or
+ * transformers in f32 for rmsnorm and rope) and stored as f32. A correct
+ * fp32 implementation differs by a few ulps per element (2^-24 = 6e-8
+ * relative), nmse ~1e-15..1e-13 for these short reductions; NMSE_F32 = 1e-11
+ * leaves two orders of margin, while a wrong mask entry, a missing term or a
+ * wrong scale gives 1e-6 or more. Finite differences: fp32 forward, step
+ * FD_STEP along random directions, central difference against <grad, delta>
+ * (delta the perturbation actually applied after f32 rounding); the
+ * truncation error is O(step^2) and the rounding error ~1e-7 * |L| / step,
+ * so agreement within FD_TOL relative is the expected level.
+ */
+#include "common.h"
+#include "ops.h"
+#include "ops_cpu.h"
+#include "rng.h"
+#include "safetensors.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define NMSE_F32 1e-11
+#define FD_STEP 1e-2f
+#define FD_TOL 2e-3
+
+static const dfl_ops *ops;
+static dfl_st *fx_dense, *fx_attn, *fx_lm, *fx_adam;
+
+/* ------------------------------------------------------------------------ */
+/* fixtures and helpers                                                      */
+
+static dfl_st *open_fx(const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, "tests/fixtures/ops/%s.safetensors", name);
+    dfl_st *st = NULL;
+    if (dfl_st_open(&st, path) != 0) {
+        fprintf(stderr, "test_ops_cpu: %s (run from the repository root)\n", dfl_errmsg());
+        exit(1);
+    }
+    return st;
+}
+
+static const dfl_st_tensor *fx_find(dfl_st *st, const char *name) {
+    const dfl_st_tensor *t = dfl_st_find(st, name);
+    if (!t) {
+        fprintf(stderr, "test_ops_cpu: fixture tensor %s missing\n", name);
+        exit(1);
+    }
+    return t;
+}
+
+/* A fixture tensor as a fresh f32 buffer (free with ops->free). */
+static float *fx(dfl_st *st, const char *name, int64_t *n) {
+    const dfl_st_tensor *t = fx_find(st, name);
+    float *out = ops->alloc((size_t)t->numel * 4);
+    dfl_st_to_f32(t, out);
+    if (n) *n = t->numel;
+    return out;
+}
+
+static int32_t *fxi(dfl_st *st, const char *name, int64_t *n) {
+    const dfl_st_tensor *t = fx_find(st, name);
+    if (t->dtype != DFL_I32) {
+        fprintf(stderr, "test_ops_cpu: fixture tensor %s is not i32\n", name);
+        exit(1);
+    }
+    int32_t *out = ops->alloc((size_t)t->numel * 4);
+    memcpy(out, t->data, (size_t)t->numel * 4);
+    if (n) *n = t->numel;
+    return out;
+}
+
+static float *fbuf(int64_t n) { return ops->alloc((size_t)n * 4); }
+
+static float *fcopy(const float *x, int64_t n) {
+    float *y = fbuf(n);
+    memcpy(y, x, (size_t)n * 4);
+    return y;
+}
+
+static void frand(float *x, int64_t n, dfl_rng *r, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = scale * (float)dfl_rng_normal(r);
+}
+
+/* Check nmse(a, ref) <= thr and print the figure. */
+#define CHECK_NMSE(what, a, ref, n, thr)                                                               \
+    do {                                                                                               \
+        double e_ = t_nmse_f32((a), (ref), (n));                                                        \
+        printf("  %-28s nmse %.2e (<= %.0e)\n", (what), e_, (double)(thr));                            \
+        T_CHECKF(e_ <= (thr), "%s: nmse %.3e > %.1e", (what), e_, (double)(thr));                       \
+    } while (0)
+
+/* x - c elementwise, to check that an op accumulated onto a preset c. */
+static float *minus(const float *x, float c, int64_t n) {
+    float *y = fbuf(n);
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] - c;
+    return y;
+}
+
+static double dot_d(const float *a, const float *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+/* Central finite difference of a scalar loss L along random directions of
+ * x[n], against the analytic gradient g[n]. L reads x through ctx. */
+typedef double (*loss_fn)(void *ctx);
+
+static void check_fd(const char *what, loss_fn L, void *ctx, float *x, const float *g, int64_t n, uint64_t seed) {
+    dfl_rng r;
+    dfl_rng_seed(&r, seed);
+    float *x0 = fcopy(x, n), *u = fbuf(n), *delta = fbuf(n);
+    double worst = 0;
+    for (int dir = 0; dir < 3; dir++) {
+        frand(u, n, &r, 1.0f);
+        for (int64_t i = 0; i < n; i++) x[i] = x0[i] + FD_STEP * u[i];
+        double lp = L(ctx);
+        for (int64_t i = 0; i < n; i++) delta[i] = x[i];
+        for (int64_t i = 0; i < n; i++) x[i] = x0[i] - FD_STEP * u[i];
+        double lm = L(ctx);
+        for (int64_t i = 0; i < n; i++) delta[i] -= x[i];
+        memcpy(x, x0, (size_t)n * 4);
+        double fd = lp - lm, an = dot_d(g, delta, n);
+        double rel = fabs(fd - an) / (fabs(an) + 1e-3 * sqrt(dot_d(g, g, n) * dot_d(delta, delta, n)) + 1e-30);
+        if (rel > worst) worst = rel;
+        T_CHECKF(rel <= FD_TOL, "%s: direction %d: finite difference %.9g, analytic %.9g (rel %.2e)", what, dir,
+                 fd, an, rel);
+    }
+    printf("  %-28s fd rel err %.2e (<= %.0e)\n", what, worst, FD_TOL);
+    ops->free(x0);
+    ops->free(u);
+    ops->free(delta);
+}
+
+/* ------------------------------------------------------------------------ */
+/* memory and conversions                                                    */
+
+static void test_memory_and_conversions(void) {
+    T_CHECK(!strcmp(ops->name, "cpu") && ops->act_bytes == 4 && ops->wt_bytes == 4);
+    uint8_t *p = ops->alloc(1000);
+    T_CHECK(((uintptr_t)p & 63) == 0);
+    int zero = 1;
+    for (int i = 0; i < 1000; i++) zero &= p[i] == 0;
+    T_CHECK(zero);
+    ops->free(p);
+
+    /* bf16: 1, -2, 0x3f81 (1.0078125); f16: 1, -2, 65504; f32 verbatim */
+    uint16_t bf[3] = {0x3f80, 0xc000, 0x3f81}, hf[3] = {0x3c00, 0xc000, 0x7bff};
+    float f[3] = {1.5f, -0.25f, 3e38f}, *dst = fbuf(3);
+    ops->load_act(dst, bf, DFL_BF16, 3);
+    T_CHECK(dst[0] == 1.0f && dst[1] == -2.0f && dst[2] == 1.0078125f);
+    ops->load_wt(dst, hf, DFL_F16, 3);
+    T_CHECK(dst[0] == 1.0f && dst[1] == -2.0f && dst[2] == 65504.0f);
+    ops->load_act(dst, f, DFL_F32, 3);
+    T_CHECK(!memcmp(dst, f, 12));
+
+    /* act -> bf16 rounds to nearest even: 1 + 2^-8 is a tie (-> 1), 1 + 3*2^-8 a tie (-> up) */
+    float r[4] = {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1.0f + 1.5f / 256, -3.0f};
+    uint16_t out[4], *o = out;
+    ops->act_to_bf16(o, r, 4);
+    T_CHECK(out[0] == 0x3f80 && out[1] == 0x3f82 && out[2] == 0x3f81 && out[3] == 0xc040);
+    float back[3];
+    ops->act_to_f32(back, dst, 3);
+    T_CHECK(!memcmp(back, f, 12));
+
+    float m[2] = {4, 5}, *w = fbuf(2);
+    ops->master_to_wt(w, m, 2);
+    T_CHECK(w[0] == 4 && w[1] == 5);
+    ops->master_to_wt(m, m, 2); /* dst == master: nothing */
+    T_CHECK(m[0] == 4 && m[1] == 5);
+    ops->zero(w, 8);
+    T_CHECK(w[0] == 0 && w[1] == 0);
+    ops->free(dst);
+    ops->free(w);
+}
+
+/* ------------------------------------------------------------------------ */
+/* dense                                                                     */
+
+static void test_matmul(void) {
+    const int64_t M = 7, K = 13, N = 11;
+    float *x = fx(fx_dense, "mm.in", NULL), *w = fx(fx_dense, "mm.w", NULL), *ref = fx(fx_dense, "mm.out", NULL);
+    float *out = fbuf(M * N);
+    for (int64_t i = 0; i < M * N; i++) out[i] = 1e9f; /* overwritten, not accumulated */
+    ops->matmul(out, x, w, M, K, N, 0);
+    CHECK_NMSE("matmul out", out, ref, M * N, NMSE_F32);
+    for (int64_t i = 0; i < M * N; i++) out[i] = 2.0f;
+    ops->matmul(out, x, w, M, K, N, 1);
+    float *acc = minus(out, 2.0f, M * N);
+    CHECK_NMSE("matmul accumulate", acc, ref, M * N, NMSE_F32);
+
+    float *dout = fx(fx_dense, "mm.dout", NULL), *rdin = fx(fx_dense, "mm.din", NULL),
+          *rdw = fx(fx_dense, "mm.dw", NULL);
+    float *din = fbuf(M * K), *dw = fbuf(N * K);
+    for (int64_t i = 0; i < M * K; i++) din[i] = 1.0f;
+    for (int64_t i = 0; i < N * K; i++) dw[i] = -1.0f;
+    ops->matmul_bwd(din, dw, dout, x, w, M, K, N);
+    float *d1 = minus(din, 1.0f, M * K), *d2 = minus(dw, -1.0f, N * K);
+    CHECK_NMSE("matmul_bwd din (+=)", d1, rdin, M * K, NMSE_F32);
+    CHECK_NMSE("matmul_bwd dw (+=)", d2, rdw, N * K, NMSE_F32);
+    /* NULL gradients are skipped */
+    memcpy(d1, din, (size_t)(M * K) * 4);
+    ops->matmul_bwd(din, NULL, dout, x, w, M, K, N);
+    ops->matmul_bwd(NULL, NULL, dout, x, w, M, K, N);
+    for (int64_t i = 0; i < M * K; i++) d1[i] = din[i] - d1[i];
+    CHECK_NMSE("matmul_bwd din, dw NULL", d1, rdin, M * K, NMSE_F32);
+    /* K = 0: out = 0 */
+    ops->matmul(out, x, w, M, 0, N, 0);
+    T_CHECK(out[0] == 0 && out[M * N - 1] == 0);
+    ops->free(x), ops->free(w), ops->free(ref), ops->free(out), ops->free(acc), ops->free(dout);
+    ops->free(rdin), ops->free(rdw), ops->free(din), ops->free(dw), ops->free(d1), ops->free(d2);
+}
+
+/* matmul FD: L = sum dout * (x w^T) */
+typedef struct {
+    float *x, *w, *dout, *out;
+    int64_t M, K, N;
+} mm_ctx;
+
+static double mm_loss(void *p) {
+    mm_ctx *c = p;
+    ops->matmul(c->out, c->x, c->w, c->M, c->K, c->N, 0);
+    return dot_d(c->out, c->dout, c->M * c->N);
+}
+
+static void test_matmul_fd(void) {
+    mm_ctx c = {NULL, NULL, NULL, NULL, 9, 17, 5};
+    dfl_rng r;
+    dfl_rng_seed(&r, 1);
+    c.x = fbuf(c.M * c.K), c.w = fbuf(c.N * c.K), c.dout = fbuf(c.M * c.N), c.out = fbuf(c.M * c.N);
+    frand(c.x, c.M * c.K, &r, 1), frand(c.w, c.N * c.K, &r, 1), frand(c.dout, c.M * c.N, &r, 1);
+    float *din = fbuf(c.M * c.K), *dw = fbuf(c.N * c.K);
+    ops->matmul_bwd(din, dw, c.dout, c.x, c.w, c.M, c.K, c.N);
+    check_fd("matmul din", mm_loss, &c, c.x, din, c.M * c.K, 11);
+    check_fd("matmul dw", mm_loss, &c, c.w, dw, c.N * c.K, 12);
+    ops->free(c.x), ops->free(c.w), ops->free(c.dout), ops->free(c.out), ops->free(din), ops->free(dw);
+}
+
+static void test_rmsnorm(void) {
+    const int64_t rows = 5, dim = 37;
+    float *x = fx(fx_dense, "rms.in", NULL), *w = fx(fx_dense, "rms.w", NULL), *ref = fx(fx_dense, "rms.out", NULL);
+    float *rref = fx(fx_dense, "rms.rstd", NULL), *eps = fx(fx_dense, "rms.eps", NULL);
+    float *out = fbuf(rows * dim), *rstd = fbuf(rows);
+    ops->rmsnorm(out, rstd, x, w, rows, dim, eps[0]);
+    CHECK_NMSE("rmsnorm out", out, ref, rows * dim, NMSE_F32);
+    CHECK_NMSE("rmsnorm rstd", rstd, rref, rows, NMSE_F32);
+    ops->rmsnorm(out, NULL, x, w, rows, dim, eps[0]); /* rstd may be NULL */
+    CHECK_NMSE("rmsnorm out (rstd NULL)", out, ref, rows * dim, NMSE_F32);
+
+    float *dout = fx(fx_dense, "rms.dout", NULL), *rdin = fx(fx_dense, "rms.din", NULL),
+          *rdw = fx(fx_dense, "rms.dw", NULL);
+    float *din = fbuf(rows * dim), *dw = fbuf(dim);
+    for (int64_t i = 0; i < rows * dim; i++) din[i] = 0.5f;
+    for (int64_t i = 0; i < dim; i++) dw[i] = 3.0f;
+    ops->rmsnorm_bwd(din, dw, dout, x, rstd, w, rows, dim);
+    float *d1 = minus(din, 0.5f, rows * dim), *d2 = minus(dw, 3.0f, dim);
+    CHECK_NMSE("rmsnorm_bwd din (+=)", d1, rdin, rows * dim, NMSE_F32);
+    CHECK_NMSE("rmsnorm_bwd dw (+=)", d2, rdw, dim, NMSE_F32);
+    ops->free(x), ops->free(w), ops->free(ref), ops->free(rref), ops->free(eps), ops->free(out), ops->free(rstd);
+    ops->free(dout), ops->free(rdin), ops->free(rdw), ops->free(din), ops->free(dw), ops->free(d1), ops->free(d2);
+}
+
+typedef struct {
+    float *x, *w, *dout, *out, *rstd;
+    int64_t rows, dim;
+} rms_ctx;
+
+static double rms_loss(void *p) {
+    rms_ctx *c = p;
+    ops->rmsnorm(c->out, c->rstd, c->x, c->w, c->rows, c->dim, 1e-6f);
+    return dot_d(c->out, c->dout, c->rows * c->dim);
+}
+
+static void test_rmsnorm_fd(void) {
+    rms_ctx c = {NULL, NULL, NULL, NULL, NULL, 300, 41}; /* many rows: dw sums across threads */
+    dfl_rng r;
+    dfl_rng_seed(&r, 2);
+    int64_t n = c.rows * c.dim;
+    c.x = fbuf(n), c.w = fbuf(c.dim), c.dout = fbuf(n), c.out = fbuf(n), c.rstd = fbuf(c.rows);
+    frand(c.x, n, &r, 1), frand(c.w, c.dim, &r, 1), frand(c.dout, n, &r, 1);
+    float *din = fbuf(n), *dw = fbuf(c.dim);
+    rms_loss(&c);
+    ops->rmsnorm_bwd(din, dw, c.dout, c.x, c.rstd, c.w, c.rows, c.dim);
+    check_fd("rmsnorm din", rms_loss, &c, c.x, din, n, 21);
+    check_fd("rmsnorm dw", rms_loss, &c, c.w, dw, c.dim, 22);
+    /* NULL gradients */
+    float *din2 = fbuf(n), *dw2 = fbuf(c.dim);
+    ops->rmsnorm_bwd(din2, NULL, c.dout, c.x, c.rstd, c.w, c.rows, c.dim);
+    ops->rmsnorm_bwd(NULL, dw2, c.dout, c.x, c.rstd, c.w, c.rows, c.dim);
+    T_CHECK(!memcmp(din, din2, (size_t)n * 4) && !memcmp(dw, dw2, (size_t)c.dim * 4));
+    ops->free(c.x), ops->free(c.w), ops->free(c.dout), ops->free(c.out), ops->free(c.rstd);
+    ops->free(din), ops->free(dw), ops->free(din2), ops->free(dw2);
+}
+
+static void test_rope(void) {
+    const int64_t T = 6, nh = 3, d = 10;
+    float *x = fx(fx_dense, "rope.x", NULL), *inv = fx(fx_dense, "rope.inv_freq", NULL),
+          *ref = fx(fx_dense, "rope.out", NULL), *dout = fx(fx_dense, "rope.dout", NULL),
+          *rdx = fx(fx_dense, "rope.dx", NULL);
+    int32_t *pos = fxi(fx_dense, "rope.pos", NULL);
+    float *y = fcopy(x, T * nh * d);
+    ops->rope(y, pos, inv, T, nh, d, 0);
+    CHECK_NMSE("rope out", y, ref, T * nh * d, NMSE_F32);
+    /* the backward is the inverse rotation of dout (autograd fixture) */
+    float *g = fcopy(dout, T * nh * d);
+    ops->rope(g, pos, inv, T, nh, d, 1);
+    CHECK_NMSE("rope inverse = autograd dx", g, rdx, T * nh * d, NMSE_F32);
+    /* inverse(forward(x)) = x */
+    ops->rope(y, pos, inv, T, nh, d, 1);
+    CHECK_NMSE("rope inverse(rope(x))", y, x, T * nh * d, NMSE_F32);
+    ops->free(x), ops->free(inv), ops->free(ref), ops->free(dout), ops->free(rdx), ops->free(pos), ops->free(y);
+    ops->free(g);
+}
+
+typedef struct {
+    float *x, *y, *dout, *inv;
+    int32_t *pos;
+    int64_t T, nh, d;
+} rope_ctx;
+
+static double rope_loss(void *p) {
+    rope_ctx *c = p;
+    int64_t n = c->T * c->nh * c->d;
+    memcpy(c->y, c->x, (size_t)n * 4);
+    ops->rope(c->y, c->pos, c->inv, c->T, c->nh, c->d, 0);
+    return dot_d(c->y, c->dout, n);
+}
+
+static void test_rope_fd(void) {
+    rope_ctx c = {NULL, NULL, NULL, NULL, NULL, 5, 3, 14};
+    dfl_rng r;
+    dfl_rng_seed(&r, 3);
+    int64_t n = c.T * c.nh * c.d;
+    c.x = fbuf(n), c.y = fbuf(n), c.dout = fbuf(n), c.inv = fbuf(c.d / 2), c.pos = ops->alloc((size_t)c.T * 4);
+    frand(c.x, n, &r, 1), frand(c.dout, n, &r, 1);
+    for (int64_t i = 0; i < c.d / 2; i++) c.inv[i] = (float)pow(10000.0, -2.0 * (double)i / (double)c.d);
+    for (int64_t t = 0; t < c.T; t++) c.pos[t] = (int32_t)(t * 37 + 2);
+    float *g = fcopy(c.dout, n);
+    ops->rope(g, c.pos, c.inv, c.T, c.nh, c.d, 1);
+    check_fd("rope (inverse as backward)", rope_loss, &c, c.x, g, n, 31);
+    ops->free(c.x), ops->free(c.y), ops->free(c.dout), ops->free(c.inv), ops->free(c.pos), ops->free(g);
+}
+
+static void test_swiglu(void) {
+    int64_t n;
+    float *g = fx(fx_dense, "sw.gate", &n), *u = fx(fx_dense, "sw.up", NULL), *ref = fx(fx_dense, "sw.out", NULL),
+          *dout = fx(fx_dense, "sw.dout", NULL), *rdg = fx(fx_dense, "sw.dgate", NULL),
+          *rdu = fx(fx_dense, "sw.dup", NULL);
+    float *out = fbuf(n), *dg = fbuf(n), *du = fbuf(n);
+    ops->swiglu(out, g, u, n);
+    CHECK_NMSE("swiglu out", out, ref, n, NMSE_F32);
+    for (int64_t i = 0; i < n; i++) dg[i] = 1, du[i] = -1;
+    ops->swiglu_bwd(dg, du, dout, g, u, n);
+    float *d1 = minus(dg, 1, n), *d2 = minus(du, -1, n);
+    CHECK_NMSE("swiglu_bwd dgate (+=)", d1, rdg, n, NMSE_F32);
+    CHECK_NMSE("swiglu_bwd dup (+=)", d2, rdu, n, NMSE_F32);
+    memcpy(d1, dg, (size_t)n * 4);
+    ops->swiglu_bwd(dg, NULL, dout, g, u, n);
+    for (int64_t i = 0; i < n; i++) d1[i] = dg[i] - d1[i];
+    CHECK_NMSE("swiglu_bwd dgate, dup NULL", d1, rdg, n, NMSE_F32);
+    ops->free(g), ops->free(u), ops->free(ref), ops->free(dout), ops->free(rdg), ops->free(rdu);
+    ops->free(out), ops->free(dg), ops->free(du), ops->free(d1), ops->free(d2);
+}
+
+typedef struct {
+    float *g, *u, *dout, *out;
+    int64_t n;
+} sw_ctx;
+
+static double sw_loss(void *p) {
+    sw_ctx *c = p;
+    ops->swiglu(c->out, c->g, c->u, c->n);
+    return dot_d(c->out, c->dout, c->n);
+}
+
+static void test_swiglu_fd(void) {
+    sw_ctx c = {NULL, NULL, NULL, NULL, 301};
+    dfl_rng r;
+    dfl_rng_seed(&r, 4);
+    c.g = fbuf(c.n), c.u = fbuf(c.n), c.dout = fbuf(c.n), c.out = fbuf(c.n);
+    frand(c.g, c.n, &r, 3), frand(c.u, c.n, &r, 1), frand(c.dout, c.n, &r, 1);
+    float *dg = fbuf(c.n), *du = fbuf(c.n);
+    ops->swiglu_bwd(dg, du, c.dout, c.g, c.u, c.n);
+    check_fd("swiglu dgate", sw_loss, &c, c.g, dg, c.n, 41);
+    check_fd("swiglu dup", sw_loss, &c, c.u, du, c.n, 42);
+    ops->free(c.g), ops->free(c.u), ops->free(c.dout), ops->free(c.out), ops->free(dg), ops->free(du);
+}
+
+static void test_add_embed_sumsq(void) {
+    float a[5] = {1, 2, 3, 4, 5}, b[5] = {0.5f, -2, 1e-8f, 0, 7}, out[5];
+    ops->add(out, a, b, 5);
+    for (int i = 0; i < 5; i++) T_CHECK(out[i] == a[i] + b[i]);
+    ops->add(a, a, b, 5); /* aliasing */
+    T_CHECK(a[0] == 1.5f && a[4] == 12.0f);
+
+    float table[4 * 3];
+    for (int i = 0; i < 12; i++) table[i] = (float)i;
+    int32_t ids[3] = {2, 0, 3};
+    float e[9];
+    ops->embed(e, ids, table, 3, 3);
+    for (int t = 0; t < 3; t++)
+        for (int c = 0; c < 3; c++) T_CHECK(e[t * 3 + c] == table[ids[t] * 3 + c]);
+
+    /* sumsq: many terms of mixed scale, against a compensated double sum */
+    int64_t n = 200003;
+    float *x = fbuf(n);
+    dfl_rng r;
+    dfl_rng_seed(&r, 5);
+    frand(x, n, &r, 1);
+    x[7] = 1e4f;
+    long double want = 0;
+    for (int64_t i = 0; i < n; i++) want += (long double)x[i] * x[i];
+    double got = ops->sumsq(x, n);
+    T_CHECKF(fabs(got - (double)want) <= 1e-12 * (double)want, "sumsq %.17g want %.17Lg", got, want);
+    ops->free(x);
+}
+
+/* ------------------------------------------------------------------------ */
+/* attention                                                                 */
+
+/* Dense attention in double with an explicit mask[nq, nk] (1 = visible). */
+static void dense_attn_d(double *out, const float *q, const float *k, const float *v, const uint8_t *mask, int64_t nq,
+                         int64_t nk, int64_t Hq, int64_t Hkv, int64_t D) {
+    double *s = calloc((size_t)nk, sizeof(double));
+    double scale = 1.0 / sqrt((double)D);
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t h = 0; h < Hq; h++) {
+            int64_t kh = h / (Hq / Hkv);
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < nk; j++) {
+                if (!mask[i * nk + j]) continue;
+                double d = 0;
+                for (int64_t c = 0; c < D; c++) d += (double)q[(i * Hq + h) * D + c] * k[(j * Hkv + kh) * D + c];
+                s[j] = d * scale;
+                if (s[j] > mx) mx = s[j];
+            }
+            double *o = out + (i * Hq + h) * D;
+            for (int64_t c = 0; c < D; c++) o[c] = 0;
+            for (int64_t j = 0; j < nk; j++) {
+                if (!mask[i * nk + j]) continue;
+                double p = exp(s[j] - mx);
+                sum += p;
+                for (int64_t c = 0; c < D; c++) o[c] += p * v[(j * Hkv + kh) * D + c];
+            }
+            for (int64_t c = 0; c < D; c++) o[c] /= sum;
+        }
+    free(s);
+}
+
+static double nmse_fd(const float *a, const double *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+    return den > 0 ? num / den : num;
+}
+
+static void test_attn_causal_fixture(void) {
+    const int64_t T = 90, Hq = 6, Hkv = 2, D = 12;
+    int64_t ncu;
+    float *q = fx(fx_attn, "causal.q", NULL), *k = fx(fx_attn, "causal.k", NULL), *v = fx(fx_attn, "causal.v", NULL),
+          *ref = fx(fx_attn, "causal.out", NULL);
+    int32_t *cu = fxi(fx_attn, "causal.cu", &ncu);
+    float *out = fbuf(T * Hq * D);
+    ops->attn_causal(out, q, k, v, cu, ncu - 1, T, Hq, Hkv, D);
+    CHECK_NMSE("attn_causal out", out, ref, T * Hq * D, NMSE_F32);
+    ops->free(q), ops->free(k), ops->free(v), ops->free(ref), ops->free(cu), ops->free(out);
+}
+
+/* Perturb key/value row r (every kv head) and check, row by row, that the
+ * output changes exactly where mask[., r] is set. Returns the number of
+ * (query, key) entries that disagree with the mask. */
+typedef void (*attn_run)(void *ctx, float *out);
+
+static int64_t mask_by_perturbation(attn_run run, void *ctx, float *k, float *v, const uint8_t *mask, int64_t nq,
+                                    int64_t nk, int64_t Hq, int64_t Hkv, int64_t D) {
+    int64_t row = Hq * D, bad = 0;
+    float *base = fbuf(nq * row), *pert = fbuf(nq * row);
+    run(ctx, base);
+    for (int64_t r = 0; r < nk; r++) {
+        for (int which = 0; which < 2; which++) { /* perturb k, then v */
+            float *x = which ? v : k;
+            float *saved = fcopy(x + r * Hkv * D, Hkv * D);
+            for (int64_t c = 0; c < Hkv * D; c++) x[r * Hkv * D + c] += 0.75f + 0.01f * (float)c;
+            run(ctx, pert);
+            memcpy(x + r * Hkv * D, saved, (size_t)(Hkv * D) * 4);
+            ops->free(saved);
+            for (int64_t i = 0; i < nq; i++) {
+                int same = !memcmp(base + i * row, pert + i * row, (size_t)row * 4);
+                /* a row that sees one key gives it weight 1 whatever its k */
+                int64_t seen = 0;
+                for (int64_t j = 0; j < nk; j++) seen += mask[i * nk + j] != 0;
+                if (!which && seen == 1 && mask[i * nk + r]) continue;
+                if (same == (mask[i * nk + r] != 0)) bad++;
+            }
+        }
+    }
+    ops->free(base), ops->free(pert);
+    return bad;
+}
+
+typedef struct {
+    float *q, *k, *v, *lse;
+    int32_t *cu;
+    dfl_block *blocks;
+    int64_t nseq, T, nblk, B, NK, Hq, Hkv, D;
+} attn_ctx;
+
+static void run_causal(void *p, float *out) {
+    attn_ctx *c = p;
+    ops->attn_causal(out, c->q, c->k, c->v, c->cu, c->nseq, c->T, c->Hq, c->Hkv, c->D);
+}
+
+static void test_attn_causal_mask(void) {
+    /* sequences of 37, 1, 80 and 5 rows (tiles of 16 split, keys beyond 64) */
+    int32_t cu[5] = {0, 37, 38, 118, 123};
+    attn_ctx c = {0};
+    c.cu = cu, c.nseq = 4, c.T = 123, c.Hq = 4, c.Hkv = 2, c.D = 8;
+    dfl_rng r;
+    dfl_rng_seed(&r, 6);
+    c.q = fbuf(c.T * c.Hq * c.D), c.k = fbuf(c.T * c.Hkv * c.D), c.v = fbuf(c.T * c.Hkv * c.D);
+    frand(c.q, c.T * c.Hq * c.D, &r, 1), frand(c.k, c.T * c.Hkv * c.D, &r, 1), frand(c.v, c.T * c.Hkv * c.D, &r, 1);
+    uint8_t *mask = calloc((size_t)(c.T * c.T), 1);
+    for (int s = 0; s < 4; s++)
+        for (int i = cu[s]; i < cu[s + 1]; i++)
+            for (int j = cu[s]; j <= i; j++) mask[i * c.T + j] = 1;
+    float *out = fbuf(c.T * c.Hq * c.D);
+    double *want = calloc((size_t)(c.T * c.Hq * c.D), sizeof(double));
+    run_causal(&c, out);
+    dense_attn_d(want, c.q, c.k, c.v, mask, c.T, c.T, c.Hq, c.Hkv, c.D);
+    double e = nmse_fd(out, want, c.T * c.Hq * c.D);
+    printf("  %-28s nmse %.2e (<= %.0e)\n", "attn_causal vs dense double", e, NMSE_F32);
+    T_CHECKF(e <= NMSE_F32, "nmse %.3e", e);
+    int64_t bad = mask_by_perturbation(run_causal, &c, c.k, c.v, mask, c.T, c.T, c.Hq, c.Hkv, c.D);
+    T_CHECKF(bad == 0, "%lld (query, key) entries disagree with the causal mask", (long long)bad);
+    ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(out);
+    free(mask), free(want);
+}
+
+/* A DFlash training layout: context rows [0, S) hold packed sequences
+ * seq_lo[s]..seq_hi[s]; block j is anchored at anchor[j] inside sequence
+ * aseq[j], and its B tokens are key rows S + j*B. */
+typedef struct {
+    int nseq, nblk;
+    int32_t seq_lo[4], seq_hi[4], aseq[16], anchor[16];
+    int64_t S, B;
+} dfl_layout;
+
+/* Spec section 2.5, with SpecForge/speculators' packing condition:
+ * context strictly before the anchor and in the same sequence, the own
+ * block bidirectionally, no other block. */
+static int dflash_allowed(const dfl_layout *L, int64_t qi, int64_t kv) {
+    int64_t j = qi / L->B;
+    if (kv < L->S) return kv >= L->seq_lo[L->aseq[j]] && kv < L->anchor[j];
+    return (kv - L->S) / L->B == j;
+}
+
+static dfl_block *layout_blocks(const dfl_layout *L) {
+    dfl_block *b = calloc((size_t)L->nblk, sizeof *b);
+    for (int j = 0; j < L->nblk; j++) {
+        int32_t lo = L->seq_lo[L->aseq[j]];
+        b[j] = (dfl_block){lo, L->anchor[j] - lo, (int32_t)(L->S + j * L->B)};
+    }
+    return b;
+}
+
+static void run_dflash(void *p, float *out) {
+    attn_ctx *c = p;
+    ops->attn_dflash(out, c->lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK, c->Hq, c->Hkv, c->D);
+}
+
+static void test_attn_dflash_mask(void) {
+    /* three sequences of context; anchors at sequence starts (ctx_len 0),
+     * closer together than B, next to each sequence end */
+    dfl_layout L = {3, 9, {0, 70, 75}, {70, 75, 150}, {0, 0, 0, 0, 1, 1, 2, 2, 2}, {0, 3, 5, 69, 70, 74, 75, 100, 149},
+                    150, 16};
+    attn_ctx c = {0};
+    c.nblk = L.nblk, c.B = L.B, c.NK = L.S + L.nblk * L.B, c.Hq = 8, c.Hkv = 2, c.D = 16;
+    c.blocks = layout_blocks(&L);
+    int64_t nq = c.nblk * c.B;
+    dfl_rng r;
+    dfl_rng_seed(&r, 7);
+    c.q = fbuf(nq * c.Hq * c.D), c.k = fbuf(c.NK * c.Hkv * c.D), c.v = fbuf(c.NK * c.Hkv * c.D);
+    c.lse = fbuf(nq * c.Hq);
+    frand(c.q, nq * c.Hq * c.D, &r, 1), frand(c.k, c.NK * c.Hkv * c.D, &r, 1), frand(c.v, c.NK * c.Hkv * c.D, &r, 1);
+    uint8_t *mask = calloc((size_t)(nq * c.NK), 1);
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t j = 0; j < c.NK; j++) mask[i * c.NK + j] = (uint8_t)dflash_allowed(&L, i, j);
+    float *out = fbuf(nq * c.Hq * c.D);
+    double *want = calloc((size_t)(nq * c.Hq * c.D), sizeof(double));
+    run_dflash(&c, out);
+    dense_attn_d(want, c.q, c.k, c.v, mask, nq, c.NK, c.Hq, c.Hkv, c.D);
+    double e = nmse_fd(out, want, nq * c.Hq * c.D);
+    printf("  %-28s nmse %.2e (<= %.0e)\n", "attn_dflash vs dense double", e, NMSE_F32);
+    T_CHECKF(e <= NMSE_F32, "nmse %.3e", e);
+    int64_t bad = mask_by_perturbation(run_dflash, &c, c.k, c.v, mask, nq, c.NK, c.Hq, c.Hkv, c.D);
+    T_CHECKF(bad == 0, "%lld (query, key) entries disagree with the spec 2.5 mask", (long long)bad);
+    ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(c.lse), ops->free(out);
+    free(mask), free(want), free(c.blocks);
+}
+
+static void test_attn_dflash_fixture(void) {
+    int32_t *dims = fxi(fx_attn, "dfl.dims", NULL), *bl = fxi(fx_attn, "dfl.blocks", NULL);
+    int64_t S = dims[0], B = dims[1], Hq = dims[2], Hkv = dims[3], D = dims[4], nblk;
+    nblk = fx_find(fx_attn, "dfl.blocks")->shape[0];
+    int64_t NK = S + nblk * B, nq = nblk * B;
+    dfl_block *blocks = calloc((size_t)nblk, sizeof *blocks);
+    for (int64_t j = 0; j < nblk; j++) blocks[j] = (dfl_block){bl[3 * j], bl[3 * j + 1], bl[3 * j + 2]};
+    float *q = fx(fx_attn, "dfl.q", NULL), *k = fx(fx_attn, "dfl.k", NULL), *v = fx(fx_attn, "dfl.v", NULL);
+    float *ref = fx(fx_attn, "dfl.out", NULL), *rlse = fx(fx_attn, "dfl.lse", NULL);
+    float *out = fbuf(nq * Hq * D), *lse = fbuf(nq * Hq);
+    ops->attn_dflash(out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D);
+    CHECK_NMSE("attn_dflash out", out, ref, nq * Hq * D, NMSE_F32);
+    CHECK_NMSE("attn_dflash lse", lse, rlse, nq * Hq, NMSE_F32);
+
+    float *dout = fx(fx_attn, "dfl.dout", NULL), *rdq = fx(fx_attn, "dfl.dq", NULL),
+          *rdk = fx(fx_attn, "dfl.dk", NULL), *rdv = fx(fx_attn, "dfl.dv", NULL);
+    float *dq = fbuf(nq * Hq * D), *dk = fbuf(NK * Hkv * D), *dv = fbuf(NK * Hkv * D);
+    for (int64_t i = 0; i < nq * Hq * D; i++) dq[i] = 1;
+    for (int64_t i = 0; i < NK * Hkv * D; i++) dk[i] = 2, dv[i] = -1;
+    ops->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D);
+    float *d1 = minus(dq, 1, nq * Hq * D), *d2 = minus(dk, 2, NK * Hkv * D), *d3 = minus(dv, -1, NK * Hkv * D);
+    CHECK_NMSE("attn_dflash_bwd dq (+=)", d1, rdq, nq * Hq * D, NMSE_F32);
+    CHECK_NMSE("attn_dflash_bwd dk (+=)", d2, rdk, NK * Hkv * D, NMSE_F32);
+    CHECK_NMSE("attn_dflash_bwd dv (+=)", d3, rdv, NK * Hkv * D, NMSE_F32);
+    /* NULL gradients: each alone gives the same values */
+    float *dk2 = fbuf(NK * Hkv * D);
+    ops->attn_dflash_bwd(NULL, dk2, NULL, dout, out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D);
+    CHECK_NMSE("attn_dflash_bwd dk alone", dk2, rdk, NK * Hkv * D, NMSE_F32);
+    ops->free(dims), ops->free(bl), free(blocks), ops->free(q), ops->free(k), ops->free(v), ops->free(ref);
+    ops->free(rlse), ops->free(out), ops->free(lse), ops->free(dout), ops->free(rdq), ops->free(rdk);
+    ops->free(rdv), ops->free(dq), ops->free(dk), ops->free(dv), ops->free(d1), ops->free(d2), ops->free(d3);
+    ops->free(dk2);
+}
+
+/* Finite differences of attn_dflash where blocks share keys: context keys
+ * (overlapping ranges, one of 70 rows: more than a key tile) and, since
+ * dfl_blocks are arbitrary, own-block keys too (blocks 2 and 3). */
+typedef struct {
+    attn_ctx a;
+    float *out, *dout;
+} dfl_fd_ctx;
+
+static double dflash_loss(void *p) {
+    dfl_fd_ctx *c = p;
+    run_dflash(&c->a, c->out);
+    return dot_d(c->out, c->dout, c->a.nblk * c->a.B * c->a.Hq * c->a.D);
+}
+
+static void test_attn_dflash_fd(void) {
+    dfl_fd_ctx c = {0};
+    attn_ctx *a = &c.a;
+    a->nblk = 5, a->B = 3, a->NK = 90, a->Hq = 6, a->Hkv = 2, a->D = 10;
+    dfl_block blocks[5] = {{0, 0, 75}, {0, 70, 78}, {0, 71, 81}, {5, 30, 81}, {40, 30, 87}};
+    a->blocks = blocks;
+    int64_t nq = a->nblk * a->B, nqe = nq * a->Hq * a->D, nke = a->NK * a->Hkv * a->D;
+    dfl_rng r;
+    dfl_rng_seed(&r, 8);
+    a->q = fbuf(nqe), a->k = fbuf(nke), a->v = fbuf(nke), a->lse = fbuf(nq * a->Hq);
+    c.out = fbuf(nqe), c.dout = fbuf(nqe);
+    frand(a->q, nqe, &r, 1), frand(a->k, nke, &r, 1), frand(a->v, nke, &r, 1), frand(c.dout, nqe, &r, 1);
+    dflash_loss(&c);
+    float *dq = fbuf(nqe), *dk = fbuf(nke), *dv = fbuf(nke);
+    ops->attn_dflash_bwd(dq, dk, dv, c.dout, c.out, a->lse, a->q, a->k, a->v, blocks, a->nblk, a->B, a->NK, a->Hq,
+                         a->Hkv, a->D);
+    check_fd("attn_dflash dq", dflash_loss, &c, a->q, dq, nqe, 81);
+    check_fd("attn_dflash dk", dflash_loss, &c, a->k, dk, nke, 82);
+    check_fd("attn_dflash dv", dflash_loss, &c, a->v, dv, nke, 83);
+    ops->free(a->q), ops->free(a->k), ops->free(a->v), ops->free(a->lse), ops->free(c.out), ops->free(c.dout);
+    ops->free(dq), ops->free(dk), ops->free(dv);
+}
+
+/* ------------------------------------------------------------------------ */
+/* LM head                                                                   */
+
+typedef struct {
+    float *h, *th, *w, *gscale, *loss, *dh;
+    int32_t *labels, *pred, *tpred;
+    int64_t N, H, V;
+} lm_ctx;
+
+static lm_ctx lm_fixture(void) {
+    lm_ctx c = {0};
+    int64_t n;
+    c.h = fx(fx_lm, "lm.h", NULL), c.th = fx(fx_lm, "lm.th", NULL), c.w = fx(fx_lm, "lm.w", &n);
+    c.gscale = fx(fx_lm, "lm.gscale", &c.N), c.labels = fxi(fx_lm, "lm.labels", NULL);
+    c.H = fx_find(fx_lm, "lm.h")->shape[1], c.V = n / c.H;
+    c.loss = fbuf(c.N), c.dh = fbuf(c.N * c.H);
+    c.pred = ops->alloc((size_t)c.N * 4), c.tpred = ops->alloc((size_t)c.N * 4);
+    return c;
+}
+
+static void lm_free(lm_ctx *c) {
+    ops->free(c->h), ops->free(c->th), ops->free(c->w), ops->free(c->gscale), ops->free(c->labels);
+    ops->free(c->loss), ops->free(c->dh), ops->free(c->pred), ops->free(c->tpred);
+}
+
+static int same_i32(const int32_t *a, const int32_t *b, int64_t n) { return !memcmp(a, b, (size_t)n * 4); }
+
+static void test_lmhead_ce(void) {
+    lm_ctx c = lm_fixture();
+    float *rloss = fx(fx_lm, "ce.loss", NULL), *rdh = fx(fx_lm, "ce.dh", NULL);
+    int32_t *rpred = fxi(fx_lm, "ce.pred", NULL);
+    /* chunk sizes: automatic, 1, 5 and 16 (not dividing N = 37), > N */
+    int64_t chunks[5] = {0, 1, 5, 16, 1000};
+    for (int ci = 0; ci < 5; ci++) {
+        dfl_cpu_lmhead_rows_override = chunks[ci];
+        char what[64];
+        for (int64_t i = 0; i < c.N * c.H; i++) c.dh[i] = 0.25f;
+        ops->lmhead_ce(c.loss, c.pred, c.dh, c.h, c.w, c.labels, c.gscale, c.N, c.H, c.V);
+        float *d = minus(c.dh, 0.25f, c.N * c.H);
+        snprintf(what, sizeof what, "lmhead_ce loss (chunk %lld)", (long long)chunks[ci]);
+        CHECK_NMSE(what, c.loss, rloss, c.N, NMSE_F32);
+        snprintf(what, sizeof what, "lmhead_ce dh += (chunk %lld)", (long long)chunks[ci]);
+        CHECK_NMSE(what, d, rdh, c.N * c.H, NMSE_F32);
+        T_CHECK(same_i32(c.pred, rpred, c.N));
+        /* rows with gscale 0 or no label: dh untouched (exactly) */
+        for (int64_t i = 0; i < c.N; i++)
+            if (c.gscale[i] == 0 || c.labels[i] < 0)
+                for (int64_t j = 0; j < c.H; j++) T_CHECK(c.dh[i * c.H + j] == 0.25f);
+        ops->free(d);
+    }
+    dfl_cpu_lmhead_rows_override = 0;
+    /* forward only: dh NULL, gscale NULL */
+    memset(c.loss, 0, (size_t)c.N * 4);
+    ops->lmhead_ce(c.loss, c.pred, NULL, c.h, c.w, c.labels, NULL, c.N, c.H, c.V);
+    CHECK_NMSE("lmhead_ce loss (no grad)", c.loss, rloss, c.N, NMSE_F32);
+    ops->free(rloss), ops->free(rdh), ops->free(rpred);
+    lm_free(&c);
+}
+
+static double ce_loss(void *p) {
+    lm_ctx *c = p;
+    ops->lmhead_ce(c->loss, c->pred, NULL, c->h, c->w, c->labels, NULL, c->N, c->H, c->V);
+    return dot_d(c->loss, c->gscale, c->N);
+}
+
+static double kl_loss(void *p) {
+    lm_ctx *c = p;
+    ops->lmhead_kl(c->loss, c->pred, NULL, NULL, c->h, c->th, c->w, c->gscale, c->N, c->H, c->V);
+    return dot_d(c->loss, c->gscale, c->N);
+}
+
+static void test_lmhead_fd(void) {
+    lm_ctx c = lm_fixture();
+    dfl_cpu_lmhead_rows_override = 7;
+    ops->lmhead_ce(c.loss, c.pred, c.dh, c.h, c.w, c.labels, c.gscale, c.N, c.H, c.V);
+    check_fd("lmhead_ce dh", ce_loss, &c, c.h, c.dh, c.N * c.H, 91);
+    memset(c.dh, 0, (size_t)(c.N * c.H) * 4);
+    ops->lmhead_kl(c.loss, c.pred, NULL, c.dh, c.h, c.th, c.w, c.gscale, c.N, c.H, c.V);
+    check_fd("lmhead_kl dh", kl_loss, &c, c.h, c.dh, c.N * c.H, 92);
+    dfl_cpu_lmhead_rows_override = 0;
+    lm_free(&c);
+}
+
+static void test_lmhead_kl(void) {
+    lm_ctx c = lm_fixture();
+    float *rloss = fx(fx_lm, "kl.loss", NULL), *rdh = fx(fx_lm, "kl.dh", NULL);
+    int32_t *rpred = fxi(fx_lm, "kl.pred", NULL), *rtpred = fxi(fx_lm, "kl.tpred", NULL);
+    int64_t chunks[4] = {0, 1, 6, 64};
+    for (int ci = 0; ci < 4; ci++) {
+        dfl_cpu_lmhead_rows_override = chunks[ci];
+        char what[64];
+        for (int64_t i = 0; i < c.N * c.H; i++) c.dh[i] = -0.5f;
+        for (int64_t i = 0; i < c.N; i++) c.loss[i] = 99.0f;
+        ops->lmhead_kl(c.loss, c.pred, c.tpred, c.dh, c.h, c.th, c.w, c.gscale, c.N, c.H, c.V);
+        float *d = minus(c.dh, -0.5f, c.N * c.H);
+        snprintf(what, sizeof what, "lmhead_kl loss (chunk %lld)", (long long)chunks[ci]);
+        CHECK_NMSE(what, c.loss, rloss, c.N, NMSE_F32);
+        snprintf(what, sizeof what, "lmhead_kl dh += (chunk %lld)", (long long)chunks[ci]);
+        CHECK_NMSE(what, d, rdh, c.N * c.H, NMSE_F32);
+        T_CHECK(same_i32(c.pred, rpred, c.N) && same_i32(c.tpred, rtpred, c.N));
+        for (int64_t i = 0; i < c.N; i++)
+            if (c.gscale[i] == 0) {
+                T_CHECK(c.loss[i] == 0);
+                for (int64_t j = 0; j < c.H; j++) T_CHECK(c.dh[i * c.H + j] == -0.5f);
+            }
+        ops->free(d);
+    }
+    dfl_cpu_lmhead_rows_override = 0;
+    /* KL of a distribution with itself is 0 and so is its gradient */
+    memset(c.dh, 0, (size_t)(c.N * c.H) * 4);
+    ops->lmhead_kl(c.loss, c.pred, NULL, c.dh, c.h, c.h, c.w, c.gscale, c.N, c.H, c.V);
+    double mx = 0;
+    for (int64_t i = 0; i < c.N; i++) mx = fmax(mx, fabs(c.loss[i]));
+    T_CHECKF(mx < 1e-6, "KL(p||p) = %g", mx);
+    ops->free(rloss), ops->free(rdh), ops->free(rpred), ops->free(rtpred);
+    lm_free(&c);
+}
+
+static void test_lmhead_argmax(void) {
+    lm_ctx c = lm_fixture();
+    float *rgap = fx(fx_lm, "am.gap", NULL), *gap = fbuf(c.N);
+    int32_t *rpred = fxi(fx_lm, "ce.pred", NULL);
+    int64_t chunks[3] = {0, 4, 100};
+    for (int ci = 0; ci < 3; ci++) {
+        dfl_cpu_lmhead_rows_override = chunks[ci];
+        ops->lmhead_argmax(c.pred, gap, c.h, c.w, c.N, c.H, c.V);
+        T_CHECK(same_i32(c.pred, rpred, c.N));
+        CHECK_NMSE("lmhead_argmax gap", gap, rgap, c.N, NMSE_F32);
+    }
+    dfl_cpu_lmhead_rows_override = 0;
+
+    /* ties go to the lowest index: w rows 5 and 17 equal, row 0 of h along them */
+    const int64_t H = 8, V = 23, N = 3;
+    float *w = fbuf(V * H), *h = fbuf(N * H), g[3];
+    int32_t pred[3], pred2[3];
+    dfl_rng r;
+    dfl_rng_seed(&r, 9);
+    frand(w, V * H, &r, 0.1f);
+    memcpy(w + 17 * H, w + 5 * H, (size_t)H * 4);
+    for (int64_t j = 0; j < H; j++) h[j] = 40 * w[5 * H + j];
+    /* row 1: all logits 0 -> index 0; row 2: logits equal at 9 and 20, both max */
+    memcpy(w + 20 * H, w + 9 * H, (size_t)H * 4);
+    for (int64_t j = 0; j < H; j++) h[2 * H + j] = 40 * w[9 * H + j];
+    ops->lmhead_argmax(pred, g, h, w, N, H, V);
+    T_CHECKF(pred[0] == 5 && g[0] == 0, "pred %d gap %g", pred[0], g[0]);
+    T_CHECKF(pred[1] == 0 && g[1] == 0, "pred %d gap %g", pred[1], g[1]);
+    T_CHECKF(pred[2] == 9 && g[2] == 0, "pred %d gap %g", pred[2], g[2]);
+    int32_t labels[3] = {0, 0, 0};
+    float loss[3];
+    ops->lmhead_ce(loss, pred2, NULL, h, w, labels, NULL, N, H, V);
+    T_CHECK(!memcmp(pred, pred2, sizeof pred));
+    ops->lmhead_argmax(pred2, NULL, h, w, N, H, V); /* gap may be NULL */
+    T_CHECK(!memcmp(pred, pred2, sizeof pred));
+    ops->free(w), ops->free(h), ops->free(rgap), ops->free(gap), ops->free(rpred);
+    lm_free(&c);
+}
+
+/* The logits buffers are chunk_rows(V) x V floats: bounded by
+ * DFL_CPU_LMHEAD_FLOATS (or one row), and a function of V alone, not N. */
+static void test_lmhead_memory_bound(void) {
+    int64_t Vs[5] = {7, 1000, 151936, 262144, (int64_t)1 << 23};
+    for (int i = 0; i < 5; i++) {
+        int64_t R = dfl_cpu_lmhead_chunk_rows(Vs[i]);
+        T_CHECKF(R >= 1 && (R * Vs[i] <= DFL_CPU_LMHEAD_FLOATS || R == 1) && R <= DFL_CPU_LMHEAD_MAX_ROWS,
+                 "V %lld: %lld rows", (long long)Vs[i], (long long)R);
+    }
+    T_CHECK(dfl_cpu_lmhead_chunk_rows(151936) * 151936 <= DFL_CPU_LMHEAD_FLOATS);
+}
+
+/* ------------------------------------------------------------------------ */
+/* optimizer                                                                 */
+
+static void test_adamw(void) {
+    int64_t n, ns;
+    float *p = fx(fx_adam, "adam.p0", &n), *grads = fx(fx_adam, "adam.grads", &ns), *ref = fx(fx_adam, "adam.p", NULL);
+    float *rm = fx(fx_adam, "adam.m", NULL), *rv = fx(fx_adam, "adam.v", NULL), *hp = fx(fx_adam, "adam.hyper", NULL);
+    int64_t steps = ns / n;
+    float *m = fbuf(n), *v = fbuf(n);
+    for (int64_t s = 0; s < steps; s++) {
+        ops->adamw(p, grads + s * n, m, v, n, hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], s + 1);
+        char what[64];
+        snprintf(what, sizeof what, "adamw p after step %lld", (long long)(s + 1));
+        CHECK_NMSE(what, p, ref + s * n, n, 1e-13);
+    }
+    CHECK_NMSE("adamw m", m, rm, n, 1e-13);
+    CHECK_NMSE("adamw v", v, rv, n, 1e-13);
+    ops->free(p), ops->free(grads), ops->free(ref), ops->free(rm), ops->free(rv), ops->free(hp);
+    ops->free(m), ops->free(v);
+}
+
+int main(void) {
+    ops = dfl_ops_cpu();
+    const dfl_ops *byname = NULL;
+    T_CHECK(dfl_ops_get("cpu", &byname) == 0 && byname == ops);
+    fx_dense = open_fx("dense"), fx_attn = open_fx("attn"), fx_lm = open_fx("lmhead"), fx_adam = open_fx("adamw");
+    T_RUN(test_memory_and_conversions);
+    T_RUN(test_matmul);
+    T_RUN(test_matmul_fd);
+    T_RUN(test_rmsnorm);
+    T_RUN(test_rmsnorm_fd);
+    T_RUN(test_rope);
+    T_RUN(test_rope_fd);
+    T_RUN(test_swiglu);
+    T_RUN(test_swiglu_fd);
+    T_RUN(test_add_embed_sumsq);
+    T_RUN(test_attn_causal_fixture);
+    T_RUN(test_attn_causal_mask);
+    T_RUN(test_attn_dflash_fixture);
+    T_RUN(test_attn_dflash_mask);
+    T_RUN(test_attn_dflash_fd);
+    T_RUN(test_lmhead_ce);
+    T_RUN(test_lmhead_kl);
+    T_RUN(test_lmhead_fd);
+    T_RUN(test_lmhead_argmax);
+    T_RUN(test_lmhead_memory_bound);
+    T_RUN(test_adamw);
+    dfl_st_close(fx_dense), dfl_st_close(fx_attn), dfl_st_close(fx_lm), dfl_st_close(fx_adam);
+    return t_exit();
+}
