@@ -58,6 +58,8 @@ UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HELPER_SRC := $(sort $(wildcard tests/helpers/*.c))
 HELPER_BIN := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
+GPU_SRC    := $(sort $(wildcard tests/gpu/bench_*.c))
+GPU_BIN    := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)
 MAN_SRC    := $(sort $(wildcard man/*.scd))
 MAN_OUT    := $(MAN_SRC:%.scd=%)
 
@@ -71,7 +73,7 @@ $(shell mkdir -p $(BUILD); echo '$(CC) $(ALL_CFLAGS) $(NVCC)' | cmp -s - $(FLAGS
 # and linked into test_ops_cuda as its "device": the CUDA agreement tests
 # then run on every machine (not under SAN: fibers and ASan do not mix).
 EMU_CXXFLAGS := -std=c++17 -O2 -g -DDFLASH_EMU -DDFLASH_HAVE_CUDA -Ilib -Ikernels -Itests/emu \
-                -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing
+                -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing -U_FORTIFY_SOURCE
 EMU_SRC    := $(sort $(wildcard kernels/*.cu)) tests/emu/cuda_emu.cpp
 EMU_OBJ    := $(EMU_SRC:%=$(BUILD)/emu/%.o) $(BUILD)/emu/lib/ops.c.o
 EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu)
@@ -111,6 +113,12 @@ $(BUILD)/tests/%: tests/helpers/%.c $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 
+# GPU benchmarks (tests/gpu/run.sh runs them; CI only builds them, and
+# smoke-tests them on the CPU with --tiny)
+$(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/bench_util.h $(LIBDFLASH) $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
+
 $(BUILD)/emu/%.o: %
 	@mkdir -p $(@D)
 	$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
@@ -121,7 +129,7 @@ $(BUILD)/tests/test_ops_cuda_emu: tests/unit/test_ops_cuda.c tests/test.h tests/
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
 
-check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN) $(EMU_TEST)
+check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN) $(EMU_TEST) $(GPU_BIN)
 
 # The tests of one build tree (BUILD/BIN); prints its own tally.
 test: check-build

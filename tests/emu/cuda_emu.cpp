@@ -2,6 +2,7 @@
 // what it does not is said there).
 #include "cuda_emu.h"
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <vector>
@@ -11,8 +12,13 @@ namespace emu {
 enum { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
 enum { OP_NONE, OP_SYNC, OP_SHFL, OP_BALLOT, OP_LDSM, OP_LDSM_T, OP_MMA };
 
+// A fiber starts once through setcontext (on its own stack) and from then
+// on switches with _setjmp/_longjmp, which save no signal mask: no system
+// call per switch, unlike swapcontext.
 struct Fiber {
     ucontext_t ctx;
+    jmp_buf jb;
+    bool started;
     char *stack;
     emu_uint3 tid;
     int warp, lane, state;
@@ -34,7 +40,7 @@ dim3 g_blockdim, g_griddim;
 static const size_t STACK = 256 << 10;
 static std::vector<Fiber> fibers;
 static std::vector<Warp> warps;
-static ucontext_t sched;
+static jmp_buf sched;
 static int nthreads, block_arrived, done_count;
 static Body *body;
 static unsigned char *smem_buf;
@@ -49,7 +55,9 @@ static const size_t SMEM_MAX = 228 << 10;
 emu_uint3 &cur_tid() { return cur->tid; }
 void *dyn_smem() { return smem_buf; }
 
-static void yield() { swapcontext(&cur->ctx, &sched); }
+static void yield() {
+    if (_setjmp(cur->jb) == 0) _longjmp(sched, 1);
+}
 
 static void release_block() {
     for (auto &f : fibers)
@@ -79,7 +87,7 @@ static void fiber_main() {
     warps[cur->warp].done++;
     if (block_arrived && block_arrived + done_count == nthreads) release_block();
     complete_warp_if_ready(cur->warp);
-    swapcontext(&cur->ctx, &sched); // never resumed
+    _longjmp(sched, 1); // never resumed
 }
 
 void syncthreads() {
@@ -206,12 +214,23 @@ static void compute_warp(Warp &w, int wi) {
     }
 }
 
+// Run fiber f until it yields or ends (in a frame of its own: nothing
+// here changes between the _setjmp and the _longjmp back).
+__attribute__((noinline)) static void resume(Fiber *f) {
+    cur = f;
+    if (_setjmp(sched) == 0) {
+        if (!f->started) f->started = true, setcontext(&f->ctx);
+        else _longjmp(f->jb, 1);
+    }
+}
+
 static void run_block() {
     block_arrived = done_count = 0;
     for (size_t i = 0; i < warps.size(); i++) warps[i].arrived = warps[i].done = 0, warps[i].op = OP_NONE;
     for (int i = 0; i < nthreads; i++) {
         Fiber &f = fibers[i];
         f.state = RUN;
+        f.started = false;
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack;
         f.ctx.uc_stack.ss_size = STACK;
@@ -234,8 +253,7 @@ static void run_block() {
                 again = false;
                 for (int i = 32 * w; i < 32 * w + warps[w].size; i++) {
                     if (fibers[i].state != RUN) continue;
-                    cur = &fibers[i];
-                    swapcontext(&sched, &fibers[i].ctx);
+                    resume(&fibers[i]);
                     ran = again = true;
                 }
             }
