@@ -36,7 +36,8 @@ ENV_LOG=$OUT/env.log BUILD_LOG=$OUT/build.log TEST_LOG=$OUT/tests.log MODEL_LOG=
 BENCH_LOG=$OUT/bench.log TORCH_LOG=$OUT/torch.log REPORT=$OUT/report.md
 : >"$ENV_LOG"; : >"$BUILD_LOG"; : >"$TEST_LOG"; : >"$MODEL_LOG"; : >"$BENCH_LOG"; : >"$TORCH_LOG"
 ROWS=() # report rows: "| step | result | detail |"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
+CORES=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 16)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$CORES} # the CPU reference of the agreement tests
 
 elapsed() { echo $(($(date +%s) - START)); }
 left() { echo $((BUDGET - $(elapsed))); }
@@ -49,7 +50,7 @@ value() { grep -m1 -F "$2" "$1" 2>/dev/null | cut -c36- | awk '{print $1}'; }
 {
     date -u
     uname -a
-    echo "cores: $(nproc)"
+    echo "cores: $CORES"
     free -g | head -2
     command -v nvidia-smi >/dev/null && nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv
     command -v nvcc >/dev/null && nvcc --version
@@ -59,10 +60,10 @@ value() { grep -m1 -F "$2" "$1" 2>/dev/null | cut -c36- | awk '{print $1}'; }
 } >>"$ENV_LOG" 2>&1
 GPU=$(command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 [ "$DRY" = 1 ] && GPU="none (dry run: CPU, tiny shapes)"
-row "machine" "${GPU:-no GPU found}" "$(nproc) cores; see env.log"
+row "machine" "${GPU:-no GPU found}" "$CORES cores; see env.log"
 
 # ---- 1. build ------------------------------------------------------------------------
-MAKEARGS=(-j"$(nproc)" BUILD="$B" BIN="$B/bin")
+MAKEARGS=(-j"$CORES" BUILD="$B" BIN="$B/bin")
 msgpack=$(pkg-config --exists msgpack-c 2>/dev/null && echo msgpack-c || echo msgpack)
 if [ "$DRY" != 1 ] && pkg-config --exists $msgpack liblz4 jansson libxxhash openblas 2>/dev/null; then
     deps="system libraries (pkg-config)"
