@@ -76,7 +76,7 @@ EMU_CXXFLAGS := -std=c++17 -O2 -g -DDFLASH_EMU -DDFLASH_HAVE_CUDA -Ilib -Ikernel
                 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing -U_FORTIFY_SOURCE
 EMU_SRC    := $(sort $(wildcard kernels/*.cu)) tests/emu/cuda_emu.cpp
 EMU_OBJ    := $(EMU_SRC:%=$(BUILD)/emu/%.o) $(BUILD)/emu/lib/ops.c.o
-EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu)
+EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu $(BUILD)/gpu/bench_train_emu)
 
 .PHONY: all check check-build test deps demo bench fuzz fixtures man install clean status gpu-check
 .DEFAULT_GOAL := all
@@ -126,6 +126,10 @@ $(BUILD)/emu/lib/ops.c.o: lib/ops.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -DDFLASH_HAVE_CUDA -MMD -MP -c $< -o $@
 $(BUILD)/tests/test_ops_cuda_emu: tests/unit/test_ops_cuda.c tests/test.h tests/ops_agree.h $(EMU_OBJ) $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
+
+$(BUILD)/gpu/bench_train_emu: tests/gpu/bench_train.c tests/gpu/bench_util.h $(EMU_OBJ) $(LIB_OBJ)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
 

@@ -169,7 +169,7 @@ void cuda_rmsnorm_bwd(void *din, float *dw, const void *dout, const void *in, co
     while (warps > 1 && (size_t)warps * dim * 4 > g_cuda.smem_optin) warps /= 2;
     size_t smem = dw ? (size_t)warps * dim * 4 : 0;
     CU_ASSERT(smem <= g_cuda.smem_optin); // dim up to ~57K columns
-    int64_t nblk = (int64_t)g_cuda.sm_count * 4;
+    int64_t nblk = (int64_t)g_cuda.sm_count * 8;
     int64_t rpb = CEIL_DIV(rows, nblk);
     if (rpb < warps) rpb = warps;
     nblk = CEIL_DIV(rows, rpb);

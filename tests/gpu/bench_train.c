@@ -17,7 +17,10 @@
  * head) forward and 8·D backward (no recomputation counted), over the
  * 989 TFLOP/s dense bf16 peak of an H100/H200 SXM.
  *
- *   bench_train [--device cuda] [--steps 3] [--tiny]      */
+ * With --grad-out it is a whole-step agreement check instead: one step,
+ * its gradient written, to compare --device cpu with cuda (compare.py).
+ *
+ *   bench_train [--device cuda] [--steps 3] [--tiny | --small] [--grad-out FILE] */
 #include "bench_util.h"
 #include "cli.h"
 
@@ -66,11 +69,17 @@ static void layout(void) {
 int main(int argc, char **argv) {
     const char *device = "cuda";
     int64_t steps = 3;
-    int tiny = 0;
+    int tiny = 0, small = 0;
+    const char *grad_out = NULL;
     const dfl_opt opts[] = {
         {"device", 0, DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N", NULL},
         {"steps", 0, DFL_OPT_INT, &steps, "N", "timed steps (after one warm-up step)", NULL},
         {"tiny", 0, DFL_OPT_FLAG, &tiny, NULL, "tiny shapes: a smoke test of this program", NULL},
+        {"small", 0, DFL_OPT_FLAG, &small, NULL, "small shapes with head dim 64 (the tensor-core attention)", NULL},
+        {"grad-out", 0, DFL_OPT_STR, &grad_out, "FILE",
+         "make one step only and write its gradient (f32, the flat parameter layout; tensors listed in "
+         "FILE.json) to FILE, to compare devices",
+         NULL},
         {0},
     };
     const dfl_cli cli = {"bench_train", "time one DFlash drafter training step", "[OPTIONS]", opts};
@@ -80,6 +89,7 @@ int main(int argc, char **argv) {
     if (dfl_ops_get(device, &OPS) != 0) dfl_die_last("bench_train");
 
     if (tiny) dm = (dims){64, 4, 4, 0, 0, 64, 4, 2, 16, 96, 500, 2, 2};
+    else if (small) dm = (dims){150, 6, 16, 0, 0, 128, 4, 2, 64, 96, 700, 2, 2};
     else dm = (dims){3072, 512, 16, 0, 0, 4096, 32, 8, 128, 12288, 151936, 5, 5};
     dm.Q = dm.NA * dm.B;
     dm.NK = dm.S + dm.Q;
@@ -170,7 +180,8 @@ int main(int argc, char **argv) {
 #define AAT(p, row, width) DFL_AT(OPS, p, (int64_t)(row) * (width))
     double t_fwd = 0, t_head = 0, t_bwd = 0, t_opt = 0, flops_step = 0;
     float loss0 = 0;
-    for (int64_t step = 0; step <= steps + 1; step++) {
+    /* with --grad-out: one step, its gradient written, no timing */
+    for (int64_t step = 0; step <= (grad_out ? 0 : steps + 1); step++) {
         const int instrument = step == steps + 1; /* the last step: synced phases */
         double t0 = instrument ? now_synced() : 0;
         if (step == 1) t_fwd = now_synced(); /* timed steps start */
@@ -252,6 +263,31 @@ int main(int argc, char **argv) {
         OPS->rmsnorm_bwd(dfc, GR(OFF_HN), dctx, fcout, rstd_hn, WT(OFF_HN), S, H);
         MM_BWD(NULL, GR(OFF_FC), dfc, taps, WT(OFF_FC), S, dm.K * H, H);
         double t3 = instrument ? now_synced() : 0;
+        if (step == 0 && grad_out) {
+            float *g = dfl_malloc((size_t)NPARAM * 4);
+            OPS->download(g, grad, (size_t)NPARAM * 4);
+            FILE *f = fopen(grad_out, "wb");
+            if (!f || fwrite(g, 4, (size_t)NPARAM, f) != (size_t)NPARAM || fclose(f) != 0)
+                dfl_die("bench_train", DFL_EX_CANTCREAT, "%s: cannot write", grad_out);
+            free(g);
+            /* beside it, FILE.json: every tensor's name, offset and size */
+            static const char *tn[LAYER_TENSORS] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj", "q_norm", "k_norm", "input_layernorm",
+                                                     "post_attention_layernorm"};
+            char path[4096];
+            snprintf(path, sizeof path, "%s.json", grad_out);
+            FILE *j = fopen(path, "w");
+            if (!j) dfl_die("bench_train", DFL_EX_CANTCREAT, "%s: cannot write", path);
+            fprintf(j, "{\"fc\": [%lld, %lld], \"hidden_norm\": [%lld, %lld], \"norm\": [%lld, %lld]",
+                    (long long)OFF_FC, (long long)(H * dm.K * H), (long long)OFF_HN, (long long)H, (long long)OFF_NORM,
+                    (long long)H);
+            for (int l = 0; l < dm.L; l++)
+                for (int t = 0; t < LAYER_TENSORS; t++)
+                    fprintf(j, ", \"layers.%d.%s\": [%lld, %lld]", l, tn[t], (long long)LW[l].off[t],
+                            (long long)LW[l].n[t]);
+            fprintf(j, "}\n");
+            fclose(j);
+        }
         /* ---- optimizer: clip to norm 1, AdamW, bf16 weights ---- */
         double norm = sqrt(OPS->sumsq(grad, NPARAM));
         float clip = norm > 1.0 ? (float)(1.0 / (norm + 1e-6)) : 1.0f;

@@ -33,7 +33,9 @@ static inline void pool_init(uint64_t seed) {
     float *h = dfl_malloc((size_t)POOL_N * sizeof(float));
     for (int k = 0; k < POOLS; k++) {
         double scale = k == POOL_ACT ? 1.0 : 0.03;
-        for (int64_t i = 0; i < POOL_N; i++) h[i] = (float)(scale * (2.0 * dfl_rng_uniform(&r) - 1.0));
+        /* bf16 values, so that every backend starts from identical numbers */
+        for (int64_t i = 0; i < POOL_N; i++)
+            h[i] = dfl_bf16_to_f32(dfl_f32_to_bf16((float)(scale * (2.0 * dfl_rng_uniform(&r) - 1.0))));
         if (k == POOL_MASTER) {
             POOL[k] = OPS->alloc((size_t)POOL_N * sizeof(float));
             OPS->upload(POOL[k], h, (size_t)POOL_N * sizeof(float));

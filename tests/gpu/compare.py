@@ -8,6 +8,8 @@
   compare.py logs A.log B.log KEY=REL...     JSON-lines logs, step by step:
         max relative difference of each KEY
   compare.py safetensors A B LIMIT           every tensor by nmse; the worst
+  compare.py grads A.bin B.bin LIMIT         bench_train --grad-out files (f32,
+        tensors listed in A.bin.json): every tensor by nmse; the worst
 Prints one line per quantity; exits 1 when one is over its limit.
 """
 import json
@@ -113,6 +115,20 @@ def cmp_safetensors(fa, fb, lim):
     return 0 if ok else 1
 
 
+def cmp_grads(fa, fb, lim):
+    a, b = np.fromfile(fa, dtype=np.float32), np.fromfile(fb, dtype=np.float32)
+    layout = json.load(open(fa + ".json"))
+    if a.size != b.size or not np.isfinite(b).all():
+        print("gradients: sizes %d vs %d or non-finite values" % (a.size, b.size))
+        return 1
+    errs = sorted(((nmse(a[o:o + n], b[o:o + n]), k) for k, (o, n) in layout.items()), reverse=True)
+    ok = errs[0][0] <= float(lim)
+    print("gradient nmse: all %.3g; worst tensor %.3g (%s), limit %s; next %s%s" % (
+        nmse(a, b), errs[0][0], errs[0][1], lim, ", ".join("%s %.2g" % (k, e) for e, k in errs[1:4]),
+        "" if ok else "  OVER"))
+    return 0 if ok else 1
+
+
 def main():
     mode = sys.argv[1]
     if mode == "npy":
@@ -121,6 +137,8 @@ def main():
         bad = cmp_logs(sys.argv[2], sys.argv[3], sys.argv[4:])
     elif mode == "safetensors":
         bad = cmp_safetensors(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif mode == "grads":
+        bad = cmp_grads(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         sys.exit("compare.py: unknown mode " + mode)
     sys.exit(1 if bad else 0)

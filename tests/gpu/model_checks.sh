@@ -4,6 +4,10 @@
 # tests/gpu/run.sh (BIN, BUILD, DEV, OUT set); prints its work, and one
 # "RESULT|step|result|detail" line per check for the report.
 #
+#   drafter step bench_train --tiny / --small (head dim 16: the simple
+#                attention; 64: tensor cores), one step from identical bf16
+#                weights and inputs: every gradient tensor by nmse (2e-3;
+#                the CPU emulation of the kernels gives 3e-4 at worst)
 #   extraction   a tiny random Qwen3 target (tests/helpers/mktarget), head
 #                dim 64 so CUDA takes the tensor-core attention; 12 samples
 #                of 48 tokens; hidden, last_hidden by nmse, target_ids
@@ -23,6 +27,20 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 result() { echo "RESULT|$1|$2|$3"; }
 CMP="python3 tests/gpu/compare.py"
+
+# ---- one whole training step of the drafter (bench_train --grad-out) ----
+for cfg in tiny small; do
+    ok=1
+    for d in cpu "$DEV"; do
+        "$BUILD/gpu/bench_train" --device "$d" --$cfg --grad-out "$T/g-$d-$cfg.bin" || ok=0
+    done
+    if [ $ok = 1 ] && $CMP grads "$T/g-cpu-$cfg.bin" "$T/g-$DEV-$cfg.bin" 2e-3 >"$T/cmp" 2>&1; then
+        result "model: drafter step gradients, bench_train --$cfg" "ok" "$(cat "$T/cmp")"
+    else
+        result "model: drafter step gradients, bench_train --$cfg" "FAIL" "$(cat "$T/cmp" 2>/dev/null)"
+    fi
+    cat "$T/cmp"
+done
 
 MKT=$BUILD/tests/mktarget
 if [ ! -x "$MKT" ] || ! command -v dflash-extract >/dev/null; then
