@@ -145,9 +145,11 @@ build-fuzz/%: tests/fuzz/%.c build-fuzz/libdflash.a
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer $< build-fuzz/libdflash.a $(PKG_LIBS) -lm -o $@
 
 fuzz: $(FUZZ_BIN)
-	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p tests/fuzz/corpus/$$n; \
+	@# New inputs go to build-fuzz/corpus/NAME; the committed seeds stay as they are.
+	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build-fuzz/corpus/$$n tests/fuzz/corpus/$$n; \
 	  echo "fuzzing $$n for $(FUZZ_SECONDS)s"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=1024 tests/fuzz/corpus/$$n || exit 1; done
+	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+	    build-fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 fixtures:
 	python3 tests/reference/make_fixtures.py
