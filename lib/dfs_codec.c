@@ -132,8 +132,14 @@ void dfs_codec_free(dfs_codec_ctx *c) {
     memset(c, 0, sizeof *c);
 }
 
+/* Scratch for shuffled data: 4 shuffle blocks (256 KiB, in L2). Decoding 4
+ * blocks per LZ4F_decompress call lets liblz4 write straight into it for 4
+ * LZ4 blocks out of 5; it decodes a block into its own buffer (and copies
+ * it out on the next call) only when the destination is too small. */
+#define SCRATCH_BYTES (4 * DFS_SHUFFLE_BLOCK)
+
 static uint8_t *codec_block(dfs_codec_ctx *c) {
-    if (!c->block) c->block = dfl_aligned_alloc(DFS_SHUFFLE_BLOCK);
+    if (!c->block) c->block = dfl_aligned_alloc(SCRATCH_BYTES);
     return c->block;
 }
 
@@ -248,14 +254,16 @@ static int decode_lz4(dfs_codec_ctx *c, uint8_t *dst, const dfs_tensor *t, char 
     if (!shuffle) {
         got = frame_fill(&f, dst, t->raw_bytes);
     } else {
+        /* Chunks start at multiples of the shuffle block, so unshuffling a
+         * chunk block by block is unshuffling the tensor's blocks. */
         while (got < t->raw_bytes && !f.err) {
-            size_t n = t->raw_bytes - got < DFS_SHUFFLE_BLOCK ? (size_t)(t->raw_bytes - got) : DFS_SHUFFLE_BLOCK;
+            size_t n = t->raw_bytes - got < SCRATCH_BYTES ? (size_t)(t->raw_bytes - got) : SCRATCH_BYTES;
             size_t k = frame_fill(&f, block, n);
             if (k < n) {
                 got += k;
                 break;
             }
-            shuffle_block(dst + got, block, n, elem, 1);
+            dfs_unshuffle(dst + got, block, n, elem);
             got += n;
         }
     }

@@ -19,7 +19,7 @@
 
 #define DFS_MAGIC "\x89" "DFS"
 #define DFS_PREFIX 16          /* magic + u32 length + u64 checksum */
-#define DFS_MAX_DEPTH 32       /* msgpack nesting accepted in a header */
+#define DFS_MAX_DEPTH 16       /* containers nested in a header, the header map included */
 
 /* ---- dfs_codec.c -------------------------------------------------------- */
 

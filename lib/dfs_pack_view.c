@@ -260,9 +260,11 @@ static int write_npy(const char *path, const dfs_tensor *t) {
     if (t->dtype == DFL_BF16) {
         const uint16_t *v = t->data;
         uint64_t cnt = t->raw_bytes / 2;
-        for (uint64_t i = 0; i < cnt; i++) {
-            float x = dfl_bf16_to_f32(v[i]);
-            fwrite(&x, 4, 1, f);
+        float buf[4096];
+        for (uint64_t i = 0; i < cnt; i += 4096) {
+            size_t m = cnt - i < 4096 ? (size_t)(cnt - i) : 4096;
+            for (size_t j = 0; j < m; j++) buf[j] = dfl_bf16_to_f32(v[i + j]);
+            fwrite(buf, 4, m, f);
         }
     } else {
         fwrite(t->data, 1, t->raw_bytes, f);

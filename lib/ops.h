@@ -114,14 +114,15 @@ struct dfl_ops {
     /* With z_i = h_i · w^T: pred[i] = argmax z_i (lowest index on ties);
      * for rows with labels[i] >= 0, loss[i] = logsumexp(z_i) - z_i[labels[i]]
      * (else 0); if dh, dh_i += gscale[i] * (softmax(z_i) - onehot) · w for
-     * rows with gscale[i] != 0. loss, gscale: f32 [N]; pred, labels: i32 [N]. */
+     * rows with gscale[i] != 0 and labels[i] >= 0 (the others: no gradient).
+     * loss, gscale: f32 [N]; pred, labels: i32 [N]. gscale NULL means 1. */
     void (*lmhead_ce)(float *loss, int32_t *pred, void *dh, const void *h, const void *w,
                       const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V);
     /* KL(p_t || p_d) with p_t = softmax(th_i · w^T) (th: the target's
      * final-normed hidden state, act [N,H]) and p_d = softmax(h_i · w^T):
      * loss[i] = sum p_t (log p_t - log p_d); dh_i += gscale[i] (p_d - p_t) · w;
      * pred[i] = argmax of the drafter, tpred[i] (may be NULL) of the target.
-     * Rows with gscale[i] == 0 get loss 0 and no gradient. */
+     * Rows with gscale[i] == 0 get loss 0 and no gradient; gscale NULL means 1. */
     void (*lmhead_kl)(float *loss, int32_t *pred, int32_t *tpred, void *dh, const void *h, const void *th,
                       const void *w, const float *gscale, int64_t N, int64_t H, int64_t V);
     /* pred[i] = argmax_v h_i · w_v (lowest index on ties); gap[i] (f32, may be

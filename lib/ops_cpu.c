@@ -15,7 +15,6 @@
 
 #include <cblas.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -122,20 +121,27 @@ static void cpu_rmsnorm(void *out_, float *rstd, const void *in_, const void *w_
     }
 }
 
+/* Sums over rows are split into fixed chunks of rows (a function of the
+ * row count only), summed in double and then in chunk order: the result
+ * does not depend on the thread count. */
+static int64_t row_chunk(int64_t rows) {
+    int64_t c = (rows + 255) / 256;
+    return c < 64 ? 64 : c;
+}
+
 /* With y = x r w, r = (mean(x^2) + eps)^-1/2:
- *   dx_i = r w_i dy_i - x_i r^3 / dim * sum_j dy_j w_j x_j,   dw_i = sum_rows dy_i x_i r.
- * dw is summed per thread in double, then added once. */
+ *   dx_i = r w_i dy_i - x_i r^3 / dim * sum_j dy_j w_j x_j,   dw_i = sum_rows dy_i x_i r. */
 static void cpu_rmsnorm_bwd(void *din_, float *dw, const void *dout_, const void *in_, const float *rstd,
                             const void *w_, int64_t rows, int64_t dim) {
     float *din = din_;
     const float *dout = dout_, *in = in_, *w = w_;
-    int nt = omp_get_max_threads();
-    double *part = dw ? dfl_calloc((size_t)nt * (size_t)dim, sizeof(double)) : NULL;
-#pragma omp parallel
-    {
-        double *mine = part ? part + (size_t)omp_get_thread_num() * (size_t)dim : NULL;
-#pragma omp for
-        for (int64_t r = 0; r < rows; r++) {
+    int64_t chunk = row_chunk(rows), nch = (rows + chunk - 1) / chunk;
+    double *part = dw ? dfl_calloc((size_t)(nch * dim), sizeof(double)) : NULL;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t ch = 0; ch < nch; ch++) {
+        double *mine = part ? part + ch * dim : NULL;
+        int64_t r1 = (ch + 1) * chunk < rows ? (ch + 1) * chunk : rows;
+        for (int64_t r = ch * chunk; r < r1; r++) {
             const float *x = in + r * dim, *dy = dout + r * dim;
             float rs = rstd[r];
             if (din) {
@@ -153,7 +159,7 @@ static void cpu_rmsnorm_bwd(void *din_, float *dw, const void *dout_, const void
 #pragma omp parallel for
         for (int64_t i = 0; i < dim; i++) {
             double s = 0;
-            for (int t = 0; t < nt; t++) s += part[(size_t)t * (size_t)dim + (size_t)i];
+            for (int64_t ch = 0; ch < nch; ch++) s += part[ch * dim + i];
             dw[i] += (float)s;
         }
         free(part);
@@ -227,10 +233,21 @@ static void cpu_embed(void *out_, const int32_t *ids, const void *table_, int64_
 /* ------------------------------------------------------------------------ */
 /* optimizer                                                                 */
 
+/* Partial sums over fixed chunks, added in chunk order: the same double
+ * whatever the thread count. */
+#define SUMSQ_CHUNK 65536
 static double cpu_sumsq(const float *x, int64_t n) {
-    double s = 0;
-#pragma omp parallel for reduction(+ : s) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    int64_t nch = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double *part = dfl_calloc((size_t)nch + 1, sizeof(double)), s = 0;
+#pragma omp parallel for if (nch > 1)
+    for (int64_t ch = 0; ch < nch; ch++) {
+        int64_t i1 = (ch + 1) * SUMSQ_CHUNK < n ? (ch + 1) * SUMSQ_CHUNK : n;
+        double p = 0;
+        for (int64_t i = ch * SUMSQ_CHUNK; i < i1; i++) p += (double)x[i] * x[i];
+        part[ch] = p;
+    }
+    for (int64_t ch = 0; ch < nch; ch++) s += part[ch];
+    free(part);
     return s;
 }
 

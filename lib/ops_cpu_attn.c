@@ -4,17 +4,32 @@
  * defines: dfl_cpu_attn_causal, dfl_cpu_attn_dflash, dfl_cpu_attn_dflash_bwd
  *
  * Both are built from one tile kernel. A tile is nq consecutive query rows
- * and one kv head with its G = Hq/Hkv query heads (L = G*nq query lines, so
- * every key loaded is used by all heads of its group). The tile sees a
+ * and one kv head with its G = Hq/Hkv query heads: L = G*nq query lines, so
+ * every key loaded serves all the heads of its group. The tile sees a
  * context range of key rows, every key visible to every query, and an "own"
- * range, all visible (a DFlash block) or causal (a causal tile). The keys
- * are walked in tiles of KT with an online softmax, so the work is exactly
- * the visible keys and the scratch memory is fixed (O(L*(D+KT)) per
- * thread), whatever the sequence length.
+ * range, all visible (a DFlash block) or causal (a causal tile). Keys are
+ * walked in tiles of KT with an online softmax (forward) or the saved lse
+ * (backward), so the work is exactly the visible keys and the scratch
+ * memory is fixed, O(L*(D+KT) + KT*D) per thread, whatever the sequence
+ * length. The backward's two passes are described above
+ * dfl_cpu_attn_dflash_bwd.
+ *
+ * Inside a key tile every product is a small matrix product (attn_mm, a
+ * 4x16 register kernel, AVX2 where the CPU has it): the scores, kept
+ * transposed, K.Q^T, then P.V, and in the backward V.dO^T, dS.K, dS^T.Q
+ * and P^T.dO. exp is dfl_cpu_expf, so that the softmax loops vectorise.
  *
  * q[*, Hq, D], k,v[*, Hkv, D], row-major; scale 1/sqrt(D); q head h reads kv
  * head h / G. lse is the natural log-sum-exp of the scaled scores.
  */
+/* GCC keeps a loop's float selects as branches (so the loop stays scalar)
+ * while a compare could trap; nothing here enables FP traps. Set before the
+ * includes so that the inline dfl_cpu_expf gets it too. Clang ignores
+ * traps by default. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include "ops_cpu.h"
 
 #include "common.h"
@@ -25,7 +40,99 @@
 #include <string.h>
 
 #define QT 16 /* query rows per causal tile */
-#define KT 64 /* keys per key tile */
+#define KT 64 /* keys per key tile (a multiple of 16) */
+
+/* The matrix kernel is compiled twice, for x86-64-v3 (AVX2) and the
+ * baseline, and picked at load time (an ifunc). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SIMD_CLONES
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* small matrix products                                                     */
+
+typedef float v8f __attribute__((vector_size(32)));
+
+#define V8_LOAD(v, p) memcpy(&(v), (p), sizeof(v8f))
+#define V8_ADD_STORE(p, v)            \
+    do {                              \
+        v8f t_;                       \
+        memcpy(&t_, (p), sizeof t_);  \
+        t_ += (v);                    \
+        memcpy((p), &t_, sizeof t_);  \
+    } while (0)
+
+/* C[4, 16] += A[4, K] . B[K, 16]; A[i, k] at A + i*ai + k*ak, so one
+ * kernel serves A and A^T. */
+static inline __attribute__((always_inline)) void mk4x16(float *C, int64_t ldc, const float *A, int64_t ai,
+                                                         int64_t ak, const float *B, int64_t ldb, int64_t K) {
+    v8f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, b0, b1;
+    for (int64_t k = 0; k < K; k++) {
+        V8_LOAD(b0, B + k * ldb);
+        V8_LOAD(b1, B + k * ldb + 8);
+        const float *a = A + k * ak;
+        float a0 = a[0], a1 = a[ai], a2 = a[2 * ai], a3 = a[3 * ai];
+        c00 += a0 * b0, c01 += a0 * b1;
+        c10 += a1 * b0, c11 += a1 * b1;
+        c20 += a2 * b0, c21 += a2 * b1;
+        c30 += a3 * b0, c31 += a3 * b1;
+    }
+    V8_ADD_STORE(C, c00);
+    V8_ADD_STORE(C + 8, c01);
+    V8_ADD_STORE(C + ldc, c10);
+    V8_ADD_STORE(C + ldc + 8, c11);
+    V8_ADD_STORE(C + 2 * ldc, c20);
+    V8_ADD_STORE(C + 2 * ldc + 8, c21);
+    V8_ADD_STORE(C + 3 * ldc, c30);
+    V8_ADD_STORE(C + 3 * ldc + 8, c31);
+}
+
+/* C[1, 16] += A[1, K] . B[K, 16] */
+static inline __attribute__((always_inline)) void mk1x16(float *C, const float *A, int64_t ak, const float *B,
+                                                         int64_t ldb, int64_t K) {
+    v8f c0 = {0}, c1 = {0}, b0, b1;
+    for (int64_t k = 0; k < K; k++) {
+        V8_LOAD(b0, B + k * ldb);
+        V8_LOAD(b1, B + k * ldb + 8);
+        c0 += A[k * ak] * b0, c1 += A[k * ak] * b1;
+    }
+    V8_ADD_STORE(C, c0);
+    V8_ADD_STORE(C + 8, c1);
+}
+
+/* C[M, N] += op(A) . B[K, N], op(A)[i, k] = A[i*ai + k*ak]: row-major A
+ * [M, K] is (lda, 1), A^T stored [K, M] is (1, lda). B and C row-major. */
+SIMD_CLONES static void attn_mm(float *C, int64_t ldc, const float *A, int64_t ai, int64_t ak, const float *B,
+                                int64_t ldb, int64_t M, int64_t N, int64_t K) {
+    int64_t N16 = N & ~(int64_t)15, i = 0;
+    for (; i + 4 <= M; i += 4)
+        for (int64_t j = 0; j < N16; j += 16) mk4x16(C + i * ldc + j, ldc, A + i * ai, ai, ak, B + j, ldb, K);
+    for (; i < M; i++)
+        for (int64_t j = 0; j < N16; j += 16) mk1x16(C + i * ldc + j, A + i * ai, ak, B + j, ldb, K);
+    if (N16 == N) return;
+    for (i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) {
+            float a = A[i * ai + k * ak];
+            for (int64_t j = N16; j < N; j++) C[i * ldc + j] += a * B[k * ldb + j];
+        }
+}
+
+/* C[M, N] += A[M, K] . B[K, N] */
+static void mm_nn(float *C, int64_t ldc, const float *A, int64_t lda, const float *B, int64_t ldb, int64_t M,
+                  int64_t N, int64_t K) {
+    attn_mm(C, ldc, A, lda, 1, B, ldb, M, N, K);
+}
+
+/* C[M, N] += At^T . B[K, N], At stored [K, M] */
+static void mm_tn(float *C, int64_t ldc, const float *At, int64_t ldat, const float *B, int64_t ldb, int64_t M,
+                  int64_t N, int64_t K) {
+    attn_mm(C, ldc, At, 1, ldat, B, ldb, M, N, K);
+}
+
+/* ------------------------------------------------------------------------ */
+/* tiles                                                                     */
 
 typedef struct {
     const float *q, *k, *v;
@@ -34,114 +141,137 @@ typedef struct {
 } attn_dims;
 
 typedef struct {
-    int64_t q0, nq;             /* query rows [q0, q0+nq) */
-    int64_t ctx_off, ctx_len;   /* key rows all lines see */
-    int64_t own_off, own_len;   /* own key rows: all visible, or key c to query i iff c <= i */
+    int64_t q0, nq;           /* query rows [q0, q0+nq) */
+    int64_t ctx_off, ctx_len; /* key rows all lines see */
+    int64_t own_off, own_len; /* own key rows: all visible, or key c to query i iff c <= i */
     int causal;
 } attn_tile;
 
-/* Per-thread scratch; line l is query head g = l / nq, row i = l % nq. */
+/* Per-thread scratch. Line l is query head g = l / nq, row i = l % nq.
+ * Scores are kept transposed, [keys, lines], so that the softmax runs along
+ * contiguous lines and no key tile is ever transposed. */
 typedef struct {
     float *qp;  /* [L, D] queries */
+    float *qt;  /* [D, L] queries, transposed */
     float *dop; /* [L, D] dout (backward) */
+    float *dot; /* [D, L] dout, transposed (backward) */
     float *acc; /* [L, D] output (forward) or dq (backward) accumulator */
-    float *s;   /* [L, KT] scores, then probabilities */
-    float *dp;  /* [L, KT] dout . v, then dS (backward) */
+    float *kp;  /* [KT, D] the key tile's K rows of this kv head, contiguous */
+    float *vp;  /* [KT, D] its V rows */
+    float *st;  /* [KT, L] scores, then P */
+    float *dpt; /* [KT, L] V.dO^T, then dS (backward) */
     float *m;   /* [L] running max (forward) or lse (backward) */
     float *sum; /* [L] running sum (forward) or rowsum(dout * out) (backward) */
+    float *tm;  /* [L] this key tile's max, then the rescale factor (forward) */
+    float *ts;  /* [L] this key tile's sum (forward) */
 } attn_scratch;
 
 static attn_scratch scratch_alloc(int64_t L, int64_t D) {
     attn_scratch sc;
-    size_t ld = (size_t)L * (size_t)D, lk = (size_t)L * KT;
-    float *p = dfl_aligned_alloc((3 * ld + 2 * lk + 2 * (size_t)L) * sizeof(float));
-    sc.qp = p;
-    sc.dop = sc.qp + ld;
-    sc.acc = sc.dop + ld;
-    sc.s = sc.acc + ld;
-    sc.dp = sc.s + lk;
-    sc.m = sc.dp + lk;
-    sc.sum = sc.m + L;
+    size_t ld = (size_t)(L * D), lk = (size_t)(L * KT), l = (size_t)L;
+    size_t kd = (size_t)(KT * D);
+    float *p = dfl_aligned_alloc((5 * ld + 2 * kd + 2 * lk + 4 * l) * sizeof(float));
+    sc.qp = p, sc.qt = sc.qp + ld, sc.dop = sc.qt + ld, sc.dot = sc.dop + ld, sc.acc = sc.dot + ld;
+    sc.kp = sc.acc + ld, sc.vp = sc.kp + kd;
+    sc.st = sc.vp + kd, sc.dpt = sc.st + lk;
+    sc.m = sc.dpt + lk, sc.sum = sc.m + l, sc.tm = sc.sum + l, sc.ts = sc.tm + l;
     return sc;
 }
 
 static void scratch_free(attn_scratch *sc) { free(sc->qp); }
 
-static inline float dotf(const float *restrict a, const float *restrict b, int64_t n) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-static inline void axpyf(float *restrict y, float a, const float *restrict x, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
-}
-
 /* Offset of (row, head) in a [*, nh, D] tensor. */
 static inline int64_t at_head(int64_t row, int64_t head, int64_t nh, int64_t D) { return (row * nh + head) * D; }
 
-/* Copy the L query lines of a tile (from a [*, Hq, D] tensor) into dst[L, D]. */
-static void pack_lines(float *dst, const float *src, const attn_dims *a, const attn_tile *t, int64_t kvh) {
+/* The L lines of a tile (from a [*, Hq, D] tensor) into dst[L, D] and,
+ * transposed, into dstt[D, L]. */
+static void pack_lines(float *dst, float *dstt, const float *src, const attn_dims *a, const attn_tile *t,
+                       int64_t kvh) {
+    int64_t L = a->G * t->nq, D = a->D;
     for (int64_t g = 0; g < a->G; g++)
         for (int64_t i = 0; i < t->nq; i++)
-            memcpy(dst + (g * t->nq + i) * a->D, src + at_head(t->q0 + i, kvh * a->G + g, a->Hq, a->D),
-                   (size_t)a->D * sizeof(float));
+            memcpy(dst + (g * t->nq + i) * D, src + at_head(t->q0 + i, kvh * a->G + g, a->Hq, D),
+                   (size_t)D * sizeof(float));
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t d = 0; d < D; d++) dstt[d * L + l] = dst[l * D + d];
 }
 
-/* Key c of a key tile starting at index k0 of the own range is visible to
- * row i of a causal tile iff k0 + c <= i. Returns the number of keys row i
- * sees in that tile (n when the range is not causal). */
-static inline int64_t visible_keys(const attn_tile *t, int own, int64_t k0, int64_t n, int64_t i) {
-    if (!own || !t->causal) return n;
-    int64_t v = i - k0 + 1;
-    return v < 0 ? 0 : v > n ? n : v;
+/* K and V rows [r0, r0+n) of kv head kvh into sc->kp, sc->vp [n, D]:
+ * contiguous, where the rows of one head lie Hkv*D apart (4 KiB for 8
+ * heads of 128, which would map every row to the same L1 set). */
+static void load_kv_tile(attn_scratch *sc, const attn_dims *a, int64_t kvh, int64_t r0, int64_t n) {
+    for (int64_t c = 0; c < n; c++) {
+        memcpy(sc->kp + c * a->D, a->k + at_head(r0 + c, kvh, a->Hkv, a->D), (size_t)a->D * sizeof(float));
+        memcpy(sc->vp + c * a->D, a->v + at_head(r0 + c, kvh, a->Hkv, a->D), (size_t)a->D * sizeof(float));
+    }
+}
+
+/* Key c (index k0 + c of range `own`) is hidden from row i only in a causal
+ * own range with k0 + c > i. Returns the first row that sees it. */
+static inline int64_t first_row_seeing(const attn_tile *t, int own, int64_t k0, int64_t c) {
+    return own && t->causal ? k0 + c : 0;
 }
 
 /* ------------------------------------------------------------------------ */
 /* forward                                                                   */
 
-/* One key tile, rows [r0, r0+n), of range `own` (0 ctx, 1 own): scores and
- * the online softmax update of every line. */
-static void fwd_key_tile(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc, int own,
-                         int64_t k0, int64_t r0, int64_t n) {
-    int64_t L = a->G * t->nq, D = a->D;
-    for (int64_t l = 0; l < L; l++) {
-        int64_t nv = visible_keys(t, own, k0, n, l % t->nq);
-        float *s = sc->s + l * KT;
-        const float *ql = sc->qp + l * D;
-        for (int64_t c = 0; c < nv; c++) s[c] = dotf(ql, a->k + at_head(r0 + c, kvh, a->Hkv, D), D) * a->scale;
-        if (nv == 0) continue;
-        float mx = sc->m[l];
-        for (int64_t c = 0; c < nv; c++) mx = fmaxf(mx, s[c]);
-        float corr = expf(sc->m[l] - mx); /* 0 on the first visible tile: m = -inf, acc = 0 */
-        float *acc = sc->acc + l * D;
-        if (corr != 1.0f) {
-            sc->sum[l] *= corr;
-            for (int64_t d = 0; d < D; d++) acc[d] *= corr;
-        }
-        sc->m[l] = mx;
-        float sum = 0;
-        for (int64_t c = 0; c < nv; c++) {
-            float p = expf(s[c] - mx);
-            sum += p;
-            axpyf(acc, p, a->v + at_head(r0 + c, kvh, a->Hkv, D), D);
-        }
-        sc->sum[l] += sum;
+/* Key rows [r0, r0+n) (index k0 of range `own`): scores St = K.Q^T, then
+ * the online softmax update of every line (rescale the accumulated output
+ * and sum by exp(m_old - m_new)), then acc += P.V. */
+SIMD_CLONES static void attn_fwd_key_tile(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc,
+                                          int own, int64_t k0, int64_t r0, int64_t n) {
+    int64_t L = a->G * t->nq, D = a->D, nq = t->nq;
+    float *restrict tm = sc->tm, *restrict ts = sc->ts, *restrict m = sc->m;
+    load_kv_tile(sc, a, kvh, r0, n);
+    memset(sc->st, 0, (size_t)(n * L) * sizeof(float));
+    mm_nn(sc->st, L, sc->kp, D, sc->qt, L, n, L, D);
+    for (int64_t l = 0; l < L; l++) tm[l] = -INFINITY, ts[l] = 0;
+    for (int64_t c = 0; c < n; c++) {
+        float *restrict s = sc->st + c * L;
+#pragma omp simd
+        for (int64_t l = 0; l < L; l++) s[l] *= a->scale;
+        int64_t i0 = first_row_seeing(t, own, k0, c); /* causal: rows before i0 do not see key c */
+        for (int64_t g = 0; g < a->G && i0 > 0; g++)
+            for (int64_t i = 0; i < i0 && i < nq; i++) s[g * nq + i] = -INFINITY;
+#pragma omp simd
+        for (int64_t l = 0; l < L; l++) tm[l] = s[l] > tm[l] ? s[l] : tm[l];
     }
+#pragma omp simd
+    for (int64_t l = 0; l < L; l++) {
+        float mx = tm[l] > m[l] ? tm[l] : m[l];
+        /* exp(m_old - m_new): 0 on a line's first visible tile (m_old = -inf, acc = 0) */
+        float corr = dfl_cpu_expf(m[l] - mx);
+        tm[l] = mx == -INFINITY ? 1.0f : corr;
+        m[l] = mx;
+    }
+    for (int64_t c = 0; c < n; c++) {
+        float *restrict s = sc->st + c * L;
+#pragma omp simd
+        for (int64_t l = 0; l < L; l++) {
+            float e = dfl_cpu_expf(s[l] - m[l]);
+            s[l] = s[l] == -INFINITY ? 0.0f : e;
+            ts[l] += s[l];
+        }
+    }
+    for (int64_t l = 0; l < L; l++) {
+        float corr = tm[l], *restrict acc = sc->acc + l * D;
+        sc->sum[l] = sc->sum[l] * corr + ts[l];
+        if (corr != 1.0f)
+            for (int64_t d = 0; d < D; d++) acc[d] *= corr;
+    }
+    mm_tn(sc->acc, D, sc->st, L, sc->vp, D, L, D, n);
 }
 
 static void tile_fwd(float *out, float *lse, const attn_dims *a, const attn_tile *t, int64_t kvh,
                      attn_scratch *sc) {
     int64_t L = a->G * t->nq, D = a->D;
-    pack_lines(sc->qp, a->q, a, t, kvh);
+    pack_lines(sc->qp, sc->qt, a->q, a, t, kvh);
     memset(sc->acc, 0, (size_t)(L * D) * sizeof(float));
     for (int64_t l = 0; l < L; l++) sc->m[l] = -INFINITY, sc->sum[l] = 0;
     for (int own = 0; own < 2; own++) {
         int64_t off = own ? t->own_off : t->ctx_off, len = own ? t->own_len : t->ctx_len;
         for (int64_t k0 = 0; k0 < len; k0 += KT)
-            fwd_key_tile(a, t, kvh, sc, own, k0, off + k0, len - k0 < KT ? len - k0 : KT);
+            attn_fwd_key_tile(a, t, kvh, sc, own, k0, off + k0, len - k0 < KT ? len - k0 : KT);
     }
     for (int64_t l = 0; l < L; l++) {
         int64_t g = l / t->nq, i = l % t->nq, head = kvh * a->G + g;
@@ -213,103 +343,134 @@ void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, co
 /* ------------------------------------------------------------------------ */
 /* backward                                                                  */
 
-/* The flash-attention backward with the saved lse: P = exp(S - lse),
- * dS = P * (dout.v - rowsum(dout * out)), dq += scale dS k, dk += scale dS^T q,
- * dv += P^T dout. dk/dv go to this thread's partial [NK, D] buffers. */
-static void bwd_key_tile(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc, int own,
-                         int64_t k0, int64_t r0, int64_t n, float *dkp, float *dvp) {
+/* The flash-attention backward with the saved lse, in two passes that
+ * each own what they write, so no sums race and the result does not depend
+ * on the thread count or the schedule:
+ *   dq pass, per (block, kv head): over the block's visible keys,
+ *     P = exp(scale K.Q^T - lse), dS = P * (V.dO^T - rowsum(dO*O)),
+ *     dq += scale dS.K;
+ *   dk/dv pass, per (key tile of KT rows, kv head): over the blocks that see
+ *     any of those rows, in block order, the same P and dS, then
+ *     dk += scale dS^T.Q, dv += P^T.dO.
+ * P and dS are recomputed in both (7 matrix products instead of 5), the
+ * price of needing no per-thread [NK, D] partial sums. Backward is for
+ * DFlash (non-causal) tiles only. */
+
+/* P and dS for key rows [r0, r0+n) of one tile's lines, kept [keys, lines]
+ * in sc->st and sc->dpt (the K, V rows left in sc->kp, sc->vp); sc->m holds
+ * lse, sc->sum rowsum(dO*O). */
+SIMD_CLONES static void attn_bwd_p_ds(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc,
+                                      int64_t r0, int64_t n) {
     int64_t L = a->G * t->nq, D = a->D;
-    for (int64_t l = 0; l < L; l++) {
-        int64_t nv = visible_keys(t, own, k0, n, l % t->nq);
-        float *p = sc->s + l * KT, *ds = sc->dp + l * KT;
-        const float *ql = sc->qp + l * D, *dol = sc->dop + l * D;
-        float *dql = sc->acc + l * D;
-        for (int64_t c = 0; c < nv; c++) {
-            const float *kc = a->k + at_head(r0 + c, kvh, a->Hkv, D);
-            const float *vc = a->v + at_head(r0 + c, kvh, a->Hkv, D);
-            p[c] = expf(dotf(ql, kc, D) * a->scale - sc->m[l]);
-            ds[c] = p[c] * (dotf(dol, vc, D) - sc->sum[l]);
-            axpyf(dql, ds[c], kc, D);
-        }
-        for (int64_t c = nv; c < n; c++) p[c] = 0, ds[c] = 0;
-    }
+    const float *restrict m = sc->m, *restrict sum = sc->sum;
+    memset(sc->st, 0, (size_t)(n * L) * sizeof(float));
+    memset(sc->dpt, 0, (size_t)(n * L) * sizeof(float));
+    load_kv_tile(sc, a, kvh, r0, n);
+    mm_nn(sc->st, L, sc->kp, D, sc->qt, L, n, L, D);
+    mm_nn(sc->dpt, L, sc->vp, D, sc->dot, L, n, L, D);
     for (int64_t c = 0; c < n; c++) {
-        float *dkc = dkp ? dkp + (r0 + c) * D : NULL, *dvc = dvp ? dvp + (r0 + c) * D : NULL;
+        float *restrict p = sc->st + c * L, *restrict ds = sc->dpt + c * L;
+#pragma omp simd
         for (int64_t l = 0; l < L; l++) {
-            float p = sc->s[l * KT + c], ds = sc->dp[l * KT + c];
-            if (p == 0 && ds == 0) continue;
-            if (dkc) axpyf(dkc, ds * a->scale, sc->qp + l * D, D);
-            if (dvc) axpyf(dvc, p, sc->dop + l * D, D);
+            p[l] = dfl_cpu_expf(p[l] * a->scale - m[l]);
+            ds[l] = p[l] * (ds[l] - sum[l]);
         }
     }
 }
 
-static void tile_bwd(float *dq, float *dkp, float *dvp, const float *dout, const float *out, const float *lse,
-                     const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc) {
-    int64_t L = a->G * t->nq, D = a->D;
-    pack_lines(sc->qp, a->q, a, t, kvh);
-    pack_lines(sc->dop, dout, a, t, kvh);
-    memset(sc->acc, 0, (size_t)(L * D) * sizeof(float));
-    for (int64_t l = 0; l < L; l++) {
+/* Pack a tile's q and dout lines, its lse and rowsum(dO*O) (precomputed in
+ * dsum[rows, Hq]) into the scratch. */
+static void bwd_pack(const float *dout, const float *lse, const float *dsum, const attn_dims *a, const attn_tile *t,
+                     int64_t kvh, attn_scratch *sc) {
+    pack_lines(sc->qp, sc->qt, a->q, a, t, kvh);
+    pack_lines(sc->dop, sc->dot, dout, a, t, kvh);
+    for (int64_t l = 0; l < a->G * t->nq; l++) {
         int64_t g = l / t->nq, i = l % t->nq, head = kvh * a->G + g;
         sc->m[l] = lse[(t->q0 + i) * a->Hq + head];
-        sc->sum[l] = dotf(sc->dop + l * D, out + at_head(t->q0 + i, head, a->Hq, D), D);
+        sc->sum[l] = dsum[(t->q0 + i) * a->Hq + head];
     }
-    for (int own = 0; own < 2; own++) {
-        int64_t off = own ? t->own_off : t->ctx_off, len = own ? t->own_len : t->ctx_len;
-        for (int64_t k0 = 0; k0 < len; k0 += KT)
-            bwd_key_tile(a, t, kvh, sc, own, k0, off + k0, len - k0 < KT ? len - k0 : KT, dkp, dvp);
-    }
-    if (dq)
-        for (int64_t l = 0; l < L; l++) {
-            int64_t g = l / t->nq, i = l % t->nq, head = kvh * a->G + g;
-            axpyf(dq + at_head(t->q0 + i, head, a->Hq, D), a->scale, sc->acc + l * D, D);
-        }
 }
 
-/* Blocks share context keys (and overlapping anchors share block keys), so
- * dk/dv are summed per thread: each thread owns partial [NK, D] buffers for
- * the kv head being processed (memory: threads * 2 * NK * D floats), added
- * into dk/dv after each head. dq rows belong to one block each: no race. */
-void dfl_cpu_attn_dflash_bwd(void *dq, void *dk_, void *dv_, const void *dout, const void *out, const float *lse,
+static void tile_bwd_dq(float *dq, const float *dout, const float *lse, const float *dsum, const attn_dims *a,
+                        const attn_tile *t, int64_t kvh, attn_scratch *sc) {
+    int64_t L = a->G * t->nq, D = a->D;
+    bwd_pack(dout, lse, dsum, a, t, kvh, sc);
+    memset(sc->acc, 0, (size_t)(L * D) * sizeof(float));
+    for (int own = 0; own < 2; own++) {
+        int64_t off = own ? t->own_off : t->ctx_off, len = own ? t->own_len : t->ctx_len;
+        for (int64_t k0 = 0; k0 < len; k0 += KT) {
+            int64_t n = len - k0 < KT ? len - k0 : KT;
+            attn_bwd_p_ds(a, t, kvh, sc, off + k0, n);
+            mm_tn(sc->acc, D, sc->dpt, L, sc->kp, D, L, D, n);
+        }
+    }
+    for (int64_t l = 0; l < L; l++) {
+        int64_t g = l / t->nq, i = l % t->nq, head = kvh * a->G + g;
+        float *dql = dq + at_head(t->q0 + i, head, a->Hq, D);
+        for (int64_t d = 0; d < D; d++) dql[d] += a->scale * sc->acc[l * D + d];
+    }
+}
+
+/* dk, dv of key rows [t0, t1) of kv head kvh, from every block that sees
+ * some of them, in block order. */
+static void key_tile_bwd_dkv(float *dk, float *dv, const float *dout, const float *lse, const float *dsum,
+                             const attn_dims *a, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
+                             int64_t kvh, int64_t t0, int64_t t1, attn_scratch *sc) {
+    int64_t D = a->D, L = a->G * B, ld = a->Hkv * D;
+    for (int64_t j = 0; j < nblk; j++) {
+        attn_tile t = block_tile(&blocks[j], j, B, NK);
+        int packed = 0;
+        for (int own = 0; own < 2; own++) {
+            int64_t off = own ? t.own_off : t.ctx_off, len = own ? t.own_len : t.ctx_len;
+            int64_t lo = off > t0 ? off : t0, hi = off + len < t1 ? off + len : t1;
+            if (lo >= hi) continue;
+            if (!packed) {
+                bwd_pack(dout, lse, dsum, a, &t, kvh, sc);
+                packed = 1;
+            }
+            attn_bwd_p_ds(a, &t, kvh, sc, lo, hi - lo);
+            if (dv) mm_nn(dv + at_head(lo, kvh, a->Hkv, D), ld, sc->st, L, sc->dop, D, hi - lo, D, L);
+            if (dk) {
+                for (int64_t e = 0; e < (hi - lo) * L; e++) sc->dpt[e] *= a->scale;
+                mm_nn(dk + at_head(lo, kvh, a->Hkv, D), ld, sc->dpt, L, sc->qp, D, hi - lo, D, L);
+            }
+        }
+    }
+}
+
+void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout_, const void *out_, const float *lse,
                              const void *q, const void *k, const void *v, const dfl_block *blocks, int64_t nblk,
                              int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D) {
     attn_dims a = dims_of(q, k, v, Hq, Hkv, D);
-    float *dk = dk_, *dv = dv_;
+    const float *dout = dout_, *out = out_;
     DFL_ASSERT(B > 0);
-    int nt = omp_get_max_threads();
-    size_t part_n = (size_t)NK * (size_t)D;
-    float *dkpart = dk ? dfl_calloc((size_t)nt * part_n, sizeof(float)) : NULL;
-    float *dvpart = dv ? dfl_calloc((size_t)nt * part_n, sizeof(float)) : NULL;
+    int64_t nq = nblk * B, ntile = (NK + KT - 1) / KT;
+    /* rowsum(dO * O) per query row and head */
+    float *dsum = dfl_aligned_alloc((size_t)(nq * Hq + 1) * sizeof(float));
+#pragma omp parallel for
+    for (int64_t r = 0; r < nq * Hq; r++) {
+        float s = 0;
+        for (int64_t d = 0; d < D; d++) s += dout[r * D + d] * out[r * D + d];
+        dsum[r] = s;
+    }
 #pragma omp parallel
     {
         attn_scratch sc = scratch_alloc(a.G * B, D);
-        size_t me = (size_t)omp_get_thread_num() * part_n;
-        float *dkp = dkpart ? dkpart + me : NULL, *dvp = dvpart ? dvpart + me : NULL;
-        for (int64_t kvh = 0; kvh < Hkv; kvh++) {
+        if (dq) {
 #pragma omp for schedule(dynamic)
-            for (int64_t j = 0; j < nblk; j++) {
-                attn_tile t = block_tile(&blocks[j], j, B, NK);
-                tile_bwd(dq, dkp, dvp, dout, out, lse, &a, &t, kvh, &sc);
+            for (int64_t task = 0; task < nblk * Hkv; task++) {
+                attn_tile t = block_tile(&blocks[task / Hkv], task / Hkv, B, NK);
+                tile_bwd_dq(dq, dout, lse, dsum, &a, &t, task % Hkv, &sc);
             }
-            /* implicit barrier: every partial of this head is complete */
-#pragma omp for
-            for (int64_t r = 0; r < NK; r++) {
-                for (int th = 0; th < nt; th++) {
-                    size_t o = (size_t)th * part_n + (size_t)r * (size_t)D;
-                    if (dk) {
-                        axpyf(dk + at_head(r, kvh, Hkv, D), 1.0f, dkpart + o, D);
-                        memset(dkpart + o, 0, (size_t)D * sizeof(float));
-                    }
-                    if (dv) {
-                        axpyf(dv + at_head(r, kvh, Hkv, D), 1.0f, dvpart + o, D);
-                        memset(dvpart + o, 0, (size_t)D * sizeof(float));
-                    }
-                }
+        }
+        if (dk || dv) {
+#pragma omp for schedule(dynamic)
+            for (int64_t task = 0; task < ntile * Hkv; task++) {
+                int64_t t0 = task / Hkv * KT, t1 = t0 + KT < NK ? t0 + KT : NK;
+                key_tile_bwd_dkv(dk, dv, dout, lse, dsum, &a, blocks, nblk, B, NK, task % Hkv, t0, t1, &sc);
             }
         }
         scratch_free(&sc);
     }
-    free(dkpart);
-    free(dvpart);
+    free(dsum);
 }

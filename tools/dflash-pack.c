@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *output = "-", *tmpdir = NULL, *split = NULL;
 static const char *compress = "keep", *byte_shuffle = "keep", *export_dir = NULL;
@@ -36,7 +37,7 @@ static const dfl_opt opts[] = {
     {"compress", 0, DFL_OPT_CHOICE, &compress, "keep|none|lz4",
      "Re-encode tensors with this codec; keep copies each tensor's stored bytes as they are.", NULL},
     {"byte-shuffle", 0, DFL_OPT_CHOICE, &byte_shuffle, "keep|on|off",
-     "Byte-shuffle tensors before LZ4 (on implies --compress lz4; with --compress lz4 the default is on).", NULL},
+     "Byte-shuffle tensors before LZ4 (given alone it implies --compress lz4; with --compress lz4 the default is on).", NULL},
     {"accel", 0, DFL_OPT_INT, &accel, "N", "LZ4 acceleration when re-encoding (1 = lz4 -1; higher is faster, larger).",
      NULL},
     {"inspect", 0, DFL_OPT_FLAG, &inspect, NULL,
@@ -84,6 +85,9 @@ int main(int argc, char **argv) {
     static const char *stdin_only[] = {"-"};
     const char *const *inputs = npos ? (const char *const *)pos : stdin_only;
     int ninputs = npos ? npos : 1;
+    for (int i = 0; i < ninputs; i++)
+        if (!strcmp(inputs[i], "-") && isatty(STDIN_FILENO))
+            dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a FILE or redirect stdin");
     int modes = inspect + stats + verify + (export_dir != NULL);
     if (modes > 1) dfl_cli_usage_error(&cli, "--inspect, --stats, --verify and --export exclude each other");
     if (as_json && !stats) dfl_cli_usage_error(&cli, "--json goes with --stats");

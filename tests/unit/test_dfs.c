@@ -382,6 +382,25 @@ static void test_refusals(void) {
     fclose(f);
     T_CHECK(open_expect_error("after.dfs", "(record 2): expected a stream header after the end record"));
 
+    /* A duplicated key (found by the fuzzer: the message once read freed memory). */
+    f = fopen(path_in("dup.dfs"), "wb");
+    hand_stream_header(f, 1, 0);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, sbuf_write);
+    msgpack_pack_map(&pk, 3);
+    pk_str(&pk, "type");
+    pk_str(&pk, "end");
+    pk_str(&pk, "payload");
+    msgpack_pack_uint8(&pk, 0);
+    pk_str(&pk, "type");
+    pk_str(&pk, "sample");
+    put_record(f, &sb, NULL, 0);
+    msgpack_sbuffer_destroy(&sb);
+    fclose(f);
+    T_CHECK(open_expect_error("dup.dfs", "duplicate key \"type\" in the header"));
+
     dfs_reader *r;
     T_CHECK(dfs_reader_open(&r, path_in("does-not-exist")) == DFL_EX_NOINPUT && r == NULL);
 }

@@ -1,0 +1,456 @@
+/* target.c: Qwen3 / Llama forward over packed sequences, through dfl_ops.
+ *
+ * Per decoder layer (Hugging Face Qwen3DecoderLayer / LlamaDecoderLayer):
+ *   h = RMSNorm_in(x)
+ *   q = h Wq^T [T, Hq, D], k = h Wk^T, v = h Wv^T [T, Hkv, D]
+ *   Qwen3 only: q = RMSNorm_qn(q), k = RMSNorm_kn(k), per head over D
+ *   q, k = RoPE(q, pos), RoPE(k, pos)        NeoX pairing (i, i + D/2)
+ *   a = softmax(q k^T / sqrt(D) + causal) v   per sequence, GQA h -> h / (Hq/Hkv)
+ *   x = x + a Wo^T
+ *   h = RMSNorm_post(x)
+ *   x = x + Wdown (silu(Wgate h) * (Wup h))
+ * The residual additions are folded into the output GEMMs (accumulate = 1).
+ */
+#include "target.h"
+
+#include "common.h"
+#include "safetensors.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* Rows per MLP chunk: large enough for full-speed GEMMs, small enough that
+ * the [rows, intermediate] buffers stay modest for any sequence length. */
+#define MLP_ROWS 4096
+
+typedef struct {
+    void *in_norm, *q, *k, *v, *o, *q_norm, *k_norm, *post_norm, *gate, *up, *down;
+} layer_w;
+
+/* The workspace: grows to the largest batch seen, never shrinks. */
+typedef struct {
+    int64_t cap_T, cap_taps, cap_rows, cap_seq;
+    void *x, *h, *q, *k, *v, *ao;             /* act, sized by cap_T */
+    void *gate, *up;                          /* act [min(cap_T, MLP_ROWS), I] */
+    void *taps;                               /* act [cap_taps] elements */
+    void *sel, *normed;                       /* act [cap_rows, H] */
+    int32_t *pred;                            /* i32 [cap_rows] */
+    float *gap;                               /* f32 [cap_rows] */
+    int32_t *ids, *pos;                       /* i32 [cap_T] */
+    int32_t *cu;                              /* i32 [cap_seq + 1] */
+    int32_t *host_pos;                        /* host [cap_T] */
+    void *host_scratch;                       /* host, for tap downloads */
+    size_t host_scratch_bytes;
+} workspace;
+
+struct dfl_target {
+    const dfl_ops   *ops;
+    dfl_model_config cfg;
+    int              nlayers;     /* loaded */
+    int              head;        /* model.norm and LM head loaded */
+    void            *weights;     /* one backend allocation */
+    uint64_t         weight_bytes;
+    void            *embed, *final_norm, *lm_head; /* lm_head may alias embed */
+    layer_w         *layers;
+    float           *inv_freq;    /* f32 [D/2], backend */
+    workspace        ws;
+};
+
+const dfl_model_config *dfl_target_config(const dfl_target *t) { return &t->cfg; }
+const dfl_ops *dfl_target_ops(const dfl_target *t) { return t->ops; }
+int dfl_target_loaded_layers(const dfl_target *t) { return t->nlayers; }
+uint64_t dfl_target_weight_bytes(const dfl_target *t) { return t->weight_bytes; }
+
+/* ---- loading ------------------------------------------------------------ */
+
+/* One tensor to load: its name, expected shape, and where its pointer goes. */
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    void **dst;
+    const dfl_st_tensor *src;
+} wspec;
+
+typedef struct {
+    wspec *v;
+    int n, cap;
+} wlist;
+
+static void want_tensor(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, const char *fmt, int layer) {
+    if (l->n == l->cap) l->v = dfl_realloc(l->v, (size_t)(l->cap = l->cap ? 2 * l->cap : 64) * sizeof *l->v);
+    wspec *w = &l->v[l->n++];
+    memset(w, 0, sizeof *w);
+    snprintf(w->name, sizeof w->name, fmt, layer);
+    w->ndim = ndim;
+    w->shape[0] = d0;
+    w->shape[1] = d1;
+    w->dst = dst;
+}
+
+/* The tensors of the model, with the shapes config.json implies. */
+static void plan_weights(dfl_target *t, wlist *l) {
+    const dfl_model_config *c = &t->cfg;
+    int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, V = c->vocab_size;
+    int64_t QD = c->num_attention_heads * D, KD = c->num_key_value_heads * D;
+    want_tensor(l, &t->embed, 2, V, H, "model.embed_tokens.weight", 0);
+    for (int i = 0; i < t->nlayers; i++) {
+        layer_w *w = &t->layers[i];
+        want_tensor(l, &w->in_norm, 1, H, 0, "model.layers.%d.input_layernorm.weight", i);
+        want_tensor(l, &w->q, 2, QD, H, "model.layers.%d.self_attn.q_proj.weight", i);
+        want_tensor(l, &w->k, 2, KD, H, "model.layers.%d.self_attn.k_proj.weight", i);
+        want_tensor(l, &w->v, 2, KD, H, "model.layers.%d.self_attn.v_proj.weight", i);
+        want_tensor(l, &w->o, 2, H, QD, "model.layers.%d.self_attn.o_proj.weight", i);
+        if (c->qk_norm) {
+            want_tensor(l, &w->q_norm, 1, D, 0, "model.layers.%d.self_attn.q_norm.weight", i);
+            want_tensor(l, &w->k_norm, 1, D, 0, "model.layers.%d.self_attn.k_norm.weight", i);
+        }
+        want_tensor(l, &w->post_norm, 1, H, 0, "model.layers.%d.post_attention_layernorm.weight", i);
+        want_tensor(l, &w->gate, 2, I, H, "model.layers.%d.mlp.gate_proj.weight", i);
+        want_tensor(l, &w->up, 2, I, H, "model.layers.%d.mlp.up_proj.weight", i);
+        want_tensor(l, &w->down, 2, H, I, "model.layers.%d.mlp.down_proj.weight", i);
+    }
+    if (t->head) {
+        want_tensor(l, &t->final_norm, 1, H, 0, "model.norm.weight", 0);
+        /* Tied: the LM head is the embedding (HF ties them; a stored
+         * lm_head.weight is then ignored, as HF's tie overrides it). */
+        if (!c->tie_word_embeddings) want_tensor(l, &t->lm_head, 2, V, H, "lm_head.weight", 0);
+    }
+}
+
+/* Drop the pages of a mapped tensor we have converted, so the peak resident
+ * size is the compute weights plus one tensor, not both copies of the model. */
+static void release_pages(const void *p, uint64_t n) {
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0) return;
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t e = ((uintptr_t)p + n) & ~((uintptr_t)pg - 1);
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+static void load_one(dfl_target *t, const dfl_st_tensor *s, void *dst) {
+    size_t esz = dfl_dtype_size((dfl_dtype)s->dtype);
+    const void *src = s->data;
+    void *tmp = NULL;
+    if ((uintptr_t)src % esz) { /* files from other writers may be unaligned */
+        tmp = dfl_aligned_alloc(s->nbytes);
+        memcpy(tmp, src, s->nbytes);
+        src = tmp;
+    }
+    t->ops->load_wt(dst, src, (dfl_dtype)s->dtype, s->numel);
+    free(tmp);
+    release_pages(s->data, s->nbytes);
+}
+
+static int check_arch(const dfl_model_config *c, const char *path) {
+    if (strcmp(c->architecture, "Qwen3ForCausalLM") && strcmp(c->architecture, "LlamaForCausalLM"))
+        return dfl_err(DFL_EX_DATA, "%s: architecture \"%s\" is not a supported target (Qwen3ForCausalLM, LlamaForCausalLM)",
+                       path, c->architecture);
+    return 0;
+}
+
+int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const dfl_target_opts *opts) {
+    *out = NULL;
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path)
+        return dfl_err(DFL_EX_NOINPUT, "%s: path too long", dir);
+    dfl_target *t = dfl_calloc(1, sizeof *t);
+    t->ops = ops;
+    int rc = dfl_model_config_load(&t->cfg, path, "target");
+    if (!rc) rc = check_arch(&t->cfg, path);
+    if (rc) {
+        dfl_target_free(t);
+        return rc;
+    }
+    int L = (int)t->cfg.num_hidden_layers;
+    t->nlayers = opts && opts->nlayers > 0 && opts->nlayers < L ? opts->nlayers : L;
+    t->head = opts ? opts->head : 0;
+    t->layers = dfl_calloc((size_t)t->nlayers, sizeof *t->layers);
+
+    dfl_st *st = NULL;
+    if ((rc = dfl_st_open_dir(&st, dir))) {
+        dfl_target_free(t);
+        return rc;
+    }
+    wlist l = {0};
+    plan_weights(t, &l);
+    /* Every name and shape is checked before anything large is allocated. */
+    uint64_t total = 0;
+    for (int i = 0; i < l.n && !rc; i++) {
+        rc = dfl_st_get(st, l.v[i].name, l.v[i].ndim, l.v[i].shape, &l.v[i].src);
+        if (!rc) total += (uint64_t)l.v[i].src->numel;
+    }
+    if (!rc) {
+        t->weight_bytes = total * (uint64_t)ops->wt_bytes;
+        t->weights = ops->alloc(t->weight_bytes);
+        uint64_t off = 0;
+        for (int i = 0; i < l.n; i++) {
+            *l.v[i].dst = DFL_WAT(ops, t->weights, off);
+            load_one(t, l.v[i].src, *l.v[i].dst);
+            off += (uint64_t)l.v[i].src->numel;
+        }
+        if (t->head && t->cfg.tie_word_embeddings) t->lm_head = t->embed;
+        int64_t half = t->cfg.head_dim / 2;
+        float *f = dfl_malloc((size_t)half * sizeof *f);
+        dfl_rope_inv_freq(&t->cfg, f);
+        t->inv_freq = ops->alloc((size_t)half * sizeof *f);
+        ops->upload(t->inv_freq, f, (size_t)half * sizeof *f);
+        free(f);
+        ops->sync();
+    }
+    free(l.v);
+    dfl_st_close(st);
+    if (rc) {
+        dfl_target_free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+static void ws_free(const dfl_ops *ops, workspace *w) {
+    void *bufs[] = {w->x, w->h, w->q, w->k, w->v, w->ao, w->gate, w->up, w->taps, w->sel, w->normed,
+                    w->pred, w->gap, w->ids, w->pos, w->cu};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) ops->free(bufs[i]);
+    free(w->host_pos);
+    free(w->host_scratch);
+    memset(w, 0, sizeof *w);
+}
+
+void dfl_target_free(dfl_target *t) {
+    if (!t) return;
+    if (t->ops) {
+        ws_free(t->ops, &t->ws);
+        if (t->weights) t->ops->free(t->weights);
+        if (t->inv_freq) t->ops->free(t->inv_freq);
+    }
+    free(t->layers);
+    dfl_model_config_free(&t->cfg);
+    free(t);
+}
+
+/* ---- workspace ---------------------------------------------------------- */
+
+static void *realloc_buf(const dfl_ops *ops, void *old, size_t bytes) {
+    if (old) ops->free(old);
+    return ops->alloc(bytes ? bytes : 1);
+}
+
+static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nrows, int64_t nseq) {
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    workspace *w = &t->ws;
+    size_t a = (size_t)ops->act_bytes;
+    int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int64_t QD = c->num_attention_heads * D, KD = c->num_key_value_heads * D;
+    if (T > w->cap_T) {
+        w->x = realloc_buf(ops, w->x, (size_t)(T * H) * a);
+        w->h = realloc_buf(ops, w->h, (size_t)(T * H) * a);
+        w->q = realloc_buf(ops, w->q, (size_t)(T * QD) * a);
+        w->k = realloc_buf(ops, w->k, (size_t)(T * KD) * a);
+        w->v = realloc_buf(ops, w->v, (size_t)(T * KD) * a);
+        /* ao holds the raw q (and k) projections before their norms, then
+         * the attention output: at least as large as either. */
+        w->ao = realloc_buf(ops, w->ao, (size_t)(T * (QD > KD ? QD : KD)) * a);
+        int64_t mr = T < MLP_ROWS ? T : MLP_ROWS;
+        w->gate = realloc_buf(ops, w->gate, (size_t)(mr * I) * a);
+        w->up = realloc_buf(ops, w->up, (size_t)(mr * I) * a);
+        w->ids = realloc_buf(ops, w->ids, (size_t)T * sizeof(int32_t));
+        w->pos = realloc_buf(ops, w->pos, (size_t)T * sizeof(int32_t));
+        free(w->host_pos);
+        w->host_pos = dfl_malloc((size_t)T * sizeof(int32_t));
+        w->cap_T = T;
+    }
+    if (ntap_elems > w->cap_taps) {
+        w->taps = realloc_buf(ops, w->taps, (size_t)ntap_elems * a);
+        w->cap_taps = ntap_elems;
+    }
+    if (nrows > w->cap_rows) {
+        w->sel = realloc_buf(ops, w->sel, (size_t)(nrows * H) * a);
+        w->normed = realloc_buf(ops, w->normed, (size_t)(nrows * H) * a);
+        w->pred = realloc_buf(ops, w->pred, (size_t)nrows * sizeof(int32_t));
+        w->gap = realloc_buf(ops, w->gap, (size_t)nrows * sizeof(float));
+        w->cap_rows = nrows;
+    }
+    if (nseq > w->cap_seq) {
+        w->cu = realloc_buf(ops, w->cu, (size_t)(nseq + 1) * sizeof(int32_t));
+        w->cap_seq = nseq;
+    }
+}
+
+/* ---- forward ------------------------------------------------------------ */
+
+static int check_batch(const dfl_target *t, const dfl_target_batch *b, int64_t *T) {
+    if (b->nseq < 1 || b->nseq > INT32_MAX) return dfl_err(DFL_EX_DATA, "target: a batch needs 1 or more sequences");
+    if (b->cu[0] != 0) return dfl_err(DFL_EX_DATA, "target: batch offsets must start at 0");
+    for (int64_t s = 0; s < b->nseq; s++)
+        if (b->cu[s + 1] <= b->cu[s]) return dfl_err(DFL_EX_DATA, "target: sequence %lld of the batch is empty", (long long)s);
+    *T = b->cu[b->nseq];
+    int64_t V = t->cfg.vocab_size;
+    for (int64_t i = 0; i < *T; i++)
+        if (b->ids[i] < 0 || b->ids[i] >= V)
+            return dfl_err(DFL_EX_DATA, "target: token id %d at row %lld is outside the vocabulary [0, %lld)",
+                           (int)b->ids[i], (long long)i, (long long)V);
+    return 0;
+}
+
+/* Check the request; *need = the number of layers it runs. */
+static int check_want(const dfl_target *t, const dfl_target_want *w, int64_t T, int *need) {
+    int L = (int)t->cfg.num_hidden_layers;
+    *need = 0;
+    if (w->ntaps < 0 || w->ntaps > 64) return dfl_err(DFL_EX_USAGE, "target: %d taps requested (at most 64)", w->ntaps);
+    for (int j = 0; j < w->ntaps; j++) {
+        if (w->taps[j] < 0 || w->taps[j] >= L)
+            return dfl_err(DFL_EX_USAGE, "layer id %d is outside [0, %d) for this %d-layer model", w->taps[j], L, L);
+        if (w->taps[j] + 1 > *need) *need = w->taps[j] + 1;
+    }
+    if (w->last_hidden || w->normed || w->argmax) *need = L;
+    if (*need > t->nlayers)
+        return dfl_err(DFL_EX_USAGE, "target: layer %d requested but only %d layers were loaded", *need - 1, t->nlayers);
+    if ((w->normed || w->argmax) && !t->head)
+        return dfl_err(DFL_EX_USAGE, "target: the final norm and LM head were not loaded");
+    if (w->rows) {
+        if (w->nrows < 0 || w->nrows > INT32_MAX) return dfl_err(DFL_EX_USAGE, "target: bad row count");
+        for (int64_t i = 0; i < w->nrows; i++)
+            if (w->rows[i] < 0 || w->rows[i] >= T)
+                return dfl_err(DFL_EX_USAGE, "target: row %d is outside the batch of %lld rows", (int)w->rows[i], (long long)T);
+    }
+    return 0;
+}
+
+static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t nseq) {
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    workspace *w = &t->ws;
+    int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int64_t Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
+    float eps = (float)c->rms_norm_eps;
+
+    ops->rmsnorm(w->h, NULL, w->x, lw->in_norm, T, H, eps);
+    if (c->qk_norm) { /* project into ao, then normalise each head into q / k */
+        ops->matmul(w->ao, w->h, lw->q, T, H, Hq * D, 0);
+        ops->rmsnorm(w->q, NULL, w->ao, lw->q_norm, T * Hq, D, eps);
+        ops->matmul(w->ao, w->h, lw->k, T, H, Hkv * D, 0);
+        ops->rmsnorm(w->k, NULL, w->ao, lw->k_norm, T * Hkv, D, eps);
+    } else {
+        ops->matmul(w->q, w->h, lw->q, T, H, Hq * D, 0);
+        ops->matmul(w->k, w->h, lw->k, T, H, Hkv * D, 0);
+    }
+    ops->matmul(w->v, w->h, lw->v, T, H, Hkv * D, 0);
+    ops->rope(w->q, w->pos, t->inv_freq, T, Hq, D, 0);
+    ops->rope(w->k, w->pos, t->inv_freq, T, Hkv, D, 0);
+    ops->attn_causal(w->ao, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D);
+    ops->matmul(w->x, w->ao, lw->o, T, Hq * D, H, 1);         /* x += attn Wo^T */
+
+    ops->rmsnorm(w->h, NULL, w->x, lw->post_norm, T, H, eps);
+    /* The MLP is row-wise: run it in chunks so its [rows, I] buffers stay
+     * bounded however long a sequence is. */
+    for (int64_t r0 = 0; r0 < T; r0 += MLP_ROWS) {
+        int64_t n = T - r0 < MLP_ROWS ? T - r0 : MLP_ROWS;
+        const void *h = DFL_AT(ops, w->h, r0 * H);
+        ops->matmul(w->gate, h, lw->gate, n, H, I, 0);
+        ops->matmul(w->up, h, lw->up, n, H, I, 0);
+        ops->swiglu(w->gate, w->gate, w->up, n * I);           /* elementwise, in place */
+        ops->matmul(DFL_AT(ops, w->x, r0 * H), w->gate, lw->down, n, I, H, 1); /* x += mlp */
+    }
+}
+
+/* Copy the chosen rows of x into sel (runs of consecutive rows at once). */
+static void gather_rows(dfl_target *t, const int32_t *rows, int64_t n) {
+    const dfl_ops *ops = t->ops;
+    int64_t H = t->cfg.hidden_size;
+    for (int64_t i = 0; i < n;) {
+        int64_t j = i + 1;
+        while (j < n && rows[j] == rows[j - 1] + 1) j++;
+        ops->copy(DFL_AT(ops, t->ws.sel, i * H), DFL_AT(ops, t->ws.x, (int64_t)rows[i] * H),
+                  (size_t)((j - i) * H) * (size_t)ops->act_bytes);
+        i = j;
+    }
+}
+
+int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batch *b, const dfl_target_want *w) {
+    memset(out, 0, sizeof *out);
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    int64_t T = 0, H = c->hidden_size;
+    int rc = check_batch(t, b, &T);
+    if (rc) return rc;
+    int need;
+    if ((rc = check_want(t, w, T, &need))) return rc;
+    int64_t nrows = (w->normed || w->argmax) ? (w->rows ? w->nrows : T) : 0;
+    ws_reserve(t, T, (int64_t)w->ntaps * T * H, nrows, b->nseq);
+    workspace *ws = &t->ws;
+
+    for (int64_t s = 0; s < b->nseq; s++) /* positions restart at 0 in every sequence */
+        for (int32_t r = b->cu[s]; r < b->cu[s + 1]; r++) ws->host_pos[r] = r - b->cu[s];
+    ops->upload(ws->ids, b->ids, (size_t)T * sizeof(int32_t));
+    ops->upload(ws->pos, ws->host_pos, (size_t)T * sizeof(int32_t));
+    ops->upload(ws->cu, b->cu, (size_t)(b->nseq + 1) * sizeof(int32_t));
+
+    ops->embed(ws->x, ws->ids, t->embed, T, H);
+    for (int l = 0; l < need; l++) {
+        layer_forward(t, &t->layers[l], T, b->nseq);
+        for (int j = 0; j < w->ntaps; j++) /* x is now the output of layer l */
+            if (w->taps[j] == l)
+                ops->copy(DFL_AT(ops, ws->taps, (int64_t)j * T * H), ws->x, (size_t)(T * H) * (size_t)ops->act_bytes);
+    }
+
+    out->T = T;
+    out->ntaps = w->ntaps;
+    out->taps = w->ntaps ? ws->taps : NULL;
+    out->last_hidden = w->last_hidden ? ws->x : NULL;
+    if (nrows) {
+        const void *in = ws->x;
+        if (w->rows) {
+            gather_rows(t, w->rows, nrows);
+            in = ws->sel;
+        }
+        ops->rmsnorm(ws->normed, NULL, in, t->final_norm, nrows, H, (float)c->rms_norm_eps);
+        out->nrows = nrows;
+        out->normed = w->normed ? ws->normed : NULL;
+        if (w->argmax) {
+            ops->lmhead_argmax(ws->pred, ws->gap, ws->normed, t->lm_head, nrows, H, c->vocab_size);
+            out->argmax = ws->pred;
+            out->gap = ws->gap;
+        }
+    }
+    ops->sync();
+    return 0;
+}
+
+/* ---- downloads ---------------------------------------------------------- */
+
+static void *host_scratch(dfl_target *t, size_t bytes) {
+    if (bytes > t->ws.host_scratch_bytes) {
+        free(t->ws.host_scratch);
+        t->ws.host_scratch = dfl_malloc(bytes);
+        t->ws.host_scratch_bytes = bytes;
+    }
+    return t->ws.host_scratch;
+}
+
+static void taps_to_host(dfl_target *t, const dfl_target_out *o, int64_t row0, int64_t n, void *dst, size_t esz) {
+    const dfl_ops *ops = t->ops;
+    int64_t H = t->cfg.hidden_size, K = o->ntaps;
+    DFL_ASSERT(row0 >= 0 && n >= 0 && row0 + n <= o->T);
+    char *tmp = host_scratch(t, (size_t)(n * H) * esz), *d = dst;
+    for (int64_t j = 0; j < K; j++) {
+        const void *src = DFL_AT(ops, o->taps, j * o->T * H + row0 * H);
+        if (esz == 2) ops->act_to_bf16((uint16_t *)tmp, src, n * H);
+        else ops->act_to_f32((float *)tmp, src, n * H);
+        for (int64_t r = 0; r < n; r++) /* row r: tap 0 | tap 1 | ... */
+            memcpy(d + (size_t)((r * K + j) * H) * esz, tmp + (size_t)(r * H) * esz, (size_t)H * esz);
+    }
+}
+
+void dfl_target_taps_to_bf16(dfl_target *t, const dfl_target_out *o, int64_t row0, int64_t n, uint16_t *dst) {
+    taps_to_host(t, o, row0, n, dst, 2);
+}
+
+void dfl_target_taps_to_f32(dfl_target *t, const dfl_target_out *o, int64_t row0, int64_t n, float *dst) {
+    taps_to_host(t, o, row0, n, dst, 4);
+}

@@ -1,0 +1,344 @@
+/* trainer.c: the step loop of dflash-train-step over a hidden-state stream. */
+#include "trainer.h"
+
+#include "common.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SEQ_TOKENS (INT64_C(1) << 24)
+
+void dfl_trainer_init(dfl_trainer *t, dfl_drafter *d, const dfl_model_config *tcfg, const dfl_train_opts *o,
+                      int64_t batch_seqs, int64_t batch_tokens, int loop, uint64_t seed) {
+    memset(t, 0, sizeof *t);
+    t->d = d;
+    t->tcfg = tcfg;
+    t->o = *o;
+    t->batch_seqs = batch_seqs;
+    t->batch_tokens = batch_tokens;
+    t->loop = loop;
+    t->seed = seed;
+    dfl_rng_seed(&t->rng, seed);
+    dfl_train_mb_init(&t->mb);
+}
+
+void dfl_trainer_free(dfl_trainer *t) {
+    if (t->r) dfs_reader_close(t->r);
+    free(t->path);
+    free(t->real);
+    free(t->anchors);
+    free(t->ids);
+    free(t->mask);
+    dfl_train_mb_free(&t->mb);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- the input ----------------------------------------------------------------- */
+
+static void add_diff(char *buf, size_t n, const char *field, const char *stream, const char *want, const char *whose) {
+    size_t len = strlen(buf);
+    snprintf(buf + len, n - len, "%s%s: stream %s vs %s %s", len ? "; " : "", field, stream, whose, want);
+}
+
+static void ids_str(char *buf, size_t n, const int *ids, int k) {
+    size_t len = 0;
+    len += (size_t)snprintf(buf + len, n - len, "[");
+    for (int i = 0; i < k && len < n; i++) len += (size_t)snprintf(buf + len, n - len, "%s%d", i ? "," : "", ids[i]);
+    if (len < n) snprintf(buf + len, n - len, "]");
+}
+
+/* The stream's identity against the drafter and the target. */
+static int check_meta(dfl_trainer *t) {
+    const dfl_drafter_config *c = &t->d->cfg;
+    const dfl_model_config *tc = t->tcfg;
+    const dfs_hs_meta *m = &t->meta;
+    char diff[2048] = "", a[512], b[512];
+    int same_ids = m->nlayers == c->K;
+    for (int i = 0; same_ids && i < c->K; i++) same_ids = m->layer_ids[i] == c->layer_ids[i];
+    if (!same_ids) {
+        ids_str(a, sizeof a, m->layer_ids, m->nlayers);
+        ids_str(b, sizeof b, c->layer_ids, c->K);
+        add_diff(diff, sizeof diff, "layer_ids", a, b, "drafter target_layer_ids");
+    }
+    if (m->hidden_size != tc->hidden_size) {
+        snprintf(a, sizeof a, "%" PRId64, m->hidden_size);
+        snprintf(b, sizeof b, "%" PRId64, tc->hidden_size);
+        add_diff(diff, sizeof diff, "hidden_size", a, b, "target");
+    }
+    if (strcmp(m->architecture, tc->architecture)) add_diff(diff, sizeof diff, "architecture", m->architecture, tc->architecture, "target");
+    if (strcmp(m->config_digest, tc->digest))
+        add_diff(diff, sizeof diff, "config_digest", m->config_digest, tc->digest, "target config.json");
+    if (m->num_layers != tc->num_hidden_layers) {
+        snprintf(a, sizeof a, "%" PRId64, m->num_layers);
+        snprintf(b, sizeof b, "%" PRId64, tc->num_hidden_layers);
+        add_diff(diff, sizeof diff, "num_layers", a, b, "target");
+    }
+    if (m->vocab_size != tc->vocab_size) {
+        snprintf(a, sizeof a, "%" PRId64, m->vocab_size);
+        snprintf(b, sizeof b, "%" PRId64, tc->vocab_size);
+        add_diff(diff, sizeof diff, "vocab_size", a, b, "target");
+    }
+    if (diff[0]) return dfl_err(DFL_EX_DATA, "%s: the stream does not match the drafter/target: %s", t->path, diff);
+    if (t->o.labels_target && !m->has_target_ids)
+        return dfl_err(DFL_EX_DATA, "%s: --labels target needs \"target_ids\", which this stream does not carry", t->path);
+    if (t->o.kl && !m->has_last_hidden)
+        return dfl_err(DFL_EX_DATA, "%s: --loss kl needs \"last_hidden\", which this stream does not carry", t->path);
+    return 0;
+}
+
+static int reopen(dfl_trainer *t) {
+    if (t->r) dfs_reader_close(t->r);
+    t->r = NULL;
+    int rc = dfs_reader_open(&t->r, t->path);
+    if (rc) return rc;
+    rc = dfs_hs_meta_from_json(dfs_reader_meta(t->r), &t->meta, t->path);
+    return rc ? rc : check_meta(t);
+}
+
+int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epoch) {
+    free(t->path);
+    free(t->real);
+    t->path = dfl_strdup(path);
+    if (!strcmp(path, "-")) {
+        t->real = dfl_strdup("-");
+        if (t->loop) return dfl_err(DFL_EX_USAGE, "--loop needs a file to re-read, not standard input");
+    } else {
+        char *rp = realpath(path, NULL);
+        t->real = rp ? rp : dfl_strdup(path);
+    }
+    int rc = reopen(t);
+    if (rc) return rc;
+    t->epoch = epoch;
+    t->records = 0;
+    t->usable = skip > 0; /* records were used before the resume */
+    t->ended = 0;
+    for (int64_t i = 0; i < skip; i++) {
+        dfs_sample *s;
+        rc = dfs_read(t->r, &s);
+        if (rc == 0) return dfl_err(DFL_EX_DATA, "%s: resuming after record %" PRId64 ", but the stream holds only %" PRId64,
+                                    t->path, skip, i);
+        if (rc != 1) return rc;
+        t->records++;
+    }
+    return 0;
+}
+
+/* A decoded tensor of the sample with the expected dtype class and shape. */
+static int get_tensor(dfl_trainer *t, dfs_sample *s, const char *name, int64_t T, int64_t width, dfs_tensor **out) {
+    dfs_tensor *x = dfs_find(s, name);
+    if (!x) return dfl_err(DFL_EX_DATA, "%s: record at offset %" PRIu64 " (\"%s\"): tensor \"%s\" is missing", t->path,
+                           s->offset, s->id ? s->id : "", name);
+    int ok = width ? (x->ndim == 2 && x->shape[0] == T && x->shape[1] == width) : (x->ndim == 1 && x->shape[0] == T);
+    if (!ok) {
+        char want[64];
+        if (width) snprintf(want, sizeof want, "[%" PRId64 ", %" PRId64 "]", T, width);
+        else snprintf(want, sizeof want, "[%" PRId64 "]", T);
+        return dfl_err(DFL_EX_DATA, "%s: record at offset %" PRIu64 " (\"%s\"): tensor \"%s\" must be %s", t->path,
+                       s->offset, s->id ? s->id : "", name, want);
+    }
+    int rc = dfs_decode(t->r, x);
+    if (rc) return rc;
+    *out = x;
+    return 0;
+}
+
+static int bad_sample(dfl_trainer *t, dfs_sample *s, const char *what) {
+    return dfl_err(DFL_EX_DATA, "%s: record at offset %" PRIu64 " (\"%s\"): %s", t->path, s->offset, s->id ? s->id : "",
+                   what);
+}
+
+/* The next record as a training sequence. *got = 0 at the end of the input. */
+static int next_seq(dfl_trainer *t, dfl_train_seq *q, int *got) {
+    *got = 0;
+    if (t->ended) return 0;
+    dfs_sample *s;
+    int rc = dfs_read(t->r, &s);
+    if (rc == 0 && t->loop) {
+        if (t->usable == 0)
+            return dfl_err(DFL_EX_DATA, "%s: --loop over a stream with no usable record (none has two consecutive "
+                           "supervised tokens)", t->path);
+        t->epoch++;
+        t->records = 0;
+        t->usable = 0;
+        if ((rc = reopen(t))) return rc;
+        rc = dfs_read(t->r, &s);
+    }
+    if (rc == 0) {
+        t->ended = 1;
+        return 0;
+    }
+    if (rc != 1) return rc;
+    t->records++;
+    const dfl_drafter_config *c = &t->d->cfg;
+    dfs_tensor *ids = dfs_find(s, "input_ids");
+    if (!ids || ids->ndim != 1 || ids->shape[0] < 1 || ids->shape[0] > MAX_SEQ_TOKENS)
+        return bad_sample(t, s, "tensor \"input_ids\" is missing or not [T] with 1 <= T <= 2^24");
+    const int64_t T = ids->shape[0];
+    dfs_tensor *mask, *hid, *tid = NULL, *last = NULL;
+    if ((rc = get_tensor(t, s, "input_ids", T, 0, &ids)) || (rc = get_tensor(t, s, "loss_mask", T, 0, &mask)) ||
+        (rc = get_tensor(t, s, "hidden", T, c->K * c->H, &hid)))
+        return rc;
+    if (t->o.labels_target && (rc = get_tensor(t, s, "target_ids", T, 0, &tid))) return rc;
+    if (t->o.kl && (rc = get_tensor(t, s, "last_hidden", T, c->H, &last))) return rc;
+    if (ids->dtype != DFL_I32 || (tid && tid->dtype != DFL_I32)) return bad_sample(t, s, "token ids must be i32");
+    if (mask->dtype != DFL_U8) return bad_sample(t, s, "\"loss_mask\" must be u8");
+    if (hid->dtype != DFL_BF16 && hid->dtype != DFL_F16 && hid->dtype != DFL_F32)
+        return bad_sample(t, s, "\"hidden\" must be bf16, f16 or f32");
+    if (last && last->dtype != hid->dtype) return bad_sample(t, s, "\"last_hidden\" must have the dtype of \"hidden\"");
+    if (T > t->cap) {
+        t->cap = T;
+        t->anchors = dfl_realloc(t->anchors, (size_t)T * 4);
+        t->ids = dfl_realloc(t->ids, (size_t)T * 4);
+        t->mask = dfl_realloc(t->mask, (size_t)T);
+    }
+    const int32_t *iv = ids->data, *tv = tid ? tid->data : NULL;
+    const uint8_t *mv = mask->data;
+    for (int64_t i = 0; i < T; i++) {
+        if (iv[i] < 0 || iv[i] >= c->V || (tv && (tv[i] < 0 || tv[i] >= c->V)))
+            return bad_sample(t, s, "a token id is outside the vocabulary");
+        if (mv[i] > 1) return bad_sample(t, s, "\"loss_mask\" holds a value other than 0 and 1");
+    }
+    /* keep the first sample's hidden dtype for the whole run (one micro-batch, one dtype) */
+    if (t->mb.nseq > 0 && t->o.noise_std <= 0 && hid->dtype != t->mb.b.feats_dtype)
+        return bad_sample(t, s, "\"hidden\" changes dtype within the stream");
+    q->T = T;
+    q->ids = iv;
+    q->loss_mask = mv;
+    q->hidden = hid->data;
+    q->hidden_dtype = hid->dtype;
+    q->target_ids = tv;
+    q->last_hidden = last ? last->data : NULL;
+    q->last_dtype = last ? last->dtype : DFL_F32;
+    *got = 1;
+    return 0;
+}
+
+/* ---- the step ---------------------------------------------------------------------- */
+
+int dfl_trainer_step(dfl_trainer *t, dfl_step_log *log, int *made) {
+    *made = 0;
+    const double t0 = dfl_now();
+    const dfl_drafter_config *c = &t->d->cfg;
+    const int64_t B = c->block_size;
+    dfl_train_stats st;
+    memset(&st, 0, sizeof st);
+    dfl_drafter_zero_grad(t->d);
+    dfl_train_mb_reset(&t->mb);
+    int64_t nseq = 0, tokens = 0, rec0 = t->records;
+    int rc = 0;
+    while ((t->batch_seqs <= 0 || nseq < t->batch_seqs) && (t->batch_tokens <= 0 || tokens < t->batch_tokens)) {
+        dfl_train_seq q;
+        int got;
+        if ((rc = next_seq(t, &q, &got))) return rc;
+        if (!got) break;
+        int64_t n = dfl_anchors_sample(t->anchors, q.loss_mask, q.T, t->o.anchors, &t->rng);
+        if (n == 0) continue; /* no two consecutive supervised tokens */
+        t->usable++;
+        int64_t rows = t->anchors[n - 1] + n * B;
+        if (t->mb.nseq > 0 && dfl_train_mb_rows(&t->mb) + rows > t->o.micro_rows) {
+            dfl_train_mb_run(t->d, &t->o, &t->mb, &st, 1);
+            dfl_train_mb_reset(&t->mb);
+        }
+        dfl_train_mb_add(&t->mb, c, &t->o, &q, t->anchors, n, &t->rng);
+        nseq++;
+        tokens += q.T;
+    }
+    if (nseq == 0) return 0;
+    dfl_train_mb_run(t->d, &t->o, &t->mb, &st, 1);
+    dfl_train_mb_reset(&t->mb);
+    double gn, lr;
+    dfl_train_apply(t->d, &t->o, &st, t->step, &gn, &lr);
+    t->step++;
+    *made = 1;
+    if (log) {
+        memset(log, 0, sizeof *log);
+        log->step = t->step;
+        log->loss = dfl_train_loss(&t->o, &st);
+        log->accuracy = dfl_train_accuracy(&st);
+        log->tau = dfl_train_tau(&st);
+        log->grad_norm = gn;
+        log->lr = lr;
+        for (int64_t k = 1; k < B; k++) log->acc_k[k] = st.count[k] ? (double)st.correct[k] / (double)st.count[k] : NAN;
+        log->nseq = st.nseq;
+        log->tokens = st.tokens;
+        log->block_tokens = st.block_tokens;
+        log->records = t->records - rec0;
+        log->seconds = dfl_now() - t0;
+    }
+    return 0;
+}
+
+static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+json_t *dfl_step_log_json(const dfl_trainer *t, const dfl_step_log *l) {
+    json_t *acc = json_array();
+    for (int k = 1; k < t->d->cfg.block_size; k++) json_array_append_new(acc, num_or_null(l->acc_k[k]));
+    double s = l->seconds > 0 ? l->seconds : 1e-9;
+    return json_pack("{sI sf sf so sf sf sf sI sI sI sf sf sf}", "step", (json_int_t)l->step, "loss", l->loss,
+                     "accuracy", l->accuracy, "accuracy_per_position", acc, "tau", l->tau, "grad_norm", l->grad_norm,
+                     "lr", l->lr, "sequences", (json_int_t)l->nseq, "tokens", (json_int_t)l->tokens, "block_tokens",
+                     (json_int_t)l->block_tokens, "tokens_per_s", (double)l->tokens / s, "block_tokens_per_s",
+                     (double)l->block_tokens / s, "seconds", l->seconds);
+}
+
+/* ---- state -------------------------------------------------------------------------- */
+
+json_t *dfl_trainer_opts_json(const dfl_trainer *t) {
+    const dfl_train_opts *o = &t->o;
+    return json_pack("{sI sf ss ss ss sf sf sf sf sf sf sf sf sI sI sI sI}", "anchors", (json_int_t)o->anchors, "gamma",
+                     o->gamma, "loss", o->kl ? "kl" : "ce", "labels", o->labels_target ? "target" : "data", "loss_norm",
+                     o->norm_count ? "count" : "weighted", "noise_std", o->noise_std, "lr", o->lr, "warmup_ratio",
+                     o->warmup_ratio, "weight_decay", o->weight_decay, "beta1", o->beta1, "beta2", o->beta2, "adam_eps",
+                     o->adam_eps, "max_grad_norm", o->max_grad_norm, "total_steps", (json_int_t)o->total_steps,
+                     "batch_seqs", (json_int_t)t->batch_seqs, "batch_tokens", (json_int_t)t->batch_tokens,
+                     "micro_rows", (json_int_t)o->micro_rows);
+}
+
+json_t *dfl_trainer_state_json(const dfl_trainer *t) {
+    json_t *rng = json_array();
+    for (int i = 0; i < 4; i++) {
+        char hex[20];
+        snprintf(hex, sizeof hex, "%016" PRIx64, t->rng.s[i]);
+        json_array_append_new(rng, json_string(hex));
+    }
+    char seed[24];
+    snprintf(seed, sizeof seed, "%" PRIu64, t->seed);
+    json_t *ids = json_array();
+    for (int i = 0; i < t->d->cfg.K; i++) json_array_append_new(ids, json_integer(t->d->cfg.layer_ids[i]));
+    return json_pack("{ss sI sI so so ss s{ss sI sI sb} s{ss ss sI sI so}}", "format", "dflash-trainer-state", "version",
+                     (json_int_t)1, "step", (json_int_t)t->step, "options", dfl_trainer_opts_json(t), "rng", rng, "seed",
+                     seed, "input", "path", t->real ? t->real : "-", "records", (json_int_t)t->records, "epoch",
+                     (json_int_t)t->epoch, "loop", t->loop, "target", "architecture", t->tcfg->architecture,
+                     "config_digest", t->tcfg->digest, "hidden_size", (json_int_t)t->tcfg->hidden_size, "num_layers",
+                     (json_int_t)t->tcfg->num_hidden_layers, "layer_ids", ids);
+}
+
+int dfl_trainer_restore(dfl_trainer *t, const json_t *state, const char *path) {
+    json_t *step = json_object_get(state, "step"), *rng = json_object_get(state, "rng");
+    if (!json_is_integer(step) || json_integer_value(step) < 0)
+        return dfl_err(DFL_EX_DATA, "%s: \"step\" is not a count", path);
+    if (!json_is_array(rng) || json_array_size(rng) != 4) return dfl_err(DFL_EX_DATA, "%s: \"rng\" is not 4 words", path);
+    dfl_rng r;
+    for (int i = 0; i < 4; i++) {
+        const char *h = json_string_value(json_array_get(rng, (size_t)i));
+        char *end;
+        errno = 0;
+        unsigned long long v = h ? strtoull(h, &end, 16) : 0;
+        if (!h || errno || *end || strlen(h) != 16) return dfl_err(DFL_EX_DATA, "%s: \"rng\"[%d] is not 16 hex digits", path, i);
+        r.s[i] = v;
+    }
+    const json_t *tg = json_object_get(state, "target");
+    const char *dig = json_string_value(json_object_get(tg, "config_digest"));
+    if (!dig || strcmp(dig, t->tcfg->digest))
+        return dfl_err(DFL_EX_DATA, "%s: trained against target config %s, but --target has config %s", path,
+                       dig ? dig : "(none)", t->tcfg->digest);
+    t->step = json_integer_value(step);
+    t->rng = r;
+    const char *seed = json_string_value(json_object_get(state, "seed"));
+    if (seed) t->seed = strtoull(seed, NULL, 10);
+    return 0;
+}

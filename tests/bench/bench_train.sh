@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# bench_train.sh: dflash-train-step against the PyTorch equivalent of the same
+# step (tests/bench/bench_train.py: PyTorch CPU, fp32, dense masked SDPA and
+# autograd, same thread count) on the same drafter shape and the same
+# sequences: a 3-layer drafter (hidden 256, 4/2 heads of 64, intermediate 768,
+# block 16, 3 taps) of a random Qwen3-shaped target (mktarget, vocab 8192),
+# 512-token sequences extracted by dflash-extract, 32 anchors per sequence,
+# 4 sequences per step. Prints optimizer steps/s and block tokens/s of both,
+# the ratio, and the peak RSS of both. Skips (exit 0, says why) without torch.
+#
+# Knobs: BENCH_STEPS (10), BENCH_THREADS (all cores).
+set -u
+here=$(cd "$(dirname "$0")/../.." && pwd)
+: "${DFLASH_BIN:=$here/bin}"
+: "${DFLASH_BUILD:=$here/build}"
+steps=${BENCH_STEPS:-10}
+threads=${BENCH_THREADS:-$(nproc)}
+anchors=32
+batch=4
+
+if ! python3 -c 'import torch, safetensors, numpy' 2>/dev/null; then
+    echo "bench_train: skipped: python3 cannot import torch, safetensors and numpy"
+    exit 0
+fi
+if [ ! -x /usr/bin/time ]; then
+    echo "bench_train: skipped: /usr/bin/time (GNU time) is missing"
+    exit 0
+fi
+W=$(mktemp -d "${TMPDIR:-/tmp}/bench-train.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+
+"$DFLASH_BUILD/tests/mktarget" -a qwen3 --hidden 256 --layers 6 --heads 4 --kv-heads 2 --head-dim 64 \
+    --intermediate 768 --vocab 8192 --tie no --seed 7 -o "$W/target" >/dev/null || exit 1
+python3 - "$W/in.jsonl" <<'PY'
+import json, random, sys
+r = random.Random(1)
+with open(sys.argv[1], "w") as f:
+    for i in range(16):
+        f.write(json.dumps({"id": i, "input_ids": [r.randrange(8000) for _ in range(512)],
+                            "loss_mask": [0] * 64 + [1] * 448}) + "\n")
+PY
+cat >"$W/drafter.json" <<'EOF'
+{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16, "num_target_layers": 6,
+ "dflash_config": {"mask_token_id": 8191, "target_layer_ids": [1, 2, 3]},
+ "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 3, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "vocab_size": 8192}
+EOF
+"$DFLASH_BIN/dflash-extract" -m "$W/target" -l 1,2,3 -o "$W/train.dfs" "$W/in.jsonl" || exit 1
+"$DFLASH_BIN/dflash-pack" --export "$W/export" "$W/train.dfs" || exit 1
+
+/usr/bin/time -f "%e %M" -o "$W/ours.time" "$DFLASH_BIN/dflash-train-step" --target "$W/target" \
+    --init "$W/drafter.json" --steps $((steps + 1)) --anchors $anchors --batch-seqs $batch --loop \
+    --threads "$threads" --log "$W/ours.log" --out "$W/ckpt" "$W/train.dfs" || exit 1
+/usr/bin/time -f "%e %M" -o "$W/torch.time" python3 "$here/tests/bench/bench_train.py" "$W/drafter.json" \
+    "$W/target" "$W/export" "$threads" "$steps" $anchors $batch >"$W/torch.out" 2>"$W/torch.err" ||
+    { cat "$W/torch.err"; exit 1; }
+
+python3 - "$W/ours.log" "$W/ours.time" "$W/torch.out" "$W/torch.time" "$threads" "$steps" <<'PY'
+import json, sys
+log, ot, tout, tt, thr, steps = sys.argv[1:]
+L = [json.loads(x) for x in open(log)][1:]          # the first step is warm-up, as on the PyTorch side
+ours_s = sum(s["seconds"] for s in L)
+ours_blk = sum(s["block_tokens"] for s in L)
+_, tsteps, _, tsec, _, tblk = open(tout).read().split()
+tsteps, tsec, tblk = int(tsteps), float(tsec), int(tblk)
+ours_kb = int(open(ot).read().split()[1]); torch_kb = int(open(tt).read().split()[1])
+o_sps, t_sps = len(L) / ours_s, tsteps / tsec
+print(f"bench_train: 3-layer drafter (H 256, B 16, 3 taps, vocab 8192), 4 x 512-token sequences x 32 anchors "
+      f"per step, {thr} threads, {len(L)} timed steps")
+print(f"  dflash-train-step  {o_sps:7.3f} steps/s  {ours_blk / ours_s:9.1f} block tok/s   peak RSS {ours_kb / 1024:7.1f} MiB")
+print(f"  PyTorch (SDPA)     {t_sps:7.3f} steps/s  {tblk / tsec:9.1f} block tok/s   peak RSS {torch_kb / 1024:7.1f} MiB")
+print(f"  ratio dflash/PyTorch: {o_sps / t_sps:.2f}x  (goal >= 1.5x)")
+PY

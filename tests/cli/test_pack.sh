@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# test_pack.sh: dflash-pack merge, shuffle, split, shards, re-encode,
+# inspect, stats, verify, export and its refusals. Record identities are
+# checked through --inspect with jq, counts and sums through Python.
+source "$(dirname "$0")/lib.sh"
+PY=/usr/bin/python3
+GEN=$DFLASH_BUILD/tests/dfs_datagen
+export SOURCE_DATE_EPOCH=1764460800   # reproducible "created", so outputs compare with cmp
+
+$GEN -n 40 -t 12 --tokens-max 30 -H 16 -K 2 --id-prefix a -o "$T/a.dfs"
+$GEN -n 25 -t 12 --tokens-max 30 -H 16 -K 2 --id-prefix b --seed 2 -o "$T/b.dfs"
+ids() { dflash-pack --inspect "$@" | jq -r 'select(.type=="sample").id'; }
+
+# ---- merge -----------------------------------------------------------------
+check "merge two inputs" dflash-pack -o "$T/m.dfs" "$T/a.dfs" "$T/b.dfs"
+[ "$(ids "$T/a.dfs" "$T/b.dfs")" = "$(ids "$T/m.dfs")" ] && pass "merge keeps records in order" || fail "merge order"
+cat "$T/a.dfs" | dflash-pack - "$T/b.dfs" >"$T/m2.dfs" && cmp -s "$T/m.dfs" "$T/m2.dfs" &&
+    pass "stdin and stdout ('-', no -o)" || fail "stdin and stdout"
+dflash-pack <"$T/a.dfs" >"$T/m3.dfs" && [ "$(ids "$T/m3.dfs")" = "$(ids "$T/a.dfs")" ] &&
+    pass "no inputs reads stdin" || fail "no inputs reads stdin"
+# Merged payloads are copied, not re-encoded: the tensors' checksums are unchanged.
+[ "$(dflash-pack --inspect "$T/a.dfs" "$T/b.dfs" | jq -c 'select(.type=="sample").tensors|map(.xxh64)')" = \
+  "$(dflash-pack --inspect "$T/m.dfs" | jq -c 'select(.type=="sample").tensors|map(.xxh64)')" ] &&
+    pass "merge copies stored bytes" || fail "merge copies stored bytes"
+
+$GEN -n 3 -H 16 -K 3 -o "$T/k3.dfs"
+expect_exit 65 "inputs with other layer ids are refused" dflash-pack -o "$T/x.dfs" "$T/a.dfs" "$T/k3.dfs"
+grep -q 'layer_ids: \[1,6\] vs \[1,3,6\]' "$T/.err" && pass "refusal names the field and both values" ||
+    fail "refusal message" "$(cat "$T/.err")"
+[ ! -e "$T/x.dfs" ] && pass "no output after a refusal" || fail "no output after a refusal"
+$GEN -n 3 -H 32 -K 2 -o "$T/h32.dfs"
+expect_exit 65 "inputs with another hidden size are refused" dflash-pack -o "$T/x.dfs" "$T/a.dfs" "$T/h32.dfs"
+grep -q 'target.hidden_size: 16 vs 32' "$T/.err" && pass "hidden size named" || fail "hidden size named" "$(cat "$T/.err")"
+
+# ---- shuffle -----------------------------------------------------------------
+dflash-pack --shuffle --seed 7 -o "$T/s7.dfs" "$T/a.dfs" "$T/b.dfs"
+dflash-pack --shuffle --seed 7 -o "$T/s7b.dfs" "$T/a.dfs" "$T/b.dfs"
+dflash-pack --shuffle --seed 8 -o "$T/s8.dfs" "$T/a.dfs" "$T/b.dfs"
+cmp -s "$T/s7.dfs" "$T/s7b.dfs" && pass "shuffle is deterministic per seed" || fail "shuffle deterministic"
+[ "$(ids "$T/s7.dfs")" != "$(ids "$T/s8.dfs")" ] && pass "different seeds give different orders" || fail "seeds differ"
+[ "$(ids "$T/s7.dfs")" != "$(ids "$T/m.dfs")" ] && pass "shuffle changes the order" || fail "shuffle changes order"
+[ "$(ids "$T/s7.dfs" | sort)" = "$(ids "$T/m.dfs" | sort)" ] && [ "$(ids "$T/s7.dfs" | sort -u | wc -l)" -eq 65 ] &&
+    pass "each record of both inputs exactly once" || fail "each record exactly once"
+# External memory: a tiny --mem spills into buckets (a bad --tmpdir proves it),
+# and gives the very same bytes as the in-memory shuffle.
+expect_exit 73 "tiny --mem uses --tmpdir" dflash-pack --shuffle --seed 7 --mem 4K --tmpdir "$T/nonexistent" -o "$T/x.dfs" "$T/a.dfs" "$T/b.dfs"
+expect_exit 0 "default --mem holds this input in memory" dflash-pack --shuffle --seed 7 --tmpdir "$T/nonexistent" -o "$T/x.dfs" "$T/a.dfs" "$T/b.dfs"
+mkdir -p "$T/tmp"
+for mem in 4K 40K 200K; do
+    dflash-pack --shuffle --seed 7 --mem $mem --tmpdir "$T/tmp" -o "$T/se.dfs" "$T/a.dfs" "$T/b.dfs" &&
+        cmp -s "$T/s7.dfs" "$T/se.dfs" && pass "--mem $mem gives the in-memory order" || fail "--mem $mem order"
+done
+[ -z "$(ls -A "$T/tmp")" ] && pass "temporary buckets removed" || fail "temporary buckets removed" "$(ls "$T/tmp")"
+
+# ---- split -------------------------------------------------------------------
+check "split" dflash-pack --split train=0.7,val=0.3 -o "$T/sp-%s.dfs" "$T/m.dfs"
+[ "$(cat <(ids "$T/sp-train.dfs") <(ids "$T/sp-val.dfs") | sort)" = "$(ids "$T/m.dfs" | sort)" ] &&
+    pass "split partitions the records" || fail "split partitions"
+n_val=$(ids "$T/sp-val.dfs" | wc -l)
+[ "$n_val" -ge 8 ] && [ "$n_val" -le 32 ] && pass "split fractions roughly kept ($n_val of 65 in val)" || fail "split fractions" "$n_val"
+# Shard by shard (each input split on its own, shuffled) lands every id in the same part.
+dflash-pack --split train=0.7,val=0.3 --shuffle --seed 3 -o "$T/spa-%s.dfs" "$T/a.dfs"
+dflash-pack --split train=0.7,val=0.3 -o "$T/spb-%s.dfs" "$T/b.dfs"
+[ "$(cat <(ids "$T/spa-val.dfs") <(ids "$T/spb-val.dfs") | sort)" = "$(ids "$T/sp-val.dfs" | sort)" ] &&
+    pass "split is by id: same parts shard by shard and shuffled" || fail "split determinism"
+# The rule is (XXH64(id) >> 11) / 2^53 against cumulative fractions, computed here independently.
+check "split matches the documented rule (python XXH64)" $PY - "$T" "$here/tests/interop" <<'PYEOF'
+import sys, subprocess, json
+sys.path.insert(0, sys.argv[2])
+import dfs_py
+T = sys.argv[1]
+def ids(p):
+    out = subprocess.run(["dflash-pack", "--inspect", p], capture_output=True, check=True).stdout.decode()
+    return [j["id"] for j in map(json.loads, out.splitlines()) if j["type"] == "sample"]
+for part, want in (("train", 0), ("val", 1)):
+    for i in ids("%s/sp-%s.dfs" % (T, part)):
+        u = (dfs_py.xxh64(i.encode()) >> 11) / 2.0**53
+        assert (0 if u < 0.7 else 1) == want, (i, u, part)
+PYEOF
+expect_exit 2 "--split needs %s in -o" dflash-pack --split a=1,b=1 -o "$T/x.dfs" "$T/a.dfs"
+expect_exit 2 "--split rejects a bad fraction" dflash-pack --split a=0,b=1 -o "$T/x-%s.dfs" "$T/a.dfs"
+expect_exit 2 "--split rejects a repeated name" dflash-pack --split a=1,a=1 -o "$T/x-%s.dfs" "$T/a.dfs"
+
+# ---- shards ----------------------------------------------------------------
+check "shards" dflash-pack --shards 3 -o "$T/sh-%03d.dfs" "$T/m.dfs"
+[ "$(ids "$T/sh-000.dfs" | head -2 | tr '\n' ' ')" = "a-0 a-3 " ] && [ "$(ids "$T/sh-001.dfs" | head -1)" = "a-1" ] &&
+    pass "shards are dealt round-robin" || fail "round-robin"
+[ "$(ids "$T/sh-000.dfs" | wc -l)" -eq 22 ] && [ "$(ids "$T/sh-002.dfs" | wc -l)" -eq 21 ] &&
+    pass "shard sizes 22/22/21" || fail "shard sizes"
+dflash-pack --shards 2 --shuffle --seed 7 -o "$T/ss-%d.dfs" "$T/a.dfs" "$T/b.dfs"
+[ "$(ids "$T/ss-0.dfs" "$T/ss-1.dfs" | sort)" = "$(ids "$T/m.dfs" | sort)" ] &&
+    [ "$(ids "$T/ss-0.dfs" | head -1)" = "$(ids "$T/s7.dfs" | head -1)" ] &&
+    [ "$(ids "$T/ss-1.dfs" | head -1)" = "$(ids "$T/s7.dfs" | sed -n 2p)" ] &&
+    pass "shuffled shards deal the shuffled order" || fail "shuffled shards"
+expect_exit 2 "--shards needs %d in -o" dflash-pack --shards 2 -o "$T/x.dfs" "$T/a.dfs"
+expect_exit 2 "--split and --shards exclude each other" dflash-pack --shards 2 --split a=1 -o "$T/x-%d.dfs" "$T/a.dfs"
+
+# ---- re-encoding ------------------------------------------------------------
+exports_equal() { rm -rf "$T/e1" "$T/e2"; dflash-pack --export "$T/e1" "$1" && dflash-pack --export "$T/e2" "$2" && diff -r -q -x stream.json "$T/e1" "$T/e2" >/dev/null; }
+for enc in "--compress none" "--compress lz4 --byte-shuffle off" "--compress lz4" "--compress lz4 --accel 8"; do
+    dflash-pack $enc -o "$T/re.dfs" "$T/a.dfs" && exports_equal "$T/a.dfs" "$T/re.dfs" &&
+        pass "re-encode $enc keeps the values" || fail "re-encode $enc"
+done
+dflash-pack --compress none -o "$T/none.dfs" "$T/a.dfs"
+[ "$(dflash-pack --inspect "$T/none.dfs" | jq -r 'select(.type=="sample").tensors[].codec' | sort -u)" = none ] &&
+    pass "--compress none stores raw" || fail "--compress none"
+dflash-pack --compress lz4 -o "$T/back.dfs" "$T/none.dfs"
+[ "$(dflash-pack --inspect "$T/back.dfs" | jq -r 'select(.type=="sample").tensors[] | select(.name=="hidden") | "\(.codec) \(.shuffle)"' | sort -u)" = "lz4 true" ] &&
+    pass "--compress lz4 shuffles by default" || fail "--compress lz4 default shuffle"
+cmp -s <(dflash-pack --inspect "$T/back.dfs" | jq -c 'select(.type=="sample").tensors') \
+       <(dflash-pack --inspect "$T/a.dfs" | jq -c 'select(.type=="sample").tensors') &&
+    pass "lz4 re-encode reproduces the original stored bytes" || fail "lz4 re-encode bytes"
+expect_exit 2 "--byte-shuffle on with --compress none" dflash-pack --compress none --byte-shuffle on -o "$T/x.dfs" "$T/a.dfs"
+
+# ---- inspect, stats --------------------------------------------------------
+dflash-pack --inspect "$T/a.dfs" >"$T/insp"
+[ "$(head -1 "$T/insp" | jq -r '.type + " " + .format + " " + (.version|tostring) + " " + (.meta.layer_ids|tostring)')" = "stream dflash-stream [1,0] [1,6]" ] &&
+    pass "inspect: stream header line" || fail "inspect header line" "$(head -1 "$T/insp")"
+[ "$(jq -s 'map(select(.type=="sample")) | length' "$T/insp")" -eq 40 ] && pass "inspect: one line per record" || fail "inspect lines"
+check "inspect: fields of a record line" jq -s -e 'map(select(.index==3))[0] | .id=="a-3" and .tokens==(.tensors[0].shape[0]) and (.tensors|map(.name)==["input_ids","loss_mask","hidden"]) and (.tensors[2].dtype=="bf16") and (.tensors[2].shape[1]==32) and (.tensors[2].raw==.tokens*64)' "$T/insp"
+dflash-pack --stats --json "$T/a.dfs" "$T/b.dfs" >"$T/stats.json"
+check "stats agree with an independent count" $PY - "$T/stats.json" "$T/a.dfs" "$T/b.dfs" "$here/tests/interop" <<'PYEOF'
+import sys, json
+sys.path.insert(0, sys.argv[4])
+import dfs_py
+st = json.load(open(sys.argv[1]))
+rec = tok = sup = raw = stored = 0
+for p in sys.argv[2:4]:
+    for _, h, arrays in dfs_py.read_stream(p):
+        rec += 1
+        tok += len(arrays["input_ids"])
+        sup += int(arrays["loss_mask"].sum())
+        raw += sum(t["raw"] for t in h["tensors"])
+        stored += sum(t["stored"] for t in h["tensors"])
+assert (st["files"], st["segments"], st["records"], st["tokens"], st["supervised_tokens"], st["raw_bytes"], st["stored_bytes"]) == (2, 2, rec, tok, sup, raw, stored), (st, rec, tok, sup, raw, stored)
+assert abs(st["ratio"] - raw / stored) < 1e-9
+assert st["tensors"]["hidden"]["dtype"] == "bf16"
+PYEOF
+dflash-pack --stats "$T/a.dfs" >"$T/stats.txt"
+grep -Eq '^records +40$' "$T/stats.txt" && grep -Eq '^hidden +bf16 ' "$T/stats.txt" && pass "stats text" || fail "stats text" "$(cat "$T/stats.txt")"
+
+# ---- verify ----------------------------------------------------------------
+check "verify a good stream" dflash-pack --verify "$T/m.dfs"
+grep -qx 'OK 65 records' "$T/.out" && pass "verify prints OK N records" || fail "verify output" "$(cat "$T/.out")"
+size=$(stat -c %s "$T/a.dfs")
+for off in 20 700 $((size / 2)) $((size - 30)); do
+    cp "$T/a.dfs" "$T/flip.dfs"
+    printf '\x55' | dd of="$T/flip.dfs" bs=1 seek=$off conv=notrunc 2>/dev/null
+    cmp -s "$T/a.dfs" "$T/flip.dfs" && printf '\xaa' | dd of="$T/flip.dfs" bs=1 seek=$off conv=notrunc 2>/dev/null
+    expect_exit 65 "verify catches a flipped byte at $off" dflash-pack --verify "$T/flip.dfs"
+done
+grep -Eq "flip.dfs: byte [0-9]+ \(record [0-9]+\): " "$T/.err" && pass "error names file, byte offset and record" ||
+    fail "error format" "$(cat "$T/.err")"
+head -c $((size - 5)) "$T/a.dfs" >"$T/cut.dfs"
+expect_exit 65 "verify catches truncation" dflash-pack --verify "$T/cut.dfs"
+grep -q truncated "$T/.err" && pass "truncation is named" || fail "truncation named" "$(cat "$T/.err")"
+expect_exit 66 "missing input" dflash-pack --verify "$T/nope.dfs"
+: >"$T/empty.dfs"
+expect_exit 65 "empty input" dflash-pack --verify "$T/empty.dfs"
+# Hidden-state rules: a token id beyond the vocabulary (the datagen meta says 1000).
+$GEN -n 2 -t 5 -H 16 -K 2 --vocab 5000 -o "$T/v5000.dfs"
+$PY - "$T/v5000.dfs" "$T/v1000.dfs" <<'PYEOF'
+import sys, msgpack, struct
+sys.path.insert(0, "tests/interop")
+import dfs_py
+src, dst = sys.argv[1:]
+with open(src, "rb") as f, open(dst, "wb") as out:
+    for off, h, payload in dfs_py.read_records(f):
+        if h["type"] == "stream":
+            h["meta"]["target"]["vocab_size"] = 10   # ids up to 5000 are now out of range
+        dfs_py._record(out, h, payload)
+PYEOF
+expect_exit 65 "verify checks token ids against the vocabulary" dflash-pack --verify "$T/v1000.dfs"
+grep -q 'input_ids.*outside' "$T/.err" && pass "token id error named" || fail "token id error" "$(cat "$T/.err")"
+
+# ---- export ------------------------------------------------------------------
+check "export" dflash-pack --export "$T/ex" "$T/a.dfs"
+[ -f "$T/ex/000000-a-0/hidden.npy" ] && [ -f "$T/ex/000039-a-39/loss_mask.npy" ] && [ -f "$T/ex/stream.json" ] &&
+    pass "export layout DIR/INDEX-ID/NAME.npy" || fail "export layout" "$(ls "$T/ex" | head)"
+check "numpy loads the export" $PY -c "
+import numpy as np, sys
+h = np.load('$T/ex/000000-a-0/hidden.npy'); i = np.load('$T/ex/000000-a-0/input_ids.npy')
+m = np.load('$T/ex/000000-a-0/loss_mask.npy')
+assert h.dtype == np.float32 and h.shape == (i.shape[0], 32) and i.dtype == np.int32 and m.dtype == np.uint8
+assert ((h.view(np.uint32) & 0xffff) == 0).all()   # bf16 values, exactly
+"
+
+# ---- usage and outputs ------------------------------------------------------
+expect_exit 2 "two modes at once" dflash-pack --inspect --verify "$T/a.dfs"
+expect_exit 2 "unknown option" dflash-pack --frobnicate "$T/a.dfs"
+check "--help" dflash-pack --help
+grep -q -- '--shuffle' "$T/.out" && pass "--help lists options" || fail "--help lists options"
+expect_exit 2 "binary stdout to a terminal is refused" $PY -c "
+import os, pty, subprocess, sys
+m, s = pty.openpty()
+r = subprocess.run(['dflash-pack', '$T/a.dfs'], stdout=s, stderr=subprocess.PIPE)
+sys.stderr.write(r.stderr.decode()); sys.exit(r.returncode)"
+grep -q terminal "$T/.err" && pass "terminal refusal explained" || fail "terminal refusal message" "$(cat "$T/.err")"
+expect_exit 2 "reading a stream from a terminal is refused" $PY -c "
+import os, pty, subprocess, sys
+m, s = pty.openpty()
+r = subprocess.run(['dflash-pack', '--verify'], stdin=s, stderr=subprocess.PIPE)
+sys.stderr.write(r.stderr.decode()); sys.exit(r.returncode)"
+expect_exit 73 "unwritable output" dflash-pack -o "$T/no/such/dir/x.dfs" "$T/a.dfs"
+
+# A killed write leaves neither the output nor a temporary file; a killed
+# shuffle leaves no buckets.
+for sig in TERM INT; do
+    d=$T/kill-$sig
+    mkdir -p "$d/tmp"
+    mkfifo "$d.fifo"
+    dflash-pack --shuffle --mem 2K --tmpdir "$d/tmp" -o "$d/out.dfs" - <"$d.fifo" &
+    pid=$!
+    exec 3>"$d.fifo"
+    cat "$T/a.dfs" >&3            # the whole stream but no end of input: the tool waits for more
+    for _ in $(seq 100); do [ -n "$(ls -A "$d/tmp")" ] && [ -n "$(ls -A "$d" | grep -v '^tmp$')" ] && break; sleep 0.05; done
+    [ -n "$(ls -A "$d/tmp")" ] && pass "SIG$sig: buckets exist before the kill" || fail "SIG$sig: no buckets before the kill"
+    kill -$sig $pid
+    wait $pid 2>/dev/null
+    exec 3>&-
+    rm -f "$d.fifo"
+    left=$(cd "$d" && ls -A . tmp | grep -v -e '^tmp$' -e '^$' -e ':$')
+    [ -z "$left" ] && pass "SIG$sig leaves no output, temporary or bucket file" || fail "SIG$sig cleanup" "$left"
+done

@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# dflash-train-step end to end on a tiny random target (mktarget) and
+# hidden states extracted from it (dflash-extract): learning, resume
+# bit-exactness, determinism, stream refusals, interrupted runs, released
+# checkpoints, pipes, the checkpoint layout.
+. "$(dirname "$0")/lib.sh"
+
+MKT=$DFLASH_BUILD/tests/mktarget
+if [ ! -x "$MKT" ] || ! command -v dflash-extract >/dev/null; then
+    fail "setup" "needs tests/helpers/mktarget and dflash-extract (extract branch)"
+    exit 1
+fi
+TS="dflash-train-step --threads 1"
+
+# A target (untied LM head) and 12 sequences: a 6-token prompt (loss_mask 0)
+# and a response repeating a 4-token motif.
+"$MKT" -o "$T/target" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 2 >/dev/null
+python3 - "$T/data.jsonl" <<'EOF'
+import json, random, sys
+r = random.Random(5)
+with open(sys.argv[1], "w") as f:
+    for i in range(12):
+        prompt = [r.randrange(60) for _ in range(6)]
+        motif = [r.randrange(60) for _ in range(4)]
+        ids = prompt + [motif[j % 4] for j in range(42)]
+        f.write(json.dumps({"id": f"s{i}", "input_ids": ids, "loss_mask": [0] * 6 + [1] * 42}) + "\n")
+EOF
+check "extract the training stream" dflash-extract -m "$T/target" -l 1,3,4 --with target-ids --with last-hidden \
+    -o "$T/train.dfs" "$T/data.jsonl"
+check "extract a stream tapping other layers" dflash-extract -m "$T/target" -l 1,2,4 -o "$T/other.dfs" "$T/data.jsonl"
+check "extract a stream without target ids" dflash-extract -m "$T/target" -l 1,3,4 -o "$T/plain.dfs" "$T/data.jsonl"
+cat >"$T/drafter.json" <<'EOF'
+{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 6, "num_target_layers": 6,
+ "dflash_config": {"mask_token_id": 60, "target_layer_ids": [1, 3, 4]},
+ "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
+EOF
+COMMON="--target $T/target --lr 1e-2 --anchors 12 --batch-seqs 4 --loop"
+
+# ---- learning: loss falls and offline tau rises -------------------------------------
+check "150 steps" $TS $COMMON --init "$T/drafter.json" --steps 150 --seed 1 --log "$T/learn.log" --out "$T/learn" "$T/train.dfs"
+check "learning: loss falls by half and offline tau rises" python3 - "$T/learn.log" <<'EOF'
+import json, sys
+L = [json.loads(x) for x in open(sys.argv[1])]
+assert len(L) == 150 and [s["step"] for s in L] == list(range(1, 151)), "one line per step"
+first, last = L[:10], L[-10:]
+mean = lambda xs, k: sum(x[k] for x in xs) / len(xs)
+print("loss %.3f -> %.3f, tau %.3f -> %.3f, accuracy %.3f -> %.3f" % (mean(first, "loss"), mean(last, "loss"),
+      mean(first, "tau"), mean(last, "tau"), mean(first, "accuracy"), mean(last, "accuracy")))
+assert mean(last, "loss") < 0.5 * mean(first, "loss"), "loss did not halve"
+assert mean(last, "tau") > mean(first, "tau") + 0.1, "offline tau did not rise"
+s = L[-1]
+assert len(s["accuracy_per_position"]) == 5 and 1.0 <= s["tau"] <= 6.0
+for k in ("grad_norm", "lr", "tokens_per_s", "block_tokens_per_s", "sequences", "tokens"):
+    assert k in s, k
+# warm-up then cosine: lr peaks at step floor(0.04*150) = 6 and ends near 0
+assert abs(L[5]["lr"] - 1e-2) < 1e-9 and L[0]["lr"] < L[5]["lr"] and L[-1]["lr"] < 1e-5
+EOF
+sed 's/^/    /' "$T/.out"
+
+# ---- the checkpoint layout ----------------------------------------------------------------
+check "checkpoint: released names, bf16, shapes, config keys" python3 - "$T/learn" <<'EOF'
+import json, struct, sys, os
+d = sys.argv[1]
+with open(os.path.join(d, "model.safetensors"), "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    hdr = json.loads(f.read(n))
+meta = hdr.pop("__metadata__")
+assert meta == {"format": "pt"}, meta
+H, K, I, L, QD, KVD = 32, 3, 48, 2, 32, 16
+want = {"fc.weight": [H, K * H], "hidden_norm.weight": [H], "norm.weight": [H]}
+for i in range(L):
+    p = f"layers.{i}."
+    want.update({p + "self_attn.q_proj.weight": [QD, H], p + "self_attn.k_proj.weight": [KVD, H],
+                 p + "self_attn.v_proj.weight": [KVD, H], p + "self_attn.o_proj.weight": [H, QD],
+                 p + "self_attn.q_norm.weight": [8], p + "self_attn.k_norm.weight": [8],
+                 p + "input_layernorm.weight": [H], p + "post_attention_layernorm.weight": [H],
+                 p + "mlp.gate_proj.weight": [I, H], p + "mlp.up_proj.weight": [I, H], p + "mlp.down_proj.weight": [H, I]})
+assert set(hdr) == set(want), set(hdr) ^ set(want)
+assert len(hdr) == 3 + 11 * L
+for k, v in hdr.items():
+    assert v["dtype"] == "BF16" and v["shape"] == want[k], (k, v)
+c = json.load(open(os.path.join(d, "config.json")))
+assert c["architectures"] == ["DFlashDraftModel"] and c["model_type"] == "qwen3"
+assert c["block_size"] == 6 and c["num_target_layers"] == 6
+assert c["dflash_config"] == {"mask_token_id": 60, "target_layer_ids": [1, 3, 4]}
+assert c["auto_map"] == {"AutoModel": "dflash.DFlashDraftModel"} and c["tie_word_embeddings"] is False
+assert c["layer_types"] == ["full_attention"] * 2 and c["rms_norm_eps"] == 1e-6
+s = json.load(open(os.path.join(d, "trainer_state.json")))
+assert s["step"] == 150 and s["options"]["total_steps"] == 150 and s["options"]["gamma"] == 4.0
+EOF
+
+# ---- resume: N then N more equals 2N, bit for bit ------------------------------------------
+O="$COMMON --total-steps 10 --seed 7"
+check "2N steps in one run" $TS $O --init "$T/drafter.json" --steps 10 --out "$T/r2n" "$T/train.dfs"
+check "N steps" $TS $O --init "$T/drafter.json" --steps 5 --out "$T/rn" "$T/train.dfs"
+check "--resume and N more" $TS --target "$T/target" --loop --resume "$T/rn" --steps 5 --out "$T/rnn" "$T/train.dfs"
+for f in model.safetensors trainer_state.safetensors trainer_state.json config.json; do
+    check "resume bit-exact: $f" cmp "$T/r2n/$f" "$T/rnn/$f"
+done
+# the input position crosses an epoch boundary here (12 records, 4 per step)
+check "resume position: epoch and records recorded" grep -q '"epoch": 3' "$T/r2n/trainer_state.json"
+expect_exit 2 "--resume with a different --gamma is refused" $TS --target "$T/target" --resume "$T/rn" --gamma 3 \
+    --steps 1 --out "$T/x" "$T/train.dfs"
+cp "$T/.err" "$T/err.txt"
+check "  ... naming the option" grep -q -- "--gamma" "$T/err.txt"
+mkdir -p "$T/model-only"
+cp "$T/rn/config.json" "$T/rn/model.safetensors" "$T/model-only/"
+expect_exit 66 "--resume of a model-only checkpoint is refused" $TS --target "$T/target" --resume "$T/model-only" \
+    --steps 1 --out "$T/x" "$T/train.dfs"
+
+# ---- determinism ----------------------------------------------------------------------------
+check "same seed again" $TS $O --init "$T/drafter.json" --steps 10 --out "$T/r2n-again" "$T/train.dfs"
+for f in model.safetensors trainer_state.safetensors trainer_state.json; do
+    check "same seed, same data: identical $f" cmp "$T/r2n/$f" "$T/r2n-again/$f"
+done
+check "another seed" $TS $COMMON --total-steps 10 --seed 8 --init "$T/drafter.json" --steps 10 --out "$T/seed8" "$T/train.dfs"
+if cmp -s "$T/r2n/model.safetensors" "$T/seed8/model.safetensors"; then fail "another seed gives other weights"; else pass "another seed gives other weights"; fi
+
+# ---- stream refusals ------------------------------------------------------------------------
+expect_exit 65 "a stream tapping other layers is refused" $TS $COMMON --init "$T/drafter.json" --steps 1 --out "$T/x" "$T/other.dfs"
+cp "$T/.err" "$T/err.txt"
+check "  ... naming layer_ids and both lists" grep -q 'layer_ids: stream \[1,2,4\] vs drafter target_layer_ids \[1,3,4\]' "$T/err.txt"
+"$MKT" -o "$T/target2" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 3 >/dev/null
+sed -i 's/"rms_norm_eps": [^,]*/"rms_norm_eps": 1e-05/' "$T/target2/config.json"
+expect_exit 65 "a stream from another target config is refused" $TS --target "$T/target2" --init "$T/drafter.json" \
+    --steps 1 --out "$T/x" "$T/train.dfs"
+cp "$T/.err" "$T/err.txt"
+check "  ... naming config_digest" grep -q 'config_digest' "$T/err.txt"
+expect_exit 65 "--labels target on a stream without target_ids is refused" $TS $COMMON --labels target \
+    --init "$T/drafter.json" --steps 1 --out "$T/x" "$T/plain.dfs"
+expect_exit 65 "--loss kl on a stream without last_hidden is refused" $TS $COMMON --loss kl \
+    --init "$T/drafter.json" --steps 1 --out "$T/x" "$T/plain.dfs"
+python3 -c "
+import json
+for i in range(3):
+    print(json.dumps({'id': i, 'input_ids': list(range(1, 21)), 'loss_mask': [i % 2 for i in range(20)]}))" >"$T/sparse.jsonl"
+check "extract a stream with no two consecutive supervised tokens" dflash-extract -m "$T/target" -l 1,3,4 \
+    -o "$T/sparse.dfs" "$T/sparse.jsonl"
+expect_exit 65 "--loop over a stream with no usable record is refused (no endless loop)" $TS $COMMON \
+    --init "$T/drafter.json" --steps 5 --out "$T/x" "$T/sparse.dfs"
+head -c $(($(stat -c %s "$T/train.dfs") / 2)) "$T/train.dfs" >"$T/trunc.dfs"
+expect_exit 65 "a truncated stream is an error, not a short input" $TS $COMMON --init "$T/drafter.json" --steps 50 \
+    --out "$T/x" "$T/trunc.dfs"
+check "no checkpoint after the refusals" test ! -e "$T/x"
+check "--labels target" $TS $COMMON --labels target --init "$T/drafter.json" --steps 3 --out "$T/lt" "$T/train.dfs"
+check "--loss kl" $TS $COMMON --loss kl --init "$T/drafter.json" --steps 3 --log "$T/kl.log" --out "$T/kl" "$T/train.dfs"
+check "--loss kl: finite, positive loss" python3 -c "
+import json, math
+L = [json.loads(x) for x in open('$T/kl.log')]
+assert len(L) == 3 and all(math.isfinite(s['loss']) and s['loss'] > 0 for s in L)"
+check "--noise-std" $TS $COMMON --noise-std 0.5 --init "$T/drafter.json" --steps 2 --out "$T/noise" "$T/train.dfs"
+if cmp -s "$T/noise/model.safetensors" "$T/r2n/model.safetensors"; then fail "--noise-std changes the result"; else pass "--noise-std changes the result"; fi
+
+# ---- interrupted runs -----------------------------------------------------------------------
+$TS $COMMON --init "$T/drafter.json" --steps 1000000 --out "$T/killed" "$T/train.dfs" 2>/dev/null &
+pid=$!
+sleep 1
+kill -TERM $pid
+wait $pid
+check "a killed run leaves no checkpoint" test ! -e "$T/killed"
+check "  ... and no temporary directory" sh -c "! ls -a '$T' | grep -q '^\.killed\.tmp'"
+cp -r "$T/learn" "$T/keep"
+$TS --target "$T/target" --loop --resume "$T/learn" --steps 1000000 --out "$T/keep" "$T/train.dfs" 2>/dev/null &
+pid=$!
+sleep 1
+kill -TERM $pid
+wait $pid
+check "a killed run leaves the previous checkpoint under its name intact" cmp "$T/learn/model.safetensors" "$T/keep/model.safetensors"
+
+# ---- released checkpoints: --init-from without trainer state ----------------------------------
+mkdir -p "$T/released" "$T/released-prefixed"
+cp "$T/learn/config.json" "$T/learn/model.safetensors" "$T/released/"
+cp "$T/learn/config.json" "$T/released-prefixed/"
+# the same weights with "model." before every name (the loaders accept both)
+python3 - "$T/learn/model.safetensors" "$T/released-prefixed/model.safetensors" <<'EOF'
+import json, struct, sys
+src = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", src[:8])[0]
+hdr = json.loads(src[8:8 + n])
+new = {("model." + k if k != "__metadata__" else k): v for k, v in hdr.items()}
+h = json.dumps(new).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + src[8 + n:])
+EOF
+for r in released released-prefixed; do
+    check "--init-from $r --steps 0" $TS --target "$T/target" --init-from "$T/$r" --steps 0 --out "$T/from-$r" "$T/train.dfs"
+    check "  ... keeps its weights exactly" cmp "$T/learn/model.safetensors" "$T/from-$r/model.safetensors"
+done
+check "--init-from a released checkpoint trains from step 0" $TS $COMMON --init-from "$T/released" --steps 2 \
+    --log "$T/from.log" --out "$T/from" "$T/train.dfs"
+check "  ... with a fresh schedule" sh -c "head -1 '$T/from.log' | grep -q '\"step\":1,' && grep -q '\"step\": 2,' '$T/from/trainer_state.json'"
+check "  ... and starts where the checkpoint was (loss below a fresh drafter's)" python3 -c "
+import json
+a = json.loads(open('$T/from.log').readline())['loss']; b = json.loads(open('$T/learn.log').readline())['loss']
+assert a < 0.7 * b, (a, b)"
+
+# ---- a tied target: its embedding is also the LM head ------------------------------------------
+"$MKT" -o "$T/tied" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie yes --seed 4 >/dev/null
+check "tied target: extract" dflash-extract -m "$T/tied" -l 1,3,4 -o "$T/tied.dfs" "$T/data.jsonl"
+check "tied target: train" $TS --target "$T/tied" --init "$T/drafter.json" --anchors 12 --steps 2 --out "$T/tied-ck" "$T/tied.dfs"
+
+# ---- pipes, short input, devices ------------------------------------------------------------------
+check "dflash-extract | dflash-train-step" sh -c "dflash-extract -m '$T/target' -l 1,3,4 '$T/data.jsonl' | \
+    $TS --target '$T/target' --init '$T/drafter.json' --anchors 12 --steps 2 --out '$T/piped'"
+check "  ... wrote a checkpoint" test -f "$T/piped/model.safetensors"
+check "the input ends first: 3 steps of 4 sequences, exit 0" $TS --target "$T/target" --init "$T/drafter.json" \
+    --steps 50 --batch-seqs 4 --out "$T/short" "$T/train.dfs"
+cp "$T/.err" "$T/err.txt"
+check "  ... says how many steps it made" grep -q "after 3 of 50 steps" "$T/err.txt"
+check "  ... and still writes the checkpoint" grep -q '"step": 3,' "$T/short/trainer_state.json"
+expect_exit 69 "--device cuda without CUDA: exit 69" $TS --device cuda --target "$T/target" --init "$T/drafter.json" \
+    --steps 1 --out "$T/x" "$T/train.dfs"
+expect_exit 2 "--init and --resume together: usage error" $TS --target "$T/target" --init "$T/drafter.json" \
+    --resume "$T/learn" --steps 1 --out "$T/x" "$T/train.dfs"
+expect_exit 66 "a missing target directory: exit 66" $TS --target "$T/nope" --init "$T/drafter.json" --steps 1 \
+    --out "$T/x" "$T/train.dfs"
+check "--help" $TS --help

@@ -1,0 +1,220 @@
+/* mktarget: write a deterministic random tiny Qwen3 or Llama model directory
+ * (config.json + model.safetensors, bf16), with no Python. Used by the tests,
+ * the benchmarks and `make demo` wherever a target model is needed.
+ *
+ * Weights (each tensor from its own stream, seeded by --seed and the tensor
+ * name, so changing one size does not reshuffle unrelated tensors):
+ *   embedding             N(0, 1)              the residual starts at rms 1
+ *   q, k, v, gate, up     N(0, 1/fan_in)        unit-variance projections
+ *   o, down               N(0, 1/(2 L fan_in))  each of the 2L residual
+ *                                              branches adds ~1/(2L) variance,
+ *                                              so the stream stays O(1) deep
+ *   lm_head (untied)      N(0, 1/H)             unit-variance logits
+ *   RMSNorm weights       1 + N(0, 0.1^2)
+ * so activations stay well-conditioned through any number of layers and
+ * attention is neither uniform nor one-hot.
+ */
+#include "cli.h"
+#include "common.h"
+#include "outfile.h"
+#include "rng.h"
+#include "safetensors.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+static const char *arch = "qwen3", *tie = "yes", *out_dir = NULL, *spelling = "old";
+static int64_t vocab = 211, hidden = 72, inter = 136, layers = 6, heads = 6, kv_heads = 3, head_dim = 0;
+static int64_t seed = 1, max_pos = 4096;
+static double theta = 0, eps = 0;
+static int llama3_scaling = 0;
+
+static const dfl_opt opts[] = {
+    {"arch", 'a', DFL_OPT_CHOICE, &arch, "qwen3|llama", "Architecture: Qwen3ForCausalLM (q/k norms) or LlamaForCausalLM.", NULL},
+    {"output", 'o', DFL_OPT_STR, &out_dir, "DIR", "Model directory to write (created; files in it are replaced).", NULL},
+    {"vocab", 0, DFL_OPT_INT, &vocab, "N", "vocab_size.", NULL},
+    {"hidden", 0, DFL_OPT_INT, &hidden, "N", "hidden_size.", NULL},
+    {"intermediate", 0, DFL_OPT_INT, &inter, "N", "intermediate_size.", NULL},
+    {"layers", 0, DFL_OPT_INT, &layers, "N", "num_hidden_layers.", NULL},
+    {"heads", 0, DFL_OPT_INT, &heads, "N", "num_attention_heads.", NULL},
+    {"kv-heads", 0, DFL_OPT_INT, &kv_heads, "N", "num_key_value_heads (divides --heads).", NULL},
+    {"head-dim", 0, DFL_OPT_INT, &head_dim, "N", "head_dim (even).", "hidden/heads"},
+    {"tie", 0, DFL_OPT_CHOICE, &tie, "yes|no", "tie_word_embeddings (no: write lm_head.weight).", NULL},
+    {"rope-theta", 0, DFL_OPT_DOUBLE, &theta, "X", "RoPE base.", "1e6 for qwen3, 5e5 for llama"},
+    {"llama3-scaling", 0, DFL_OPT_FLAG, &llama3_scaling, NULL,
+     "Add llama3 RoPE scaling (factor 8, low 1, high 4, original context max-position/4).", NULL},
+    {"eps", 0, DFL_OPT_DOUBLE, &eps, "X", "rms_norm_eps.", "1e-6 for qwen3, 1e-5 for llama"},
+    {"max-position", 0, DFL_OPT_INT, &max_pos, "N", "max_position_embeddings.", NULL},
+    {"config-spelling", 0, DFL_OPT_CHOICE, &spelling, "old|new",
+     "old: rope_theta, rope_scaling, torch_dtype (transformers 4.x, as released files); new: rope_parameters, dtype (5.x).", NULL},
+    {"seed", 's', DFL_OPT_INT, &seed, "N", "Random seed.", NULL},
+    {NULL, 0, 0, NULL, NULL, NULL, NULL},
+};
+
+static const dfl_cli cli = {
+    "mktarget",
+    "write a deterministic random tiny Qwen3/Llama model directory (test helper)",
+    "[OPTIONS] -o DIR",
+    opts,
+};
+
+/* One tensor: name, shape, and how to draw it. */
+typedef struct {
+    char name[96];
+    int64_t shape[2];
+    int ndim;
+    double std, mean;
+    uint16_t *data;
+} tspec;
+
+static tspec *specs;
+static int nspecs;
+
+static void add(const char *fmt, int layer, int64_t d0, int64_t d1, double mean, double std) {
+    specs = dfl_realloc(specs, sizeof *specs * (size_t)(nspecs + 1));
+    tspec *t = &specs[nspecs++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, fmt, layer);
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->ndim = d1 ? 2 : 1;
+    t->mean = mean;
+    t->std = std;
+}
+
+static void fill(tspec *t) {
+    int64_t n = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+    t->data = dfl_malloc((size_t)n * sizeof *t->data);
+    dfl_rng r;
+    dfl_rng_seed(&r, (uint64_t)seed ^ XXH64(t->name, strlen(t->name), 0));
+    for (int64_t i = 0; i < n; i++) t->data[i] = dfl_f32_to_bf16((float)(t->mean + t->std * dfl_rng_normal(&r)));
+}
+
+static json_t *make_config(int qwen) {
+    json_t *c = json_object();
+    json_object_set_new(c, "architectures", json_pack("[s]", qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
+    json_object_set_new(c, "model_type", json_string(qwen ? "qwen3" : "llama"));
+    json_object_set_new(c, "vocab_size", json_integer(vocab));
+    json_object_set_new(c, "hidden_size", json_integer(hidden));
+    json_object_set_new(c, "intermediate_size", json_integer(inter));
+    json_object_set_new(c, "num_hidden_layers", json_integer(layers));
+    json_object_set_new(c, "num_attention_heads", json_integer(heads));
+    json_object_set_new(c, "num_key_value_heads", json_integer(kv_heads));
+    json_object_set_new(c, "head_dim", json_integer(head_dim));
+    json_object_set_new(c, "hidden_act", json_string("silu"));
+    json_object_set_new(c, "max_position_embeddings", json_integer(max_pos));
+    json_object_set_new(c, "rms_norm_eps", json_real(eps));
+    json_object_set_new(c, "tie_word_embeddings", json_boolean(!strcmp(tie, "yes")));
+    json_object_set_new(c, "attention_bias", json_false());
+    json_object_set_new(c, "attention_dropout", json_real(0));
+    json_object_set_new(c, "initializer_range", json_real(0.02));
+    json_object_set_new(c, "use_cache", json_true());
+    json_object_set_new(c, "bos_token_id", json_integer(vocab > 1 ? 1 : 0));
+    json_object_set_new(c, "eos_token_id", json_integer(vocab > 2 ? 2 : 0));
+    if (qwen) {
+        json_object_set_new(c, "use_sliding_window", json_false());
+        json_object_set_new(c, "sliding_window", json_null());
+        json_object_set_new(c, "max_window_layers", json_integer(layers));
+    } else {
+        json_object_set_new(c, "mlp_bias", json_false());
+        json_object_set_new(c, "pretraining_tp", json_integer(1));
+    }
+    json_t *scaling = json_null();
+    if (llama3_scaling)
+        scaling = json_pack("{sssfsfsfsI}", "rope_type", "llama3", "factor", 8.0, "low_freq_factor", 1.0,
+                            "high_freq_factor", 4.0, "original_max_position_embeddings", (json_int_t)(max_pos / 4));
+    if (!strcmp(spelling, "new")) {
+        json_t *rp = json_is_object(scaling) ? scaling : json_pack("{ss}", "rope_type", "default");
+        if (!json_is_object(scaling)) json_decref(scaling);
+        json_object_set_new(rp, "rope_theta", json_real(theta));
+        json_object_set_new(c, "rope_parameters", rp);
+        json_object_set_new(c, "dtype", json_string("bfloat16"));
+    } else {
+        json_object_set_new(c, "rope_theta", json_real(theta));
+        json_object_set_new(c, "rope_scaling", scaling);
+        json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
+    }
+    json_object_set_new(c, "transformers_version", json_string("4.51.0"));
+    return c;
+}
+
+static int write_config(const json_t *c, const char *path) {
+    dfl_out *o;
+    int rc = dfl_out_open(&o, path, 0);
+    if (rc) return rc;
+    if (json_dumpf(c, dfl_out_file(o), JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) != 0 || fputc('\n', dfl_out_file(o)) == EOF) {
+        dfl_out_abort(o);
+        return dfl_err(DFL_EX_IOERR, "%s: write error", path);
+    }
+    return dfl_out_commit(o);
+}
+
+int main(int argc, char **argv) {
+    char **pos;
+    int npos = dfl_cli_parse(&cli, argc, argv, &pos);
+    if (npos) dfl_cli_usage_error(&cli, "unexpected argument '%s'", pos[0]);
+    free(pos);
+    if (!out_dir) dfl_cli_usage_error(&cli, "-o DIR is required");
+    int qwen = !strcmp(arch, "qwen3");
+    if (!head_dim && heads > 0) head_dim = hidden / heads;
+    if (!theta) theta = qwen ? 1e6 : 5e5;
+    if (!eps) eps = qwen ? 1e-6 : 1e-5;
+    if (vocab < 1 || hidden < 1 || inter < 1 || layers < 1 || heads < 1 || kv_heads < 1 || head_dim < 2 ||
+        head_dim % 2 || heads % kv_heads || max_pos < 4)
+        dfl_cli_usage_error(&cli, "sizes must be positive, head_dim even, heads a multiple of kv-heads");
+    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) dfl_die(cli.prog, DFL_EX_CANTCREAT, "%s: %s", out_dir, strerror(errno));
+
+    int64_t H = hidden, I = inter, D = head_dim, QD = heads * D, KD = kv_heads * D;
+    double res = 1.0 / sqrt(2.0 * (double)layers);
+    add("model.embed_tokens.weight", 0, vocab, H, 0, 1);
+    for (int l = 0; l < layers; l++) {
+        add("model.layers.%d.input_layernorm.weight", l, H, 0, 1, 0.1);
+        add("model.layers.%d.self_attn.q_proj.weight", l, QD, H, 0, 1 / sqrt((double)H));
+        add("model.layers.%d.self_attn.k_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
+        add("model.layers.%d.self_attn.v_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
+        add("model.layers.%d.self_attn.o_proj.weight", l, H, QD, 0, res / sqrt((double)QD));
+        if (qwen) {
+            add("model.layers.%d.self_attn.q_norm.weight", l, D, 0, 1, 0.1);
+            add("model.layers.%d.self_attn.k_norm.weight", l, D, 0, 1, 0.1);
+        }
+        add("model.layers.%d.post_attention_layernorm.weight", l, H, 0, 1, 0.1);
+        add("model.layers.%d.mlp.gate_proj.weight", l, I, H, 0, 1 / sqrt((double)H));
+        add("model.layers.%d.mlp.up_proj.weight", l, I, H, 0, 1 / sqrt((double)H));
+        add("model.layers.%d.mlp.down_proj.weight", l, H, I, 0, res / sqrt((double)I));
+    }
+    add("model.norm.weight", 0, H, 0, 1, 0.1);
+    if (strcmp(tie, "yes")) add("lm_head.weight", 0, vocab, H, 0, 1 / sqrt((double)H));
+
+    dfl_st_in *in = dfl_calloc((size_t)nspecs, sizeof *in);
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < nspecs; i++) fill(&specs[i]);
+    for (int i = 0; i < nspecs; i++) {
+        in[i].name = specs[i].name;
+        in[i].dtype = DFL_BF16;
+        in[i].ndim = specs[i].ndim;
+        in[i].shape[0] = specs[i].shape[0];
+        in[i].shape[1] = specs[i].shape[1];
+        in[i].data = specs[i].data;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+    json_t *meta = json_pack("{ss}", "format", "pt");
+    int rc = dfl_st_write(path, in, nspecs, meta);
+    json_decref(meta);
+    if (rc) dfl_die_last(cli.prog);
+    json_t *c = make_config(qwen);
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    if ((rc = write_config(c, path))) dfl_die_last(cli.prog);
+    json_decref(c);
+    for (int i = 0; i < nspecs; i++) free(specs[i].data);
+    free(specs);
+    free(in);
+    rc = dfl_close_stdout();
+    if (rc) dfl_die_last(cli.prog);
+    return 0;
+}

@@ -1,0 +1,137 @@
+/* test_dfs_pack.c: dflash-pack's library side: is --shuffle uniform, and
+ * the split rule and output patterns.
+ *
+ * Uniformity: an 8-record stream is shuffled with seeds 1..400 (every other
+ * one through the external-memory path, --mem 1 byte), and the position of
+ * every record is tallied in an 8x8 table. A uniform shuffle expects 50 per
+ * cell; Pearson's chi-square over the 64 cells, whose row and column sums
+ * are fixed, has (8-1)*(8-1) = 49 degrees of freedom, and
+ * P(chi2_49 > 85.35) = 0.001. With fixed seeds the statistic is one fixed
+ * number, so the test is deterministic; a uniform shuffle fails it for only
+ * 0.1% of seed ranges, while a biased one (records staying near their input
+ * position, a first record never moving) fails by a wide margin.
+ */
+#include "common.h"
+#include "dfs.h"
+#include "dfs_pack.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+/* On tmpfs when there is one: every output is fsync'ed, which is slow on
+ * a shared disk and pointless here. */
+static char dir[64];
+
+static void path_in(char *buf, const char *name) { snprintf(buf, 600, "%s/%s", dir, name); }
+
+static void write_records(const char *path, int n) {
+    FILE *f = fopen(path, "wb");
+    json_t *meta = json_object();
+    dfs_writer *w;
+    T_CHECK(dfs_writer_open(&w, f, path, meta, "test", (dfs_encoding){DFS_CODEC_NONE, 0, 1}) == 0);
+    for (int i = 0; i < n; i++) {
+        char id[16];
+        int32_t v = i;
+        snprintf(id, sizeof id, "%d", i);
+        dfs_tensor_in t = {"v", DFL_I32, 1, {1}, &v, NULL};
+        T_CHECK(dfs_write(w, id, 1, &t) == 0);
+    }
+    T_CHECK(dfs_writer_close(w) == 0);
+    json_decref(meta);
+    fclose(f);
+}
+
+/* The ids of a stream, in order, as integers. */
+static int read_order(const char *path, int *order, int max) {
+    dfs_reader *r;
+    if (dfs_reader_open(&r, path)) return -1;
+    dfs_sample *s;
+    int n = 0;
+    while (n < max && dfs_read(r, &s) == 1) order[n++] = atoi(s->id);
+    dfs_reader_close(r);
+    return n;
+}
+
+static void test_shuffle_uniform(void) {
+    char in[600], out[600];
+    path_in(in, "8.dfs");
+    path_in(out, "out.dfs");
+    write_records(in, 8);
+    const char *inputs[1] = {in};
+    int count[8][8] = {{0}}, bad = 0;
+    for (int seed = 1; seed <= 400; seed++) {
+        dfs_pack_opts o;
+        memset(&o, 0, sizeof o);
+        o.inputs = inputs;
+        o.ninputs = 1;
+        o.output = out;
+        o.shuffle = 1;
+        o.seed = (uint64_t)seed;
+        o.mem = seed % 2 ? 1ull << 30 : 1;
+        o.tmpdir = dir;
+        o.producer = "test";
+        if (dfs_pack_run(&o)) {
+            bad++;
+            continue;
+        }
+        int order[8], seen = 0;
+        if (read_order(out, order, 8) != 8) bad++;
+        for (int p = 0; p < 8; p++) {
+            count[order[p]][p]++;
+            seen |= 1 << order[p];
+        }
+        bad += seen != 0xff;
+    }
+    T_CHECKF(bad == 0, "%d runs failed or lost records: %s", bad, dfl_errmsg());
+    double chi2 = 0, e = 400.0 / 8;
+    for (int i = 0; i < 8; i++)
+        for (int p = 0; p < 8; p++) chi2 += (count[i][p] - e) * (count[i][p] - e) / e;
+    printf("  chi2 = %.2f (49 dof; critical value 85.35 at p = 0.001)\n", chi2);
+    T_CHECKF(chi2 < 85.35, "chi2 %.2f", chi2);
+}
+
+/* The split rule, recomputed here from its definition. */
+static void test_split_rule(void) {
+    dfs_pack_opts o;
+    memset(&o, 0, sizeof o);
+    T_CHECK(dfs_pack_parse_split("train=3,val=1", &o) == 0 && o.nsplits == 2);
+    T_CHECK(!strcmp(o.split_name[1], "val") && o.split_frac[0] == 3);
+    int n[2] = {0, 0};
+    for (int i = 0; i < 4000; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "sample-%d", i);
+        double u = (double)(XXH64(id, strlen(id), 0) >> 11) / 9007199254740992.0;
+        int want = u < 0.75 ? 0 : 1, got = dfs_pack_split_of(&o, id);
+        T_CHECK(got == want);
+        n[got]++;
+    }
+    T_CHECKF(n[1] > 900 && n[1] < 1100, "val got %d of 4000", n[1]);
+    T_CHECK(dfs_pack_parse_split("a=1,,b=2", &o) != 0);
+    T_CHECK(dfs_pack_parse_split("a/b=1", &o) != 0);
+    T_CHECK(dfs_pack_parse_split("a=-1", &o) != 0);
+}
+
+static void test_patterns(void) {
+    T_CHECK(dfs_pack_pattern_ok("out-%s.dfs", 's') == 0);
+    T_CHECK(dfs_pack_pattern_ok("out-%s-%s.dfs", 's') != 0);
+    T_CHECK(dfs_pack_pattern_ok("out.dfs", 's') != 0);
+    T_CHECK(dfs_pack_pattern_ok("100%%-%s.dfs", 's') == 0);
+    T_CHECK(dfs_pack_pattern_ok("%03s", 's') != 0);
+    T_CHECK(dfs_pack_pattern_ok("train-%03d.dfs", 'd') == 0);
+    T_CHECK(dfs_pack_pattern_ok("train-%d-%n.dfs", 'd') != 0);
+    T_CHECK(dfs_pack_pattern_ok("train-%s.dfs", 'd') != 0);
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "%s/dflash-pack-XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+    if (!mkdtemp(dir)) return 1;
+    T_RUN(test_shuffle_uniform);
+    T_RUN(test_split_rule);
+    T_RUN(test_patterns);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) return 1;
+    return t_exit();
+}

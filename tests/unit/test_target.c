@@ -1,0 +1,619 @@
+/* test_target.c: the target model against Hugging Face transformers.
+ *
+ * Oracle: tests/fixtures/targets/NAME/reference/expected.safetensors, made
+ * by tests/reference/make_targets.py (transformers, fp32 compute on the same
+ * bf16 weights, eager attention, each sample run alone).
+ *
+ * Thresholds (normalised error e = sum (a-b)^2 / sum b^2, b = HF):
+ *   F32_TOL 1e-9   our f32 states vs HF's f32 states. Both compute in f32;
+ *                  they differ only by summation order (GEMM blocking,
+ *                  softmax, RMSNorm reductions): relative error ~1e-7 per
+ *                  op, e ~1e-13 after a few layers. 1e-9 leaves room for
+ *                  deeper growth and still catches any real slip (a bf16
+ *                  cos/sin, a wrong eps, a missing norm weight are >= 1e-7).
+ *   BF16_TOL 1e-5  the same after rounding ours to bf16 (what the stream
+ *                  stores): bf16 keeps 8 significant bits, relative rounding
+ *                  error <= 2^-9, uniform, so e ~ 2^-18/3 = 1.3e-6 from
+ *                  storage alone; 1e-5 is ~8x that.
+ *   WRONG_MIN 1e-3 tapping the neighbouring layer (HF hidden_states[k], the
+ *                  classic off-by-one) must give at least this; the fixture
+ *                  script asserts every layer moves the stream that much.
+ *   GAP_MIN 1e-3   target ids must equal HF's argmax wherever HF's top-2
+ *                  logit gap exceeds this: f32 logit differences are
+ *                  ~1e-6 here, so a smaller gap is a genuine near-tie.
+ */
+#include "common.h"
+#include "ops.h"
+#include "safetensors.h"
+#include "target.h"
+#include "test.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define F32_TOL 1e-9
+#define BF16_TOL 1e-5
+#define WRONG_MIN 1e-3
+#define GAP_MIN 1e-3
+
+static const char *FIX = "tests/fixtures/targets";
+
+typedef struct {
+    dfl_st *st;
+    int64_t T, nseq, L, H;
+    const int32_t *ids, *cu, *argmax;
+    float *hs;          /* [L+1, T, H] */
+    float *prenorm;     /* [T, H] */
+    const float *gap;
+} expected;
+
+static const void *get_i32(dfl_st *st, const char *name, int64_t *n) {
+    const dfl_st_tensor *t = dfl_st_find(st, name);
+    if (!t || t->dtype != DFL_I32 || t->ndim != 1) return NULL;
+    *n = t->shape[0];
+    return t->data;
+}
+
+static int load_expected(expected *e, const char *name) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s/reference/expected.safetensors", FIX, name);
+    memset(e, 0, sizeof *e);
+    if (dfl_st_open(&e->st, p)) return -1;
+    int64_t ncu = 0, nam = 0;
+    e->ids = get_i32(e->st, "input_ids", &e->T);
+    e->cu = get_i32(e->st, "cu", &ncu);
+    e->argmax = get_i32(e->st, "argmax", &nam);
+    e->nseq = ncu - 1;
+    if (nam != e->T) return -1;
+    const dfl_st_tensor *hs = dfl_st_find(e->st, "hidden_states"), *pre = dfl_st_find(e->st, "last_prenorm"),
+                        *gap = dfl_st_find(e->st, "gap");
+    if (!e->ids || !e->cu || !e->argmax || !hs || !pre || !gap || hs->ndim != 3) return -1;
+    e->L = hs->shape[0] - 1;
+    e->H = hs->shape[2];
+    e->hs = dfl_malloc((size_t)hs->numel * sizeof(float));
+    dfl_st_to_f32(hs, e->hs);
+    e->prenorm = dfl_malloc((size_t)pre->numel * sizeof(float));
+    dfl_st_to_f32(pre, e->prenorm);
+    e->gap = (const float *)gap->data;
+    return 0;
+}
+
+static void free_expected(expected *e) {
+    free(e->hs);
+    free(e->prenorm);
+    dfl_st_close(e->st);
+}
+
+static dfl_target *load(const char *name, int nlayers, int head) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", FIX, name);
+    dfl_target *t = NULL;
+    dfl_target_opts o = {nlayers, head};
+    int rc = dfl_target_load(&t, p, dfl_ops_cpu(), &o);
+    if (rc) fprintf(stderr, "  load %s: %s\n", name, dfl_errmsg());
+    return t;
+}
+
+/* The HF state that "output of layer k" must equal. */
+static const float *hf_layer_out(const expected *e, int64_t k) {
+    return k == e->L - 1 ? e->prenorm : e->hs + (k + 1) * e->T * e->H;
+}
+
+static double nmse_bf16(const float *a, const float *b, int64_t n) {
+    float *r = dfl_malloc((size_t)n * sizeof *r);
+    for (int64_t i = 0; i < n; i++) r[i] = dfl_bf16_to_f32(dfl_f32_to_bf16(a[i]));
+    double e = t_nmse_f32(r, b, n);
+    free(r);
+    return e;
+}
+
+/* Every layer of one fixture model: taps, pre-norm last state, final norm,
+ * argmax; and the off-by-one must fail. */
+static void check_model(const char *name) {
+    expected e;
+    if (load_expected(&e, name)) {
+        T_CHECKF(0, "%s: cannot read the expected outputs", name);
+        return;
+    }
+    dfl_target *t = load(name, 0, 1);
+    T_CHECK(t != NULL);
+    if (!t) {
+        free_expected(&e);
+        return;
+    }
+    const dfl_ops *ops = dfl_target_ops(t);
+    int L = (int)e.L;
+    int64_t T = e.T, H = e.H;
+    T_CHECK(dfl_target_config(t)->num_hidden_layers == L && dfl_target_config(t)->hidden_size == H);
+    int taps[64];
+    for (int k = 0; k < L; k++) taps[k] = L - 1 - k; /* reversed: order must follow the request */
+    dfl_target_batch b = {e.ids, e.cu, e.nseq};
+    dfl_target_want w = {L, taps, 1, 1, 1, NULL, 0};
+    dfl_target_out o;
+    int rc = dfl_target_forward(t, &o, &b, &w);
+    T_CHECKF(rc == 0, "%s", dfl_errmsg());
+    if (rc) goto done;
+    float *got = dfl_malloc((size_t)(T * L * H) * sizeof *got), *col = dfl_malloc((size_t)(T * H) * sizeof *col);
+    dfl_target_taps_to_f32(t, &o, 0, T, got);
+    double worst = 0, worst_bf = 0, least_wrong = 1e30;
+    for (int j = 0; j < L; j++) {
+        int k = taps[j];
+        for (int64_t r = 0; r < T; r++) memcpy(col + r * H, got + (r * L + j) * H, (size_t)H * sizeof *col);
+        double err = t_nmse_f32(col, hf_layer_out(&e, k), T * H);
+        double err_bf = nmse_bf16(col, hf_layer_out(&e, k), T * H);
+        double wrong = t_nmse_f32(col, e.hs + k * T * H, T * H); /* HF hidden_states[k]: one too shallow */
+        double wrong2 = k + 2 <= L - 1 ? t_nmse_f32(col, e.hs + (k + 2) * T * H, T * H) : 1e30;
+        T_CHECKF(err < F32_TOL, "%s layer %d: f32 nmse %.3g >= %g", name, k, err, F32_TOL);
+        T_CHECKF(err_bf < BF16_TOL, "%s layer %d: bf16 nmse %.3g >= %g", name, k, err_bf, BF16_TOL);
+        T_CHECKF(wrong > WRONG_MIN && wrong2 > WRONG_MIN, "%s layer %d: an off-by-one tap would pass (%.3g, %.3g)", name,
+                 k, wrong, wrong2);
+        if (err > worst) worst = err;
+        if (err_bf > worst_bf) worst_bf = err_bf;
+        if (wrong < least_wrong) least_wrong = wrong;
+    }
+    /* The last layer's output is pre-norm; HF's last hidden_states entry is
+     * post-norm and must NOT match it. */
+    ops->act_to_f32(col, o.last_hidden, T * H);
+    T_CHECK(t_nmse_f32(col, e.prenorm, T * H) < F32_TOL);
+    T_CHECK(t_nmse_f32(col, e.hs + L * T * H, T * H) > WRONG_MIN);
+    ops->act_to_f32(col, o.normed, T * H);
+    double err_norm = t_nmse_f32(col, e.hs + L * T * H, T * H);
+    T_CHECKF(err_norm < F32_TOL, "%s final norm nmse %.3g", name, err_norm);
+    int64_t compared = 0, mism = 0;
+    for (int64_t r = 0; r < T; r++) {
+        if (e.gap[r] <= GAP_MIN) continue;
+        compared++;
+        mism += o.argmax[r] != e.argmax[r];
+    }
+    T_CHECKF(mism == 0 && compared > T / 2, "%s argmax: %lld of %lld differ", name, (long long)mism, (long long)compared);
+    fprintf(stderr, "  %s: L=%d T=%lld worst f32 nmse %.2e, worst bf16 nmse %.2e, off-by-one nmse >= %.2e, "
+                    "final norm %.2e, argmax %lld/%lld compared\n",
+            name, L, (long long)T, worst, worst_bf, least_wrong, err_norm, (long long)compared, (long long)T);
+    free(got);
+    free(col);
+done:
+    dfl_target_free(t);
+    free_expected(&e);
+}
+
+static void test_qwen3_tied(void) { check_model("qwen3-tied"); }
+static void test_qwen3_untied_new_spelling(void) { check_model("qwen3-untied"); }
+static void test_llama3_rope_scaling(void) { check_model("llama3"); }
+static void test_qwen3_sharded(void) { check_model("qwen3-sharded"); }
+
+/* Packing several samples into one forward gives each sample the states it
+ * gets alone. Rows of a packed batch go through the same GEMMs (rows are
+ * independent), attention is per sequence, so the result is bitwise equal
+ * unless the BLAS picks a different reduction order for a different M. */
+static void test_packing_matches_one_at_a_time(void) {
+    expected e;
+    if (load_expected(&e, "qwen3-tied")) {
+        T_CHECK(0);
+        return;
+    }
+    dfl_target *t = load("qwen3-tied", 0, 1);
+    if (!t) {
+        T_CHECK(0);
+        free_expected(&e);
+        return;
+    }
+    int taps[3] = {0, 3, 5};
+    int64_t T = e.T, H = e.H, K = 3;
+    float *packed = dfl_malloc((size_t)(T * K * H) * sizeof(float)), *alone = dfl_malloc((size_t)(T * K * H) * sizeof(float));
+    int32_t *pk_ids = dfl_malloc((size_t)T * sizeof(int32_t));
+    dfl_target_batch b = {e.ids, e.cu, e.nseq};
+    dfl_target_want w = {3, taps, 0, 0, 1, NULL, 0};
+    dfl_target_out o;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
+    dfl_target_taps_to_f32(t, &o, 0, T, packed);
+    memcpy(pk_ids, o.argmax, (size_t)T * sizeof(int32_t));
+    int64_t id_diff = 0;
+    for (int64_t s = 0; s < e.nseq; s++) {
+        int32_t cu1[2] = {0, e.cu[s + 1] - e.cu[s]};
+        dfl_target_batch b1 = {e.ids + e.cu[s], cu1, 1};
+        T_CHECK(dfl_target_forward(t, &o, &b1, &w) == 0);
+        dfl_target_taps_to_f32(t, &o, 0, cu1[1], alone + e.cu[s] * K * H);
+        for (int64_t r = 0; r < cu1[1]; r++) id_diff += o.argmax[r] != pk_ids[e.cu[s] + r];
+    }
+    double err = t_nmse_f32(packed, alone, T * K * H);
+    int bitwise = !memcmp(packed, alone, (size_t)(T * K * H) * sizeof(float));
+    T_CHECKF(err < 1e-10, "packed vs alone nmse %.3g", err);
+    T_CHECK(id_diff == 0);
+    fprintf(stderr, "  packed vs one at a time: %s (nmse %.2e)\n", bitwise ? "bitwise equal" : "not bitwise", err);
+    free(packed);
+    free(alone);
+    free(pk_ids);
+    dfl_target_free(t);
+    free_expected(&e);
+}
+
+/* A batch longer than the MLP row chunk (4096 rows: 43 sequences of 100)
+ * gives the same states as its sequences run alone, each within one chunk. */
+static void test_long_batch_chunks(void) {
+    dfl_target *t = load("qwen3-sharded", 0, 0);
+    if (!t) {
+        T_CHECK(0);
+        return;
+    }
+    enum { NS = 43, LEN = 100 };
+    int64_t T = NS * LEN, H = dfl_target_config(t)->hidden_size;
+    int32_t *ids = dfl_malloc((size_t)T * sizeof(int32_t)), cu[NS + 1];
+    for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919 + 13) % 97);
+    for (int s = 0; s <= NS; s++) cu[s] = s * LEN;
+    int tap = 2;
+    float *packed = dfl_malloc((size_t)(T * H) * sizeof(float)), *alone = dfl_malloc((size_t)(T * H) * sizeof(float));
+    dfl_target_batch b = {ids, cu, NS};
+    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0};
+    dfl_target_out o;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
+    dfl_target_taps_to_f32(t, &o, 0, T, packed);
+    for (int s = 0; s < NS; s++) {
+        int32_t cu1[2] = {0, LEN};
+        dfl_target_batch b1 = {ids + cu[s], cu1, 1};
+        T_CHECK(dfl_target_forward(t, &o, &b1, &w) == 0);
+        dfl_target_taps_to_f32(t, &o, 0, LEN, alone + (int64_t)cu[s] * H);
+    }
+    double err = t_nmse_f32(packed, alone, T * H);
+    T_CHECKF(err < 1e-10, "chunked vs alone nmse %.3g", err);
+    free(ids);
+    free(packed);
+    free(alone);
+    dfl_target_free(t);
+}
+
+/* normed / argmax for chosen rows equal those rows of the full result. */
+static void test_rows(void) {
+    expected e;
+    if (load_expected(&e, "llama3")) {
+        T_CHECK(0);
+        return;
+    }
+    dfl_target *t = load("llama3", 0, 1);
+    if (!t) {
+        T_CHECK(0);
+        free_expected(&e);
+        return;
+    }
+    const dfl_ops *ops = dfl_target_ops(t);
+    int64_t T = e.T, H = e.H;
+    dfl_target_batch b = {e.ids, e.cu, e.nseq};
+    dfl_target_want w = {0, NULL, 0, 1, 1, NULL, 0};
+    dfl_target_out o;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
+    float *full = dfl_malloc((size_t)(T * H) * sizeof(float));
+    int32_t *ids = dfl_malloc((size_t)T * sizeof(int32_t));
+    ops->act_to_f32(full, o.normed, T * H);
+    memcpy(ids, o.argmax, (size_t)T * sizeof(int32_t));
+    int32_t rows[] = {5, 6, 7, 20, 3, 3, (int32_t)T - 1};
+    int64_t n = sizeof rows / sizeof rows[0];
+    w.rows = rows;
+    w.nrows = n;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0 && o.nrows == n);
+    float *sel = dfl_malloc((size_t)(n * H) * sizeof(float));
+    ops->act_to_f32(sel, o.normed, n * H);
+    for (int64_t i = 0; i < n; i++) {
+        T_CHECK(!memcmp(sel + i * H, full + (int64_t)rows[i] * H, (size_t)H * sizeof(float)));
+        T_CHECK(o.argmax[i] == ids[rows[i]]);
+    }
+    int32_t bad_row = (int32_t)T;
+    w.rows = &bad_row;
+    w.nrows = 1;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == DFL_EX_USAGE);
+    free(full);
+    free(ids);
+    free(sel);
+    dfl_target_free(t);
+    free_expected(&e);
+}
+
+/* Loading only the layers needed; requests beyond them are refused. Bad
+ * batches are refused, never read out of bounds. */
+static void test_partial_load_and_bad_requests(void) {
+    expected e;
+    if (load_expected(&e, "qwen3-tied")) {
+        T_CHECK(0);
+        return;
+    }
+    dfl_target *t = load("qwen3-tied", 2, 0);
+    if (!t) {
+        T_CHECK(0);
+        free_expected(&e);
+        return;
+    }
+    T_CHECK(dfl_target_loaded_layers(t) == 2);
+    int tap = 1, deep = 4, neg = -1;
+    dfl_target_batch b = {e.ids, e.cu, e.nseq};
+    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0};
+    dfl_target_out o;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
+    float *got = dfl_malloc((size_t)(e.T * e.H) * sizeof(float));
+    dfl_target_taps_to_f32(t, &o, 0, e.T, got);
+    T_CHECK(t_nmse_f32(got, e.hs + 2 * e.T * e.H, e.T * e.H) < F32_TOL);
+    free(got);
+    w.taps = &deep;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == DFL_EX_USAGE);
+    w.taps = &neg;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == DFL_EX_USAGE);
+    w.taps = &tap;
+    w.argmax = 1;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == DFL_EX_USAGE);
+    w.argmax = 0;
+    int32_t ids[3] = {1, 211, 2}, cu[2] = {0, 3}, cu_bad[3] = {0, 2, 2};
+    dfl_target_batch bb = {ids, cu, 1};
+    T_CHECK(dfl_target_forward(t, &o, &bb, &w) == DFL_EX_DATA && strstr(dfl_errmsg(), "211"));
+    ids[1] = 5;
+    bb.cu = cu_bad;
+    bb.nseq = 2;
+    T_CHECK(dfl_target_forward(t, &o, &bb, &w) == DFL_EX_DATA && strstr(dfl_errmsg(), "empty"));
+    dfl_target_free(t);
+    free_expected(&e);
+}
+
+/* ---- broken model directories ------------------------------------------- */
+
+static char tmp[] = "/tmp/dflash-target-XXXXXX";
+
+static void copy_file(const char *from, const char *to) {
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    char buf[65536];
+    size_t n;
+    while (a && b && (n = fread(buf, 1, sizeof buf, a)) > 0) fwrite(buf, 1, n, b);
+    if (a) fclose(a);
+    if (b) fclose(b);
+}
+
+/* A copy of qwen3-tied in tmp/NAME, with `edit` applied to its tensors:
+ * drop (shape NULL) or reshape the tensor named `tensor`. */
+static void make_broken(const char *name, const char *tensor, const int64_t *shape) {
+    char d[512], p[600], src[512];
+    snprintf(d, sizeof d, "%s/%s", tmp, name);
+    mkdir(d, 0777);
+    snprintf(src, sizeof src, "%s/qwen3-tied/config.json", FIX);
+    snprintf(p, sizeof p, "%s/config.json", d);
+    copy_file(src, p);
+    snprintf(src, sizeof src, "%s/qwen3-tied/model.safetensors", FIX);
+    dfl_st *st;
+    if (dfl_st_open(&st, src)) return;
+    int n = dfl_st_count(st), k = 0;
+    dfl_st_in *in = dfl_calloc((size_t)n, sizeof *in);
+    float *keep[1] = {NULL};
+    for (int i = 0; i < n; i++) {
+        const dfl_st_tensor *t = dfl_st_at(st, i);
+        if (tensor && !strcmp(t->name, tensor)) {
+            if (!shape) continue;
+            /* same bytes, another shape of the same element count is not
+             * possible in general: write a fresh zero tensor */
+            int64_t numel = shape[0] * shape[1];
+            keep[0] = dfl_calloc((size_t)numel, sizeof(float));
+            in[k] = (dfl_st_in){t->name, DFL_F32, 2, {shape[0], shape[1]}, keep[0]};
+        } else {
+            in[k] = (dfl_st_in){t->name, (dfl_dtype)t->dtype, t->ndim, {0}, t->data};
+            for (int j = 0; j < t->ndim; j++) in[k].shape[j] = t->shape[j];
+        }
+        k++;
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    dfl_st_write(p, in, k, NULL);
+    free(keep[0]);
+    free(in);
+    dfl_st_close(st);
+}
+
+static void expect_load_error(const char *name, int code, const char *want) {
+    char d[512];
+    snprintf(d, sizeof d, "%s/%s", tmp, name);
+    dfl_target *t = NULL;
+    dfl_target_opts o = {0, 1};
+    int rc = dfl_target_load(&t, d, dfl_ops_cpu(), &o);
+    T_CHECKF(rc == code && t == NULL && strstr(dfl_errmsg(), want), "%s: rc %d, message '%s', wanted '%s'", name, rc,
+             dfl_errmsg(), want);
+    dfl_target_free(t);
+}
+
+static void edit_config(const char *name, const char *from, const char *to) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s/config.json", tmp, name);
+    FILE *f = fopen(p, "rb");
+    char buf[8192] = {0}, out[8192];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    char *at = strstr(buf, from);
+    if (!at) return;
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - buf), buf, to, at + strlen(from));
+    f = fopen(p, "wb");
+    fputs(out, f);
+    fclose(f);
+}
+
+static void test_broken_models(void) {
+    make_broken("missing", "model.layers.3.self_attn.k_norm.weight", NULL);
+    expect_load_error("missing", DFL_EX_DATA, "model.layers.3.self_attn.k_norm.weight");
+    int64_t wrong[2] = {72, 73};
+    make_broken("misshapen", "model.layers.2.mlp.up_proj.weight", wrong);
+    expect_load_error("misshapen", DFL_EX_DATA, "model.layers.2.mlp.up_proj.weight");
+
+    make_broken("truncated", NULL, NULL);
+    char p[600];
+    snprintf(p, sizeof p, "%s/truncated/model.safetensors", tmp);
+    struct stat sb;
+    stat(p, &sb);
+    T_CHECK(truncate(p, sb.st_size - 100) == 0);
+    expect_load_error("truncated", DFL_EX_DATA, "model.safetensors");
+
+    make_broken("yarn", NULL, NULL);
+    edit_config("yarn", "\"rope_scaling\": null",
+                "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 64}");
+    expect_load_error("yarn", DFL_EX_DATA, "yarn");
+
+    make_broken("arch", NULL, NULL);
+    edit_config("arch", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM");
+    expect_load_error("arch", DFL_EX_DATA, "Qwen3MoeForCausalLM");
+
+    make_broken("drafter-arch", NULL, NULL);
+    edit_config("drafter-arch", "Qwen3ForCausalLM", "DFlashDraftModel");
+    expect_load_error("drafter-arch", DFL_EX_DATA, "not a supported target");
+
+    /* untied, but no lm_head.weight: fine without the head, refused with it */
+    make_broken("nohead", NULL, NULL);
+    edit_config("nohead", "\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false");
+    expect_load_error("nohead", DFL_EX_DATA, "lm_head.weight");
+    dfl_target *t = NULL;
+    dfl_target_opts o = {0, 0};
+    snprintf(p, sizeof p, "%s/nohead", tmp);
+    T_CHECK(dfl_target_load(&t, p, dfl_ops_cpu(), &o) == 0);
+    dfl_target_free(t);
+
+    expect_load_error("does-not-exist", DFL_EX_NOINPUT, "does-not-exist");
+}
+
+/* ---- weight encodings ---------------------------------------------------- */
+
+/* All taps of qwen3-tied's fixture inputs for the model in `dir`, f32. */
+static float *all_taps(const char *dir, int64_t *n) {
+    expected e;
+    float *got = NULL;
+    if (load_expected(&e, "qwen3-tied")) return NULL;
+    dfl_target *t = NULL;
+    dfl_target_opts o = {0, 0};
+    if (dfl_target_load(&t, dir, dfl_ops_cpu(), &o) == 0) {
+        int taps[6] = {0, 1, 2, 3, 4, 5};
+        dfl_target_batch b = {e.ids, e.cu, e.nseq};
+        dfl_target_want w = {6, taps, 0, 0, 0, NULL, 0};
+        dfl_target_out out;
+        if (dfl_target_forward(t, &out, &b, &w) == 0) {
+            *n = e.T * 6 * e.H;
+            got = dfl_malloc((size_t)*n * sizeof *got);
+            dfl_target_taps_to_f32(t, &out, 0, e.T, got);
+        }
+    } else {
+        fprintf(stderr, "  %s: %s\n", dir, dfl_errmsg());
+    }
+    dfl_target_free(t);
+    free_expected(&e);
+    return got;
+}
+
+/* qwen3-tied rewritten with every tensor in `dtype` (f32, f16) in tmp/NAME. */
+static void make_converted(const char *name, dfl_dtype dtype) {
+    char d[512], p[600], src[512];
+    snprintf(d, sizeof d, "%s/%s", tmp, name);
+    mkdir(d, 0777);
+    snprintf(src, sizeof src, "%s/qwen3-tied/config.json", FIX);
+    snprintf(p, sizeof p, "%s/config.json", d);
+    copy_file(src, p);
+    snprintf(src, sizeof src, "%s/qwen3-tied/model.safetensors", FIX);
+    dfl_st *st;
+    if (dfl_st_open(&st, src)) return;
+    int n = dfl_st_count(st);
+    dfl_st_in *in = dfl_calloc((size_t)n, sizeof *in);
+    void **bufs = dfl_calloc((size_t)n, sizeof *bufs);
+    for (int i = 0; i < n; i++) {
+        const dfl_st_tensor *t = dfl_st_at(st, i);
+        float *f = dfl_malloc((size_t)t->numel * sizeof *f);
+        dfl_st_to_f32(t, f);
+        if (dtype == DFL_F16) {
+            uint16_t *h = dfl_malloc((size_t)t->numel * sizeof *h);
+            for (int64_t j = 0; j < t->numel; j++) h[j] = dfl_f32_to_f16(f[j]);
+            free(f);
+            bufs[i] = h;
+        } else {
+            bufs[i] = f;
+        }
+        in[i] = (dfl_st_in){t->name, dtype, t->ndim, {0}, bufs[i]};
+        for (int j = 0; j < t->ndim; j++) in[i].shape[j] = t->shape[j];
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    dfl_st_write(p, in, n, NULL);
+    for (int i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    free(in);
+    dfl_st_close(st);
+}
+
+/* qwen3-tied with a 1-byte tensor first, so every weight is misaligned in
+ * the file (other writers do not align); written by hand. */
+static void make_unaligned(const char *name) {
+    char d[512], p[600], src[512];
+    snprintf(d, sizeof d, "%s/%s", tmp, name);
+    mkdir(d, 0777);
+    snprintf(src, sizeof src, "%s/qwen3-tied/config.json", FIX);
+    snprintf(p, sizeof p, "%s/config.json", d);
+    copy_file(src, p);
+    snprintf(src, sizeof src, "%s/qwen3-tied/model.safetensors", FIX);
+    dfl_st *st;
+    if (dfl_st_open(&st, src)) return;
+    json_t *h = json_object();
+    json_object_set_new(h, "aaa.pad", json_pack("{s:s,s:[i],s:[i,i]}", "dtype", "U8", "shape", 1, "data_offsets", 0, 1));
+    uint64_t off = 1;
+    for (int i = 0; i < dfl_st_count(st); i++) {
+        const dfl_st_tensor *t = dfl_st_at(st, i);
+        json_t *shape = json_array();
+        for (int j = 0; j < t->ndim; j++) json_array_append_new(shape, json_integer(t->shape[j]));
+        json_object_set_new(h, t->name, json_pack("{s:s,s:o,s:[I,I]}", "dtype", t->dtype_str, "shape", shape,
+                                                  "data_offsets", (json_int_t)off, (json_int_t)(off + t->nbytes)));
+        off += t->nbytes;
+    }
+    char *text = json_dumps(h, JSON_COMPACT);
+    uint64_t n = strlen(text), padded = (n + 7) / 8 * 8;
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    FILE *f = fopen(p, "wb");
+    fwrite(&padded, 8, 1, f);
+    fputs(text, f);
+    for (uint64_t i = n; i < padded; i++) fputc(' ', f);
+    fputc(0, f);
+    for (int i = 0; i < dfl_st_count(st); i++) fwrite(dfl_st_at(st, i)->data, 1, dfl_st_at(st, i)->nbytes, f);
+    fclose(f);
+    free(text);
+    json_decref(h);
+    dfl_st_close(st);
+}
+
+/* The same weights stored as f32 give bitwise the same states as bf16;
+ * as f16 (exact for all but the tiniest weights) the same to ~f32 rounding;
+ * misaligned in the file, bitwise the same. */
+static void test_weight_encodings(void) {
+    char ref_dir[512], d[600];
+    snprintf(ref_dir, sizeof ref_dir, "%s/qwen3-tied", FIX);
+    int64_t n = 0;
+    float *ref = all_taps(ref_dir, &n), *got;
+    T_CHECK(ref != NULL);
+    if (!ref) return;
+    make_converted("f32", DFL_F32);
+    snprintf(d, sizeof d, "%s/f32", tmp);
+    got = all_taps(d, &n);
+    T_CHECK(got && !memcmp(got, ref, (size_t)n * sizeof *got));
+    free(got);
+    make_converted("f16", DFL_F16);
+    snprintf(d, sizeof d, "%s/f16", tmp);
+    got = all_taps(d, &n);
+    double e = got ? t_nmse_f32(got, ref, n) : 1;
+    T_CHECKF(e < 1e-8, "f16 weights: nmse %.3g", e);
+    fprintf(stderr, "  f16 weights vs bf16: nmse %.2e\n", e);
+    free(got);
+    make_unaligned("unaligned");
+    snprintf(d, sizeof d, "%s/unaligned", tmp);
+    got = all_taps(d, &n);
+    T_CHECK(got && !memcmp(got, ref, (size_t)n * sizeof *got));
+    free(got);
+    free(ref);
+}
+
+int main(void) {
+    T_RUN(test_qwen3_tied);
+    T_RUN(test_qwen3_untied_new_spelling);
+    T_RUN(test_llama3_rope_scaling);
+    T_RUN(test_qwen3_sharded);
+    T_RUN(test_packing_matches_one_at_a_time);
+    T_RUN(test_long_batch_chunks);
+    T_RUN(test_rows);
+    T_RUN(test_partial_load_and_bad_requests);
+    if (!mkdtemp(tmp)) return 1;
+    T_RUN(test_broken_models);
+    T_RUN(test_weight_encodings);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) return 1;
+    return t_exit();
+}

@@ -1,0 +1,305 @@
+/* dflash-train-step: advance a DFlash drafter checkpoint by N optimizer
+ * steps (man dflash-train-step). Options are parsed here; the math is in
+ * lib/drafter.c, lib/train.c and lib/trainer.c, the checkpoint format in
+ * lib/checkpoint.c. */
+#include "checkpoint.h"
+#include "cli.h"
+#include "common.h"
+#include "drafter.h"
+#include "model_config.h"
+#include "ops.h"
+#include "outfile.h"
+#include "rng.h"
+#include "trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PROG "dflash-train-step"
+
+/* Options that change the math start at a "not given" value, so that
+ * --resume can tell a given value (which must match the checkpoint's) from
+ * one to take from the checkpoint. The help shows the real defaults. */
+static const char *target_dir, *init_cfg, *init_from, *resume, *out_dir, *log_path, *device = "cpu";
+static const char *loss = NULL, *labels = NULL, *loss_norm = NULL;
+static int64_t steps = -1, anchors = -1, total_steps = -1, batch_seqs = -1, batch_tokens = -1, micro_rows = -1;
+static int64_t seed = 0, threads = 0;
+static double gamma_ = NAN, noise_std = NAN, lr = NAN, warmup_ratio = NAN, weight_decay = NAN, max_grad_norm = NAN;
+static int loop, progress;
+
+static const dfl_opt opts[] = {
+    {"target", 0, DFL_OPT_STR, &target_dir, "DIR",
+     "The target model directory (config.json, model.safetensors or an index): its frozen embed_tokens, lm_head "
+     "(embed_tokens when tied) and final norm are the drafter's. Required.", NULL},
+    {"init", 0, DFL_OPT_STR, &init_cfg, "CONFIG.json",
+     "Start a new drafter from this config (z-lab layout: a Qwen3 config with block_size, num_target_layers and "
+     "dflash_config {mask_token_id, target_layer_ids}); weights drawn from the --seed RNG (normal with std "
+     "initializer_range, default 0.02; norms 1).", NULL},
+    {"init-from", 0, DFL_OPT_STR, &init_from, "CKPT",
+     "Start from the weights of a checkpoint directory in the released layout (ours or a released z-lab drafter); "
+     "the optimizer, schedule and step count start fresh.", NULL},
+    {"resume", 0, DFL_OPT_STR, &resume, "CKPT",
+     "Continue a checkpoint written by this tool: weights, AdamW moments, step, schedule, RNG and input position. "
+     "Options that change the math must be left out or equal the checkpoint's.", NULL},
+    {"steps", 'n', DFL_OPT_INT, &steps, "N", "Optimizer steps to make in this run. Required.", "none"},
+    {"out", 'o', DFL_OPT_STR, &out_dir, "CKPT",
+     "Write the checkpoint directory here (under a temporary name, renamed when complete). Required.", NULL},
+    {"anchors", 0, DFL_OPT_INT, &anchors, "N", "Blocks per sequence: up to N anchors drawn anew each time a sequence "
+     "is used.", "512"},
+    {"gamma", 0, DFL_OPT_DOUBLE, &gamma_, "G",
+     "Loss decay over block positions: w_k = exp(-(k-1)/G).", "7 for B >= 16, 5 for B >= 10, else 4"},
+    {"loss", 0, DFL_OPT_CHOICE, &loss, "ce|kl",
+     "ce: cross-entropy against the labels; kl: KL divergence from the target's next-token distribution, made from "
+     "the stream's last_hidden through the target's final norm and LM head (position a+k-1 for slot k).", "ce"},
+    {"labels", 0, DFL_OPT_CHOICE, &labels, "data|target",
+     "CE labels: the data tokens, or the stream's target_ids (the target's greedy tokens).", "data"},
+    {"loss-norm", 0, DFL_OPT_CHOICE, &loss_norm, "weighted|count",
+     "Divide the step's summed weighted loss by the sum of the weights of its supervised slots, or by their count.",
+     "weighted"},
+    {"noise-std", 0, DFL_OPT_DOUBLE, &noise_std, "S",
+     "Add Gaussian noise N(0, S^2) to the drafter's context features (the tapped target hidden states, before fc), "
+     "from the --seed RNG; labels, block tokens and the KL target are never perturbed.", "0"},
+    {"lr", 0, DFL_OPT_DOUBLE, &lr, "LR", "Peak learning rate.", "0.0006"},
+    {"warmup-ratio", 0, DFL_OPT_DOUBLE, &warmup_ratio, "R",
+     "Linear warm-up over floor(R * total steps) steps, then cosine decay to 0.", "0.04"},
+    {"total-steps", 0, DFL_OPT_INT, &total_steps, "N",
+     "Length of the learning-rate schedule over the whole training (all runs).", "--steps of the first run"},
+    {"weight-decay", 0, DFL_OPT_DOUBLE, &weight_decay, "W", "AdamW decoupled weight decay.", "0"},
+    {"max-grad-norm", 0, DFL_OPT_DOUBLE, &max_grad_norm, "X",
+     "Clip the global gradient norm: scale by min(1, X / (norm + 1e-6)); 0 disables.", "1"},
+    {"batch-seqs", 0, DFL_OPT_INT, &batch_seqs, "N", "Sequences per optimizer step (0: no limit).", "4"},
+    {"batch-tokens", 0, DFL_OPT_INT, &batch_tokens, "N",
+     "Tokens per optimizer step: a step stops taking sequences once it holds N tokens (0: no limit).", "0"},
+    {"micro-rows", 0, DFL_OPT_INT, &micro_rows, "N",
+     "Rows (context + block) per micro-batch; gradients accumulate over the micro-batches of a step.", "16384"},
+    {"loop", 0, DFL_OPT_FLAG, &loop, NULL, "Re-read the input file from its start when it ends (epochs).", NULL},
+    {"log", 0, DFL_OPT_STR, &log_path, "FILE", "Append the per-step JSON lines to FILE instead of stderr.", NULL},
+    {"device", 0, DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
+    {"seed", 0, DFL_OPT_INT, &seed, "N", "Seed of the RNG (initial weights, anchors, noise); on --resume the "
+     "checkpoint's RNG state continues instead.", NULL},
+    {"threads", 0, DFL_OPT_INT, &threads, "N", "CPU threads (0: OpenMP's default).", NULL},
+    {"progress", 0, DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal.", NULL},
+    {NULL, 0, 0, NULL, NULL, NULL, NULL},
+};
+
+static const dfl_cli cli = {
+    PROG,
+    "advance a DFlash drafter checkpoint by N optimizer steps",
+    "--target DIR --init CONFIG.json --steps N --out CKPT [OPTIONS] [STREAM]\n"
+    "--target DIR --init-from CKPT --steps N --out CKPT [OPTIONS] [STREAM]\n"
+    "--target DIR --resume CKPT --steps N --out CKPT [OPTIONS] [STREAM]",
+    opts,
+};
+
+/* ---- options against a checkpoint's ------------------------------------------------- */
+
+static void mismatch(const char *name, const char *given, const char *stored) {
+    dfl_die(PROG, DFL_EX_USAGE, "--%s %s differs from the checkpoint's %s (options that change the math must match on "
+            "--resume; leave it out to keep the checkpoint's)", name, given, stored);
+}
+
+static void take_int(const json_t *o, const char *key, const char *opt, int64_t *v) {
+    json_t *s = json_object_get(o, key);
+    if (!json_is_integer(s)) dfl_die(PROG, DFL_EX_DATA, "%s: trainer state: options.%s is missing", resume, key);
+    if (*v >= 0 && *v != json_integer_value(s)) {
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%lld", (long long)*v);
+        snprintf(b, sizeof b, "%lld", (long long)json_integer_value(s));
+        mismatch(opt, a, b);
+    }
+    *v = json_integer_value(s);
+}
+
+static void take_double(const json_t *o, const char *key, const char *opt, double *v) {
+    json_t *s = json_object_get(o, key);
+    if (!json_is_number(s)) dfl_die(PROG, DFL_EX_DATA, "%s: trainer state: options.%s is missing", resume, key);
+    if (!isnan(*v) && *v != json_number_value(s)) {
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%.17g", *v);
+        snprintf(b, sizeof b, "%.17g", json_number_value(s));
+        mismatch(opt, a, b);
+    }
+    *v = json_number_value(s);
+}
+
+static void take_str(const json_t *o, const char *key, const char *opt, const char **v) {
+    const char *s = json_string_value(json_object_get(o, key));
+    if (!s) dfl_die(PROG, DFL_EX_DATA, "%s: trainer state: options.%s is missing", resume, key);
+    if (*v && strcmp(*v, s)) mismatch(opt, *v, s);
+    *v = s;
+}
+
+static void options_from_state(const json_t *o) {
+    take_int(o, "anchors", "anchors", &anchors);
+    take_double(o, "gamma", "gamma", &gamma_);
+    take_str(o, "loss", "loss", &loss);
+    take_str(o, "labels", "labels", &labels);
+    take_str(o, "loss_norm", "loss-norm", &loss_norm);
+    take_double(o, "noise_std", "noise-std", &noise_std);
+    take_double(o, "lr", "lr", &lr);
+    take_double(o, "warmup_ratio", "warmup-ratio", &warmup_ratio);
+    take_double(o, "weight_decay", "weight-decay", &weight_decay);
+    take_double(o, "max_grad_norm", "max-grad-norm", &max_grad_norm);
+    take_int(o, "total_steps", "total-steps", &total_steps);
+    take_int(o, "batch_seqs", "batch-seqs", &batch_seqs);
+    take_int(o, "batch_tokens", "batch-tokens", &batch_tokens);
+    take_int(o, "micro_rows", "micro-rows", &micro_rows);
+}
+
+static void options_default(int B) {
+    dfl_train_opts d;
+    dfl_train_opts_default(&d, B);
+    if (anchors < 0) anchors = d.anchors;
+    if (isnan(gamma_)) gamma_ = d.gamma;
+    if (!loss) loss = "ce";
+    if (!labels) labels = "data";
+    if (!loss_norm) loss_norm = "weighted";
+    if (isnan(noise_std)) noise_std = 0;
+    if (isnan(lr)) lr = d.lr;
+    if (isnan(warmup_ratio)) warmup_ratio = d.warmup_ratio;
+    if (isnan(weight_decay)) weight_decay = d.weight_decay;
+    if (isnan(max_grad_norm)) max_grad_norm = d.max_grad_norm;
+    if (total_steps < 0) total_steps = steps > 0 ? steps : 1;
+    if (batch_seqs < 0) batch_seqs = 4;
+    if (batch_tokens < 0) batch_tokens = 0;
+    if (micro_rows < 0) micro_rows = d.micro_rows;
+}
+
+static void check_ranges(void) {
+    if (anchors < 1) dfl_cli_usage_error(&cli, "--anchors must be at least 1");
+    if (!(gamma_ > 0)) dfl_cli_usage_error(&cli, "--gamma must be positive");
+    if (!(noise_std >= 0)) dfl_cli_usage_error(&cli, "--noise-std must be >= 0");
+    if (!(lr >= 0)) dfl_cli_usage_error(&cli, "--lr must be >= 0");
+    if (!(warmup_ratio >= 0 && warmup_ratio <= 1)) dfl_cli_usage_error(&cli, "--warmup-ratio must be in [0, 1]");
+    if (!(weight_decay >= 0)) dfl_cli_usage_error(&cli, "--weight-decay must be >= 0");
+    if (!(max_grad_norm >= 0)) dfl_cli_usage_error(&cli, "--max-grad-norm must be >= 0");
+    if (total_steps < 1) dfl_cli_usage_error(&cli, "--total-steps must be at least 1");
+    if (micro_rows < 1) dfl_cli_usage_error(&cli, "--micro-rows must be at least 1");
+    if (batch_seqs == 0 && batch_tokens == 0) dfl_cli_usage_error(&cli, "--batch-seqs 0 needs a --batch-tokens limit");
+}
+
+static double next_normal(void *r) { return dfl_rng_normal((dfl_rng *)r); }
+
+static FILE *open_log(void) {
+    if (!log_path) return stderr;
+    FILE *f = fopen(log_path, "a");
+    if (!f) dfl_die(PROG, DFL_EX_CANTCREAT, "%s: cannot open the log: %s", log_path, strerror(errno));
+    return f;
+}
+
+int main(int argc, char **argv) {
+    char **pos;
+    int npos = dfl_cli_parse(&cli, argc, argv, &pos);
+    if (npos > 1) dfl_cli_usage_error(&cli, "one input stream at most (got %d)", npos);
+    const char *input = npos ? pos[0] : "-";
+    if (!target_dir) dfl_cli_usage_error(&cli, "--target DIR is required");
+    if (!out_dir) dfl_cli_usage_error(&cli, "--out CKPT is required");
+    if (steps < 0) dfl_cli_usage_error(&cli, "--steps N is required (N >= 0)");
+    if (!!init_cfg + !!init_from + !!resume != 1)
+        dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
+    if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
+    if (threads > 0) omp_set_num_threads((int)threads);
+
+    const dfl_ops *ops;
+    if (dfl_ops_get(device, &ops)) dfl_die_last(PROG);
+
+    /* the target */
+    dfl_model_config tcfg;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", target_dir);
+    if (dfl_model_config_load(&tcfg, path, "target")) dfl_die_last(PROG);
+
+    /* the drafter */
+    dfl_drafter_config dcfg;
+    int rc = init_cfg ? dfl_drafter_config_load(&dcfg, init_cfg) : dfl_ckpt_load_config(init_from ? init_from : resume, &dcfg);
+    if (rc) dfl_die_last(PROG);
+    json_t *state = NULL;
+    dfl_drafter *d = dfl_drafter_new(ops, &dcfg);
+    if (resume) {
+        if (dfl_ckpt_load_state(resume, d, &state)) dfl_die_last(PROG);
+        options_from_state(json_object_get(state, "options"));
+    } else {
+        options_default(dcfg.block_size);
+    }
+    check_ranges();
+    dfl_train_opts o;
+    dfl_train_opts_default(&o, dcfg.block_size);
+    o.anchors = anchors;
+    o.gamma = gamma_;
+    o.kl = !strcmp(loss, "kl");
+    o.labels_target = !strcmp(labels, "target");
+    o.norm_count = !strcmp(loss_norm, "count");
+    o.noise_std = noise_std;
+    o.lr = lr;
+    o.warmup_ratio = warmup_ratio;
+    o.weight_decay = weight_decay;
+    o.max_grad_norm = max_grad_norm;
+    o.total_steps = total_steps;
+    o.micro_rows = micro_rows;
+    if (o.kl && o.labels_target) dfl_cli_usage_error(&cli, "--labels applies to --loss ce only");
+
+    dfl_trainer t;
+    dfl_trainer_init(&t, d, &tcfg, &o, batch_seqs, batch_tokens, loop, (uint64_t)seed);
+    int64_t skip = 0, epoch = 0;
+    if (resume) {
+        if (dfl_trainer_restore(&t, state, resume)) dfl_die_last(PROG);
+        const json_t *in = json_object_get(state, "input");
+        const char *was = json_string_value(json_object_get(in, "path"));
+        char *rp = strcmp(input, "-") ? realpath(input, NULL) : NULL;
+        if (rp && was && !strcmp(rp, was)) {
+            skip = json_integer_value(json_object_get(in, "records"));
+            epoch = json_integer_value(json_object_get(in, "epoch"));
+        } else if (strcmp(input, "-")) {
+            fprintf(stderr, "%s: note: %s is not the checkpoint's input (%s); reading it from its start\n", PROG, input,
+                    was ? was : "?");
+        }
+        free(rp);
+    } else if (init_cfg) {
+        const json_t *ir = json_object_get(dcfg.mc.json, "initializer_range");
+        dfl_drafter_init_weights(d, json_is_number(ir) ? json_number_value(ir) : 0.02, next_normal, &t.rng);
+    } else if (dfl_ckpt_load_weights(init_from, d)) {
+        dfl_die_last(PROG);
+    }
+    if (dfl_drafter_load_target(d, target_dir, &tcfg)) dfl_die_last(PROG);
+    if (dfl_trainer_open(&t, input, skip, epoch)) dfl_die_last(PROG);
+
+    FILE *logf = open_log();
+    dfl_progress pg;
+    dfl_progress_init(&pg, progress, (double)steps, "step");
+    int64_t made_steps = 0;
+    for (; made_steps < steps; made_steps++) {
+        dfl_step_log lg;
+        int made;
+        if (dfl_trainer_step(&t, &lg, &made)) dfl_die_last(PROG);
+        if (!made) break;
+        json_t *line = dfl_step_log_json(&t, &lg);
+        char *s = json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(8));
+        fprintf(logf, "%s\n", s);
+        fflush(logf);
+        free(s);
+        json_decref(line);
+        char extra[96];
+        snprintf(extra, sizeof extra, "loss %.4f tau %.3f", lg.loss, lg.tau);
+        dfl_progress_update(&pg, (double)(made_steps + 1), extra);
+    }
+    dfl_progress_end(&pg, (double)made_steps, NULL);
+    if (logf != stderr && fclose(logf) != 0) dfl_die(PROG, DFL_EX_IOERR, "%s: write error", log_path);
+
+    json_t *st = dfl_trainer_state_json(&t);
+    if (dfl_ckpt_save(out_dir, d, st)) dfl_die_last(PROG);
+    json_decref(st);
+    if (made_steps < steps)
+        fprintf(stderr, "%s: the input ended after %lld of %lld steps (step %lld in all); checkpoint written to %s\n", PROG,
+                (long long)made_steps, (long long)steps, (long long)t.step, out_dir);
+    json_decref(state);
+    dfl_trainer_free(&t);
+    dfl_drafter_free(d);
+    dfl_drafter_config_free(&dcfg);
+    dfl_model_config_free(&tcfg);
+    free(pos);
+    return dfl_close_stdout() ? (dfl_die_last(PROG), 1) : 0;
+}
