@@ -76,7 +76,8 @@ EMU_CXXFLAGS := -std=c++17 -O2 -g -DDFLASH_EMU -DDFLASH_HAVE_CUDA -Ilib -Ikernel
                 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing -U_FORTIFY_SOURCE
 EMU_SRC    := $(sort $(wildcard kernels/*.cu)) tests/emu/cuda_emu.cpp
 EMU_OBJ    := $(EMU_SRC:%=$(BUILD)/emu/%.o) $(BUILD)/emu/lib/ops.c.o
-EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu $(BUILD)/gpu/bench_train_emu)
+EMU_TOOLS  := $(TOOL_SRC:tools/%.c=$(BUILD)/emu/bin/%)
+EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu $(BUILD)/gpu/bench_train_emu $(EMU_TOOLS))
 
 .PHONY: all check check-build test deps demo bench fuzz fixtures man install clean status gpu-check
 .DEFAULT_GOAL := all
@@ -129,6 +130,10 @@ $(BUILD)/tests/test_ops_cuda_emu: tests/unit/test_ops_cuda.c tests/test.h tests/
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
 
+# the tools with the emulated CUDA backend: tests/cli/test_cuda_emu_model.sh
+$(BUILD)/emu/bin/%: tools/%.c $(EMU_OBJ) $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
 $(BUILD)/gpu/bench_train_emu: tests/gpu/bench_train.c tests/gpu/bench_util.h $(EMU_OBJ) $(LIB_OBJ)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@

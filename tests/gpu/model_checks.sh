@@ -11,18 +11,22 @@
 #   extraction   a tiny random Qwen3 target (tests/helpers/mktarget), head
 #                dim 64 so CUDA takes the tensor-core attention; 12 samples
 #                of 48 tokens; hidden, last_hidden by nmse, target_ids
-#   train step   4 optimizer steps of a tiny drafter on the CPU-extracted
+#   train step   3 optimizer steps of a tiny drafter on the CPU-extracted
 #                stream (identical input): the per-step loss and grad norm,
 #                then every tensor of the checkpoints by nmse
 #   scoring      a hook: dflash-score (issue 5) is not written yet
 # Limits: the CUDA backend keeps activations and the residual in bf16, the
 # CPU in f32, so states drift by bf16 roundings over the layers: 1e-3 for
 # hidden states (a wrong kernel gives ~1); training: 2e-2 relative on the
-# loss and the gradient norm, 1e-4 on the weights after 4 AdamW steps.
+# loss and the gradient norm, 5e-4 on the weights after 3 AdamW steps.
+# Through the CPU emulation of the kernels (tests/cli/test_cuda_emu_model.sh)
+# these gave: hidden 2.7e-5, last_hidden 4.3e-5, target ids 99.3 % equal,
+# loss 3e-4 and grad norm 6e-4 relative, weights 4.4e-5.
 set -u
 cd "$(dirname "$0")/../.."
 export PATH="$BIN:$PATH"
 DEV=${DEV:-cuda}
+BENCH=${BENCH:-$BUILD/gpu/bench_train} # bench_train_emu: the same, on the emulated kernels
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 result() { echo "RESULT|$1|$2|$3"; }
@@ -32,12 +36,13 @@ CMP="python3 tests/gpu/compare.py"
 for cfg in tiny small; do
     ok=1
     for d in cpu "$DEV"; do
-        "$BUILD/gpu/bench_train" --device "$d" --$cfg --grad-out "$T/g-$d-$cfg.bin" || ok=0
+        "$BENCH" --device "$d" --$cfg --grad-out "$T/g-$d-$cfg.bin" || ok=0
     done
+    : >"$T/cmp"
     if [ $ok = 1 ] && $CMP grads "$T/g-cpu-$cfg.bin" "$T/g-$DEV-$cfg.bin" 2e-3 >"$T/cmp" 2>&1; then
         result "model: drafter step gradients, bench_train --$cfg" "ok" "$(cat "$T/cmp")"
     else
-        result "model: drafter step gradients, bench_train --$cfg" "FAIL" "$(cat "$T/cmp" 2>/dev/null)"
+        result "model: drafter step gradients, bench_train --$cfg" "FAIL" "$(cat "$T/cmp")"
     fi
     cat "$T/cmp"
 done
@@ -90,11 +95,11 @@ JSON
     ok=1
     for d in cpu "$DEV"; do
         echo "+ dflash-train-step --device $d"
-        dflash-train-step --target "$T/target" --init "$T/drafter.json" --steps 4 --seed 1 --anchors 12 \
+        dflash-train-step --target "$T/target" --init "$T/drafter.json" --steps 3 --seed 1 --anchors 12 \
             --batch-seqs 4 --lr 1e-3 --log "$T/$d.log" --device "$d" --out "$T/ckpt-$d" "$T/cpu.dfs" || ok=0
     done
     if [ $ok = 1 ] && $CMP logs "$T/cpu.log" "$T/$DEV.log" loss=2e-2 grad_norm=2e-2 >"$T/cmp" 2>&1 &&
-        $CMP safetensors "$T/ckpt-cpu/model.safetensors" "$T/ckpt-$DEV/model.safetensors" 1e-4 >>"$T/cmp" 2>&1; then
+        $CMP safetensors "$T/ckpt-cpu/model.safetensors" "$T/ckpt-$DEV/model.safetensors" 5e-4 >>"$T/cmp" 2>&1; then
         result "model: train step cpu vs $DEV" "ok" "$(grep -m1 'loss' "$T/cmp"); $(grep -m1 'worst' "$T/cmp")"
     else
         result "model: train step cpu vs $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
