@@ -189,6 +189,35 @@ if [ "$built" = 1 ]; then
     else
         row "same step in PyTorch" "skipped" "no CUDA PyTorch, or time budget"
     fi
+    # the real tool end to end (JSONL in, DFS stream out): a Qwen3-0.6B-shaped
+    # target cut to 8 layers (mktarget's host RNG is the slow part), 32 x 2048
+    # tokens, packed 16384 at a time
+    if [ "$DRY" != 1 ] && [ -x "$B/bin/dflash-extract" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 120 ]; then
+        section "dflash-extract --device cuda end to end" "$BENCH_LOG"
+        X=$(mktemp -d)
+        "$B/tests/mktarget" -o "$X/target" --vocab 151936 --hidden 1024 --intermediate 3072 --layers 8 --heads 16 \
+            --kv-heads 8 --head-dim 128 --tie yes >>"$BENCH_LOG" 2>&1
+        python3 -c "
+import json, random
+r = random.Random(1)
+with open('$X/in.jsonl', 'w') as f:
+    for i in range(32):
+        f.write(json.dumps({'id': i, 'input_ids': [r.randrange(151000) for _ in range(2048)]}) + '\\n')
+"
+        for z in "" "--byte-shuffle"; do
+            t0=$(date +%s.%N)
+            if timeout 60 "$B/bin/dflash-extract" -m "$X/target" -d cuda -b 16384 $z -o "$X/out.dfs" "$X/in.jsonl" >>"$BENCH_LOG" 2>&1; then
+                t1=$(date +%s.%N)
+                row "dflash-extract --device cuda ${z:-(no compression)}: 8-layer Qwen3-0.6B shape, 65536 tokens" \
+                    "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.0f tok/s", 65536 / (b - a)}')" \
+                    "whole tool: JSONL parse, load, forward, D2H, $([ -n "$z" ] && echo "shuffle + LZ4, ")write $(du -m "$X/out.dfs" | cut -f1) MB"
+            else
+                row "dflash-extract --device cuda ${z:-}" "FAIL" "see bench.log"
+            fi
+        done
+        rm -rf "$X"
+    fi
+
     # ---- 5. the attention kernels under compute-sanitizer, as time allows ----------------
     if [ "$DRY" != 1 ]; then
         if command -v compute-sanitizer >/dev/null; then
