@@ -32,7 +32,7 @@
 #   --pack-opts "OPTS"    PACK_OPTS options of the final dflash-pack, e.g.
 #                                 "--shuffle --seed 1 --split train=0.99,val=0.01"
 #   after --: options passed to every dflash-extract (EXTRACT_OPTS), e.g.
-#                                 --byte-shuffle --with target-ids
+#                                 --byte-shuffle on --with target-ids
 # Tools are found on PATH, or in DFLASH_BIN when set.
 #
 # Several hosts: WORKDIR, the input, the model directory and the dflash tools
@@ -44,7 +44,7 @@
 # Napkin math (bf16 hidden states; K taps of width H, 2 bytes each):
 #   bytes per token = K * H * 2: Qwen3-8B / Llama-3.1-8B (H 4096, K 5) 40 KiB,
 #   Qwen3-4B (H 2560) 25 KiB, Qwen3-0.6B (H 1024) 10 KiB. Per million tokens:
-#   41 GB, 26 GB, 10 GB. --byte-shuffle (byte shuffle + LZ4) stores about 0.85
+#   41 GB, 26 GB, 10 GB. --byte-shuffle on (byte shuffle + LZ4) stores about 0.85
 #   to 0.9 of that (see README: stream sizes); plain LZ4 gains nothing on bf16.
 #   800K samples x 1,000 tokens on Qwen3-8B = 33 TB raw: use --shards and
 #   train from the pieces, or train online (dflash-extract | dflash-train-step).

@@ -66,15 +66,17 @@ pid=$!
 set +m
 for _ in $(seq 1200); do [ -d run3/ckpt-80 ] && break; sleep 0.02; done
 kill -INT -- -"$pid" 2>/dev/null
-wait "$pid"; rc=$?; cat int.out >&2
+wait "$pid"; rc=$?
 leftover=$(find run3 -name '.*tmp*' | head -3)
 [ -d run3/ckpt-80 ] && [ -z "$leftover" ] && [ ! -e run3/ckpt-240 ] && [ $rc -ne 0 ] &&
     pass "Ctrl-C: finished checkpoints stay, no temporary or partial one (make exit $rc)" ||
-    fail "Ctrl-C: finished checkpoints stay, no temporary or partial one" "leftover: $leftover; $(ls -a run3)"
+    fail "Ctrl-C: finished checkpoints stay, no temporary or partial one" "leftover: $leftover; $(ls -a run3); $(tail -3 int.out)"
 stamp=$(stat -c %Y.%s run3/ckpt-80/model.safetensors)
 check "make after Ctrl-C finishes" pm OUT=run3 STEPS=240 K=80 train
 dflash-train-step --target target --init run1/drafter.json --seed 0 --steps 240 --total-steps 240 --loop \
     --threads 1 --lr 5e-3 --anchors 6 --batch-seqs 2 --log /dev/null --out straight36 run3/train.dfs
+[ "$(cat run3/ckpt-80.log run3/ckpt-160.log run3/ckpt-240.log | jq -s 'map(.step) == [range(1; 241)]')" = true ] &&
+    pass "after Ctrl-C: the chunk logs hold every step once" || fail "after Ctrl-C: the chunk logs hold every step once"
 same_ckpt run3/ckpt-240 straight36 && [ "$(stat -c %Y.%s run3/ckpt-80/model.safetensors)" = "$stamp" ] &&
     pass "after Ctrl-C: same final checkpoint as one run, ckpt-80 untouched" ||
     fail "after Ctrl-C: same final checkpoint as one run, ckpt-80 untouched"

@@ -32,7 +32,7 @@ same_ckpt() { cmp -s "$1/model.safetensors" "$2/model.safetensors" && cmp -s "$1
 "${EX[@]}" samples.jsonl | "${TR[@]}" --init drafter.json --steps 6 --out pipe-ckpt 2>/dev/null
 same_ckpt file-ckpt pipe-ckpt && pass "extract | train-step = train-step on the extracted file" ||
     fail "extract | train-step = train-step on the extracted file"
-"${EX[@]}" --byte-shuffle samples.jsonl | "${TR[@]}" --init drafter.json --steps 6 --out pipe-lz4 2>/dev/null
+"${EX[@]}" --byte-shuffle on samples.jsonl | "${TR[@]}" --init drafter.json --steps 6 --out pipe-lz4 2>/dev/null
 same_ckpt file-ckpt pipe-lz4 && pass "the same through an LZ4 + byte-shuffle pipe" ||
     fail "the same through an LZ4 + byte-shuffle pipe"
 "${EX[@]}" samples.jsonl | "${TR[@]}" --init drafter.json --steps 6 --out dash-ckpt - 2>/dev/null

@@ -23,9 +23,9 @@ export SOURCE_DATE_EPOCH=1764460800
 records() { dflash-pack --inspect "$@" | jq -c 'select(.type == "sample") | del(.file, .offset, .index)'; }
 
 # ---- exact: one sample per forward pass on both sides --------------------------------
-dflash-extract -m "$T/target" -l 0,2 -t 1 -b 1 --byte-shuffle -o "$T/ref1.dfs" "$T/in.jsonl"
+dflash-extract -m "$T/target" -l 0,2 -t 1 -b 1 --byte-shuffle on -o "$T/ref1.dfs" "$T/in.jsonl"
 check "sharded run (-b 1, 4 pieces, 2 jobs)" "$SH" -m "$T/target" -l 0,2 -d cpu -j 2 -n 4 -t 1 \
-    -o "$T/exact.dfs" "$T/in.jsonl" -- -b 1 --byte-shuffle
+    -o "$T/exact.dfs" "$T/in.jsonl" -- -b 1 --byte-shuffle on
 if [ "$(records "$T/exact.dfs")" = "$(records "$T/ref1.dfs")" ] && [ "$(records "$T/ref1.dfs" | wc -l)" = 23 ]; then
     pass "joined stream = unsharded extraction, record for record (checksums of every tensor)"
 else
@@ -58,14 +58,14 @@ EOF
 # ---- re-run: nothing redone; a deleted piece alone is redone ----------------------------
 touch -d '2020-01-01' "$T/exact.work/out/"*.dfs "$T/exact.dfs" "$T/exact.work/packed"
 rm "$T/exact.work/out/piece-0002.dfs"
-"$SH" -m "$T/target" -l 0,2 -d cpu -j 2 -n 4 -t 1 -o "$T/exact.dfs" "$T/in.jsonl" -- -b 1 --byte-shuffle >"$T/rerun.out" 2>&1
+"$SH" -m "$T/target" -l 0,2 -d cpu -j 2 -n 4 -t 1 -o "$T/exact.dfs" "$T/in.jsonl" -- -b 1 --byte-shuffle on >"$T/rerun.out" 2>&1
 redone=$(find "$T/exact.work/out" -name '*.dfs' -newermt '2021-01-01' -printf '%f\n')
 [ "$redone" = "piece-0002.dfs" ] && grep -q "piece-0000: done before, skipped" "$T/rerun.out" &&
     pass "re-run redoes only the missing piece" || fail "re-run redoes only the missing piece" "redone: $redone"
 [ "$T/exact.dfs" -nt "$T/exact.work/out/piece-0000.dfs" ] && [ "$(records "$T/exact.dfs")" = "$(records "$T/ref1.dfs")" ] &&
     pass "the join is redone after a piece changed, same records" || fail "the join is redone after a piece changed"
 before=$(stat -c %Y.%s "$T/exact.dfs")
-"$SH" -m "$T/target" -l 0,2 -d cpu -j 2 -n 4 -t 1 -o "$T/exact.dfs" "$T/in.jsonl" -- -b 1 --byte-shuffle >"$T/rerun2.out" 2>&1
+"$SH" -m "$T/target" -l 0,2 -d cpu -j 2 -n 4 -t 1 -o "$T/exact.dfs" "$T/in.jsonl" -- -b 1 --byte-shuffle on >"$T/rerun2.out" 2>&1
 [ "$(grep -c 'done before, skipped' "$T/rerun2.out")" = 4 ] && grep -q "up to date" "$T/rerun2.out" &&
     [ "$(stat -c %Y.%s "$T/exact.dfs")" = "$before" ] &&
     pass "a finished run re-run redoes nothing" || fail "a finished run re-run redoes nothing" "$(cat "$T/rerun2.out")"
@@ -75,7 +75,7 @@ expect_exit 2 "another shard count over the same work directory is refused" \
 # ---- --sshloginfile with this host, and a split of the join ---------------------------
 echo "2/:" >"$T/hosts"
 check "--sshloginfile (local host) with --pack-opts --split" "$SH" -m "$T/target" -l 0,2 -d cpu -n 2 -t 1 -S "$T/hosts" \
-    --pack-opts "--split train=0.8,val=0.2" -o "$T/part-%s.dfs" "$T/in.jsonl" -- -b 1 --byte-shuffle
+    --pack-opts "--split train=0.8,val=0.2" -o "$T/part-%s.dfs" "$T/in.jsonl" -- -b 1 --byte-shuffle on
 n_train=$(records "$T/part-train.dfs" | wc -l); n_val=$(records "$T/part-val.dfs" | wc -l)
 [ $((n_train + n_val)) = 23 ] && [ "$n_val" -ge 1 ] &&
     [ "$(cat <(records "$T/part-train.dfs") <(records "$T/part-val.dfs") | sort)" = "$(records "$T/ref1.dfs" | sort)" ] &&
