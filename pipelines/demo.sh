@@ -85,7 +85,7 @@ head -c 120 "$OUT/prompts-train.jsonl"; echo " ..."
 MK=(make -f "$here/pipelines/Makefile" --no-print-directory TARGET="$OUT/target" SAMPLES="$OUT/samples.jsonl"
     OUT="$OUT" LAYERS=$LAYERS DRAFT_LAYERS=2 BLOCK=16 MASK_TOKEN=127 K=$K STEPS=$STEPS DEVICE=cpu
     SPLIT=train=0.9,val=0.1 EXTRACT_OPTS="--byte-shuffle on $T1"
-    TRAIN_OPTS="$T1 --lr 1e-2 --anchors 16 --batch-seqs 8" SCORE_OPTS="$T1")
+    TRAIN_OPTS="$T1 --lr 2e-2 --anchors 16 --batch-seqs 8" SCORE_OPTS="$T1")
 "${MK[@]}" "$OUT/drafter.json" >/dev/null
 # An untrained drafter (0 steps): the "before" of the comparison, and the
 # drafter of the generation run (any drafter gives the same greedy output).
