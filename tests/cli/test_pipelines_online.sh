@@ -5,6 +5,8 @@
 #     extracted file gives, bit for bit (raw and byte-shuffled LZ4 streams);
 #   - the epoch loop of the README (shuffled JSONL per epoch | extract |
 #     train-step --resume) equals the same chain run from files;
+#   - pipelines/train-online.sh (2 epochs) = the same chain from files, and a
+#     re-run after a lost epoch redoes only that epoch;
 #   - a pipe that ends before --steps: the steps made are saved, exit 0;
 #   - -o NAMED_FIFO writes into the FIFO (it is not renamed over, as a file
 #     would be; the same goes for -o /dev/null).
@@ -54,6 +56,25 @@ same_ckpt online-e2 off-e2 && pass "epoch loop through pipes = the same chain fr
     fail "epoch loop through pipes = the same chain from files"
 jq -e '.step == 12' online-e2/trainer_state.json >/dev/null && pass "two epochs of 6 steps: step 12" ||
     fail "two epochs of 6 steps: step 12" "$(head -c 300 online-e2/trainer_state.json)"
+
+# ---- pipelines/train-online.sh ----------------------------------------------------------
+TO=$here/pipelines/train-online.sh
+check "train-online.sh, 2 epochs on the CPU" "$TO" -m target -c drafter.json -o online -e 2 -d cpu -b 2 -s 7 \
+    --extract-opts "-t 1" samples.jsonl -- --threads 1 --lr 5e-3 --anchors 4
+# the same by hand, from files: 12 samples / 2 per step = 6 steps an epoch, 12 in all
+for e in 1 2; do shuf --random-source=<(yes "7-$e") samples.jsonl | "${EX[@]}" -o "f$e.dfs"; done
+TF=(dflash-train-step --target target --threads 1 --lr 5e-3 --anchors 4 --batch-seqs 2 --total-steps 12 --steps 7 --log /dev/null)
+"${TF[@]}" --init drafter.json --seed 7 --out man-e1 f1.dfs 2>/dev/null
+"${TF[@]}" --resume man-e1 --out man-e2 f2.dfs 2>/dev/null
+same_ckpt online/ckpt-e2 man-e2 && pass "train-online.sh = the same two epochs from files" ||
+    fail "train-online.sh = the same two epochs from files"
+rm -rf online/ckpt-e2
+stamp=$(stat -c %Y.%s online/ckpt-e1/model.safetensors)
+"$TO" -m target -c drafter.json -o online -e 2 -d cpu -b 2 -s 7 --extract-opts "-t 1" samples.jsonl -- --threads 1 --lr 5e-3 --anchors 4 >again.out 2>&1
+grep -q "epoch 1: done before" again.out && same_ckpt online/ckpt-e2 man-e2 &&
+    [ "$(stat -c %Y.%s online/ckpt-e1/model.safetensors)" = "$stamp" ] &&
+    pass "train-online.sh again: epoch 1 kept, epoch 2 redone, same bytes" ||
+    fail "train-online.sh again: epoch 1 kept, epoch 2 redone, same bytes" "$(tail -3 again.out)"
 
 # ---- a pipe that runs dry -------------------------------------------------------------
 head -3 samples.jsonl | "${EX[@]}" | "${TR[@]}" --init drafter.json --steps 50 --out short 2>short.err

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# train-online.sh: train a drafter with no hidden states on disk. Each epoch
+# shuffles the samples, runs the target over them and pipes its hidden states
+# straight into the trainer:
+#
+#   shuf samples.jsonl | dflash-extract ... | dflash-train-step --resume ckpt-e(N-1) ... --out ckpt-eN
+#
+# One pass through the pipe is one epoch; a checkpoint is written at the end
+# of each (OUT/ckpt-e1, ckpt-e2, ...). Run it again after a crash: finished
+# epochs are kept and training resumes from the last one (the checkpoint
+# appears only when complete). Training through the pipe gives the same
+# checkpoint, bit for bit, as training from the extracted file.
+#
+#   pipelines/train-online.sh -m TARGET_DIR -c DRAFTER.json -o OUT_DIR [OPTIONS] SAMPLES.jsonl [-- TRAIN_OPTIONS]
+#
+# Options (each also an environment variable, given here in capitals):
+#   -m, --model DIR        TARGET   the target model directory
+#   -c, --drafter FILE     DRAFTER  drafter config (--init; its layer ids are tapped)
+#       --init-from DIR    INIT_FROM  start from a released drafter instead
+#   -o, --out DIR          OUT      where the per-epoch checkpoints go
+#   -e, --epochs N         EPOCHS   (default 6, the paper's)
+#   -d, --device DEV       DEVICE   cuda (default) or cpu, for both tools
+#   -b, --batch-seqs N     BATCH_SEQS  sequences per step (default 4); with the
+#                                   sample count it sets the schedule's length
+#   -s, --seed N           SEED     shuffle seed (epoch e uses SEED-e) and init seed
+#       --extract-opts "OPTS"  EXTRACT_OPTS  more dflash-extract options, e.g. "-t 8"
+#   after --: more dflash-train-step options (TRAIN_OPTS), e.g. --lr 6e-4 --anchors 512
+# Tools are found on PATH, or in DFLASH_BIN when set.
+#
+# Napkin math, Qwen3-8B (40 KiB of hidden states per token): 800K samples x
+# 1,000 tokens would be 33 TB on disk; here the pipe holds a few records at a
+# time. The price is a target forward per sample per epoch: ~13 GFLOP per
+# token, 800M tokens x 6 epochs ~ 6e19 FLOP, ~2 GPU-days at 40% of an H200
+# on top of the drafter's training (which is larger: ~250 H200-hours for the
+# paper's recipe). Extraction and training share the GPU, or use two
+# (dflash-extract -d cuda:0 | dflash-train-step --device cuda:1).
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
+die() { echo "train-online.sh: $*" >&2; exit 2; }
+
+TARGET=${TARGET:-} DRAFTER=${DRAFTER:-} INIT_FROM=${INIT_FROM:-} OUT=${OUT:-} EPOCHS=${EPOCHS:-6}
+DEVICE=${DEVICE:-cuda} BATCH_SEQS=${BATCH_SEQS:-4} SEED=${SEED:-0} TRAIN_OPTS=${TRAIN_OPTS:-}
+EXTRACT_OPTS=${EXTRACT_OPTS:-}
+SAMPLES=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -m|--model) TARGET=$2; shift 2 ;;
+        -c|--drafter) DRAFTER=$2; shift 2 ;;
+        --init-from) INIT_FROM=$2; shift 2 ;;
+        -o|--out) OUT=$2; shift 2 ;;
+        -e|--epochs) EPOCHS=$2; shift 2 ;;
+        -d|--device) DEVICE=$2; shift 2 ;;
+        -b|--batch-seqs) BATCH_SEQS=$2; shift 2 ;;
+        -s|--seed) SEED=$2; shift 2 ;;
+        --extract-opts) EXTRACT_OPTS=$2; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; TRAIN_OPTS="$TRAIN_OPTS $*"; break ;;
+        -*) die "unknown option '$1' (try --help)" ;;
+        *) [ -z "$SAMPLES" ] || die "one samples file, not '$SAMPLES' and '$1'"; SAMPLES=$1; shift ;;
+    esac
+done
+[ -n "$TARGET" ] || die "--model DIR is required"
+[ -n "$DRAFTER" ] || die "--drafter CONFIG.json is required (its layer ids are the ones tapped)"
+[ -n "$OUT" ] || die "--out DIR is required"
+[ -n "$SAMPLES" ] || die "a samples JSONL file is required"
+[ -f "$SAMPLES" ] || { echo "train-online.sh: $SAMPLES: no such file" >&2; exit 66; }
+[ -n "${DFLASH_BIN:-}" ] && export PATH="$DFLASH_BIN:$PATH"
+mkdir -p "$OUT"
+
+# The schedule spans every epoch: ceil(samples / batch) steps each.
+n=$(grep -c . "$SAMPLES" || true)
+per_epoch=$(( (n + BATCH_SEQS - 1) / BATCH_SEQS ))
+[ "$per_epoch" -ge 1 ] || die "$SAMPLES has no samples"
+total=$(( per_epoch * EPOCHS ))
+
+for ((e = 1; e <= EPOCHS; e++)); do
+    ck="$OUT/ckpt-e$e"
+    if [ -d "$ck" ]; then echo "epoch $e: done before ($ck)"; continue; fi
+    if [ "$e" = 1 ]; then
+        if [ -n "$INIT_FROM" ]; then start=(--init-from "$INIT_FROM"); else start=(--init "$DRAFTER"); fi
+        start+=(--seed "$SEED")
+    else
+        start=(--resume "$OUT/ckpt-e$((e - 1))")
+    fi
+    echo "epoch $e of $EPOCHS: up to $per_epoch steps (schedule: $total) -> $ck"
+    rm -f "$ck.log"   # a redone epoch logs afresh
+    # --steps per_epoch + 1: the pass ends with the input, the tool saves and exits 0
+    # shellcheck disable=SC2086
+    shuf --random-source=<(yes "$SEED-$e") "$SAMPLES" |
+        dflash-extract -m "$TARGET" --drafter-config "$DRAFTER" --device "$DEVICE" $EXTRACT_OPTS |
+        dflash-train-step --target "$TARGET" "${start[@]}" --steps $((per_epoch + 1)) --total-steps "$total" \
+            --batch-seqs "$BATCH_SEQS" --device "$DEVICE" --log "$ck.log" $TRAIN_OPTS --out "$ck"
+done
+echo "done: $OUT/ckpt-e$EPOCHS"
