@@ -60,76 +60,78 @@ if [ -e "$OUT" ] && [ ! -e "$OUT/.dflash-demo" ]; then
     exit 73
 fi
 rm -rf "$OUT"
+BIN=$(cd "$BIN" && pwd) MKTARGET=$(realpath "$MKTARGET")
 mkdir -p "$OUT"
-touch "$OUT/.dflash-demo"
 OUT=$(cd "$OUT" && pwd)
+cd "$OUT"   # every path below is relative to it
+touch .dflash-demo
 start=$(date +%s)
 say() { printf '\n== %s  [%ds]\n' "$*" $(( $(date +%s) - start )); }
 run() { printf '$ %s\n' "$*"; "$@"; }
 
 say "1. a tiny target model: random Qwen3, 4 layers, hidden 64, vocabulary 128"
-run "$MKTARGET" -o "$OUT/target" --vocab 128 --hidden 64 --intermediate 128 --layers 4 \
+run "$MKTARGET" -o "target" --vocab 128 --hidden 64 --intermediate 128 --layers 4 \
     --heads 4 --kv-heads 2 --tie no --seed 7 >/dev/null
 
 say "2. $((N_TRAIN + N_EVAL)) prompts of 12 tokens ($N_TRAIN to train on, $N_EVAL held out)"
 awk -v n=$((N_TRAIN + N_EVAL)) 'BEGIN { x = 2026
     for (i = 0; i < n; i++) { s = ""
         for (j = 0; j < 12; j++) { x = (x * 48271) % 2147483647; s = s (j ? "," : "") x % 128 }
-        printf "{\"id\":\"p%03d\",\"input_ids\":[%s]}\n", i, s } }' >"$OUT/prompts.jsonl"
-head -n "$N_TRAIN" "$OUT/prompts.jsonl" >"$OUT/prompts-train.jsonl"
-tail -n "$N_EVAL" "$OUT/prompts.jsonl" >"$OUT/prompts-eval.jsonl"
-head -c 120 "$OUT/prompts-train.jsonl"; echo " ..."
+        printf "{\"id\":\"p%03d\",\"input_ids\":[%s]}\n", i, s } }' >"prompts.jsonl"
+head -n "$N_TRAIN" "prompts.jsonl" >"prompts-train.jsonl"
+tail -n "$N_EVAL" "prompts.jsonl" >"prompts-eval.jsonl"
+head -c 120 "prompts-train.jsonl"; echo " ..."
 
 # The drafter: 2 layers of the target's width, block 16, reading layers 0 and
 # 2; its config comes from the target's (pipelines/Makefile: drafter.json).
-MK=(make -f "$here/pipelines/Makefile" --no-print-directory TARGET="$OUT/target" SAMPLES="$OUT/samples.jsonl"
-    OUT="$OUT" LAYERS=$LAYERS DRAFT_LAYERS=2 BLOCK=16 MASK_TOKEN=127 K=$K STEPS=$STEPS DEVICE=cpu
+MK=(make -f "$here/pipelines/Makefile" --no-print-directory TARGET=target SAMPLES=samples.jsonl
+    OUT=. LAYERS=$LAYERS DRAFT_LAYERS=2 BLOCK=16 MASK_TOKEN=127 K=$K STEPS=$STEPS DEVICE=cpu
     SPLIT=train=0.9,val=0.1 EXTRACT_OPTS="--byte-shuffle on $T1"
     TRAIN_OPTS="$T1 --lr 2e-2 --anchors 16 --batch-seqs 8" SCORE_OPTS="$T1")
-"${MK[@]}" "$OUT/drafter.json" >/dev/null
+"${MK[@]}" drafter.json >/dev/null
 # An untrained drafter (0 steps): the "before" of the comparison, and the
 # drafter of the generation run (any drafter gives the same greedy output).
-dflash-extract -m "$OUT/target" --drafter-config "$OUT/drafter.json" -o "$OUT/empty.dfs" /dev/null
-dflash-train-step --target "$OUT/target" --init "$OUT/drafter.json" --steps 0 --out "$OUT/ckpt-0" "$OUT/empty.dfs" 2>/dev/null
+dflash-extract -m "target" --drafter-config "drafter.json" -o "empty.dfs" /dev/null
+dflash-train-step --target "target" --init "drafter.json" --steps 0 --out "ckpt-0" "empty.dfs" 2>/dev/null
 
 say "3. responses: the target's greedy continuations, $NEW_TOKENS tokens each ($JOBS jobs)"
-mkdir -p "$OUT/gen"
-split -n "l/$JOBS" -d "$OUT/prompts-train.jsonl" "$OUT/gen/prompts-"
+mkdir -p "gen"
+split -n "l/$JOBS" -d "prompts-train.jsonl" "gen/prompts-"
 echo "\$ dflash-score --target target --drafter ckpt-0 --prompts PART --max-new-tokens $NEW_TOKENS --ignore-eos --emit PART.emit"
-for p in "$OUT"/gen/prompts-*; do
-    dflash-score --target "$OUT/target" --drafter "$OUT/ckpt-0" $T1 --prompts "$p" \
+for p in gen/prompts-[0-9][0-9]; do
+    dflash-score --target "target" --drafter "ckpt-0" $T1 --prompts "$p" \
         --max-new-tokens "$NEW_TOKENS" --ignore-eos --emit "$p.emit" >/dev/null &
 done
 wait_all() { local rc=0; for j in $(jobs -p); do wait "$j" || rc=$?; done; return $rc; }
 wait_all
-cat "$OUT"/gen/prompts-*.emit >"$OUT/responses.jsonl"
+cat gen/prompts-*.emit >responses.jsonl
 # prompt + response, loss only on the response
-jq -c -n --slurpfile P "$OUT/prompts-train.jsonl" '
+jq -c -n --slurpfile P "prompts-train.jsonl" '
     ($P | map({(.id): .input_ids}) | add) as $p
     | inputs | {id, input_ids: ($p[.id] + .greedy_ids), loss_mask: ([$p[.id][] | 0] + [.greedy_ids[] | 1])}' \
-    "$OUT/responses.jsonl" >"$OUT/samples.jsonl"
-echo "$(wc -l <"$OUT/samples.jsonl") training samples in samples.jsonl, e.g. the response to p000:"
-jq -c 'select(.id == "p000") | .input_ids[12:44]' "$OUT/samples.jsonl"
+    "responses.jsonl" >"samples.jsonl"
+echo "$(wc -l <"samples.jsonl") training samples in samples.jsonl, e.g. the response to p000:"
+jq -c 'select(.id == "p000") | .input_ids[12:44]' "samples.jsonl"
 
 say "4. extract, pack, train ($STEPS steps, a checkpoint every $K), score: pipelines/Makefile"
 echo "\$ make -f pipelines/Makefile TARGET=... SAMPLES=... K=$K STEPS=$STEPS ... score"
 "${MK[@]}" score
 echo
-dflash-pack --stats "$OUT/samples.dfs" | sed -n '4,8p'
+dflash-pack --stats "samples.dfs" | sed -n '4,8p'
 echo
 # The cron job of a long run, here once: scores what is not scored yet (the
 # untrained ckpt-0) into the same scores.tsv, and plots it (scores.png).
-echo "\$ pipelines/eval-sweep.sh --target target --val val.dfs --dir $(basename "$OUT")"
-DFLASH_BIN=$BIN "$here/pipelines/eval-sweep.sh" --target "$OUT/target" --val "$OUT/val.dfs" --dir "$OUT" -- $T1
+echo "\$ pipelines/eval-sweep.sh --target target --val val.dfs --dir ."
+DFLASH_BIN=$BIN "$here/pipelines/eval-sweep.sh" --target target --val val.dfs --dir . -- $T1
 echo "offline, on the validation split (records never trained on):"
-{ head -n 1 "$OUT/scores.tsv"; tail -n +2 "$OUT/scores.tsv" | sort -t$'\t' -k4,4n; } |
+{ head -n 1 "scores.tsv"; tail -n +2 "scores.tsv" | sort -t$'\t' -k4,4n; } |
     cut -f 3,4,10,11,12 | sed "s|$OUT/||" | column -t
 
 say "5. tau before and after training: speculative decoding on $N_EVAL held-out prompts"
 echo "\$ dflash-score --target target --drafter ckpt-0 --drafter ckpt-$STEPS --prompts prompts-eval.jsonl --max-new-tokens $NEW_TOKENS --ignore-eos"
-dflash-score --target "$OUT/target" --drafter "$OUT/ckpt-0" --drafter "$OUT/ckpt-$STEPS" $T1 \
-    --prompts "$OUT/prompts-eval.jsonl" --max-new-tokens "$NEW_TOKENS" --ignore-eos >"$OUT/tau.tsv"
-col() { awk -F'\t' -v c="$1" -v r="$2" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == c) k = i } NR == r + 1 { print $k }' "$OUT/tau.tsv"; }
+dflash-score --target "target" --drafter "ckpt-0" --drafter "ckpt-$STEPS" $T1 \
+    --prompts "prompts-eval.jsonl" --max-new-tokens "$NEW_TOKENS" --ignore-eos >"tau.tsv"
+col() { awk -F'\t' -v c="$1" -v r="$2" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == c) k = i } NR == r + 1 { print $k }' "tau.tsv"; }
 before=$(col tau_pooled 1) after=$(col tau_pooled 2)
 mism=$(( $(col mismatches 1) + $(col mismatches 2) ))
 printf '\n  tau before training: %.2f\n  tau after %d steps:  %.2f   (block size 16: at most 16)\n' "$before" "$STEPS" "$after"

@@ -90,7 +90,14 @@ scored=""
 if [ -s "$TSV" ]; then
     dcol=$(col_of drafter "$TSV")
     [ "$dcol" -gt 0 ] || { echo "eval-sweep.sh: $TSV: no 'drafter' column in the header" >&2; exit 65; }
-    scored=$(tail -n +2 "$TSV" | cut -f "$dcol")
+    # each entry canonical; a relative one taken from the TSV's directory and from here
+    tsvdir=$(dirname "$TSV")
+    scored=$(tail -n +2 "$TSV" | cut -f "$dcol" | while IFS= read -r p; do
+        case "$p" in
+            /*) realpath -m "$p" ;;
+            *) realpath -m "$tsvdir/$p"; realpath -m "$p" ;;
+        esac
+    done)
 fi
 new=()
 while IFS=$'\t' read -r _ dir; do

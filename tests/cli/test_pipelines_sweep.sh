@@ -81,4 +81,12 @@ wait
 [ "$(grep -c "/ckpt-40b	" run/scores.tsv)" = 1 ] && [ "$(wc -l <run/scores.tsv)" = 6 ] &&
     pass "two overlapping sweeps score the new checkpoint once" ||
     fail "two overlapping sweeps score the new checkpoint once" "$(cut -f 3 run/scores.tsv | tr '\n' ' ')"
+# A TSV written by hand (or by make) with relative paths: those count as scored.
+dflash-score --target target --threads 1 --drafter run/ckpt-10 val.dfs >run/rel.tsv
+(cd run && dflash-score --target ../target --threads 1 --no-header --drafter ckpt-20 ../val.dfs >>rel.tsv)
+check "sweep over a TSV with relative paths" "$SW" --tsv run/rel.tsv --png "" "${SW_ARGS[@]}"
+n10=$(cut -f 3 run/rel.tsv | grep -c 'ckpt-10$'); n20=$(cut -f 3 run/rel.tsv | grep -c 'ckpt-20$')
+[ "$n10" = 1 ] && [ "$n20" = 1 ] && [ "$(wc -l <run/rel.tsv)" = 6 ] &&
+    pass "relative entries (from here and from the TSV's directory) count as scored" ||
+    fail "relative entries count as scored" "$(cut -f 3 run/rel.tsv | tr '\n' ' ')"
 expect_exit 2 "no --val or --prompts is a usage error" "$SW" --target target --dir run
