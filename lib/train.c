@@ -83,6 +83,7 @@ void dfl_train_mb_free(dfl_train_mb *mb) {
     free(mb->metric_label);
     free(mb->blocks);
     free(mb->target_h);
+    free(mb->streak);
     memset(mb, 0, sizeof *mb);
 }
 
@@ -129,6 +130,7 @@ void dfl_train_mb_add(dfl_train_mb *mb, const dfl_drafter_config *c, const dfl_t
         grow((void **)&mb->valid, cap, 1);
         grow((void **)&mb->metric_label, cap, 4);
         grow((void **)&mb->blocks, cap / B + 1, sizeof(dfl_block));
+        grow((void **)&mb->streak, cap / B + 1, sizeof(int32_t));
         if (o->kl) grow(&mb->target_h, cap * H, mb->th_esz);
         mb->cap_q = cap;
     }
@@ -221,6 +223,7 @@ void dfl_train_mb_run(dfl_drafter *d, const dfl_train_opts *o, dfl_train_mb *mb,
         }
         st->streak_sum += (double)s;
         st->nblocks++;
+        mb->streak[j] = (int32_t)s;
     }
     st->nseq += mb->nseq;
     st->tokens += mb->tokens;
