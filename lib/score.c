@@ -612,6 +612,13 @@ int dfl_score_online(dfl_target *t, dfl_drafter *const *d, int nd, dfl_jsonl *in
                 dc[i] = dfl_drafter_cache_new(d[i], cap);
             }
         }
+        if (prompts == 0) { /* warm-up (thread pools, workspaces), untimed and discarded */
+            dfl_gen_opts wo = go;
+            wo.max_new = o->max_new < 4 * Bmax ? o->max_new : 4 * Bmax;
+            rc = dfl_greedy_generate(t, kv, s.input_ids, s.n, &wo, &g);
+            for (int i = 0; i < nd && !rc; i++) rc = dfl_spec_generate(t, kv, d[i], dc[i], s.input_ids, s.n, &wo, &sp);
+            if (rc) break;
+        }
         if ((rc = dfl_greedy_generate(t, kv, s.input_ids, s.n, &go, &g))) break;
         for (int i = 0; i < nd && !rc; i++) {
             if ((rc = dfl_spec_generate(t, kv, d[i], dc[i], s.input_ids, s.n, &go, &sp))) break;

@@ -132,7 +132,8 @@ static dfl_drafter *load_drafter(const dfl_ops *ops, const char *dir, const dfl_
     if (dfl_ckpt_load_config(dir, &c)) dfl_die_last(PROG);
     dfl_drafter *d = dfl_drafter_new(ops, &c);
     dfl_drafter_config_free(&c);
-    if (dfl_ckpt_load_weights(dir, d) || dfl_drafter_load_target(d, target_dir, tcfg)) {
+    /* the target's parts first: a drafter made for another target is named as such */
+    if (dfl_drafter_load_target(d, target_dir, tcfg) || dfl_ckpt_load_weights(dir, d)) {
         fprintf(stderr, "%s: %s: %s\n", PROG, dir, dfl_errmsg());
         exit(dfl_errcode());
     }
