@@ -58,6 +58,8 @@ UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HELPER_SRC := $(sort $(wildcard tests/helpers/*.c))
 HELPER_BIN := $(HELPER_SRC:tests/helpers/%.c=$(BUILD)/tests/%)
+GPU_SRC    := $(sort $(wildcard tests/gpu/bench_*.c))
+GPU_BIN    := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/gpu/%)
 MAN_SRC    := $(sort $(wildcard man/*.scd))
 MAN_OUT    := $(MAN_SRC:%.scd=%)
 
@@ -66,6 +68,16 @@ LIBDFLASH  := $(BUILD)/libdflash.a
 # Rebuild everything when the flags change (e.g. NO_CUDA=1 after a CUDA build).
 FLAGS_STAMP := $(BUILD)/.flags
 $(shell mkdir -p $(BUILD); echo '$(CC) $(ALL_CFLAGS) $(NVCC)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(ALL_CFLAGS) $(NVCC)' > $(FLAGS_STAMP))
+
+# The CUDA kernels compiled for the CPU against a CUDA emulation (tests/emu)
+# and linked into test_ops_cuda as its "device": the CUDA agreement tests
+# then run on every machine (not under SAN: fibers and ASan do not mix).
+EMU_CXXFLAGS := -std=c++17 -O2 -g -DDFLASH_EMU -DDFLASH_HAVE_CUDA -Ilib -Ikernels -Itests/emu \
+                -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing -U_FORTIFY_SOURCE
+EMU_SRC    := $(sort $(wildcard kernels/*.cu)) tests/emu/cuda_emu.cpp
+EMU_OBJ    := $(EMU_SRC:%=$(BUILD)/emu/%.o) $(BUILD)/emu/lib/ops.c.o
+EMU_TOOLS  := $(TOOL_SRC:tools/%.c=$(BUILD)/emu/bin/%)
+EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu $(BUILD)/gpu/bench_train_emu $(EMU_TOOLS))
 
 .PHONY: all check check-build test deps demo bench fuzz fixtures man install clean status gpu-check
 .DEFAULT_GOAL := all
@@ -102,7 +114,31 @@ $(BUILD)/tests/%: tests/helpers/%.c $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 
-check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN)
+# GPU benchmarks (tests/gpu/run.sh runs them; CI only builds them, and
+# smoke-tests them on the CPU with --tiny)
+$(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/bench_util.h $(LIBDFLASH) $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
+
+$(BUILD)/emu/%.o: %
+	@mkdir -p $(@D)
+	$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/emu/lib/ops.c.o: lib/ops.c $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -DDFLASH_HAVE_CUDA -MMD -MP -c $< -o $@
+$(BUILD)/tests/test_ops_cuda_emu: tests/unit/test_ops_cuda.c tests/test.h tests/ops_agree.h $(EMU_OBJ) $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
+
+# the tools with the emulated CUDA backend: tests/cli/test_cuda_emu_model.sh
+$(BUILD)/emu/bin/%: tools/%.c $(EMU_OBJ) $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
+$(BUILD)/gpu/bench_train_emu: tests/gpu/bench_train.c tests/gpu/bench_util.h $(EMU_OBJ) $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
+
+check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN) $(EMU_TEST) $(GPU_BIN)
 
 # The tests of one build tree (BUILD/BIN); prints its own tally.
 test: check-build
@@ -145,9 +181,11 @@ build-fuzz/%: tests/fuzz/%.c build-fuzz/libdflash.a
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer $< build-fuzz/libdflash.a $(PKG_LIBS) -lm -o $@
 
 fuzz: $(FUZZ_BIN)
-	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p tests/fuzz/corpus/$$n; \
+	@# New inputs go to build-fuzz/corpus/NAME; the committed seeds stay as they are.
+	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build-fuzz/corpus/$$n tests/fuzz/corpus/$$n; \
 	  echo "fuzzing $$n for $(FUZZ_SECONDS)s"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=1024 tests/fuzz/corpus/$$n || exit 1; done
+	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+	    build-fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 fixtures:
 	python3 tests/reference/make_fixtures.py
@@ -168,4 +206,4 @@ gpu-check:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz $(BIN)
 
--include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d)
+-include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d) $(wildcard $(BUILD)/emu/*/*.d $(BUILD)/emu/*/*/*.d)

@@ -85,7 +85,7 @@ struct dfl_ops {
      * x_{i+d/2}' = x_{i+d/2} cos th + x_i sin th. inverse = 1 rotates by -th
      * (the backward pass). pos: i32 [T]; inv_freq: f32 [d/2]. */
     void (*rope)(void *x, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, int inverse);
-    /* out = silu(gate) * up, elementwise. */
+    /* out = silu(gate) * up, elementwise (out may alias gate or up). */
     void (*swiglu)(void *out, const void *gate, const void *up, int64_t n);
     void (*swiglu_bwd)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
     /* out = a + b (out may alias a or b). */

@@ -1,0 +1,397 @@
+// attention.cuh: what the attention kernels share: tensor-core primitives
+// (mma.sync m16n8k16 bf16 with f32 accumulation, ldmatrix, cp.async), the
+// flash-attention forward CTA used by both the causal and the DFlash
+// forward, the key-tile lists of the DFlash backward, and the launchers of
+// the simple reference kernels (attn_simple.cu).
+//
+// Row tiles. Every kernel works on the query rows that share one KV head:
+// with G = Hq/Hkv, the rows of a CTA are a range of the flattened index
+// r = p*G + g over (position p, head-in-group g), so the row is token tok0+p,
+// query head hkv*G + g. All of them see the same keys (DFlash: the block's
+// context and its own block; causal: a prefix, masked per row), so one K/V
+// tile in shared memory serves 64 rows of up to G heads (GQA sharing).
+//
+// Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16", bf16):
+// lane = 4*g + c (g = lane/4 "group", c = lane%4);
+//   A 16x16: a0 (row g, cols 2c..2c+1), a1 (row g+8, same), a2 (row g,
+//            cols 2c+8..), a3 (row g+8, cols 2c+8..)
+//   B 16x8:  b0 (k rows 2c..2c+1, col g), b1 (k rows 2c+8.., col g)
+//   C 16x8:  c0,c1 (row g, cols 2c, 2c+1), c2,c3 (row g+8, same cols)
+// ldmatrix.x4 gives lane L the pair (row L/4, cols 2(L%4)..) of each of four
+// 8x8 matrices whose row addresses lanes 8m..8m+7 supply; with .trans the
+// pair is (rows 2(L%4).., col L/4). So a row-major [rows][dims] tile gives
+// A fragments (untransposed), B = tile^T fragments (untransposed: S = Q K^T
+// reads K this way) and B = tile fragments (.trans: O = P V reads V so).
+#ifndef DFLASH_KERNELS_ATTENTION_CUH
+#define DFLASH_KERNELS_ATTENTION_CUH
+
+#include "common.cuh"
+
+#include <math.h>
+
+namespace attn {
+
+constexpr int BM = 64;        // query rows per CTA (4 warps x 16)
+constexpr int BN = 64;        // keys per tile
+constexpr int NTHREADS = 128; // 4 warps
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------------------
+// primitives
+
+#ifdef DFLASH_EMU
+__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16 *p) {
+    emu::ldmatrix_x4(r0, r1, r2, r3, p, false);
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16 *p) {
+    emu::ldmatrix_x4(r0, r1, r2, r3, p, true);
+}
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    emu::mma_m16n8k16(c, a, b0, b1);
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    if (valid) memcpy(smem, gmem, 16);
+    else memset(smem, 0, 16);
+}
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+#else
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(p)));
+}
+
+// c += a · b   (16x16 bf16 · 16x8 bf16 -> 16x8 f32)
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16-byte global -> shared copy; !valid writes 16 zero bytes instead (the
+// source is not read, but must be a mapped address: pass any valid one).
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif
+
+// two f32 -> one register of two bf16 (the lower column in the low half)
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+// The accumulator of a 16x16 tile (two 16x8 C fragments) as an A fragment.
+__device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float *c1) {
+    a[0] = pack_bf16(c0[0], c0[1]);
+    a[1] = pack_bf16(c0[2], c0[3]);
+    a[2] = pack_bf16(c1[0], c1[1]);
+    a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+// Row r of a flattened (position, head-in-group) row range: element pointer.
+__device__ __forceinline__ const bf16 *row_ptr(const bf16 *base, int64_t tok0, int r, int G, int hkv, int Hq, int D) {
+    return base + ((tok0 + r / G) * (int64_t)Hq + (int64_t)hkv * G + r % G) * D;
+}
+
+// cp.async `nrows` rows of D bf16 into s[nrows][D+8]: query-like rows
+// r0+i (i < nrows) of the flattened range, zero past `rows_total`.
+template <int D>
+__device__ __forceinline__ void load_qrows(bf16 *s, int nrows, const bf16 *base, int64_t tok0, int r0, int rows_total,
+                                           int G, int hkv, int Hq) {
+    constexpr int CPR = D / 8, SD = D + 8;
+    for (int c = threadIdx.x; c < nrows * CPR; c += NTHREADS) {
+        int i = c / CPR, k = c % CPR;
+        bool ok = r0 + i < rows_total;
+        const bf16 *g = ok ? row_ptr(base, tok0, r0 + i, G, hkv, Hq, D) + k * 8 : base;
+        cp_async16(s + i * SD + k * 8, g, ok);
+    }
+}
+
+// cp.async BN key rows k0.. of one KV head into s[BN][D+8], zero from kend.
+template <int D>
+__device__ __forceinline__ void load_keys(bf16 *s, const bf16 *base, int64_t k0, int64_t kend, int Hkv, int hkv) {
+    constexpr int CPR = D / 8, SD = D + 8;
+    for (int c = threadIdx.x; c < BN * CPR; c += NTHREADS) {
+        int i = c / CPR, k = c % CPR;
+        bool ok = k0 + i < kend;
+        const bf16 *g = ok ? base + ((k0 + i) * Hkv + hkv) * (int64_t)D + k * 8 : base;
+        cp_async16(s + i * SD + k * 8, g, ok);
+    }
+}
+
+// The keys a CTA visits: segment 0 [s0,e0) then segment 1 [s1,e1) minus
+// segment 0 (the DFlash union); tiles of BN keys, each within one segment.
+struct KeySegs {
+    int64_t s0, e0, s1, e1;
+    int n0, n1;
+    __device__ void init(int64_t a0, int64_t b0, int64_t a1, int64_t b1) {
+        s0 = a0, e0 = b0 > a0 ? b0 : a0, s1 = a1, e1 = b1 > a1 ? b1 : a1;
+        n0 = (int)((e0 - s0 + BN - 1) / BN);
+        n1 = (int)((e1 - s1 + BN - 1) / BN);
+    }
+    __device__ int ntiles() const { return n0 + n1; }
+    __device__ int64_t start(int i) const { return i < n0 ? s0 + (int64_t)i * BN : s1 + (int64_t)(i - n0) * BN; }
+    __device__ int64_t end(int i) const { return i < n0 ? e0 : e1; }
+    // may tile i's key `key` be used (inside its segment, counted once)?
+    __device__ bool ok(int i, int64_t key) const {
+        return key < end(i) && (i < n0 || key < s0 || key >= e0);
+    }
+};
+
+// Exclusive prefix sums out[0..n] (out[n] = total) of val(0..n-1), by one
+// block of 1024 threads: each thread sums a contiguous run, the runs are
+// scanned in shared memory, then each thread writes its run.
+template <typename F>
+__device__ void block_scan_exclusive(int *out, int n, F val) {
+    __shared__ int part[1024];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    __syncthreads(); // part[] may still be read by a previous call
+    int per = (n + nt - 1) / nt, a = tid * per, b = a + per < n ? a + per : n;
+    int sum = 0;
+    for (int i = a; i < b; i++) sum += val(i);
+    part[tid] = sum;
+    __syncthreads();
+    for (int off = 1; off < nt; off *= 2) {
+        int x = tid >= off ? part[tid - off] : 0;
+        __syncthreads();
+        part[tid] += x;
+        __syncthreads();
+    }
+    int run = tid ? part[tid - 1] : 0;
+    for (int i = a; i < b; i++) {
+        out[i] = run;
+        run += val(i);
+    }
+    if (tid == nt - 1) out[n] = part[nt - 1];
+}
+
+// Raise a kernel's dynamic shared memory limit once, when it needs > 48 KiB.
+template <typename K>
+static void allow_smem(K kernel, size_t bytes) {
+    if (bytes <= (48u << 10)) return;
+    CU_ASSERT(bytes <= g_cuda.smem_optin);
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// A DFlash block's two key ranges [r0,r1) (context), [r2,r3) (own block),
+// clamped into [0, NK]: a guard; the model code builds valid blocks, and an
+// out-of-range one must not fault.
+__device__ __forceinline__ void block_ranges(const dfl_block &b, int B, int64_t NK, int64_t *r) {
+    auto cl = [&](int64_t x) { return x < 0 ? (int64_t)0 : x > NK ? NK : x; };
+    r[0] = cl(b.ctx_off);
+    r[1] = cl((int64_t)b.ctx_off + b.ctx_len);
+    r[2] = cl(b.blk_off);
+    r[3] = cl((int64_t)b.blk_off + B);
+}
+
+// ---------------------------------------------------------------------------
+// forward CTA: 64 flattened rows [r0, r0+64) of one KV head, all keys of
+// `segs`; CAUSAL masks key > kbase + row position. Writes out (and lse, the
+// natural-log logsumexp of the scaled scores, when lse != NULL).
+
+template <int D>
+constexpr size_t fwd_smem_bytes() { return (size_t)(BM + 4 * BN) * (D + 8) * sizeof(bf16); }
+
+template <int D, bool CAUSAL>
+__device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                              int Hq, int Hkv, int G, int64_t tok0, int rows_total, int r0, int hkv,
+                                              const KeySegs &segs, int64_t kbase, float scale_log2) {
+    constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
+    DYN_SMEM(bf16, sQ);
+    bf16 *sK = sQ + BM * SD; // [2][BN][SD]
+    bf16 *sV = sK + 2 * BN * SD;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+
+    // this thread's two rows: warp*16 + g and +8
+    int row[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+    int64_t pos[2] = {row[0] / G, row[1] / G};
+
+    const int nt = segs.ntiles();
+    load_qrows<D>(sQ, BM, q, tok0, r0, rows_total, G, hkv, Hq);
+    if (nt > 0) {
+        load_keys<D>(sK, k, segs.start(0), segs.end(0), Hkv, hkv);
+        load_keys<D>(sV, v, segs.start(0), segs.end(0), Hkv, hkv);
+    }
+    cp_async_commit();
+
+    float o[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    uint32_t qf[KS][4];
+
+    for (int it = 0; it < nt; it++) {
+        const int buf = it & 1;
+        if (it + 1 < nt) {
+            load_keys<D>(sK + (buf ^ 1) * BN * SD, k, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
+            load_keys<D>(sV + (buf ^ 1) * BN * SD, v, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (it == 0) {
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3],
+                        sQ + (warp * 16 + lane % 16) * SD + ks * 16 + (lane / 16) * 8);
+        }
+        const bf16 *kt = sK + buf * BN * SD, *vt = sV + buf * BN * SD;
+        const int64_t k0 = segs.start(it);
+
+        // S = Q K^T for 16 rows x 64 keys
+        float s[8][4];
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+#pragma unroll
+            for (int nb = 0; nb < 8; nb += 2) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, kt + ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8);
+                mma16816(s[nb], qf[ks], b0, b1);
+                mma16816(s[nb + 1], qf[ks], b2, b3);
+            }
+        }
+
+        // mask, scale into log2 units, online softmax
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int64_t key = k0 + nb * 8 + 2 * c + (e & 1);
+                bool ok = segs.ok(it, key) && (!CAUSAL || key - kbase <= pos[e >> 1]);
+                s[nb][e] = ok ? s[nb][e] * scale_log2 : -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[nb][e]);
+            }
+        }
+        float alpha[2], base[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            float mnew = fmaxf(m[h], mx[h]);
+            base[h] = mnew == -INFINITY ? 0.0f : mnew; // a row with no key yet
+            alpha[h] = exp2f(m[h] - base[h]);
+            m[h] = mnew;
+            l[h] *= alpha[h];
+        }
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nb][e] = exp2f(s[nb][e] - base[e >> 1]);
+                l[e >> 1] += s[nb][e];
+            }
+        }
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            o[nd][0] *= alpha[0];
+            o[nd][1] *= alpha[0];
+            o[nd][2] *= alpha[1];
+            o[nd][3] *= alpha[1];
+        }
+
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t a[4];
+            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int nd = 0; nd < ND; nd += 2) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, vt + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8);
+                mma16816(o[nd], a, b0, b1);
+                mma16816(o[nd + 1], a, b2, b3);
+            }
+        }
+        __syncthreads(); // the next iteration's prefetch overwrites this buffer
+    }
+    cp_async_wait<0>(); // (no tile at all: the Q copy is still in flight)
+
+    // finish: O / l, lse = (m + log2 l) ln 2
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (row[h] >= rows_total) continue;
+        float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+        bf16 *orow = (bf16 *)row_ptr(out, tok0, row[h], G, hkv, Hq, D);
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++)
+            *(uint32_t *)(orow + nd * 8 + 2 * c) = pack_bf16(o[nd][2 * h] * inv, o[nd][2 * h + 1] * inv);
+        if (lse && c == 0) {
+            int64_t t = tok0 + row[h] / G;
+            lse[t * Hq + (int64_t)hkv * G + row[h] % G] = l[h] > 0.0f ? (m[h] + log2f(l[h])) * LN2 : -INFINITY;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// DFlash backward: for every tile of BN keys, the blocks that see any of
+// its keys, in block order (so sums over them are deterministic), cut into
+// chunks of at most CHUNK blocks (one CTA each, for balance).
+
+constexpr int CHUNK = 32;
+
+struct KeyChunk {
+    int tile, first, count; // list[first .. first+count) are block indices
+};
+
+struct TileLists {
+    int ntiles;         // ceil(NK / BN)
+    int *small;         // device: cnt[ntiles], list_off[ntiles+1], chunk_off[ntiles+1]
+    int *cnt, *list_off, *chunk_off;
+    int *list;          // device: [nlist] block indices, by tile then block
+    KeyChunk *chunks;   // device: [nchunks]
+    int nlist, nchunks; // host copies of the totals
+};
+
+// Device ints build_tile_lists needs before it runs (caller's scratch).
+static inline size_t tile_lists_small_ints(int64_t NK) { return (size_t)3 * (CEIL_DIV(NK, (int64_t)BN) + 1); }
+// Fills *tl on the device (list and chunks in SCRATCH_LISTS); reads the two
+// totals back, which is this op's one host synchronisation.
+void build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK);
+
+// delta[t*Hq + h] = sum_d dout[t,h,d] * out[t,h,d]  (f32), rows n = T*Hq
+void launch_delta(float *delta, const bf16 *dout, const bf16 *out, int64_t n, int D);
+
+// ---------------------------------------------------------------------------
+// the simple kernels (attn_simple.cu): any D <= 256, any alignment
+
+void simple_attn_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
+                        int64_t T, int Hq, int Hkv, int D);
+void simple_attn_dflash(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
+                        int64_t nblk, int B, int64_t NK, int Hq, int Hkv, int D);
+void simple_attn_dflash_dq(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
+                           const bf16 *k, const bf16 *v, const dfl_block *blocks, int64_t nblk, int B, int64_t NK,
+                           int Hq, int Hkv, int D);
+void simple_attn_dflash_dkdv(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
+                             const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks, const TileLists *tl,
+                             int B, int64_t NK, int Hq, int Hkv, int D);
+
+} // namespace attn
+
+#endif

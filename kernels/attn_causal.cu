@@ -1,0 +1,81 @@
+// attn_causal.cu: causal self-attention over packed sequences (the target's
+// prefill), GQA, forward only.
+// defines: cuda_attn_causal
+//
+// Fast path (D = 64 or 128, 16-byte aligned rows): flash attention with
+// mma.sync tensor cores (attention.cuh, flash_fwd_cta). Each CTA takes 64
+// rows of one sequence and one KV head, in the (position, head-in-group)
+// order, and visits only the keys up to its last row's position; a row's
+// keys past its own position are masked. The sequence lengths stay on the
+// device: a small kernel turns cu into per-sequence tile offsets and each CTA
+// finds its sequence by binary search, so no host synchronisation is needed.
+// Otherwise (other D, DFLASH_CUDA_SIMPLE=1): the simple kernel.
+#include "attention.cuh"
+
+using namespace attn;
+
+// ---------------------------------------------------------------------------
+// CUDA kernels
+
+// tile_off[s] = sum over s' < s of ceil(len(s') * G / BM); tile_off[nseq] = total
+__global__ void causal_tiles_kernel(int *tile_off, const int32_t *cu, int nseq, int G) {
+    block_scan_exclusive(tile_off, nseq, [&](int s) { return (int)CEIL_DIV((int64_t)(cu[s + 1] - cu[s]) * G, BM); });
+}
+
+template <int D>
+__global__ void __launch_bounds__(NTHREADS, 2)
+    attn_causal_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, const int *tile_off,
+                       int nseq, int Hq, int Hkv, int G, float scale_log2) {
+    int tile = blockIdx.x;
+    if (tile >= tile_off[nseq]) return;
+    int lo = 0, hi = nseq - 1; // the last sequence whose first tile is <= tile
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tile_off[mid] <= tile) lo = mid;
+        else hi = mid - 1;
+    }
+    int s = lo;
+    int x = tile_off[s + 1] - 1 - tile; // the longest rows of a sequence first
+    int64_t start = cu[s];
+    int rows_total = (cu[s + 1] - cu[s]) * G;
+    int r0 = x * BM;
+    int rlast = (r0 + BM < rows_total ? r0 + BM : rows_total) - 1;
+    KeySegs segs;
+    segs.init(start, start + rlast / G + 1, 0, 0);
+    flash_fwd_cta<D, true>(out, NULL, q, k, v, Hq, Hkv, G, start, rows_total, r0, blockIdx.y, segs, start,
+                           scale_log2);
+}
+
+// ---------------------------------------------------------------------------
+// kernel launchers
+
+template <int D>
+static void launch_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
+                          int64_t T, int Hq, int Hkv) {
+    int G = Hq / Hkv;
+    int *tile_off = (int *)cuda_scratch(SCRATCH_OP, (size_t)(nseq + 1) * sizeof(int));
+    KLAUNCH(causal_tiles_kernel, 1, 1024, 0)(tile_off, cu, (int)nseq, G);
+    LAUNCH_CHECK();
+    size_t smem = fwd_smem_bytes<D>();
+    static int once = 0;
+    if (!once) allow_smem(attn_causal_kernel<D>, smem), once = 1;
+    dim3 grid((unsigned)(CEIL_DIV(T * G, (int64_t)BM) + nseq), (unsigned)Hkv);
+    float scale_log2 = LOG2E / sqrtf((float)D);
+    KLAUNCH(attn_causal_kernel<D>, grid, NTHREADS, smem)(out, q, k, v, cu, tile_off, (int)nseq, Hq, Hkv, G,
+                                                                   scale_log2);
+    LAUNCH_CHECK();
+}
+
+void cuda_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu, int64_t nseq,
+                      int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+    CU_ASSERT(out && q && k && v && cu && nseq >= 0 && T >= 0);
+    CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hq <= 65535 && Hkv <= 65535);
+    CU_ASSERT(T * Hq <= INT32_MAX && nseq < INT32_MAX);
+    if (T == 0 || nseq == 0) return;
+    bf16 *o = (bf16 *)out;
+    const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
+    if (!g_cuda.simple && aligned && D == 128) launch_causal<128>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
+    else if (!g_cuda.simple && aligned && D == 64) launch_causal<64>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
+    else simple_attn_causal(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv, (int)D);
+}

@@ -1,0 +1,542 @@
+// attn_dflash.cu: DFlash block attention, forward and backward.
+// defines: cuda_attn_dflash, cuda_attn_dflash_bwd, attn::build_tile_lists, attn::launch_delta
+//
+// Block j's B queries see exactly the keys [ctx_off, ctx_off+ctx_len) ∪
+// [blk_off, blk_off+B) (dfl_block). Work is proportional to the keys each
+// block really sees: a CTA visits only its block's key ranges, never the
+// whole S×Q rectangle.
+//
+// Forward (fast path: D = 64 or 128, 16-byte aligned): one CTA per (block,
+// KV head, 64 rows of the block's B×G (slot, head-in-group) rows), the
+// flash_fwd_cta of attention.cuh over the block's two key segments; lse
+// saved (natural log, f32).
+//
+// Backward, deterministic (no floating-point atomics anywhere):
+//   delta = rowsum(dout ∘ out)                        (f32 scratch)
+//   dq: one CTA per (block, KV head, 64 rows), like the forward: recompute
+//       P = exp(S - lse), dP = dO V^T, dS = P (dP - delta), dq += scale dS K.
+//   dk, dv: keys are shared by every block of a sequence whose context
+//       covers them, so the work is organised by key tile instead: for each
+//       tile of 64 keys, the list of blocks that see it (built on the
+//       device, in block order), cut into chunks of <= 32 blocks for
+//       balance. One CTA per (chunk, KV head) accumulates dK, dV for its 64
+//       keys in registers over its blocks and writes an f32 partial; a
+//       reduce kernel adds each tile's partials in chunk order into dk, dv.
+//   Reading the list totals back is the one host synchronisation.
+#include "attention.cuh"
+
+using namespace attn;
+
+namespace {
+
+constexpr int BR = 32; // query rows per step of the dk/dv kernel
+
+__device__ __forceinline__ bool sees(const int64_t *r, int64_t key) {
+    return (key >= r[0] && key < r[1]) || (key >= r[2] && key < r[3]);
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------
+// CUDA kernels: forward
+
+template <int D>
+__global__ void __launch_bounds__(NTHREADS, 2)
+    attn_dflash_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
+                       int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale_log2) {
+    int j = nblk - 1 - (int)blockIdx.x; // later anchors see more context: start them first
+    int64_t r[4];
+    block_ranges(blocks[j], B, NK, r);
+    KeySegs segs;
+    segs.init(r[0], r[1], r[2], r[3]);
+    flash_fwd_cta<D, false>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM, blockIdx.y, segs,
+                            0, scale_log2);
+}
+
+// ---------------------------------------------------------------------------
+// CUDA kernels: backward helpers
+
+// one warp per (token, head) row
+__global__ void delta_kernel(float *delta, const bf16 *dout, const bf16 *out, int64_t n, int D) {
+    int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (i >= n) return;
+    float s = 0.0f;
+    for (int d = lane; d < D; d += 32) s += bf2f(dout[i * D + d]) * bf2f(out[i * D + d]);
+    s = warp_sum(s);
+    if (lane == 0) delta[i] = s;
+}
+
+__device__ __forceinline__ bool block_touches_tile(const dfl_block &b, int B, int64_t NK, int64_t t0, int64_t t1) {
+    int64_t r[4];
+    block_ranges(b, B, NK, r);
+    return (r[0] < r[1] && r[0] < t1 && r[1] > t0) || (r[2] < r[3] && r[2] < t1 && r[3] > t0);
+}
+
+// one warp per key tile; lanes test 32 blocks at a time
+__global__ void tile_count_kernel(int *cnt, const dfl_block *blocks, int nblk, int B, int64_t NK, int ntiles) {
+    int tile = (int)((blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    if (tile >= ntiles) return;
+    int64_t t0 = (int64_t)tile * BN, t1 = t0 + BN;
+    int n = 0;
+    for (int jb = 0; jb < nblk; jb += 32) {
+        int j = jb + lane;
+        bool t = j < nblk && block_touches_tile(blocks[j], B, NK, t0, t1);
+        n += __popc(__ballot_sync(0xffffffffu, t));
+    }
+    if (lane == 0) cnt[tile] = n;
+}
+
+__global__ void tile_scan_kernel(int *list_off, int *chunk_off, const int *cnt, int ntiles) {
+    block_scan_exclusive(list_off, ntiles, [&](int i) { return cnt[i]; });
+    block_scan_exclusive(chunk_off, ntiles, [&](int i) { return (cnt[i] + CHUNK - 1) / CHUNK; });
+}
+
+// same walk as tile_count_kernel, writing block indices in block order
+__global__ void tile_fill_kernel(int *list, KeyChunk *chunks, const int *cnt, const int *list_off,
+                                 const int *chunk_off, const dfl_block *blocks, int nblk, int B, int64_t NK,
+                                 int ntiles) {
+    int tile = (int)((blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    if (tile >= ntiles) return;
+    int64_t t0 = (int64_t)tile * BN, t1 = t0 + BN;
+    int base = list_off[tile], n = 0;
+    for (int jb = 0; jb < nblk; jb += 32) {
+        int j = jb + lane;
+        bool t = j < nblk && block_touches_tile(blocks[j], B, NK, t0, t1);
+        unsigned mask = __ballot_sync(0xffffffffu, t);
+        if (t) list[base + n + __popc(mask & ((1u << lane) - 1u))] = j;
+        n += __popc(mask);
+    }
+    int c = cnt[tile], nch = (c + CHUNK - 1) / CHUNK;
+    for (int i = lane; i < nch; i += 32) {
+        KeyChunk ch;
+        ch.tile = tile;
+        ch.first = base + i * CHUNK;
+        ch.count = c - i * CHUNK < CHUNK ? c - i * CHUNK : CHUNK;
+        chunks[chunk_off[tile] + i] = ch;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA kernels: backward, dq
+
+template <int D>
+constexpr size_t dq_smem_bytes() { return (size_t)(2 * BM + 4 * BN) * (D + 8) * sizeof(bf16); }
+
+template <int D>
+__global__ void __launch_bounds__(NTHREADS, 2)
+    attn_dflash_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
+                          const bf16 *k, const bf16 *v, const dfl_block *blocks, int nblk, int B, int64_t NK, int Hq,
+                          int Hkv, int G, float scale_log2, float scale) {
+    constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
+    DYN_SMEM(bf16, sQ);
+    bf16 *sdO = sQ + BM * SD;
+    bf16 *sK = sdO + BM * SD, *sV = sK + 2 * BN * SD; // [2][BN][SD] each
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int j = nblk - 1 - (int)blockIdx.x, hkv = blockIdx.y, r0 = blockIdx.z * BM;
+    const int rows_total = B * G;
+    const int64_t tok0 = (int64_t)j * B;
+    int64_t rg[4];
+    block_ranges(blocks[j], B, NK, rg);
+    KeySegs segs;
+    segs.init(rg[0], rg[1], rg[2], rg[3]);
+
+    int row[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+    float lse2[2], dl[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        bool ok = row[h] < rows_total;
+        int64_t idx = (tok0 + row[h] / G) * Hq + (int64_t)hkv * G + row[h] % G;
+        lse2[h] = ok ? lse[idx] * LOG2E : 0.0f;
+        dl[h] = ok ? delta[idx] : 0.0f;
+    }
+
+    const int nt = segs.ntiles();
+    load_qrows<D>(sQ, BM, q, tok0, r0, rows_total, G, hkv, Hq);
+    load_qrows<D>(sdO, BM, dout, tok0, r0, rows_total, G, hkv, Hq);
+    if (nt > 0) {
+        load_keys<D>(sK, k, segs.start(0), segs.end(0), Hkv, hkv);
+        load_keys<D>(sV, v, segs.start(0), segs.end(0), Hkv, hkv);
+    }
+    cp_async_commit();
+
+    float acc[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+    for (int it = 0; it < nt; it++) {
+        const int buf = it & 1;
+        if (it + 1 < nt) {
+            load_keys<D>(sK + (buf ^ 1) * BN * SD, k, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
+            load_keys<D>(sV + (buf ^ 1) * BN * SD, v, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *kt = sK + buf * BN * SD, *vt = sV + buf * BN * SD;
+        const int64_t k0 = segs.start(it);
+
+        // S = Q K^T and dP = dO V^T, 16 rows x 64 keys each
+        float s[8][4], dp[8][4];
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nb][e] = dp[nb][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t aq[4], ao[4];
+            const int arow = (warp * 16 + lane % 16) * SD + ks * 16 + (lane / 16) * 8;
+            ldsm_x4(aq[0], aq[1], aq[2], aq[3], sQ + arow);
+            ldsm_x4(ao[0], ao[1], ao[2], ao[3], sdO + arow);
+#pragma unroll
+            for (int nb = 0; nb < 8; nb += 2) {
+                const int brow = ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8;
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, kt + brow);
+                mma16816(s[nb], aq, b0, b1);
+                mma16816(s[nb + 1], aq, b2, b3);
+                ldsm_x4(b0, b1, b2, b3, vt + brow);
+                mma16816(dp[nb], ao, b0, b1);
+                mma16816(dp[nb + 1], ao, b2, b3);
+            }
+        }
+        // P = exp(S - lse) on visible keys; dS = P (dP - delta), kept in s
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int64_t key = k0 + nb * 8 + 2 * c + (e & 1);
+                float p = segs.ok(it, key) ? exp2f(s[nb][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
+                s[nb][e] = p * (dp[nb][e] - dl[e >> 1]);
+            }
+        }
+        // dQ += dS K
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t a[4];
+            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int nd = 0; nd < ND; nd += 2) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, kt + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8);
+                mma16816(acc[nd], a, b0, b1);
+                mma16816(acc[nd + 1], a, b2, b3);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+    // dq += scale * acc (each row belongs to this CTA alone)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (row[h] >= rows_total) continue;
+        bf16 *drow = (bf16 *)row_ptr(dq, tok0, row[h], G, hkv, Hq, D);
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            __nv_bfloat162 *p = (__nv_bfloat162 *)(drow + nd * 8 + 2 * c);
+            float2 old = __bfloat1622float2(*p);
+            *p = __floats2bfloat162_rn(old.x + scale * acc[nd][2 * h], old.y + scale * acc[nd][2 * h + 1]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA kernels: backward, dk and dv
+
+template <int D>
+constexpr size_t dkdv_smem_bytes() {
+    return (size_t)(2 * BN + 4 * BR) * (D + 8) * sizeof(bf16) + 4 * BR * sizeof(float);
+}
+
+// CTA (chunk, KV head): warp w owns keys tile*64 + w*16 .. +16 and
+// accumulates their dK, dV over (block, 32-row step) pairs, double-buffered.
+template <int D>
+__global__ void __launch_bounds__(NTHREADS)
+    attn_dflash_dkdv_kernel(float *part_dk, float *part_dv, const KeyChunk *chunks, const int *list,
+                            const bf16 *dout, const float *lse, const float *delta, const bf16 *q, const bf16 *k,
+                            const bf16 *v, const dfl_block *blocks, int B, int64_t NK, int Hq, int Hkv, int G,
+                            float scale_log2, float scale) {
+    constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
+    DYN_SMEM(bf16, sK);
+    bf16 *sV = sK + BN * SD;
+    bf16 *sQ = sV + BN * SD, *sdO = sQ + 2 * BR * SD; // [2][BR][SD] each
+    float *sL = (float *)(sdO + 2 * BR * SD), *sDl = sL + 2 * BR; // [2][BR] each
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const KeyChunk ch = chunks[blockIdx.x];
+    const int hkv = blockIdx.y;
+    const int64_t kt0 = (int64_t)ch.tile * BN;
+    const int rows_total = B * G, nrt = (rows_total + BR - 1) / BR, total = ch.count * nrt;
+
+    load_keys<D>(sK, k, kt0, NK, Hkv, hkv);
+    load_keys<D>(sV, v, kt0, NK, Hkv, hkv);
+    // step `it`: block list[first + it/nrt], rows (it%nrt)*BR .. +BR
+    auto issue = [&](int it, int buf) {
+        int jj = list[ch.first + it / nrt], rr = (it % nrt) * BR;
+        int64_t tok0 = (int64_t)jj * B;
+        load_qrows<D>(sQ + buf * BR * SD, BR, q, tok0, rr, rows_total, G, hkv, Hq);
+        load_qrows<D>(sdO + buf * BR * SD, BR, dout, tok0, rr, rows_total, G, hkv, Hq);
+        for (int i = threadIdx.x; i < BR; i += NTHREADS) {
+            int r = rr + i;
+            bool ok = r < rows_total;
+            int64_t idx = (tok0 + r / G) * Hq + (int64_t)hkv * G + r % G;
+            sL[buf * BR + i] = ok ? lse[idx] * LOG2E : 0.0f;
+            sDl[buf * BR + i] = ok ? delta[idx] : 0.0f;
+        }
+    };
+    if (total > 0) issue(0, 0);
+    cp_async_commit();
+
+    float dk[ND][4], dv[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
+    const int64_t key[2] = {kt0 + warp * 16 + g, kt0 + warp * 16 + g + 8};
+    const int arow0 = (warp * 16 + lane % 16) * SD + (lane / 16) * 8; // A fragments of this warp's K, V rows
+
+    for (int it = 0; it < total; it++) {
+        const int buf = it & 1;
+        if (it + 1 < total) {
+            issue(it + 1, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int jj = list[ch.first + it / nrt], rr = (it % nrt) * BR;
+        int64_t rg[4];
+        block_ranges(blocks[jj], B, NK, rg);
+        const bool vis[2] = {key[0] < NK && sees(rg, key[0]), key[1] < NK && sees(rg, key[1])};
+        const bf16 *qt = sQ + buf * BR * SD, *ot = sdO + buf * BR * SD;
+        const float *lt = sL + buf * BR, *dt = sDl + buf * BR;
+
+        // S^T = K Q^T and dP^T = V dO^T: 16 keys x 32 rows each
+        float st[4][4], dpt[4][4];
+#pragma unroll
+        for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[nb][e] = dpt[nb][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t ak[4], av[4];
+            ldsm_x4(ak[0], ak[1], ak[2], ak[3], sK + arow0 + ks * 16);
+            ldsm_x4(av[0], av[1], av[2], av[3], sV + arow0 + ks * 16);
+#pragma unroll
+            for (int nb = 0; nb < 4; nb += 2) {
+                const int brow = ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8;
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, qt + brow);
+                mma16816(st[nb], ak, b0, b1);
+                mma16816(st[nb + 1], ak, b2, b3);
+                ldsm_x4(b0, b1, b2, b3, ot + brow);
+                mma16816(dpt[nb], av, b0, b1);
+                mma16816(dpt[nb + 1], av, b2, b3);
+            }
+        }
+        // P^T on visible (key, row) pairs; dS^T = P^T (dP^T - delta) into dpt
+#pragma unroll
+        for (int nb = 0; nb < 4; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int col = nb * 8 + 2 * c + (e & 1);
+                bool ok = vis[e >> 1] && rr + col < rows_total;
+                float p = ok ? exp2f(st[nb][e] * scale_log2 - lt[col]) : 0.0f;
+                st[nb][e] = p;
+                dpt[nb][e] = p * (dpt[nb][e] - dt[col]);
+            }
+        }
+        // dV += P^T dO, dK += dS^T Q
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            uint32_t ap[4], ad[4];
+            c_to_a(ap, st[2 * kk], st[2 * kk + 1]);
+            c_to_a(ad, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+            for (int nd = 0; nd < ND; nd += 2) {
+                const int brow = (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8;
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, ot + brow);
+                mma16816(dv[nd], ap, b0, b1);
+                mma16816(dv[nd + 1], ap, b2, b3);
+                ldsm_x4_t(b0, b1, b2, b3, qt + brow);
+                mma16816(dk[nd], ad, b0, b1);
+                mma16816(dk[nd + 1], ad, b2, b3);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+    // this chunk's partial [BN][D] for this KV head
+    const int64_t pbase = ((int64_t)blockIdx.x * Hkv + hkv) * BN * D;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int kr = warp * 16 + g + 8 * h;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            int64_t o = pbase + (int64_t)kr * D + nd * 8 + 2 * c;
+            *(float2 *)(part_dk + o) = make_float2(scale * dk[nd][2 * h], scale * dk[nd][2 * h + 1]);
+            *(float2 *)(part_dv + o) = make_float2(dv[nd][2 * h], dv[nd][2 * h + 1]);
+        }
+    }
+}
+
+// dk, dv += the sum of each tile's chunk partials, in chunk order
+__global__ void dkdv_reduce_kernel(bf16 *dk, bf16 *dv, const float *part_dk, const float *part_dv, const int *chunk_off,
+                                   int Hkv, int64_t NK, int D) {
+    const int tile = blockIdx.x, hkv = blockIdx.y;
+    const int c0 = chunk_off[tile], c1 = chunk_off[tile + 1];
+    if (c0 == c1) return;
+    for (int idx = threadIdx.x; idx < BN * D; idx += blockDim.x) {
+        int64_t key = (int64_t)tile * BN + idx / D;
+        if (key >= NK) break;
+        float sk = 0.0f, sv = 0.0f;
+        for (int ci = c0; ci < c1; ci++) {
+            int64_t o = ((int64_t)ci * Hkv + hkv) * BN * D + idx;
+            sk += part_dk[o];
+            sv += part_dv[o];
+        }
+        int64_t o = (key * Hkv + hkv) * D + idx % D;
+        if (dk) dk[o] = f2bf(bf2f(dk[o]) + sk);
+        if (dv) dv[o] = f2bf(bf2f(dv[o]) + sv);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// kernel launchers
+
+void attn::launch_delta(float *delta, const bf16 *dout, const bf16 *out, int64_t n, int D) {
+    if (n == 0) return;
+    KLAUNCH(delta_kernel, (unsigned)CEIL_DIV(n * 32, (int64_t)256), 256, 0)(delta, dout, out, n, D);
+    LAUNCH_CHECK();
+}
+
+void attn::build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK) {
+    int ntiles = (int)CEIL_DIV(NK, (int64_t)BN);
+    tl->ntiles = ntiles;
+    tl->small = small;
+    tl->cnt = small;
+    tl->list_off = small + ntiles;
+    tl->chunk_off = small + 2 * ntiles + 1;
+    tl->nlist = tl->nchunks = 0;
+    tl->list = NULL;
+    tl->chunks = NULL;
+    if (ntiles == 0) return;
+    unsigned wgrid = (unsigned)CEIL_DIV((int64_t)ntiles * 32, (int64_t)256);
+    KLAUNCH(tile_count_kernel, wgrid, 256, 0)(tl->cnt, blocks, (int)nblk, (int)B, NK, ntiles);
+    LAUNCH_CHECK();
+    KLAUNCH(tile_scan_kernel, 1, 1024, 0)(tl->list_off, tl->chunk_off, tl->cnt, ntiles);
+    LAUNCH_CHECK();
+    int tot[2];
+    cudaCheck(cudaMemcpyAsync(&tot[0], tl->list_off + ntiles, sizeof(int), cudaMemcpyDeviceToHost, g_cuda.stream));
+    cudaCheck(cudaMemcpyAsync(&tot[1], tl->chunk_off + ntiles, sizeof(int), cudaMemcpyDeviceToHost, g_cuda.stream));
+    cudaCheck(cudaStreamSynchronize(g_cuda.stream));
+    tl->nlist = tot[0];
+    tl->nchunks = tot[1];
+    size_t list_bytes = ((size_t)tl->nlist * sizeof(int) + 15) / 16 * 16;
+    char *mem = (char *)cuda_scratch(SCRATCH_LISTS, list_bytes + (size_t)tl->nchunks * sizeof(KeyChunk) + 16);
+    tl->list = (int *)mem;
+    tl->chunks = (KeyChunk *)(mem + list_bytes);
+    KLAUNCH(tile_fill_kernel, wgrid, 256, 0)(tl->list, tl->chunks, tl->cnt, tl->list_off, tl->chunk_off,
+                                                       blocks, (int)nblk, (int)B, NK, ntiles);
+    LAUNCH_CHECK();
+}
+
+template <int D>
+static void launch_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
+                       int64_t nblk, int B, int64_t NK, int Hq, int Hkv) {
+    int G = Hq / Hkv;
+    size_t smem = fwd_smem_bytes<D>();
+    static int once = 0;
+    if (!once) allow_smem(attn_dflash_kernel<D>, smem), once = 1;
+    dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)CEIL_DIV(B * G, BM));
+    KLAUNCH(attn_dflash_kernel<D>, grid, NTHREADS, smem)(out, lse, q, k, v, blocks, (int)nblk, B, NK, Hq,
+                                                                   Hkv, G, LOG2E / sqrtf((float)D));
+    LAUNCH_CHECK();
+}
+
+// lse may be NULL when no backward pass follows (scoring).
+void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v, const dfl_block *blocks,
+                      int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D) {
+    CU_ASSERT(out && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0);
+    CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hkv <= 65535);
+    CU_ASSERT(nblk * B * Hq <= INT32_MAX && B * (Hq / Hkv) <= INT32_MAX && CEIL_DIV(B * (Hq / Hkv), BM) <= 65535);
+    if (nblk == 0) return;
+    bf16 *o = (bf16 *)out;
+    const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
+    if (!g_cuda.simple && aligned && D == 128) launch_fwd<128>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    else if (!g_cuda.simple && aligned && D == 64) launch_fwd<64>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
+}
+
+template <int D>
+static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
+                       const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks, const TileLists *tl,
+                       int64_t nblk, int B, int64_t NK, int Hq, int Hkv) {
+    const int G = Hq / Hkv;
+    const float scale = 1.0f / sqrtf((float)D), scale_log2 = LOG2E * scale;
+    if (dq) {
+        size_t smem = dq_smem_bytes<D>();
+        static int once = 0;
+        if (!once) allow_smem(attn_dflash_dq_kernel<D>, smem), once = 1;
+        dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)CEIL_DIV(B * G, BM));
+        KLAUNCH(attn_dflash_dq_kernel<D>, grid, NTHREADS, smem)(dq, dout, lse, delta, q, k, v, blocks,
+                                                                          (int)nblk, B, NK, Hq, Hkv, G, scale_log2,
+                                                                          scale);
+        LAUNCH_CHECK();
+    }
+    if (tl && tl->nchunks > 0) {
+        size_t part_elems = (size_t)tl->nchunks * Hkv * BN * D;
+        float *part = (float *)cuda_scratch(SCRATCH_PART, 2 * part_elems * sizeof(float));
+        size_t smem = dkdv_smem_bytes<D>();
+        static int once = 0;
+        if (!once) allow_smem(attn_dflash_dkdv_kernel<D>, smem), once = 1;
+        dim3 grid((unsigned)tl->nchunks, (unsigned)Hkv);
+        KLAUNCH(attn_dflash_dkdv_kernel<D>, grid, NTHREADS, smem)(
+            part, part + part_elems, tl->chunks, tl->list, dout, lse, delta, q, k, v, blocks, B, NK, Hq, Hkv, G,
+            scale_log2, scale);
+        LAUNCH_CHECK();
+        KLAUNCH(dkdv_reduce_kernel, dim3((unsigned)tl->ntiles, (unsigned)Hkv), 256, 0)(
+            dk, dv, part, part + part_elems, tl->chunk_off, Hkv, NK, D);
+        LAUNCH_CHECK();
+    }
+}
+
+void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
+                          const void *q, const void *k, const void *v, const dfl_block *blocks, int64_t nblk,
+                          int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D) {
+    CU_ASSERT(dout && out && lse && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0);
+    CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hkv <= 65535);
+    CU_ASSERT(nblk * B * Hq <= INT32_MAX && B * (Hq / Hkv) <= INT32_MAX && CEIL_DIV(B * (Hq / Hkv), BM) <= 65535);
+    CU_ASSERT(CEIL_DIV(NK, (int64_t)BN) < INT32_MAX / 4);
+    if (nblk == 0 || (!dq && !dk && !dv)) return;
+    const int64_t rows = nblk * B * Hq;
+    const int want_kv = dk || dv;
+    // scratch: delta [rows] f32, then the small tile-list arrays
+    size_t dbytes = ((size_t)rows * sizeof(float) + 15) / 16 * 16;
+    char *mem = (char *)cuda_scratch(SCRATCH_OP, dbytes + (want_kv ? tile_lists_small_ints(NK) * sizeof(int) : 0));
+    float *delta = (float *)mem;
+    launch_delta(delta, (const bf16 *)dout, (const bf16 *)out, rows, (int)D);
+    TileLists tl;
+    if (want_kv) build_tile_lists(&tl, (int *)(mem + dbytes), blocks, nblk, B, NK);
+
+    bf16 *gq = (bf16 *)dq, *gk = (bf16 *)dk, *gv = (bf16 *)dv;
+    const bf16 *go = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    int aligned = is_aligned(gq, 16) && is_aligned(gk, 16) && is_aligned(gv, 16) && is_aligned(go, 16) &&
+                  is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
+    const TileLists *tlp = want_kv ? &tl : NULL;
+    if (!g_cuda.simple && aligned && D == 128)
+        launch_bwd<128>(gq, gk, gv, go, lse, delta, qq, kk, vv, blocks, tlp, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    else if (!g_cuda.simple && aligned && D == 64)
+        launch_bwd<64>(gq, gk, gv, go, lse, delta, qq, kk, vv, blocks, tlp, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    else {
+        if (gq) simple_attn_dflash_dq(gq, go, lse, delta, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
+        if (tlp)
+            simple_attn_dflash_dkdv(gk, gv, go, lse, delta, qq, kk, vv, blocks, tlp, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
+    }
+}

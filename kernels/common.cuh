@@ -1,0 +1,180 @@
+// common.cuh: what every kernels/*.cu shares: error checks that exit 70 with
+// file:line, the backend state (device, stream, cuBLAS handles, workspace),
+// grow-only scratch buffers, bf16 helpers, warp/block reductions, and the
+// declarations of every op of the CUDA table (one .cu per op or op family).
+//
+// Conventions (DESIGN §3): act and wt buffers are bf16, f32 buffers stay
+// f32, all arithmetic accumulates in f32. Every op runs on g_cuda.stream and
+// is asynchronous unless it returns data to the host (download, act_to_*,
+// sumsq). With DFLASH_CUDA_SYNC=1 every op synchronises and checks for errors
+// on return, so a failing kernel is reported by the op that launched it.
+#ifndef DFLASH_KERNELS_COMMON_CUH
+#define DFLASH_KERNELS_COMMON_CUH
+
+#ifdef DFLASH_EMU
+// tests/emu: the same sources compiled for the CPU, with an emulation of the
+// CUDA subset used here (warps as fibers, ldmatrix/mma by the PTX fragment
+// layouts, cuBLAS by its column-major definition), so that every kernel and
+// launcher is checked against the CPU reference where there is no GPU.
+#include "cuda_emu.h"
+#else
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#endif
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "common.h"
+#include "ops.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+// ---------------------------------------------------------------------------
+// error checks
+
+[[noreturn]] void cuda_fail(const char *what, const char *msg, const char *file, int line);
+
+#define cudaCheck(x)                                                                   \
+    do {                                                                               \
+        cudaError_t e_ = (x);                                                          \
+        if (e_ != cudaSuccess) cuda_fail("CUDA", cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+
+#define cublasCheck(x)                                                                 \
+    do {                                                                               \
+        cublasStatus_t s_ = (x);                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                               \
+            cuda_fail("cuBLAS", cublasGetStatusString(s_), __FILE__, __LINE__);        \
+    } while (0)
+
+// Launcher preconditions: programmer errors, never bad input (DFL_ASSERT).
+#define CU_ASSERT(x) DFL_ASSERT(x)
+
+// After every launch: catch bad configurations at once; in DFLASH_CUDA_SYNC
+// mode also wait, so an illegal access is reported here and not later.
+#define LAUNCH_CHECK() cuda_after_launch(__FILE__, __LINE__)
+void cuda_after_launch(const char *file, int line);
+
+#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+
+// Kernel launch on the backend's stream: KLAUNCH(kernel, grid, block, smem)(args...)
+#ifdef DFLASH_EMU
+#define KLAUNCH(kernel, grid, block, smem) emu::launcher(grid, block, smem, kernel)
+#define DYN_SMEM(T, name) T *name = (T *)emu::dyn_smem()
+#else
+#define KLAUNCH(kernel, grid, block, smem) kernel<<<(grid), (block), (smem), g_cuda.stream>>>
+// the block's dynamic shared memory, 16-byte aligned
+#define DYN_SMEM(T, name)                                     \
+    extern __shared__ __align__(16) unsigned char name##_raw[]; \
+    T *name = (T *)name##_raw
+#endif
+
+// ---------------------------------------------------------------------------
+// backend state (backend.cu)
+
+struct dfl_cuda_state {
+    int dev;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;        // cuBLAS workspace (Hopper wants 32 MiB)
+    size_t blas_ws_bytes;
+    int sm_count;
+    size_t smem_optin;    // max dynamic shared memory per block
+    int simple;           // DFLASH_CUDA_SIMPLE=1: reference kernels for attention
+    int sync;             // DFLASH_CUDA_SYNC=1: synchronise after every launch
+    int64_t lmhead_rows;  // DFLASH_CUDA_LMHEAD_ROWS=n: rows per LM-head chunk (tests)
+};
+extern dfl_cuda_state g_cuda;
+
+// Grow-only device scratch, stream-ordered (cudaMallocAsync): valid until the
+// next call with the same slot. An op takes what it needs once and splits it.
+enum { SCRATCH_OP, SCRATCH_STAGING, SCRATCH_LOGITS, SCRATCH_LISTS, SCRATCH_PART, SCRATCH_SLOTS };
+void *cuda_scratch(int slot, size_t bytes);
+
+// ---------------------------------------------------------------------------
+// device helpers
+
+__device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Is p aligned to `a` bytes (for the vectorised paths)?
+static inline int is_aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
+
+// ---------------------------------------------------------------------------
+// GEMM helpers (matmul.cu), used by the LM-head ops too. Row-major shapes.
+
+// C[M,N] (bf16 or f32, per c_f32) = alpha * A[M,K] · B[N,K]^T + beta * C.
+// lda/ldb/ldc are row strides in elements.
+void gemm_nt(void *C, int c_f32, const bf16 *A, const bf16 *B, int64_t M, int64_t N, int64_t K,
+             int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta);
+// C[M,N] = alpha * A[M,K] · B[K,N] + beta * C   (B row-major [K,N])
+void gemm_nn(void *C, int c_f32, const bf16 *A, const bf16 *B, int64_t M, int64_t N, int64_t K,
+             int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta);
+// C[M,N] = alpha * A[K,M]^T · B[K,N] + beta * C   (both row-major with K rows)
+void gemm_tn(void *C, int c_f32, const bf16 *A, const bf16 *B, int64_t M, int64_t N, int64_t K,
+             int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta);
+
+// ---------------------------------------------------------------------------
+// the ops of the table, one definition each in kernels/<op>.cu
+
+// convert.cu
+void cuda_load_act(void *dst, const void *host_src, dfl_dtype dtype, int64_t n);
+void cuda_load_wt(void *dst, const void *host_src, dfl_dtype dtype, int64_t n);
+void cuda_act_to_f32(float *host_dst, const void *src, int64_t n);
+void cuda_act_to_bf16(uint16_t *host_dst, const void *src, int64_t n);
+void cuda_master_to_wt(void *dst, const float *master, int64_t n);
+// matmul.cu
+void cuda_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
+void cuda_matmul_bwd(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M,
+                     int64_t K, int64_t N);
+// rmsnorm.cu
+void cuda_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
+void cuda_rmsnorm_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd, const void *w,
+                      int64_t rows, int64_t dim);
+// rope.cu
+void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, int inverse);
+// elementwise.cu
+void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n);
+void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
+void cuda_add(void *out, const void *a, const void *b, int64_t n);
+// embed.cu
+void cuda_embed(void *out, const int32_t *ids, const void *table, int64_t T, int64_t H);
+// attn_causal.cu
+void cuda_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu, int64_t nseq,
+                      int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
+// attn_dflash.cu
+void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v, const dfl_block *blocks,
+                      int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D);
+void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
+                          const void *q, const void *k, const void *v, const dfl_block *blocks, int64_t nblk,
+                          int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D);
+// lmhead.cu
+void cuda_lmhead_ce(float *loss, int32_t *pred, void *dh, const void *h, const void *w, const int32_t *labels,
+                    const float *gscale, int64_t N, int64_t H, int64_t V);
+void cuda_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh, const void *h, const void *th,
+                    const void *w, const float *gscale, int64_t N, int64_t H, int64_t V);
+void cuda_lmhead_argmax(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H, int64_t V);
+// adamw.cu
+double cuda_sumsq(const float *x, int64_t n);
+void cuda_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
+                float wd, float gscale, int64_t t);
+
+#endif

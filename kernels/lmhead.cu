@@ -1,0 +1,219 @@
+// lmhead.cu: the frozen LM head fused with its losses, in row chunks so
+// that the logits never exist for all rows at once.
+// defines: cuda_lmhead_ce, cuda_lmhead_kl, cuda_lmhead_argmax
+//
+// Per chunk of R rows:
+//   1. cuBLAS: z[R,V] (f32) = h[R,H] · w[V,H]^T   (for KL also zt from th)
+//   2. one block per row: a single pass of online max / sum-exp / argmax
+//      (lowest index on ties) / top-2, a fixed-order block reduction
+//      (deterministic), loss and pred; then, with a gradient, a second pass
+//      writes dz[R,V] (bf16) = gscale (softmax - onehot), or gscale (p_d - p_t),
+//      zero on rows without a gradient (gscale 0; CE: no label); a NULL
+//      gscale means 1 for every row, as on the CPU
+//   3. cuBLAS: dh[R,H] += dz · w
+// Memory bound: the chunk buffers take R·V·(4 | 6 | 10) bytes (argmax | CE
+// | KL with gradient), R chosen so that this stays under LOGITS_BUDGET
+// (1 GiB): R = 1152 rows for CE and 704 for KL at V = 151936.
+#include "common.cuh"
+
+#include <math.h>
+
+namespace {
+
+const size_t LOGITS_BUDGET = (size_t)1 << 30;
+constexpr int ROW_THREADS = 512;
+
+enum { MODE_ARGMAX, MODE_CE, MODE_KL };
+
+// Online softmax statistics and top-2 of one row (or part of it).
+struct RowStat {
+    float m, s;     // max and sum of exp(z - m)
+    float best;     // top-1 value, its index, and the top-2 value
+    int idx;
+    float second;
+    __device__ void init() { m = -INFINITY, s = 0.0f, best = -INFINITY, idx = INT32_MAX, second = -INFINITY; }
+    __device__ void add(float z, int v) {
+        if (z > m) {
+            s = s * expf(m - z) + 1.0f; // expf(-inf) = 0 on the first element
+            m = z;
+        } else {
+            s += expf(z - m);
+        }
+        if (z > best) { // v increases along a thread's elements: ties keep the lower index
+            second = best;
+            best = z, idx = v;
+        } else if (z > second) {
+            second = z;
+        }
+    }
+};
+
+__device__ __forceinline__ float scale_sum(float s, float m, float M) { return m == -INFINITY ? 0.0f : s * expf(m - M); }
+
+__device__ void combine(RowStat &a, const RowStat &b) {
+    float M = fmaxf(a.m, b.m);
+    a.s = scale_sum(a.s, a.m, M) + scale_sum(b.s, b.m, M);
+    a.m = M;
+    bool b_better = b.best > a.best || (b.best == a.best && b.idx < a.idx);
+    if (b_better) {
+        a.second = fmaxf(a.best, b.second);
+        a.best = b.best, a.idx = b.idx;
+    } else {
+        a.second = fmaxf(a.second, b.best);
+    }
+}
+
+__device__ RowStat shfl_stat(const RowStat &a, int o) {
+    RowStat b;
+    b.m = __shfl_xor_sync(0xffffffffu, a.m, o);
+    b.s = __shfl_xor_sync(0xffffffffu, a.s, o);
+    b.best = __shfl_xor_sync(0xffffffffu, a.best, o);
+    b.idx = __shfl_xor_sync(0xffffffffu, a.idx, o);
+    b.second = __shfl_xor_sync(0xffffffffu, a.second, o);
+    return b;
+}
+
+// The KL extra: a = sum over elements of exp(zt - mt) (zt - zd), kept on the
+// scale of the target's running max mt.
+__device__ float scale_kl(float a, float m, float M) { return m == -INFINITY ? 0.0f : a * expf(m - M); }
+
+// Block reduction in a fixed order: lanes by xor-shuffle, then warp 0 over
+// the warps' results in warp order. Every thread gets the total.
+__device__ void block_reduce(RowStat &st, RowStat *sh) {
+    for (int o = 16; o > 0; o >>= 1) {
+        RowStat b = shfl_stat(st, o);
+        combine(st, b);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) sh[warp] = st;
+    __syncthreads();
+    st = sh[0];
+    for (int w = 1; w < nw; w++) combine(st, sh[w]);
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------
+// CUDA kernels
+
+// One block per row of the chunk; rows are row0 + blockIdx.x of the op.
+// zd: the drafter's (or only) logits, zt: the target's (KL). dz (bf16) is
+// written, zeros included, for every row when it is not NULL.
+template <int MODE>
+__global__ void __launch_bounds__(ROW_THREADS)
+    lmhead_rows_kernel(bf16 *dz, const float *zd, const float *zt, int V, int64_t row0, float *loss, int32_t *pred,
+                       int32_t *tpred, float *gap, const int32_t *labels, const float *gscale) {
+    __shared__ RowStat sh[ROW_THREADS / 32];
+    __shared__ float shk[ROW_THREADS / 32];
+    const int64_t r = blockIdx.x, i = row0 + r;
+    const float *z = zd + r * V, *y = MODE == MODE_KL ? zt + r * V : NULL;
+
+    RowStat st, tt;
+    st.init();
+    tt.init();
+    float kl = 0.0f; // on the scale of tt.m
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float a = z[v];
+        st.add(a, v);
+        if (MODE == MODE_KL) {
+            float b = y[v];
+            float mold = tt.m;
+            tt.add(b, v);
+            kl = scale_kl(kl, mold, tt.m) + expf(b - tt.m) * (b - a);
+        }
+    }
+    if (MODE == MODE_KL) {
+        // bring every thread's kl term to the row max before tt is reduced
+        float mloc = tt.m;
+        RowStat red = tt;
+        block_reduce(red, sh);
+        kl = scale_kl(kl, mloc, red.m);
+        tt = red;
+        kl = warp_sum(kl);
+        __syncthreads();
+        if (threadIdx.x % 32 == 0) shk[threadIdx.x / 32] = kl;
+        __syncthreads();
+        kl = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) kl += shk[w];
+    }
+    block_reduce(st, sh);
+    const float lse = st.m + logf(st.s);
+    const float g = gscale ? gscale[i] : 1.0f;
+    const int lab = MODE == MODE_CE && labels ? labels[i] : -1;
+    const bool has_label = lab >= 0 && lab < V;
+
+    if (threadIdx.x == 0) {
+        if (pred) pred[i] = st.idx;
+        if (MODE == MODE_ARGMAX && gap) gap[i] = st.best - st.second;
+        if (MODE == MODE_CE && loss) loss[i] = has_label ? lse - z[lab] : 0.0f;
+        if (MODE == MODE_KL) {
+            if (tpred) tpred[i] = tt.idx;
+            float lse_t = tt.m + logf(tt.s);
+            if (loss) loss[i] = g != 0.0f ? kl / tt.s - lse_t + lse : 0.0f;
+        }
+    }
+    if (!dz) return;
+    bf16 *d = dz + r * V;
+    if (g == 0.0f || (MODE == MODE_CE && !has_label)) { // no gradient from this row
+        for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = f2bf(0.0f);
+        return;
+    }
+    if (MODE == MODE_CE) {
+        for (int v = threadIdx.x; v < V; v += blockDim.x)
+            d[v] = f2bf(g * (expf(z[v] - lse) - (v == lab ? 1.0f : 0.0f)));
+    } else if (MODE == MODE_KL) {
+        float lse_t = tt.m + logf(tt.s);
+        for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = f2bf(g * (expf(z[v] - lse) - expf(y[v] - lse_t)));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// kernel launchers
+
+// Rows per chunk so that R * V * bytes_per_elem <= LOGITS_BUDGET.
+static int64_t chunk_rows(int64_t N, int64_t V, int bytes_per_elem) {
+    int64_t r = (int64_t)(LOGITS_BUDGET / ((size_t)V * bytes_per_elem));
+    if (g_cuda.lmhead_rows > 0) r = g_cuda.lmhead_rows; // tests: chunk boundaries
+    if (r >= 64) r = r / 64 * 64;
+    if (r < 1) r = 1;
+    return r < N ? r : N;
+}
+
+template <int MODE>
+static void lmhead_run(float *loss, int32_t *pred, int32_t *tpred, float *gap, void *dh, const void *h, const void *th,
+                       const void *w, const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V) {
+    CU_ASSERT(h && w && N >= 0 && H > 0 && V > 0 && V <= INT32_MAX);
+    if (N == 0) return;
+    const int nlog = MODE == MODE_KL ? 2 : 1;
+    const int bytes = 4 * nlog + (dh ? 2 : 0);
+    const int64_t R = chunk_rows(N, V, bytes);
+    char *mem = (char *)cuda_scratch(SCRATCH_LOGITS, (size_t)R * V * bytes);
+    float *zd = (float *)mem, *zt = MODE == MODE_KL ? zd + R * V : NULL;
+    bf16 *dz = dh ? (bf16 *)(mem + (size_t)R * V * 4 * nlog) : NULL;
+    const bf16 *wb = (const bf16 *)w;
+    for (int64_t r0 = 0; r0 < N; r0 += R) {
+        const int64_t n = N - r0 < R ? N - r0 : R;
+        gemm_nt(zd, 1, (const bf16 *)h + r0 * H, wb, n, V, H, H, H, V, 1.0f, 0.0f);
+        if (MODE == MODE_KL) gemm_nt(zt, 1, (const bf16 *)th + r0 * H, wb, n, V, H, H, H, V, 1.0f, 0.0f);
+        KLAUNCH(lmhead_rows_kernel<MODE>, (unsigned)n, ROW_THREADS, 0)(dz, zd, zt, (int)V, r0, loss, pred,
+                                                                                tpred, gap, labels, gscale);
+        LAUNCH_CHECK();
+        if (dh) gemm_nn((bf16 *)dh + r0 * H, 0, dz, wb, n, H, V, V, H, H, 1.0f, 1.0f);
+    }
+}
+
+void cuda_lmhead_ce(float *loss, int32_t *pred, void *dh, const void *h, const void *w, const int32_t *labels,
+                    const float *gscale, int64_t N, int64_t H, int64_t V) {
+    lmhead_run<MODE_CE>(loss, pred, NULL, NULL, dh, h, NULL, w, labels, gscale, N, H, V);
+}
+
+void cuda_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh, const void *h, const void *th,
+                    const void *w, const float *gscale, int64_t N, int64_t H, int64_t V) {
+    CU_ASSERT(th);
+    lmhead_run<MODE_KL>(loss, pred, tpred, NULL, dh, h, th, w, NULL, gscale, N, H, V);
+}
+
+void cuda_lmhead_argmax(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H, int64_t V) {
+    lmhead_run<MODE_ARGMAX>(NULL, pred, NULL, gap, NULL, h, NULL, w, NULL, NULL, N, H, V);
+}

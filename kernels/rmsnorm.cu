@@ -1,0 +1,189 @@
+// rmsnorm.cu: RMSNorm forward and backward over rows of `dim`.
+// defines: cuda_rmsnorm, cuda_rmsnorm_bwd
+//
+// Forward: one warp per row, f32 sum of squares, rstd saved in f32, one
+// rounding per output (out = in * rstd * w, as the CPU reference).
+// Backward: one warp per row too; every lane owns a fixed set of columns, so
+// the weight gradient is summed without atomics: per warp in shared memory
+// (rows in a fixed order), per block over its warps, then a second kernel
+// adds the per-block partials in block order. The result is deterministic.
+#include "common.cuh"
+
+// ---------------------------------------------------------------------------
+// CUDA kernels
+
+// Lane `lane` visits columns [c, c+VW) for c = lane*VW, lane*VW + 32*VW, ...
+template <int VW>
+__device__ __forceinline__ void load_cols(float *f, const bf16 *p) {
+    if (VW == 8) {
+        uint4 u = *(const uint4 *)p;
+        const bf16 *b = (const bf16 *)&u;
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = bf2f(b[i]);
+    } else {
+        f[0] = bf2f(*p);
+    }
+}
+
+template <int VW>
+__device__ __forceinline__ void store_cols(bf16 *p, const float *f) {
+    if (VW == 8) {
+        uint4 u;
+        bf16 *b = (bf16 *)&u;
+#pragma unroll
+        for (int i = 0; i < 8; i++) b[i] = f2bf(f[i]);
+        *(uint4 *)p = u;
+    } else {
+        *p = f2bf(f[0]);
+    }
+}
+
+template <int VW>
+__global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, int64_t rows, int dim,
+                               float eps) {
+    int lane = threadIdx.x % 32;
+    int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= rows) return;
+    const bf16 *x = in + row * dim;
+    float ss = 0.0f;
+    for (int c = lane * VW; c < dim; c += 32 * VW) {
+        float f[VW];
+        load_cols<VW>(f, x + c);
+#pragma unroll
+        for (int i = 0; i < VW; i++) ss += f[i] * f[i];
+    }
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss / (float)dim + eps);
+    if (rstd && lane == 0) rstd[row] = r;
+    bf16 *y = out + row * dim;
+    for (int c = lane * VW; c < dim; c += 32 * VW) {
+        float f[VW], g[VW];
+        load_cols<VW>(f, x + c);
+        load_cols<VW>(g, w + c);
+#pragma unroll
+        for (int i = 0; i < VW; i++) f[i] = f[i] * r * g[i];
+        store_cols<VW>(y + c, f);
+    }
+}
+
+// g = dout * w;  din += r g - x r^3 (g·x) / dim;  dw += dout * x * r
+// Block b handles rows [b*rpb, (b+1)*rpb); its warp k handles every
+// nwarps-th of them. Shared memory: one f32 dw row per warp.
+template <int VW>
+__global__ void rmsnorm_bwd_kernel(bf16 *din, float *dw_part, const bf16 *dout, const bf16 *in, const float *rstd,
+                                   const bf16 *w, int64_t rows, int dim, int64_t rpb) {
+    DYN_SMEM(float, sdw); // [nwarps][dim]
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    float *mydw = sdw + (int64_t)warp * dim;
+    if (dw_part)
+        for (int c = lane; c < dim; c += 32) mydw[c] = 0.0f;
+    __syncwarp(); // lanes then accumulate columns another lane zeroed
+    int64_t r0 = blockIdx.x * rpb, r1 = r0 + rpb < rows ? r0 + rpb : rows;
+    for (int64_t row = r0 + warp; row < r1; row += nwarps) {
+        const bf16 *x = in + row * dim, *dy = dout + row * dim;
+        float r = rstd[row];
+        float gx = 0.0f;
+        for (int c = lane * VW; c < dim; c += 32 * VW) {
+            float f[VW], g[VW], d[VW];
+            load_cols<VW>(f, x + c);
+            load_cols<VW>(g, w + c);
+            load_cols<VW>(d, dy + c);
+#pragma unroll
+            for (int i = 0; i < VW; i++) gx += d[i] * g[i] * f[i];
+        }
+        gx = warp_sum(gx);
+        float k = r * r * r * gx / (float)dim;
+        for (int c = lane * VW; c < dim; c += 32 * VW) {
+            float f[VW], g[VW], d[VW];
+            load_cols<VW>(f, x + c);
+            load_cols<VW>(d, dy + c);
+            if (din) {
+                float acc[VW];
+                load_cols<VW>(g, w + c);
+                load_cols<VW>(acc, din + row * dim + c);
+#pragma unroll
+                for (int i = 0; i < VW; i++) acc[i] += r * d[i] * g[i] - f[i] * k;
+                store_cols<VW>(din + row * dim + c, acc);
+            }
+            if (dw_part) {
+#pragma unroll
+                for (int i = 0; i < VW; i++) mydw[c + i] += d[i] * f[i] * r;
+            }
+        }
+    }
+    if (!dw_part) return;
+    __syncthreads();
+    // this block's partial: its warps' rows added in warp order
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < nwarps; k++) s += sdw[(int64_t)k * dim + c];
+        dw_part[blockIdx.x * (int64_t)dim + c] = s;
+    }
+}
+
+// dw[c] += sum over blocks b (in order) of part[b][c]
+__global__ void sum_partials_kernel(float *dw, const float *part, int nparts, int dim) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= dim) return;
+    float s = 0.0f;
+    for (int b = 0; b < nparts; b++) s += part[(int64_t)b * dim + c];
+    dw[c] += s;
+}
+
+// ---------------------------------------------------------------------------
+// kernel launchers
+
+void cuda_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps) {
+    CU_ASSERT(out && in && w && rows >= 0 && dim > 0 && dim <= INT32_MAX);
+    if (rows == 0) return;
+    const int warps = 8;
+    unsigned grid = (unsigned)CEIL_DIV(rows, (int64_t)warps);
+    int vec = dim % 8 == 0 && is_aligned(out, 16) && is_aligned(in, 16) && is_aligned(w, 16);
+    if (vec)
+        KLAUNCH(rmsnorm_kernel<8>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in,
+                                                                  (const bf16 *)w, rows, (int)dim, eps);
+    else
+        KLAUNCH(rmsnorm_kernel<1>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in,
+                                                                  (const bf16 *)w, rows, (int)dim, eps);
+    LAUNCH_CHECK();
+}
+
+template <int VW>
+static void launch_bwd(unsigned grid, int warps, size_t smem, bf16 *din, float *part, const bf16 *dout,
+                       const bf16 *in, const float *rstd, const bf16 *w, int64_t rows, int dim, int64_t rpb) {
+    static size_t smem_set = 48 << 10;
+    if (smem > smem_set) {
+        cudaCheck(cudaFuncSetAttribute(rmsnorm_bwd_kernel<VW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        smem_set = smem;
+    }
+    KLAUNCH(rmsnorm_bwd_kernel<VW>, grid, warps * 32, smem)(din, part, dout, in, rstd, w, rows, dim, rpb);
+    LAUNCH_CHECK();
+}
+
+void cuda_rmsnorm_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd, const void *w,
+                      int64_t rows, int64_t dim) {
+    CU_ASSERT(dout && in && rstd && w && rows >= 0 && dim > 0 && dim <= INT32_MAX);
+    if (rows == 0 || (!din && !dw)) return;
+    // Few enough blocks that the partials stay small, enough to fill the GPU.
+    int warps = 4;
+    while (warps > 1 && (size_t)warps * dim * 4 > g_cuda.smem_optin) warps /= 2;
+    size_t smem = dw ? (size_t)warps * dim * 4 : 0;
+    CU_ASSERT(smem <= g_cuda.smem_optin); // dim up to ~57K columns
+    int64_t nblk = (int64_t)g_cuda.sm_count * 8;
+    int64_t rpb = CEIL_DIV(rows, nblk);
+    if (rpb < warps) rpb = warps;
+    nblk = CEIL_DIV(rows, rpb);
+    float *part = dw ? (float *)cuda_scratch(SCRATCH_OP, (size_t)nblk * dim * 4) : NULL;
+    int vec = dim % 8 == 0 && is_aligned(din, 16) && is_aligned(dout, 16) && is_aligned(in, 16) && is_aligned(w, 16);
+    if (vec)
+        launch_bwd<8>((unsigned)nblk, warps, smem, (bf16 *)din, part, (const bf16 *)dout, (const bf16 *)in, rstd,
+                      (const bf16 *)w, rows, (int)dim, rpb);
+    else
+        launch_bwd<1>((unsigned)nblk, warps, smem, (bf16 *)din, part, (const bf16 *)dout, (const bf16 *)in, rstd,
+                      (const bf16 *)w, rows, (int)dim, rpb);
+    if (dw) {
+        KLAUNCH(sum_partials_kernel, (unsigned)CEIL_DIV(dim, (int64_t)256), 256, 0)(dw, part, (int)nblk,
+                                                                                           (int)dim);
+        LAUNCH_CHECK();
+    }
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU benchmarks and scripts (tests/gpu) on the CPU: they cannot be
+# timed here, but they must build, run their tiny shapes through the CPU op
+# table, start from the loss of a uniform guess, and report a missing CUDA
+# device with exit code 69. The scripts must at least parse.
+. "$(dirname "$0")/lib.sh"
+# the benchmarks keep their buffers to the end, by design: no leak report
+export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+G=$DFLASH_BUILD/gpu
+if [ ! -x "$G/bench_train" ] || [ ! -x "$G/bench_extract" ]; then
+    fail "setup" "no $G/bench_train or bench_extract (make check-build builds them)"
+    exit 1
+fi
+
+check "bench_train --tiny on the CPU" sh -c "'$G/bench_train' --device cpu --tiny --steps 1 >'$T/train.txt'"
+check "bench_train: step 0 loss is ln V at random init" python3 - "$T/train.txt" <<'PY'
+import math, re, sys
+t = open(sys.argv[1]).read()
+m = re.search(r"step 0 weighted loss\s+([0-9.]+) \(ln V = ([0-9.]+)\)", t)
+assert m, t
+loss, lnv = float(m.group(1)), float(m.group(2))
+assert abs(loss - lnv) < 0.05 * lnv, (loss, lnv)
+for k in ("step time s", "model TFLOP per step", "MFU vs 989", "phase backward s"):
+    assert k in t, k
+PY
+check "bench_extract --tiny --download on the CPU" \
+    sh -c "'$G/bench_extract' --device cpu --tiny --download --iters 1 >'$T/extract.txt'"
+check "bench_extract: taps finite" grep -q "non-finite sampled tap values *0$" "$T/extract.txt"
+
+# without a GPU (here), asking for cuda is "unavailable", exit 69, with a reason
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then
+    expect_exit 69 "bench_train --device cuda without a GPU: exit 69" "$G/bench_train" --tiny
+    cp "$T/.err" "$T/cuda.err"
+    check "... with CUDA's reason or 'built without CUDA'" grep -Eq "no CUDA device|without CUDA" "$T/cuda.err"
+fi
+expect_exit 2 "bench_train: bad option" "$G/bench_train" --no-such-option
+
+# One whole training step through the CUDA kernels (run by the CPU
+# emulation of tests/emu) against the CPU: every gradient tensor by nmse.
+# Limit 2e-3: the CUDA backend stores activations in bf16 (the CPU in f32)
+# and rounds attention probabilities and LM-head gradients to bf16; seen
+# here: 3e-5 over all, 3e-4 for the worst tensor; a wrong gradient is ~1.
+E=$G/bench_train_emu
+if [ -x "$E" ]; then
+    for cfg in tiny small; do
+        check "bench_train --$cfg: one step on the CPU" "$E" --device cpu --$cfg --grad-out "$T/g-cpu-$cfg.bin"
+        check "bench_train --$cfg: one step, CUDA kernels emulated" "$E" --device cuda --$cfg --grad-out "$T/g-cuda-$cfg.bin"
+        check "bench_train --$cfg: gradients agree" \
+            python3 "$here/tests/gpu/compare.py" grads "$T/g-cpu-$cfg.bin" "$T/g-cuda-$cfg.bin" 2e-3
+        sed 's/^/    /' "$T/.out"
+    done
+fi
+
+for s in tests/gpu/run.sh tests/gpu/model_checks.sh tests/gpu/pack-deps.sh; do
+    check "bash -n $s" bash -n "$here/$s"
+done
+check "python scripts compile" python3 -m py_compile "$here/tests/gpu/compare.py" "$here/tests/gpu/torch_step.py"

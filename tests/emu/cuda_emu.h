@@ -1,0 +1,227 @@
+// cuda_emu.h: a CPU emulation of the CUDA subset that kernels/ uses, so
+// that the very same kernel sources (compiled as C++ with -DDFLASH_EMU)
+// run and are checked against the CPU reference on a machine without a GPU
+// (tests/emu/test_ops_emu.c; built by the Makefile, run by tests/run.sh).
+//
+// What is emulated, and how faithfully:
+// - A CTA's threads are fibers (ucontext) of one OS thread; CTAs run one
+//   after another, so function-static variables serve as __shared__ arrays.
+//   __syncthreads and warp collectives are real barriers: a thread waits
+//   until every live thread of its block (warp) arrives; a barrier that can
+//   never complete (divergent __syncthreads) aborts with a message, and so
+//   does a full-mask warp collective with exited lanes.
+// - ldmatrix (.x4, .trans) and mma.sync m16n8k16 (bf16 in, f32 accumulate)
+//   follow the fragment layouts of the PTX ISA; cp.async is an immediate
+//   copy (its commit/wait are no-ops). Dynamic shared memory is filled with
+//   0xFF bytes (NaN in bf16 and f32) before each CTA, so reading a byte no
+//   thread wrote shows up as NaN.
+// - The runtime: device memory is host memory, copies are memcpy, streams
+//   and attributes are no-ops; one fake device with 132 SMs and 227 KiB of
+//   opt-in shared memory. cuBLAS: cublasGemmEx by its column-major
+//   definition, f32 accumulation.
+// - Warps run one at a time, each as far as it can before the next (the
+//   first warp differs between blocks), so a missing __syncthreads between
+//   writing and reading shared memory gives wrong results here.
+// Not emulated: timing, bank conflicts, races inside a warp (lanes switch
+// only at collectives), the asynchrony of cp.async and of streams.
+#ifndef DFLASH_CUDA_EMU_H
+#define DFLASH_CUDA_EMU_H
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __shared__ static
+
+extern "C" float dfl_f16_to_f32(uint16_t h);
+
+struct emu_uint3 {
+    unsigned x, y, z;
+};
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct float2 {
+    float x, y;
+};
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+struct uint4 {
+    uint32_t x, y, z, w;
+};
+
+// ---- bf16 and f16 -----------------------------------------------------------
+
+struct __nv_bfloat16 {
+    uint16_t x;
+};
+struct __nv_bfloat162 {
+    __nv_bfloat16 x, y;
+};
+struct __half {
+    uint16_t x;
+};
+
+static inline float __bfloat162float(__nv_bfloat16 b) {
+    uint32_t u = (uint32_t)b.x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    __nv_bfloat16 b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) b.x = 0x7fc0;
+    else b.x = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return b;
+}
+static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
+    return __nv_bfloat162{__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
+}
+static inline float2 __bfloat1622float2(__nv_bfloat162 v) {
+    return float2{__bfloat162float(v.x), __bfloat162float(v.y)};
+}
+static inline float __half2float(__half h) { return dfl_f16_to_f32(h.x); }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+
+// ---- threads, warps, blocks -------------------------------------------------
+
+namespace emu {
+
+struct Fiber;
+extern Fiber *cur;
+extern emu_uint3 g_block;
+extern dim3 g_blockdim, g_griddim;
+emu_uint3 &cur_tid();
+
+void syncthreads();
+void syncwarp();
+uint32_t shfl_xor(uint32_t v, int o);
+uint32_t ballot(bool p);
+void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p, bool trans);
+void mma_m16n8k16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
+void *dyn_smem();
+
+// Runs `body` as every thread of every block of the grid.
+struct Body {
+    virtual void run() = 0;
+    virtual ~Body() {}
+};
+void run_grid(dim3 grid, dim3 block, size_t smem, Body *body);
+
+template <typename F>
+struct FnBody : Body {
+    F *f;
+    void run() override { (*f)(); }
+};
+
+template <typename K>
+struct Launch {
+    dim3 g, b;
+    size_t smem;
+    K k;
+    template <typename... A>
+    void operator()(A... a) {
+        auto fn = [&]() { k(a...); };
+        FnBody<decltype(fn)> body;
+        body.f = &fn;
+        run_grid(g, b, smem, &body);
+    }
+};
+template <typename K>
+Launch<K> launcher(dim3 g, dim3 b, size_t smem, K k) {
+    return Launch<K>{g, b, smem, k};
+}
+
+} // namespace emu
+
+#define threadIdx (emu::cur_tid())
+#define blockIdx (emu::g_block)
+#define blockDim (emu::g_blockdim)
+#define gridDim (emu::g_griddim)
+
+static inline void __syncthreads() { emu::syncthreads(); }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)mask;
+    emu::syncwarp();
+}
+static inline unsigned __ballot_sync(unsigned mask, int p) {
+    (void)mask;
+    return emu::ballot(p != 0);
+}
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+template <typename T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int o) {
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
+    (void)mask;
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = emu::shfl_xor(u, o);
+    T r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
+// ---- runtime ----------------------------------------------------------------
+
+typedef int cudaError_t;
+enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
+typedef void *cudaStream_t;
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+enum { cudaStreamNonBlocking = 1, cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor, multiProcessorCount;
+    size_t sharedMemPerBlockOptin;
+};
+
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetLastError();
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s);
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
+cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, cudaStream_t s);
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
+template <typename K>
+static inline cudaError_t cudaFuncSetAttribute(K, int, int) { return cudaSuccess; }
+
+// ---- cuBLAS -----------------------------------------------------------------
+
+typedef void *cublasHandle_t;
+typedef int cublasStatus_t;
+enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7 };
+enum cublasOperation_t { CUBLAS_OP_N, CUBLAS_OP_T };
+enum cudaDataType { CUDA_R_16BF, CUDA_R_32F };
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F };
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT };
+
+cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t n);
+enum { CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16 };
+static inline cublasStatus_t cublasSetMathMode(cublasHandle_t, int) { return CUBLAS_STATUS_SUCCESS; }
+const char *cublasGetStatusString(cublasStatus_t s);
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                            cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
+                            cublasComputeType_t cp, cublasGemmAlgo_t algo);
+
+
+#endif

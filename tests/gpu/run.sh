@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh: every GPU check and benchmark of dflash in one run, for a
+# machine with a CUDA GPU (an H200: root, 16 cores, no network). Writes a
+# report (report.md) and raw logs, 7 files, under $OUT (default ./gpu-out).
+#
+#   1. build: make -j16 (kernels for sm_90a + PTX), in build-gpu/
+#   2. op agreement, CUDA vs the CPU reference (build-gpu/tests/test_ops_cuda):
+#      fast kernels with synchronous launches, the simple attention kernels,
+#      the real-size shapes
+#   3. whole-model agreement, --device cpu vs --device cuda: one drafter
+#      training step's gradients (bench_train --grad-out), then the tools
+#      that exist (tests/gpu/model_checks.sh)
+#   4. benchmarks: extraction (Qwen3-8B shape), one drafter training step
+#      (MFU), the same step in PyTorch when it is installed; scoring: a hook
+#   5. the attention tests under compute-sanitizer memcheck and racecheck,
+#      with the time that is left (the runtime may not support them)
+#   6. report.md: a summary table, then where each raw log is
+#
+# Time: about 4 minutes. Past DFLASH_GPU_BUDGET seconds (default 250) the
+# optional steps are skipped, and later ones get only the time left; the
+# report says which.
+#
+# Running it through the device tool, from the repository root (HERE first:
+# bash tests/gpu/pack-deps.sh, which writes the ignored .gpu-deps/):
+#   run(command="bash tests/gpu/run.sh", carry=[".gpu-deps"], timeout_s=420)
+# DFLASH_GPU_DRYRUN=1 runs the same script without a GPU (CPU, tiny shapes):
+# a test of the script itself.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+START=$(date +%s)
+BUDGET=${DFLASH_GPU_BUDGET:-250}
+DRY=${DFLASH_GPU_DRYRUN:-0}
+B=$ROOT/build-gpu
+ENV_LOG=$OUT/env.log BUILD_LOG=$OUT/build.log TEST_LOG=$OUT/tests.log MODEL_LOG=$OUT/model.log
+BENCH_LOG=$OUT/bench.log TORCH_LOG=$OUT/torch.log REPORT=$OUT/report.md
+: >"$ENV_LOG"; : >"$BUILD_LOG"; : >"$TEST_LOG"; : >"$MODEL_LOG"; : >"$BENCH_LOG"; : >"$TORCH_LOG"
+ROWS=() # report rows: "| step | result | detail |"
+CORES=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 16)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$CORES} # the CPU reference of the agreement tests
+
+elapsed() { echo $(($(date +%s) - START)); }
+left() { echo $((BUDGET - $(elapsed))); }
+row() { ROWS+=("| $1 | $2 | $3 |"); echo "[$(elapsed)s] $1: $2 ${3:+($3)}"; }
+section() { printf '\n===== %s (at %ss) =====\n' "$1" "$(elapsed)" >>"$2"; }
+# value LOG KEY: the value printed after KEY in a "key   value" line
+value() { grep -m1 -F "$2" "$1" 2>/dev/null | cut -c36- | awk '{print $1}'; }
+
+# ---- environment -------------------------------------------------------------------
+{
+    date -u
+    uname -a
+    echo "cores: $CORES"
+    free -g | head -2
+    command -v nvidia-smi >/dev/null && nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv
+    command -v nvcc >/dev/null && nvcc --version
+    command -v compute-sanitizer >/dev/null && echo "compute-sanitizer: $(command -v compute-sanitizer)"
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1
+    git log -1 --oneline 2>/dev/null
+} >>"$ENV_LOG" 2>&1
+GPU=$(command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+[ "$DRY" = 1 ] && GPU="none (dry run: CPU, tiny shapes)"
+row "machine" "${GPU:-no GPU found}" "$CORES cores; see env.log"
+
+# ---- 1. build ------------------------------------------------------------------------
+MAKEARGS=(-j"$CORES" BUILD="$B" BIN="$B/bin")
+msgpack=$(pkg-config --exists msgpack-c 2>/dev/null && echo msgpack-c || echo msgpack)
+if [ "$DRY" != 1 ] && pkg-config --exists $msgpack liblz4 jansson libxxhash openblas 2>/dev/null; then
+    deps="system libraries (pkg-config)"
+elif [ -f .gpu-deps/dflash-deps.tar.gz ]; then
+    D=/tmp/dflash-deps
+    rm -rf "$D" && mkdir -p "$D" && tar xzf .gpu-deps/dflash-deps.tar.gz -C "$D"
+    MAKEARGS+=("PKG_CFLAGS=-I$D/include" "PKG_LIBS=-L$D/lib -Wl,-rpath,$D/lib $(cat "$D/libs.txt")")
+    export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    deps="carried .gpu-deps (msgpack-c, lz4, jansson, xxhash, OpenBLAS)"
+else
+    row "build" "FAIL" "msgpack-c/lz4/jansson/xxhash/OpenBLAS missing: run tests/gpu/pack-deps.sh here and carry .gpu-deps"
+    deps=""
+fi
+[ "$DRY" = 1 ] && MAKEARGS+=(NO_CUDA=1)
+built=0
+if [ -n "$deps" ]; then
+    section "make ${MAKEARGS[*]}" "$BUILD_LOG"
+    targets=("$B/tests/test_ops_cuda" "$B/gpu/bench_extract" "$B/gpu/bench_train" all)
+    [ -f tests/helpers/mktarget.c ] && targets+=("$B/tests/mktarget")
+    if make "${MAKEARGS[@]}" "${targets[@]}" >>"$BUILD_LOG" 2>&1; then
+        built=1
+        row "build" "ok" "$(($(elapsed)))s; $deps; $(grep -m1 'CUDA backend' "$BUILD_LOG")"
+    else
+        # Another compiler may warn where ours does not: the gate for that is
+        # CI, not this run; build again without -Werror and say so.
+        section "make again without -Werror" "$BUILD_LOG"
+        if make "${MAKEARGS[@]}" WARN="-Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter" \
+            NVCCFLAGS="-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 -lineinfo -Ilib -Ikernels" \
+            "${targets[@]}" >>"$BUILD_LOG" 2>&1; then
+            built=1
+            row "build" "ok, without -Werror" "this compiler warns: see the first make in build.log; $deps"
+        else
+            row "build" "FAIL" "see build.log (tail below)"
+        fi
+    fi
+fi
+
+run_test() { # LABEL ENV... -- : one run of test_ops_cuda, its PASS/FAIL lines counted
+    local label=$1; shift
+    section "$label" "$TEST_LOG"
+    echo "env: $*" >>"$TEST_LOG"
+    local t0=$(date +%s)
+    env "$@" timeout "${TT:-150}" "$B/tests/test_ops_cuda" >>"$TEST_LOG.part" 2>&1
+    local rc=$?
+    cat "$TEST_LOG.part" >>"$TEST_LOG"
+    local p f
+    p=$(grep -c '^PASS ' "$TEST_LOG.part")
+    f=$(grep -c '^FAIL ' "$TEST_LOG.part")
+    local worst
+    worst=$(grep -o 'nmse .*' "$TEST_LOG.part" | awk '{l=substr($NF,1,length($NF)-1)+0; if (l > 0) {r=$(NF-2)/l; if (r>m) {m=r; w=$2" "$3" "$4}}} END {if (m) printf "worst nmse/limit %.2f (%s)", m, w}')
+    rm -f "$TEST_LOG.part"
+    if [ "$rc" -eq 0 ] && [ "$f" -eq 0 ]; then row "$label" "ok" "$p passed, $(($(date +%s) - t0))s; $worst"
+    else row "$label" "FAIL" "$p passed, $f failed, exit $rc; see tests.log"; fi
+}
+
+if [ "$built" = 1 ]; then
+    # ---- 2. op agreement ----------------------------------------------------------------
+    if [ "$DRY" = 1 ]; then
+        run_test "ops: no device reported cleanly"
+    else
+        run_test "ops: fast kernels, synced launches" DFLASH_CUDA_SYNC=1
+        run_test "ops: simple attention kernels" DFLASH_CUDA_SIMPLE=1
+        run_test "ops: real-size shapes" DFLASH_TEST_BIG=1
+    fi
+
+    # ---- 3. whole-model agreement ----------------------------------------------------------
+    if [ "$(left)" -gt 120 ]; then
+        DEV=cuda
+        [ "$DRY" = 1 ] && DEV=cpu
+        section "model checks (--device cpu vs --device $DEV)" "$MODEL_LOG"
+        BIN=$B/bin BUILD=$B DEV=$DEV OUT=$OUT bash tests/gpu/model_checks.sh >>"$MODEL_LOG" 2>&1
+        while IFS='|' read -r _ step result detail; do
+            [ -n "$step" ] && row "$(echo $step)" "$(echo $result)" "$(echo $detail)"
+        done < <(grep '^RESULT|' "$MODEL_LOG" | sed 's/^RESULT//')
+    else
+        row "model checks" "skipped" "time budget"
+    fi
+
+    # ---- 4. benchmarks ----------------------------------------------------------------------
+    BDEV=(--device cuda)
+    [ "$DRY" = 1 ] && BDEV=(--device cpu --tiny)
+    section "bench_extract ${BDEV[*]}" "$BENCH_LOG"
+    timeout 120 "$B/gpu/bench_extract" "${BDEV[@]}" >"$BENCH_LOG.x" 2>&1
+    rc=$?
+    cat "$BENCH_LOG.x" >>"$BENCH_LOG"
+    if [ $rc -eq 0 ]; then
+        row "extraction, Qwen3-8B shape (layers 0..33), 8 x 2048 tokens" "$(value "$BENCH_LOG.x" 'tokens/s') tok/s" \
+            "$(value "$BENCH_LOG.x" 'achieved TFLOP/s') TFLOP/s, MFU $(value "$BENCH_LOG.x" 'MFU') %; anchor 27K (SGLang), goal 45K"
+    else row "extraction benchmark" "FAIL" "exit $rc; see bench.log"; fi
+    if [ "$(left)" -gt 90 ]; then
+        section "bench_extract --download ${BDEV[*]}" "$BENCH_LOG"
+        timeout 120 "$B/gpu/bench_extract" --download "${BDEV[@]}" >"$BENCH_LOG.x" 2>&1 && \
+            row "extraction incl. D2H of the 5 taps (pageable)" "$(value "$BENCH_LOG.x" 'tokens/s') tok/s" \
+                "non-finite sampled values: $(value "$BENCH_LOG.x" 'non-finite')"
+        cat "$BENCH_LOG.x" >>"$BENCH_LOG"
+    fi
+    section "bench_train ${BDEV[*]}" "$BENCH_LOG"
+    timeout 150 "$B/gpu/bench_train" "${BDEV[@]}" >"$BENCH_LOG.x" 2>&1
+    rc=$?
+    cat "$BENCH_LOG.x" >>"$BENCH_LOG"
+    if [ $rc -eq 0 ]; then
+        row "train step, Qwen3-8B drafter, 512 anchors x 16, 3072 tokens" "MFU $(value "$BENCH_LOG.x" 'MFU') %" \
+            "$(value "$BENCH_LOG.x" 'step time s') s/step, $(value "$BENCH_LOG.x" 'achieved TFLOP/s') TFLOP/s of $(value "$BENCH_LOG.x" 'model TFLOP per step') TFLOP/step; goal 55 %; phases: fwd $(value "$BENCH_LOG.x" 'phase forward') s, head $(value "$BENCH_LOG.x" 'phase LM head') s, bwd $(value "$BENCH_LOG.x" 'phase backward') s, opt $(value "$BENCH_LOG.x" 'phase optimizer') s"
+    else row "train-step benchmark" "FAIL" "exit $rc; see bench.log"; fi
+    rm -f "$BENCH_LOG.x"
+    # the same step in PyTorch, when it is there and time allows
+    if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && [ "$(left)" -gt 60 ]; then
+        section "torch_step.py (flex_attention)" "$TORCH_LOG"
+        timeout $(($(left) - 10 > 150 ? 150 : $(left) - 10)) python3 tests/gpu/torch_step.py >>"$TORCH_LOG" 2>&1
+        rc=$?
+        if [ $rc -eq 0 ]; then
+            ts=$(value "$TORCH_LOG" 'torch step time s')
+            ours=$(grep -m1 'step time s' "$BENCH_LOG" | awk '{print $NF}')
+            row "same step in PyTorch ($(value "$TORCH_LOG" 'torch version'), flex_attention)" \
+                "MFU $(value "$TORCH_LOG" 'torch MFU') %" \
+                "$ts s/step; dflash is $(awk -v a="$ts" -v b="$ours" 'BEGIN {if (b > 0) printf "%.2fx", a / b; else print "?"}') as fast"
+        else
+            row "same step in PyTorch" "FAIL/timeout" "exit $rc; see torch.log"
+        fi
+    else
+        row "same step in PyTorch" "skipped" "no CUDA PyTorch, or time budget"
+    fi
+    # the real tool end to end (JSONL in, DFS stream out): a Qwen3-0.6B-shaped
+    # target cut to 8 layers (mktarget's host RNG is the slow part), 32 x 2048
+    # tokens, packed 16384 at a time
+    if [ "$DRY" != 1 ] && [ -x "$B/bin/dflash-extract" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 120 ]; then
+        section "dflash-extract --device cuda end to end" "$BENCH_LOG"
+        X=$(mktemp -d)
+        "$B/tests/mktarget" -o "$X/target" --vocab 151936 --hidden 1024 --intermediate 3072 --layers 8 --heads 16 \
+            --kv-heads 8 --head-dim 128 --tie yes >>"$BENCH_LOG" 2>&1
+        python3 -c "
+import json, random
+r = random.Random(1)
+with open('$X/in.jsonl', 'w') as f:
+    for i in range(32):
+        f.write(json.dumps({'id': i, 'input_ids': [r.randrange(151000) for _ in range(2048)]}) + '\\n')
+"
+        for z in "" "--byte-shuffle"; do
+            t0=$(date +%s.%N)
+            if timeout 60 "$B/bin/dflash-extract" -m "$X/target" -d cuda -b 16384 $z -o "$X/out.dfs" "$X/in.jsonl" >>"$BENCH_LOG" 2>&1; then
+                t1=$(date +%s.%N)
+                row "dflash-extract --device cuda ${z:-(no compression)}: 8-layer Qwen3-0.6B shape, 65536 tokens" \
+                    "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.0f tok/s", 65536 / (b - a)}')" \
+                    "whole tool: JSONL parse, load, forward, D2H, $([ -n "$z" ] && echo "shuffle + LZ4, ")write $(du -m "$X/out.dfs" | cut -f1) MB"
+            else
+                row "dflash-extract --device cuda ${z:-}" "FAIL" "see bench.log"
+            fi
+        done
+        rm -rf "$X"
+    fi
+
+    # ---- 5. the attention kernels under compute-sanitizer, as time allows ----------------
+    if [ "$DRY" != 1 ]; then
+        if command -v compute-sanitizer >/dev/null; then
+            for tool in memcheck racecheck; do
+                if [ "$(left)" -lt 40 ]; then row "ops: attention under $tool" "skipped" "time budget"; continue; fi
+                tt=$(($(left) - 10 > 90 ? 90 : $(left) - 10))
+                section "compute-sanitizer --tool $tool (attention tests)" "$TEST_LOG"
+                t0=$(date +%s)
+                DFLASH_TEST_ONLY=attn timeout $tt compute-sanitizer --tool $tool --error-exitcode 99 \
+                    "$B/tests/test_ops_cuda" >"$TEST_LOG.part" 2>&1
+                rc=$?
+                cat "$TEST_LOG.part" >>"$TEST_LOG"
+                summary=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$TEST_LOG.part")
+                rm -f "$TEST_LOG.part"
+                case $rc in
+                0) row "ops: attention under $tool" "ok" "$summary; $(($(date +%s) - t0))s" ;;
+                124) row "ops: attention under $tool" "timeout" "${tt}s, the time left" ;;
+                *) row "ops: attention under $tool" "see tests.log" "exit $rc: $summary (errors, or a runtime without sanitizer support)" ;;
+                esac
+            done
+        else
+            row "ops: compute-sanitizer" "skipped" "not installed"
+        fi
+    fi
+
+    # scoring loop vs plain greedy: a hook until dflash-score (issue 5) lands
+    if [ -x "$B/bin/dflash-score" ]; then
+        row "scoring benchmark" "TODO" "dflash-score exists: add its tokens/s vs greedy here (tests/gpu/run.sh, step 4)"
+    else
+        row "scoring benchmark" "not yet" "dflash-score (issue 5) has not landed"
+    fi
+fi
+
+# ---- 6. report -------------------------------------------------------------------------
+{
+    echo "# dflash GPU run"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git log -1 --format=%h 2>/dev/null), $(elapsed) s."
+    echo
+    echo "| step | result | detail |"
+    echo "| --- | --- | --- |"
+    printf '%s\n' "${ROWS[@]}"
+    echo
+    echo "Raw logs beside this file: env.log (machine), build.log, tests.log (every nmse"
+    echo "printed), model.log, bench.log, torch.log."
+    echo
+    echo "MFU counts model FLOPs (tests/gpu/bench_train.c: 2MKN per matrix product issued,"
+    echo "attention 4D forward and 8D backward per query, visible key and head) over 989 TFLOP/s."
+    if [ "$built" != 1 ]; then
+        echo
+        echo '## build.log (tail)'
+        echo '```'
+        tail -n 40 "$BUILD_LOG"
+        echo '```'
+    fi
+    if grep -q '^FAIL' "$TEST_LOG"; then
+        echo
+        echo '## failing checks'
+        echo '```'
+        grep -B2 -A8 'check failed' "$TEST_LOG" | head -n 60
+        echo '```'
+    fi
+} >"$REPORT"
+echo
+cat "$REPORT"
+grep -q '| FAIL' "$REPORT" && exit 1
+exit 0

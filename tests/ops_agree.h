@@ -1,0 +1,613 @@
+/* ops_agree.h: every op of a backend (DEV) against the CPU reference (REF),
+ * forward and backward, by normalised error nmse = sum (a-b)^2 / sum b^2
+ * (DESIGN §3), with a stated limit per quantity. Used by test_ops_cuda.c
+ * with the real CUDA table (on a GPU) or the emulated one (tests/emu).
+ *
+ * Inputs are drawn as bf16 values (and uploaded to both backends as such),
+ * so both compute on identical inputs and the differences are the device's
+ * own roundings. The limits, and why:
+ *   NMSE_ROUND 1e-5   an output rounded to bf16 once: relative error up to
+ *                     2^-9, mean square about 2^-18/3 = 1.3e-6 of the
+ *                     values' square; gradients that are accumulated into a
+ *                     bf16 buffer (+=) round twice. ~4-8x headroom.
+ *   NMSE_INNER 1e-4   ops that also round intermediates to bf16 as the
+ *                     tensor cores require: attention (P and dS feed bf16
+ *                     matrix products; the backward's delta uses the bf16
+ *                     output), the LM-head gradient (softmax - onehot in
+ *                     bf16 before the dh product).
+ *   NMSE_F32 1e-9     f32 results of identical inputs that differ only by
+ *                     summation order (dw of a matmul, rstd, lse, CE loss):
+ *                     ~1e-12 expected.
+ *   NMSE_KL 1e-6      the KL loss is a small difference of log-sum-exps
+ *                     (~10): an absolute 1e-6 is ~1e-4 of it.
+ *   NMSE_EXACT 1e-12  the optimizer: the same f32 formulas in the same
+ *                     order (fused multiply-adds aside).
+ * Every comparison also requires every value finite; a NaN fails it.
+ * Outputs that the ops accumulate into (gradients) start from random
+ * values of the gradient's own scale, so a missing "+=" fails too.
+ * Shapes are odd on purpose: sizes not multiples of 8, GQA groups of 1..4,
+ * packed sequences, DFlash blocks sharing context keys, blocks with no
+ * context, tiles of keys seen by more blocks than one chunk holds, and both
+ * attention paths (head dim 64/128: tensor cores; 24/40: simple kernels). */
+#ifndef DFLASH_OPS_AGREE_H
+#define DFLASH_OPS_AGREE_H
+
+#include "common.h"
+#include "ops.h"
+#include "rng.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NMSE_ROUND 1e-5
+#define NMSE_INNER 1e-4
+#define NMSE_F32 1e-9
+#define NMSE_KL 1e-6
+#define NMSE_EXACT 1e-12
+
+static const dfl_ops *REF, *DEV;
+static dfl_rng AG_RNG;
+static int AG_BIG; /* also the larger shapes (a real GPU) */
+
+/* ---- host data ------------------------------------------------------------ */
+
+static float bf16_round(float x) { return dfl_bf16_to_f32(dfl_f32_to_bf16(x)); }
+
+/* n normal values times scale, rounded to bf16 */
+static float *ag_randn(int64_t n, double scale) {
+    float *x = dfl_malloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = bf16_round((float)(scale * dfl_rng_normal(&AG_RNG)));
+    return x;
+}
+
+static double ag_rms(const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return n ? sqrt(s / (double)n) : 0;
+}
+
+/* ---- one tensor on both backends ------------------------------------------ */
+
+typedef enum { AG_ACT, AG_F32, AG_I32 } ag_kind;
+typedef struct {
+    void *r, *d; /* REF and DEV buffers */
+    int64_t n;
+    ag_kind kind;
+} ag_pair;
+
+static void *ag_put(const dfl_ops *o, const void *host, int64_t n, ag_kind kind) {
+    size_t es = kind == AG_ACT ? (size_t)o->act_bytes : 4;
+    void *p = o->alloc((size_t)(n ? n : 1) * es);
+    if (!host || !n) return p;
+    if (kind == AG_ACT) o->load_act(p, host, DFL_F32, n);
+    else o->upload(p, host, (size_t)n * 4);
+    return p;
+}
+
+static ag_pair ag_new(const void *host, int64_t n, ag_kind kind) {
+    ag_pair p = {ag_put(REF, host, n, kind), ag_put(DEV, host, n, kind), n, kind};
+    return p;
+}
+
+static void ag_free(ag_pair *p) {
+    REF->free(p->r);
+    DEV->free(p->d);
+}
+
+/* read one side back as f32 */
+static float *ag_get(const dfl_ops *o, const void *buf, int64_t n, ag_kind kind) {
+    float *h = dfl_malloc((size_t)(n ? n : 1) * sizeof(float));
+    if (kind == AG_ACT) o->act_to_f32(h, buf, n);
+    else o->download(h, buf, (size_t)n * 4);
+    return h;
+}
+
+/* nmse of DEV against REF for a pair, printed, checked against `limit` */
+static double ag_check(const char *what, const ag_pair *p, double limit) {
+    float *r = ag_get(REF, p->r, p->n, p->kind), *d = ag_get(DEV, p->d, p->n, p->kind);
+    int finite = 1;
+    for (int64_t i = 0; i < p->n; i++) finite &= isfinite(d[i]) != 0;
+    double e = t_nmse_f32(d, r, p->n);
+    printf("  nmse %-28s %.2e (limit %.0e)\n", what, e, limit);
+    T_CHECKF(finite && e <= limit, "%s: nmse %.3g, limit %.0e%s", what, e, limit, finite ? "" : ", non-finite values");
+    free(r);
+    free(d);
+    return e;
+}
+
+/* a gradient buffer pre-filled with random values of scale `rms` */
+static ag_pair ag_grad(int64_t n, ag_kind kind, double rms) {
+    float *h = ag_randn(n, rms > 0 ? rms : 1.0);
+    ag_pair p = ag_new(h, n, kind);
+    free(h);
+    return p;
+}
+
+/* ---- conversions ----------------------------------------------------------- */
+
+static void conversions_round_to_nearest_even(void) {
+    const int64_t n = 1001;
+    float *x = dfl_malloc(n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = (float)dfl_rng_normal(&AG_RNG) * 3.0f;
+        if (i % 7 == 0) { /* exact ties between two bf16 values */
+            uint32_t u;
+            memcpy(&u, &x[i], 4);
+            u = (u & 0xffff0000u) | 0x8000u;
+            memcpy(&x[i], &u, 4);
+        }
+    }
+    uint16_t *got = dfl_malloc(n * 2), *bits = dfl_malloc(n * 2);
+    void *a = DEV->alloc((size_t)n * DEV->act_bytes);
+    DEV->load_act(a, x, DFL_F32, n); /* f32 -> act */
+    DEV->act_to_bf16(got, a, n);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += got[i] != dfl_f32_to_bf16(x[i]);
+    T_CHECKF(bad == 0, "load_act f32: %d of %d not round-to-nearest-even", bad, (int)n);
+    for (int64_t i = 0; i < n; i++) bits[i] = dfl_f32_to_bf16(x[i]);
+    DEV->load_wt(a, bits, DFL_BF16, n); /* bf16 -> wt, bit for bit */
+    DEV->act_to_bf16(got, a, n);
+    T_CHECK(memcmp(got, bits, (size_t)n * 2) == 0);
+    for (int64_t i = 0; i < n; i++) { /* f16 -> act: exact to f32, then rounded */
+        float f = (float)dfl_rng_normal(&AG_RNG) * 100.0f;
+        bits[i] = dfl_f32_to_f16(f);
+    }
+    DEV->load_act(a, bits, DFL_F16, n);
+    DEV->act_to_bf16(got, a, n);
+    bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += got[i] != dfl_f32_to_bf16(dfl_f16_to_f32(bits[i]));
+    T_CHECKF(bad == 0, "load_act f16: %d wrong", bad);
+    float *back = dfl_malloc(n * sizeof(float));
+    DEV->act_to_f32(back, a, n);
+    bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += back[i] != dfl_bf16_to_f32(got[i]);
+    T_CHECKF(bad == 0, "act_to_f32: %d differ from the bf16 values", bad);
+    float *master = DEV->alloc((size_t)n * 4);
+    DEV->upload(master, x, (size_t)n * 4);
+    DEV->master_to_wt(a, master, n);
+    DEV->act_to_bf16(got, a, n);
+    bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += got[i] != dfl_f32_to_bf16(x[i]);
+    T_CHECKF(bad == 0, "master_to_wt: %d wrong", bad);
+    DEV->free(master);
+    DEV->free(a);
+    free(x), free(got), free(bits), free(back);
+}
+
+/* ---- dense ----------------------------------------------------------------- */
+
+static void matmul_agrees(void) {
+    const int64_t M = 37, K = 53, N = 29;
+    float *hx = ag_randn(M * K, 1), *hw = ag_randn(N * K, 0.2), *ho = ag_randn(M * N, 1);
+    ag_pair x = ag_new(hx, M * K, AG_ACT), w = ag_new(hw, N * K, AG_ACT), o = ag_new(ho, M * N, AG_ACT);
+    REF->matmul(o.r, x.r, w.r, M, K, N, 0);
+    DEV->matmul(o.d, x.d, w.d, M, K, N, 0);
+    ag_check("matmul out", &o, NMSE_ROUND);
+    REF->matmul(o.r, x.r, w.r, M, K, N, 1);
+    DEV->matmul(o.d, x.d, w.d, M, K, N, 1);
+    ag_check("matmul out (accumulate)", &o, NMSE_ROUND);
+    ag_free(&x), ag_free(&w), ag_free(&o);
+    free(hx), free(hw), free(ho);
+}
+
+static void matmul_bwd_agrees(void) {
+    const int64_t M = 41, K = 35, N = 23;
+    float *hx = ag_randn(M * K, 1), *hw = ag_randn(N * K, 0.2), *hd = ag_randn(M * N, 1);
+    ag_pair x = ag_new(hx, M * K, AG_ACT), w = ag_new(hw, N * K, AG_ACT), dout = ag_new(hd, M * N, AG_ACT);
+    ag_pair din = ag_grad(M * K, AG_ACT, 1.0), dw = ag_grad(N * K, AG_F32, 5.0);
+    REF->matmul_bwd(din.r, dw.r, dout.r, x.r, w.r, M, K, N);
+    DEV->matmul_bwd(din.d, dw.d, dout.d, x.d, w.d, M, K, N);
+    ag_check("matmul_bwd din", &din, NMSE_ROUND);
+    ag_check("matmul_bwd dw", &dw, NMSE_F32);
+    /* each gradient alone (the other NULL) */
+    REF->matmul_bwd(NULL, dw.r, dout.r, x.r, w.r, M, K, N);
+    DEV->matmul_bwd(NULL, dw.d, dout.d, x.d, w.d, M, K, N);
+    REF->matmul_bwd(din.r, NULL, dout.r, x.r, w.r, M, K, N);
+    DEV->matmul_bwd(din.d, NULL, dout.d, x.d, w.d, M, K, N);
+    ag_check("matmul_bwd din (2nd)", &din, NMSE_ROUND);
+    ag_check("matmul_bwd dw (2nd)", &dw, NMSE_F32);
+    ag_free(&x), ag_free(&w), ag_free(&dout), ag_free(&din), ag_free(&dw);
+    free(hx), free(hw), free(hd);
+}
+
+static void rmsnorm_case(int64_t rows, int64_t dim) {
+    float *hx = ag_randn(rows * dim, 2), *hw = ag_randn(dim, 1), *hd = ag_randn(rows * dim, 1);
+    ag_pair x = ag_new(hx, rows * dim, AG_ACT), w = ag_new(hw, dim, AG_ACT), dout = ag_new(hd, rows * dim, AG_ACT);
+    ag_pair out = ag_new(NULL, rows * dim, AG_ACT), rstd = ag_new(NULL, rows, AG_F32);
+    REF->rmsnorm(out.r, rstd.r, x.r, w.r, rows, dim, 1e-6f);
+    DEV->rmsnorm(out.d, rstd.d, x.d, w.d, rows, dim, 1e-6f);
+    ag_check("rmsnorm out", &out, NMSE_ROUND);
+    ag_check("rmsnorm rstd", &rstd, NMSE_F32);
+    /* backward, both from the reference's rstd (identical inputs) */
+    float *hr = ag_get(REF, rstd.r, rows, AG_F32);
+    DEV->upload(rstd.d, hr, (size_t)rows * 4);
+    ag_pair din = ag_grad(rows * dim, AG_ACT, 0.5), dw = ag_grad(dim, AG_F32, 3.0);
+    REF->rmsnorm_bwd(din.r, dw.r, dout.r, x.r, rstd.r, w.r, rows, dim);
+    DEV->rmsnorm_bwd(din.d, dw.d, dout.d, x.d, rstd.d, w.d, rows, dim);
+    ag_check("rmsnorm_bwd din", &din, NMSE_ROUND);
+    ag_check("rmsnorm_bwd dw", &dw, NMSE_F32);
+    REF->rmsnorm_bwd(NULL, dw.r, dout.r, x.r, rstd.r, w.r, rows, dim);
+    DEV->rmsnorm_bwd(NULL, dw.d, dout.d, x.d, rstd.d, w.d, rows, dim);
+    ag_check("rmsnorm_bwd dw (din NULL)", &dw, NMSE_F32);
+    ag_free(&x), ag_free(&w), ag_free(&dout), ag_free(&out), ag_free(&rstd), ag_free(&din), ag_free(&dw);
+    free(hx), free(hw), free(hd), free(hr);
+}
+
+static void rmsnorm_agrees(void) {
+    rmsnorm_case(33, 96);   /* 16-byte rows: vector path */
+    rmsnorm_case(29, 37);   /* odd: scalar path */
+    rmsnorm_case(300, 128); /* a q_norm shape: many rows, blocks of several rows */
+    if (AG_BIG) rmsnorm_case(4099, 4096);
+}
+
+static void rope_case(int64_t T, int64_t nh, int64_t d) {
+    float *hx = ag_randn(T * nh * d, 1);
+    int32_t *pos = dfl_malloc((size_t)T * 4);
+    float *inv = dfl_malloc((size_t)(d / 2) * 4);
+    for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)dfl_rng_below(&AG_RNG, 40960);
+    for (int64_t i = 0; i < d / 2; i++) inv[i] = (float)pow(1e6, -2.0 * (double)i / (double)d);
+    ag_pair x = ag_new(hx, T * nh * d, AG_ACT), p = ag_new(pos, T, AG_I32), f = ag_new(inv, d / 2, AG_F32);
+    REF->rope(x.r, p.r, f.r, T, nh, d, 0);
+    DEV->rope(x.d, p.d, f.d, T, nh, d, 0);
+    ag_check("rope", &x, NMSE_ROUND);
+    REF->rope(x.r, p.r, f.r, T, nh, d, 1);
+    DEV->rope(x.d, p.d, f.d, T, nh, d, 1);
+    ag_check("rope, then inverse", &x, NMSE_ROUND);
+    float *back = ag_get(DEV, x.d, T * nh * d, AG_ACT); /* the inverse undoes it (to bf16 roundings) */
+    double e = t_nmse_f32(back, hx, T * nh * d);
+    T_CHECKF(e < 4 * NMSE_ROUND, "rope inverse does not undo rope: nmse %.3g", e);
+    ag_free(&x), ag_free(&p), ag_free(&f);
+    free(hx), free(pos), free(inv), free(back);
+}
+
+static void rope_agrees(void) {
+    rope_case(19, 3, 64);
+    rope_case(7, 5, 10);
+}
+
+static void swiglu_case(int64_t n) {
+    float *hg = ag_randn(n, 2), *hu = ag_randn(n, 1), *hd = ag_randn(n, 1);
+    ag_pair g = ag_new(hg, n, AG_ACT), u = ag_new(hu, n, AG_ACT), d = ag_new(hd, n, AG_ACT);
+    ag_pair out = ag_new(NULL, n, AG_ACT), dg = ag_grad(n, AG_ACT, 0.5), du = ag_grad(n, AG_ACT, 0.5);
+    REF->swiglu(out.r, g.r, u.r, n);
+    DEV->swiglu(out.d, g.d, u.d, n);
+    ag_check("swiglu", &out, NMSE_ROUND);
+    REF->swiglu_bwd(dg.r, du.r, d.r, g.r, u.r, n);
+    DEV->swiglu_bwd(dg.d, du.d, d.d, g.d, u.d, n);
+    ag_check("swiglu_bwd dgate", &dg, NMSE_ROUND);
+    ag_check("swiglu_bwd dup", &du, NMSE_ROUND);
+    REF->swiglu_bwd(NULL, du.r, d.r, g.r, u.r, n);
+    DEV->swiglu_bwd(NULL, du.d, d.d, g.d, u.d, n);
+    ag_check("swiglu_bwd dup (dgate NULL)", &du, NMSE_ROUND);
+    REF->add(out.r, out.r, g.r, n); /* out aliases a */
+    DEV->add(out.d, out.d, g.d, n);
+    ag_check("add (out = a + b, aliased)", &out, NMSE_ROUND);
+    ag_free(&g), ag_free(&u), ag_free(&d), ag_free(&out), ag_free(&dg), ag_free(&du);
+    free(hg), free(hu), free(hd);
+}
+
+static void elementwise_agrees(void) {
+    swiglu_case(1003); /* vector body and scalar tail */
+    swiglu_case(1024);
+    swiglu_case(203);
+}
+
+static void embed_case(int64_t T, int64_t H, int64_t V) {
+    float *ht = ag_randn(V * H, 1);
+    int32_t *ids = dfl_malloc((size_t)T * 4);
+    for (int64_t t = 0; t < T; t++) ids[t] = (int32_t)dfl_rng_below(&AG_RNG, (uint64_t)V);
+    ag_pair tab = ag_new(ht, V * H, AG_ACT), id = ag_new(ids, T, AG_I32), out = ag_new(NULL, T * H, AG_ACT);
+    REF->embed(out.r, id.r, tab.r, T, H);
+    DEV->embed(out.d, id.d, tab.d, T, H);
+    /* a gather of bf16 values: exact */
+    ag_check("embed", &out, 0.0);
+    ag_free(&tab), ag_free(&id), ag_free(&out);
+    free(ht), free(ids);
+}
+
+static void embed_agrees(void) {
+    embed_case(13, 40, 50);
+    embed_case(9, 37, 11);
+}
+
+/* ---- attention --------------------------------------------------------------- */
+
+static void causal_case(const int32_t *lens, int64_t nseq, int64_t Hq, int64_t Hkv, int64_t D) {
+    int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
+    cu[0] = 0;
+    for (int64_t s = 0; s < nseq; s++) cu[s + 1] = cu[s] + lens[s];
+    int64_t T = cu[nseq];
+    float *hq = ag_randn(T * Hq * D, 1), *hk = ag_randn(T * Hkv * D, 1), *hv = ag_randn(T * Hkv * D, 1);
+    ag_pair q = ag_new(hq, T * Hq * D, AG_ACT), k = ag_new(hk, T * Hkv * D, AG_ACT), v = ag_new(hv, T * Hkv * D, AG_ACT);
+    ag_pair c = ag_new(cu, nseq + 1, AG_I32), out = ag_new(NULL, T * Hq * D, AG_ACT);
+    REF->attn_causal(out.r, q.r, k.r, v.r, c.r, nseq, T, Hq, Hkv, D);
+    DEV->attn_causal(out.d, q.d, k.d, v.d, c.d, nseq, T, Hq, Hkv, D);
+    char what[64];
+    snprintf(what, sizeof what, "attn_causal D%d G%d", (int)D, (int)(Hq / Hkv));
+    ag_check(what, &out, NMSE_INNER);
+    ag_free(&q), ag_free(&k), ag_free(&v), ag_free(&c), ag_free(&out);
+    free(cu), free(hq), free(hk), free(hv);
+}
+
+static void attn_causal_agrees(void) {
+    const int32_t a[] = {1, 70, 133}, b[] = {5, 40}, c[] = {65}, d[] = {17, 3, 64, 129};
+    causal_case(a, 3, 8, 2, 64);  /* tensor cores, G = 4, packed */
+    causal_case(b, 2, 3, 3, 24);  /* simple kernel, G = 1 */
+    causal_case(c, 1, 4, 1, 128); /* tensor cores, D = 128 */
+    causal_case(d, 4, 6, 2, 64);  /* G = 3: row tiles cut across positions */
+    if (AG_BIG) {
+        const int32_t e[] = {2048, 1000, 1};
+        causal_case(e, 3, 32, 8, 128);
+    }
+}
+
+/* Blocks of a packed batch: sequence s has ctx[s] context keys (stored one
+ * sequence after another from key 0), then every block's own B keys follow
+ * all the context. Block anchors: anchors[] per sequence, in order. */
+typedef struct {
+    int64_t nblk, B, NK, Hq, Hkv, D;
+    dfl_block *blocks;
+} dflash_shape;
+
+static dflash_shape dflash_layout(const int32_t *ctx, int64_t nseq, const int32_t *nanch, int64_t B, int64_t Hq,
+                                  int64_t Hkv, int64_t D) {
+    dflash_shape s = {0, B, 0, Hq, Hkv, D, NULL};
+    int64_t S = 0;
+    for (int64_t i = 0; i < nseq; i++) s.nblk += nanch[i], S += ctx[i];
+    s.blocks = dfl_malloc((size_t)s.nblk * sizeof(dfl_block));
+    int64_t j = 0, off = 0;
+    for (int64_t i = 0; i < nseq; i++) {
+        for (int32_t a = 0; a < nanch[i]; a++, j++) {
+            /* anchor in [0, ctx]: the block sees the context strictly before it */
+            int32_t anchor = (int32_t)dfl_rng_below(&AG_RNG, (uint64_t)ctx[i] + 1);
+            if (a == 0) anchor = 0; /* a block with no context at all */
+            s.blocks[j].ctx_off = (int32_t)off;
+            s.blocks[j].ctx_len = anchor;
+            s.blocks[j].blk_off = (int32_t)(S + j * B);
+        }
+        off += ctx[i];
+    }
+    s.NK = S + s.nblk * B;
+    return s;
+}
+
+static void dflash_case(const char *name, const dflash_shape *s) {
+    const int64_t nq = s->nblk * s->B, Hq = s->Hq, Hkv = s->Hkv, D = s->D, NK = s->NK;
+    float *hq = ag_randn(nq * Hq * D, 1), *hk = ag_randn(NK * Hkv * D, 1), *hv = ag_randn(NK * Hkv * D, 1);
+    float *hd = ag_randn(nq * Hq * D, 1);
+    ag_pair q = ag_new(hq, nq * Hq * D, AG_ACT), k = ag_new(hk, NK * Hkv * D, AG_ACT);
+    ag_pair v = ag_new(hv, NK * Hkv * D, AG_ACT), dout = ag_new(hd, nq * Hq * D, AG_ACT);
+    ag_pair blk = ag_new(s->blocks, s->nblk * 3, AG_I32);
+    ag_pair out = ag_new(NULL, nq * Hq * D, AG_ACT), lse = ag_new(NULL, nq * Hq, AG_F32);
+    char what[96];
+    REF->attn_dflash(out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D);
+    DEV->attn_dflash(out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D);
+    snprintf(what, sizeof what, "%s out", name);
+    ag_check(what, &out, NMSE_INNER);
+    snprintf(what, sizeof what, "%s lse", name);
+    ag_check(what, &lse, NMSE_F32);
+
+    /* gradient scale from a zero-started reference pass */
+    ag_pair z = ag_new(NULL, nq * Hq * D, AG_ACT), zk = ag_new(NULL, NK * Hkv * D, AG_ACT),
+            zv = ag_new(NULL, NK * Hkv * D, AG_ACT);
+    REF->attn_dflash_bwd(z.r, zk.r, zv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D);
+    float *g0 = ag_get(REF, z.r, nq * Hq * D, AG_ACT), *g1 = ag_get(REF, zk.r, NK * Hkv * D, AG_ACT),
+          *g2 = ag_get(REF, zv.r, NK * Hkv * D, AG_ACT);
+    ag_pair dq = ag_grad(nq * Hq * D, AG_ACT, ag_rms(g0, nq * Hq * D));
+    ag_pair dk = ag_grad(NK * Hkv * D, AG_ACT, ag_rms(g1, NK * Hkv * D));
+    ag_pair dv = ag_grad(NK * Hkv * D, AG_ACT, ag_rms(g2, NK * Hkv * D));
+    REF->attn_dflash_bwd(dq.r, dk.r, dv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D);
+    DEV->attn_dflash_bwd(dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D);
+    snprintf(what, sizeof what, "%s dq", name);
+    ag_check(what, &dq, NMSE_INNER);
+    snprintf(what, sizeof what, "%s dk", name);
+    ag_check(what, &dk, NMSE_INNER);
+    snprintf(what, sizeof what, "%s dv", name);
+    ag_check(what, &dv, NMSE_INNER);
+
+    /* deterministic: the same call on zeroed buffers twice, bit for bit */
+    if (DEV->act_bytes == 2) {
+        uint16_t *b1 = dfl_malloc((size_t)NK * Hkv * D * 2), *b2 = dfl_malloc((size_t)NK * Hkv * D * 2);
+        for (int rep = 0; rep < 2; rep++) {
+            DEV->zero(zk.d, (size_t)NK * Hkv * D * 2);
+            DEV->attn_dflash_bwd(NULL, zk.d, NULL, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK,
+                                 Hq, Hkv, D);
+            DEV->act_to_bf16(rep ? b2 : b1, zk.d, NK * Hkv * D);
+        }
+        T_CHECKF(memcmp(b1, b2, (size_t)NK * Hkv * D * 2) == 0, "%s: dk differs between two identical calls", name);
+        free(b1), free(b2);
+    }
+    ag_free(&q), ag_free(&k), ag_free(&v), ag_free(&dout), ag_free(&blk), ag_free(&out), ag_free(&lse);
+    ag_free(&z), ag_free(&zk), ag_free(&zv), ag_free(&dq), ag_free(&dk), ag_free(&dv);
+    free(hq), free(hk), free(hv), free(hd), free(g0), free(g1), free(g2);
+}
+
+static void attn_dflash_agrees(void) {
+    /* tensor cores (D 64), G = 4, B = 16, two packed sequences */
+    const int32_t ctx_a[] = {100, 80}, anc_a[] = {5, 3};
+    dflash_shape a = dflash_layout(ctx_a, 2, anc_a, 16, 8, 2, 64);
+    dflash_case("dflash D64 G4 B16", &a);
+    /* simple kernels (D 40), G = 3, B = 5 */
+    const int32_t ctx_b[] = {50}, anc_b[] = {6};
+    dflash_shape b = dflash_layout(ctx_b, 1, anc_b, 5, 6, 2, 40);
+    dflash_case("dflash D40 G3 B5", &b);
+    /* tensor cores, D 128 */
+    const int32_t ctx_c[] = {70}, anc_c[] = {3};
+    dflash_shape c = dflash_layout(ctx_c, 1, anc_c, 16, 4, 2, 128);
+    dflash_case("dflash D128 G2 B16", &c);
+    /* tensor cores with partial row tiles (B*G = 20) */
+    const int32_t ctx_d[] = {90, 7}, anc_d[] = {4, 2};
+    dflash_shape d = dflash_layout(ctx_d, 2, anc_d, 5, 4, 1, 64);
+    dflash_case("dflash D64 G4 B5", &d);
+    /* 40 blocks share the first key tiles: more than one chunk per tile */
+    const int32_t ctx_e[] = {150}, anc_e[] = {40};
+    dflash_shape e = dflash_layout(ctx_e, 1, anc_e, 4, 2, 2, 64);
+    dflash_case("dflash D64 G1 B4 x40", &e);
+    free(a.blocks), free(b.blocks), free(c.blocks), free(d.blocks), free(e.blocks);
+    if (AG_BIG) { /* Qwen3-8B drafter heads, a 1024-token sample, 64 anchors */
+        const int32_t ctx_f[] = {1024}, anc_f[] = {64};
+        dflash_shape f = dflash_layout(ctx_f, 1, anc_f, 16, 32, 8, 128);
+        dflash_case("dflash Qwen3-8B heads", &f);
+        free(f.blocks);
+    }
+}
+
+/* ---- LM head ------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t N, H, V;
+    ag_pair h, th, w, gs, lab;
+    float *gap; /* the reference's top-1 minus top-2, to skip near ties */
+} lm_case;
+
+static lm_case lm_new(int64_t N, int64_t H, int64_t V) {
+    lm_case c = {N, H, V, {0}, {0}, {0}, {0}, {0}, NULL};
+    float *hh = ag_randn(N * H, 1), *ht = ag_randn(N * H, 1), *hw = ag_randn(V * H, 0.3);
+    for (int64_t i = 0; i < N * H; i++) ht[i] = bf16_round(0.7f * ht[i] + 0.7f * hh[i]); /* near the drafter */
+    float *gs = dfl_malloc((size_t)N * 4);
+    int32_t *lab = dfl_malloc((size_t)N * 4);
+    for (int64_t i = 0; i < N; i++) {
+        gs[i] = i % 5 == 2 ? 0.0f : (float)(0.5 + dfl_rng_uniform(&AG_RNG)) / (float)N;
+        lab[i] = i % 7 == 3 ? -1 : (int32_t)dfl_rng_below(&AG_RNG, (uint64_t)V);
+    }
+    c.h = ag_new(hh, N * H, AG_ACT), c.th = ag_new(ht, N * H, AG_ACT), c.w = ag_new(hw, V * H, AG_ACT);
+    c.gs = ag_new(gs, N, AG_F32), c.lab = ag_new(lab, N, AG_I32);
+    ag_pair pred = ag_new(NULL, N, AG_I32), gap = ag_new(NULL, N, AG_F32);
+    REF->lmhead_argmax(pred.r, gap.r, c.h.r, c.w.r, N, H, V);
+    c.gap = ag_get(REF, gap.r, N, AG_F32);
+    ag_free(&pred), ag_free(&gap);
+    free(hh), free(ht), free(hw), free(gs), free(lab);
+    return c;
+}
+
+static void lm_free(lm_case *c) {
+    ag_free(&c->h), ag_free(&c->th), ag_free(&c->w), ag_free(&c->gs), ag_free(&c->lab);
+    free(c->gap);
+}
+
+/* predictions agree wherever the reference's top-2 gap is not a near tie */
+static void lm_check_pred(const char *what, const ag_pair *p, const float *gap) {
+    int32_t *r = dfl_malloc((size_t)p->n * 4), *d = dfl_malloc((size_t)p->n * 4);
+    REF->download(r, p->r, (size_t)p->n * 4);
+    DEV->download(d, p->d, (size_t)p->n * 4);
+    int bad = 0, used = 0;
+    for (int64_t i = 0; i < p->n; i++) {
+        if (gap && gap[i] < 1e-3f) continue;
+        used++;
+        bad += r[i] != d[i];
+    }
+    printf("  pred %-28s %d of %d rows differ\n", what, bad, used);
+    T_CHECKF(bad == 0 && used > 0, "%s: %d of %d predictions differ", what, bad, used);
+    free(r), free(d);
+}
+
+static void lmhead_ce_case(int64_t N, int64_t H, int64_t V) {
+    lm_case c = lm_new(N, H, V);
+    ag_pair loss = ag_new(NULL, N, AG_F32), pred = ag_new(NULL, N, AG_I32), dh = ag_new(NULL, N * H, AG_ACT);
+    REF->lmhead_ce(loss.r, pred.r, dh.r, c.h.r, c.w.r, c.lab.r, c.gs.r, N, H, V);
+    float *g0 = ag_get(REF, dh.r, N * H, AG_ACT);
+    ag_free(&dh);
+    dh = ag_grad(N * H, AG_ACT, ag_rms(g0, N * H));
+    REF->lmhead_ce(loss.r, pred.r, dh.r, c.h.r, c.w.r, c.lab.r, c.gs.r, N, H, V);
+    DEV->lmhead_ce(loss.d, pred.d, dh.d, c.h.d, c.w.d, c.lab.d, c.gs.d, N, H, V);
+    ag_check("lmhead_ce loss", &loss, NMSE_F32);
+    ag_check("lmhead_ce dh", &dh, NMSE_INNER);
+    lm_check_pred("lmhead_ce pred", &pred, c.gap);
+    /* no gradient wanted: loss and pred only */
+    DEV->lmhead_ce(loss.d, pred.d, NULL, c.h.d, c.w.d, c.lab.d, NULL, N, H, V);
+    ag_check("lmhead_ce loss (no dh)", &loss, NMSE_F32);
+    ag_free(&loss), ag_free(&pred), ag_free(&dh);
+    lm_free(&c);
+    free(g0);
+}
+
+static void lmhead_kl_case(int64_t N, int64_t H, int64_t V) {
+    lm_case c = lm_new(N, H, V);
+    ag_pair loss = ag_new(NULL, N, AG_F32), pred = ag_new(NULL, N, AG_I32), tpred = ag_new(NULL, N, AG_I32);
+    ag_pair dh = ag_new(NULL, N * H, AG_ACT);
+    REF->lmhead_kl(loss.r, pred.r, tpred.r, dh.r, c.h.r, c.th.r, c.w.r, c.gs.r, N, H, V);
+    float *g0 = ag_get(REF, dh.r, N * H, AG_ACT);
+    ag_free(&dh);
+    dh = ag_grad(N * H, AG_ACT, ag_rms(g0, N * H));
+    REF->lmhead_kl(loss.r, pred.r, tpred.r, dh.r, c.h.r, c.th.r, c.w.r, c.gs.r, N, H, V);
+    DEV->lmhead_kl(loss.d, pred.d, tpred.d, dh.d, c.h.d, c.th.d, c.w.d, c.gs.d, N, H, V);
+    ag_check("lmhead_kl loss", &loss, NMSE_KL);
+    ag_check("lmhead_kl dh", &dh, NMSE_INNER);
+    lm_check_pred("lmhead_kl pred", &pred, c.gap);
+    /* the target's predictions: near ties judged by the target's own gap */
+    ag_pair tg = ag_new(NULL, N, AG_F32), tp = ag_new(NULL, N, AG_I32);
+    REF->lmhead_argmax(tp.r, tg.r, c.th.r, c.w.r, N, H, V);
+    float *tgap = ag_get(REF, tg.r, N, AG_F32);
+    lm_check_pred("lmhead_kl tpred", &tpred, tgap);
+    ag_free(&loss), ag_free(&pred), ag_free(&tpred), ag_free(&dh), ag_free(&tg), ag_free(&tp);
+    lm_free(&c);
+    free(g0), free(tgap);
+}
+
+static void lmhead_agrees(void) {
+    lmhead_ce_case(37, 64, 1000);
+    lmhead_ce_case(21, 40, 999);
+    lmhead_kl_case(37, 64, 1000);
+    lmhead_kl_case(19, 24, 777);
+    lm_case c = lm_new(45, 64, 1001);
+    ag_pair pred = ag_new(NULL, 45, AG_I32), gap = ag_new(NULL, 45, AG_F32);
+    REF->lmhead_argmax(pred.r, gap.r, c.h.r, c.w.r, 45, 64, 1001);
+    DEV->lmhead_argmax(pred.d, gap.d, c.h.d, c.w.d, 45, 64, 1001);
+    lm_check_pred("lmhead_argmax pred", &pred, c.gap);
+    ag_check("lmhead_argmax gap", &gap, 1e-6);
+    ag_free(&pred), ag_free(&gap);
+    lm_free(&c);
+    if (AG_BIG) lmhead_ce_case(300, 1024, 151936); /* the Qwen3 vocabulary, several chunks */
+}
+
+/* ---- optimizer ----------------------------------------------------------------- */
+
+static void adamw_agrees(void) {
+    const int64_t n = 10007;
+    float *p = ag_randn(n, 1), *g = ag_randn(n, 0.1), *m = ag_randn(n, 0.01), *v = ag_randn(n, 1e-3);
+    for (int64_t i = 0; i < n; i++) v[i] = v[i] * v[i]; /* second moments are >= 0 */
+    ag_pair P = ag_new(p, n, AG_F32), G = ag_new(g, n, AG_F32), M = ag_new(m, n, AG_F32), V = ag_new(v, n, AG_F32);
+    for (int64_t t = 1; t <= 3; t++) {
+        REF->adamw(P.r, G.r, M.r, V.r, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.5f, t);
+        DEV->adamw(P.d, G.d, M.d, V.d, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.5f, t);
+    }
+    ag_check("adamw p", &P, NMSE_EXACT);
+    ag_check("adamw m", &M, NMSE_EXACT);
+    ag_check("adamw v", &V, NMSE_EXACT);
+    double sr = REF->sumsq(P.r, n), sd = DEV->sumsq(P.d, n);
+    printf("  sumsq rel. diff %.2e (limit 1e-10)\n", fabs(sd - sr) / sr);
+    T_CHECKF(fabs(sd - sr) <= 1e-10 * sr, "sumsq %.17g vs %.17g", sd, sr);
+    T_CHECK(DEV->sumsq(P.d, n) == sd); /* deterministic */
+    ag_free(&P), ag_free(&G), ag_free(&M), ag_free(&V);
+    free(p), free(g), free(m), free(v);
+}
+
+/* ---- all ------------------------------------------------------------------------- */
+
+/* DFLASH_TEST_ONLY=word runs only the tests whose name contains it (the
+ * GPU script uses it to run the attention tests under compute-sanitizer). */
+static int ag_wanted(const char *name) {
+    const char *only = getenv("DFLASH_TEST_ONLY");
+    return !only || !*only || strstr(name, only) != NULL;
+}
+#define AG_RUN(fn) \
+    do { if (ag_wanted(#fn)) T_RUN(fn); } while (0)
+
+static void ops_agree_all(uint64_t seed) {
+    dfl_rng_seed(&AG_RNG, seed);
+    AG_RUN(conversions_round_to_nearest_even);
+    AG_RUN(matmul_agrees);
+    AG_RUN(matmul_bwd_agrees);
+    AG_RUN(rmsnorm_agrees);
+    AG_RUN(rope_agrees);
+    AG_RUN(elementwise_agrees);
+    AG_RUN(embed_agrees);
+    AG_RUN(attn_causal_agrees);
+    AG_RUN(attn_dflash_agrees);
+    AG_RUN(lmhead_agrees);
+    AG_RUN(adamw_agrees);
+}
+
+#endif
