@@ -100,12 +100,12 @@ static void utc_now(char *buf, size_t n) {
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-static void check_options(int online, int npos) {
+static void check_options(int online, int npos, char **pos) {
     if (!target_dir) dfl_cli_usage_error(&cli, "--target DIR is required");
     if (drafters.n < 1) dfl_cli_usage_error(&cli, "--drafter CKPT is required");
     if (threads < 0 || threads > 4096) dfl_cli_usage_error(&cli, "--threads must be in [0, 4096]");
     if (online) {
-        if (npos) dfl_cli_usage_error(&cli, "--prompts reads no stream (got '%s')", "extra argument");
+        if (npos) dfl_cli_usage_error(&cli, "--prompts reads no stream (got '%s')", pos[0]);
         if (labels || anchors >= 0 || seed >= 0 || anchors_from_path || !isnan(gamma_) || micro_rows >= 0)
             dfl_cli_usage_error(&cli, "--labels, --anchors, --seed, --anchors-from, --gamma and --micro-rows are for "
                                       "the offline mode (a stream), not --prompts");
@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
     char **pos;
     int npos = dfl_cli_parse(&cli, argc, argv, &pos);
     const int online = prompts != NULL;
-    check_options(online, npos);
+    check_options(online, npos, pos);
     const char *input = online ? prompts : npos ? pos[0] : "-";
     if (threads > 0) {
         omp_set_num_threads((int)threads);
