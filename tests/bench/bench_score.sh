@@ -10,7 +10,7 @@
 # tau (z-lab macro and pooled), decode tokens/s of both loops and their
 # ratio, and checks nothing: timings never go in tests.
 #
-# Knobs: BENCH_THREADS (all cores), BENCH_STEPS (150 training steps),
+# Knobs: BENCH_THREADS (all cores), BENCH_STEPS (300 training steps),
 # BENCH_NEW (128 new tokens per prompt).
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,7 +18,7 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 : "${DFLASH_BUILD:=$here/build}"
 export PATH="$DFLASH_BIN:$PATH"
 threads=${BENCH_THREADS:-$(nproc)}
-steps=${BENCH_STEPS:-150}
+steps=${BENCH_STEPS:-300}
 new=${BENCH_NEW:-128}
 W=$(mktemp -d "${TMPDIR:-/tmp}/bench-score.XXXXXX")
 trap 'rm -rf "$W"' EXIT
@@ -58,7 +58,7 @@ with open(sys.argv[3], "w") as f:
 PY
 dflash-extract $T1 -m "$W/target" -l 1,3,4 -o "$W/train.dfs" "$W/samples.jsonl" || exit 1
 t0=$(date +%s)
-dflash-train-step $T1 --target "$W/target" --init "$W/drafter.json" --steps "$steps" --lr 1e-2 --anchors 32 \
+dflash-train-step $T1 --target "$W/target" --init "$W/drafter.json" --steps "$steps" --lr 3e-3 --anchors 32 \
     --batch-seqs 8 --loop --seed 1 --log "$W/train.log" --out "$W/good" "$W/train.dfs" || exit 1
 t1=$(date +%s)
 
