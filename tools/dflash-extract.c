@@ -17,7 +17,8 @@
 static const char *model_dir = NULL, *out_path = "-", *layers = NULL, *drafter_cfg = NULL, *device = "cpu";
 static dfl_strlist with = {0, NULL};
 static int64_t batch_tokens = 4096, threads = 0;
-static int compress = 0, shuffle = 0, skip_bad = 0, progress = 0;
+static const char *compress = "none", *byte_shuffle = "off";
+static int skip_bad = 0, progress = 0;
 
 static const dfl_opt opts[] = {
     {"model", 'm', DFL_OPT_STR, &model_dir, "DIR",
@@ -37,9 +38,9 @@ static const dfl_opt opts[] = {
      "Pack consecutive samples into forward passes of at most N tokens (a longer sample runs alone). Memory grows with N.", NULL},
     {"threads", 't', DFL_OPT_INT, &threads, "N", "CPU threads.", "all cores"},
     {"device", 'd', DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
-    {"compress", 'z', DFL_OPT_FLAG, &compress, NULL, "LZ4-compress the tensors of the output.", NULL},
-    {"byte-shuffle", 0, DFL_OPT_FLAG, &shuffle, NULL,
-     "Byte-shuffle tensors before compression (makes bf16 compressible; implies --compress).", NULL},
+    {"compress", 0, DFL_OPT_CHOICE, &compress, "none|lz4", "Codec of the output's tensors (as dflash-pack --compress).", NULL},
+    {"byte-shuffle", 0, DFL_OPT_CHOICE, &byte_shuffle, "on|off",
+     "Byte-shuffle tensors before LZ4 (what makes bf16 compressible; on implies --compress lz4).", NULL},
     {"skip-bad", 0, DFL_OPT_FLAG, &skip_bad, NULL,
      "Skip bad samples (reported on stderr, counted in a summary) instead of stopping at the first.", NULL},
     {"progress", 'p', DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal.", NULL},
@@ -107,7 +108,8 @@ int main(int argc, char **argv) {
     json_t *meta = dfl_extract_meta(t, &eo);
     char producer[64];
     snprintf(producer, sizeof producer, "dflash-extract %s", DFLASH_VERSION);
-    dfs_encoding enc = {compress || shuffle ? DFS_CODEC_LZ4 : DFS_CODEC_NONE, shuffle, 1};
+    int shuffle = !strcmp(byte_shuffle, "on");
+    dfs_encoding enc = {shuffle || !strcmp(compress, "lz4") ? DFS_CODEC_LZ4 : DFS_CODEC_NONE, shuffle, 1};
     dfs_writer *w;
     if (dfs_writer_open(&w, dfl_out_file(out), dfl_out_path(out), meta, producer, enc)) {
         dfl_out_abort(out);

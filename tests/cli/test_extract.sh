@@ -64,8 +64,8 @@ done
 # stdin to stdout; compressed and byte-shuffled outputs read back the same.
 check "stdin to stdout" sh -c "cat '$TG/qwen3-untied/reference/inputs.jsonl' | dflash-extract -m '$TG/qwen3-untied' -l 1,3 - >'$T/pipe.dfs'"
 check "stdin to stdout: matches HF" "$CMP" "$TG/qwen3-untied/reference" "$T/pipe.dfs"
-check "--compress --byte-shuffle: extract" dflash-extract -m "$TG/qwen3-untied" -l 1,3 --compress --byte-shuffle -o "$T/z.dfs" "$TG/qwen3-untied/reference/inputs.jsonl"
-check "--compress --byte-shuffle: matches HF" "$CMP" "$TG/qwen3-untied/reference" "$T/z.dfs"
+check "--compress lz4 --byte-shuffle on: extract" dflash-extract -m "$TG/qwen3-untied" -l 1,3 --compress lz4 --byte-shuffle on -o "$T/z.dfs" "$TG/qwen3-untied/reference/inputs.jsonl"
+check "--compress lz4 --byte-shuffle on: matches HF" "$CMP" "$TG/qwen3-untied/reference" "$T/z.dfs"
 if [ "$(stat -c %s "$T/z.dfs")" -lt "$(stat -c %s "$T/pipe.dfs")" ]; then pass "compressed output is smaller"; else fail "compressed output is smaller"; fi
 
 # Bad samples. Lines 2, 4, 5, 6 are bad; 1, 3, 7 are good.

@@ -204,7 +204,7 @@ with open('$X/in.jsonl', 'w') as f:
     for i in range(32):
         f.write(json.dumps({'id': i, 'input_ids': [r.randrange(151000) for _ in range(2048)]}) + '\\n')
 "
-        for z in "" "--byte-shuffle"; do
+        for z in "" "--byte-shuffle on"; do
             t0=$(date +%s.%N)
             if timeout 60 "$B/bin/dflash-extract" -m "$X/target" -d cuda -b 16384 $z -o "$X/out.dfs" "$X/in.jsonl" >>"$BENCH_LOG" 2>&1; then
                 t1=$(date +%s.%N)
