@@ -181,12 +181,15 @@ PY
     cp "$T/.out" "$T/emu-off.tsv"
     check "cpu: offline, same anchors" $SC --target "$T/target" --drafter "$T/good" --anchors 4 --seed 2 "$T/test.dfs"
     cp "$T/.out" "$T/cpu-off.tsv"
-    check "  same blocks, tau within 0.1, loss within 2 %" python3 - "$T/emu-off.tsv" "$T/cpu-off.tsv" <<'PY'
+    check "  same blocks, tau within one block's flip, loss within 2 %" python3 - "$T/emu-off.tsv" "$T/cpu-off.tsv" <<'PY'
 import csv, sys
 g, c = (list(csv.DictReader(open(p), delimiter="\t"))[0] for p in sys.argv[1:])
 print("tau_pooled cuda %s cpu %s, loss cuda %s cpu %s" % (g["tau_pooled"], c["tau_pooled"], g["loss"], c["loss"]))
 assert g["blocks"] == c["blocks"]
-assert abs(float(g["tau_pooled"]) - float(c["tau_pooled"])) < 0.1
+# bf16 against f32 may turn a near-tie argmax, which moves one block's
+# accepted length by up to B-1 = 5: tau may differ by that over the blocks,
+# no more. A systematic error (mask, labels) moves many blocks and the loss.
+assert abs(float(g["tau_pooled"]) - float(c["tau_pooled"])) <= 5.0 / int(g["blocks"]) + 1e-9
 assert abs(float(g["loss"]) / float(c["loss"]) - 1) < 0.02
 PY
     sed 's/^/    /' "$T/.out"
