@@ -3,7 +3,7 @@
 # msgpack-c is libmsgpack-c-dev from Debian 13 on and libmsgpack-dev before.
 set -eu
 
-need="liblz4-dev libjansson-dev libxxhash-dev libopenblas-dev pkg-config
+need="liblz4-dev libjansson-dev libxxhash-dev libopenblas-openmp-dev pkg-config
       parallel scdoc clang lz4 zstd man-db gnuplot-nox jq
       python3 python3-msgpack python3-lz4 python3-numpy"
 

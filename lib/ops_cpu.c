@@ -80,6 +80,14 @@ static int blas_int(int64_t n) {
     return (int)n;
 }
 
+void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta) {
+    if (M == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(N), blas_int(K), 1.0f, w, blas_int(K), in, 1, beta, out, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(M), blas_int(N), blas_int(K), 1.0f, in,
+                    blas_int(K), w, blas_int(K), beta, out, blas_int(N));
+}
+
 /* out[M,N] = in[M,K] . w[N,K]^T (+ out) */
 static void cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate) {
     if (M <= 0 || N <= 0) return;
@@ -87,8 +95,7 @@ static void cpu_matmul(void *out, const void *in, const void *w, int64_t M, int6
         if (!accumulate) memset(out, 0, (size_t)M * (size_t)N * 4);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(M), blas_int(N), blas_int(K), 1.0f, in,
-                blas_int(K), w, blas_int(K), accumulate ? 1.0f : 0.0f, out, blas_int(N));
+    dfl_cpu_gemm_nt(out, in, w, M, K, N, accumulate ? 1.0f : 0.0f);
 }
 
 /* din[M,K] += dout[M,N] . w[N,K];  dw[N,K] += dout^T . in[M,K] */

@@ -13,6 +13,11 @@
 #include <stdint.h>
 #include <string.h>
 
+/* out[M,N] = in[M,K] . w[N,K]^T + beta * out through OpenBLAS. A single row
+ * (decoding one token) goes through sgemv: sgemm would repack the whole
+ * weight matrix for it on every call. */
+void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta);
+
 /* exp(x) in f32 written so that loops over it vectorize (libm's expf is a
  * call): x = n ln2 + r with n = round(x / ln2) (Cody-Waite two-part ln2),
  * exp(r) by the Cephes expf polynomial, times 2^n built in the exponent

@@ -44,8 +44,7 @@ static int blas_int(int64_t n) {
 
 /* z[R, V] = h[R, H] . w[V, H]^T */
 static void logits(float *z, const float *h, const float *w, int64_t R, int64_t H, int64_t V) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(R), blas_int(V), blas_int(H), 1.0f, h,
-                blas_int(H), w, blas_int(H), 0.0f, z, blas_int(V));
+    dfl_cpu_gemm_nt(z, h, w, R, H, V, 0.0f);
 }
 
 /* Row statistics of z[V]: the argmax (lowest index on ties), top-1 minus

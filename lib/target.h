@@ -104,4 +104,30 @@ void dfl_target_taps_to_bf16(dfl_target *t, const dfl_target_out *o, int64_t row
 /* The same in f32 (tests, the CPU reference). */
 void dfl_target_taps_to_f32(dfl_target *t, const dfl_target_out *o, int64_t row0, int64_t n, float *dst);
 
+/* ---- incremental decoding with a KV cache (target_kv.c) ------------------
+ *
+ * One sequence at a time: the cache holds the keys and values of positions
+ * [0, len) of every loaded layer. dfl_target_kv_forward runs n new tokens at
+ * positions len .. len+n-1 (each sees the cache and the new tokens before
+ * it, causally), appends their keys and values, and gives the same outputs
+ * as dfl_target_forward for those n rows (taps [ntaps, n, H], argmax ...),
+ * equal to the full-sequence forward up to f32 summation order. Crop drops
+ * positions >= len (the rejected tail of a verified block). Prefill is a
+ * forward from len 0; speculative verification is a forward of B tokens. */
+typedef struct dfl_target_kv dfl_target_kv;
+
+/* A cache for up to `cap` positions (1 <= cap <= 2^31 - 1). */
+dfl_target_kv *dfl_target_kv_new(dfl_target *t, int64_t cap);
+void dfl_target_kv_free(dfl_target_kv *kv);
+int64_t dfl_target_kv_len(const dfl_target_kv *kv);
+int64_t dfl_target_kv_cap(const dfl_target_kv *kv);
+/* Keep positions [0, len); len <= the current length. 0 empties the cache. */
+void dfl_target_kv_crop(dfl_target_kv *kv, int64_t len);
+/* Run ids[0..n) at positions len..len+n-1 (rows of the batch are these n
+ * tokens; w->rows index them). Outputs in *out as dfl_target_forward's, valid
+ * until the next forward of this cache. Returns 0, DFL_EX_DATA (token id
+ * outside the vocabulary, n < 1, or len + n beyond the capacity) or
+ * DFL_EX_USAGE (a tap or output the load options excluded). */
+int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t *ids, int64_t n, const dfl_target_want *w);
+
 #endif

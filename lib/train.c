@@ -83,6 +83,7 @@ void dfl_train_mb_free(dfl_train_mb *mb) {
     free(mb->metric_label);
     free(mb->blocks);
     free(mb->target_h);
+    free(mb->streak);
     memset(mb, 0, sizeof *mb);
 }
 
@@ -129,6 +130,7 @@ void dfl_train_mb_add(dfl_train_mb *mb, const dfl_drafter_config *c, const dfl_t
         grow((void **)&mb->valid, cap, 1);
         grow((void **)&mb->metric_label, cap, 4);
         grow((void **)&mb->blocks, cap / B + 1, sizeof(dfl_block));
+        grow((void **)&mb->streak, cap / B + 1, sizeof(int32_t));
         if (o->kl) grow(&mb->target_h, cap * H, mb->th_esz);
         mb->cap_q = cap;
     }
@@ -138,7 +140,7 @@ void dfl_train_mb_add(dfl_train_mb *mb, const dfl_drafter_config *c, const dfl_t
         float *f = (float *)fd;
         for (int64_t i = 0; i < C * KH; i++)
             f[i] = to_f32(s->hidden, s->hidden_dtype, i) + (float)(o->noise_std * dfl_rng_normal(rng));
-    } else {
+    } else if (C > 0) { /* no context (an anchor at 0): feats may still be NULL */
         memcpy(fd, s->hidden, (size_t)(C * KH) * mb->feat_esz);
     }
     for (int64_t t = 0; t < C; t++) mb->ctx_pos[NC0 + t] = (int32_t)t;
@@ -177,7 +179,7 @@ void dfl_train_mb_add(dfl_train_mb *mb, const dfl_drafter_config *c, const dfl_t
 static void mb_close(dfl_train_mb *mb, int B) {
     const int64_t NC = mb->b.NC, Q = mb->b.nblk * B;
     mb->pos = dfl_realloc(mb->pos, (size_t)(NC + Q > 0 ? NC + Q : 1) * 4);
-    memcpy(mb->pos, mb->ctx_pos, (size_t)NC * 4);
+    if (NC > 0) memcpy(mb->pos, mb->ctx_pos, (size_t)NC * 4); /* ctx_pos may be NULL without context */
     memcpy(mb->pos + NC, mb->blk_pos, (size_t)Q * 4);
     dfl_block *bl = mb->blocks;
     for (int64_t j = 0; j < mb->b.nblk; j++) bl[j].blk_off = (int32_t)(NC + j * B);
@@ -221,6 +223,7 @@ void dfl_train_mb_run(dfl_drafter *d, const dfl_train_opts *o, dfl_train_mb *mb,
         }
         st->streak_sum += (double)s;
         st->nblocks++;
+        mb->streak[j] = (int32_t)s;
     }
     st->nseq += mb->nseq;
     st->tokens += mb->tokens;

@@ -81,6 +81,8 @@ typedef struct {
     dfl_block *blocks;
     void   *target_h;
     size_t  th_esz;
+    int32_t *streak;            /* [nblk] after dfl_train_mb_run: s_j, block j's accepted prefix
+                                   (leading slots with a loss whose prediction is right) */
 } dfl_train_mb;
 
 void dfl_train_mb_init(dfl_train_mb *mb);

@@ -1,0 +1,258 @@
+/* target_kv.c: incremental decoding of one sequence with a KV cache.
+ *
+ * The decoder layer is the one of target.c (Hugging Face Qwen3 / Llama),
+ * run on n new rows at positions len .. len+n-1:
+ *   h = RMSNorm_in(x); q, k, v = projections (Qwen3: q/k norms); RoPE at
+ *   the new positions; k, v are written into the cache rows [len, len+n);
+ *   a = attention of the new queries over cache rows [0, len+n), causal;
+ *   x += a Wo^T; x += MLP(RMSNorm_post(x)).
+ *
+ * Attention. From an empty cache (prefill) the new rows are the whole
+ * sequence: attn_causal with one sequence, exactly the packed forward's
+ * call. Otherwise (verification of a block, one decode step) query row i
+ * sees cache rows [0, len+i]; that is attn_dflash with blocks of size 1:
+ * block i has context rows [0, len+i) and its own row len+i. The op table
+ * needs no cache-specific op, and the CUDA table serves both as it is.
+ */
+#include "target.h"
+#include "target_internal.h"
+
+#include "common.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct dfl_target_kv {
+    dfl_target *t;
+    int64_t cap, len;
+    int nl;                 /* layers cached (the loaded ones) */
+    void **k, **v;          /* per layer: act [cap, Hkv, D] */
+    /* workspace for n new rows, grown as needed */
+    int64_t cap_n, cap_taps, cap_rows;
+    void *x, *h, *q, *kpre, *ao, *gate, *up, *taps, *sel, *normed;
+    float *lse, *gap;
+    int32_t *ids, *pos, *pred, *cu;
+    dfl_block *blocks;
+    int32_t *host_pos;
+    dfl_block *host_blocks;
+};
+
+dfl_target_kv *dfl_target_kv_new(dfl_target *t, int64_t cap) {
+    DFL_ASSERT(cap >= 1 && cap <= INT32_MAX);
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    dfl_target_kv *kv = dfl_calloc(1, sizeof *kv);
+    kv->t = t;
+    kv->cap = cap;
+    kv->nl = t->nlayers;
+    kv->k = dfl_calloc((size_t)kv->nl, sizeof *kv->k);
+    kv->v = dfl_calloc((size_t)kv->nl, sizeof *kv->v);
+    size_t bytes = (size_t)(cap * c->num_key_value_heads * c->head_dim) * (size_t)ops->act_bytes;
+    for (int l = 0; l < kv->nl; l++) {
+        kv->k[l] = ops->alloc(bytes);
+        kv->v[l] = ops->alloc(bytes);
+    }
+    kv->cu = ops->alloc(2 * sizeof(int32_t));
+    return kv;
+}
+
+static void free_bufs(const dfl_ops *ops, dfl_target_kv *kv) {
+    void *b[] = {kv->x, kv->h, kv->q, kv->kpre, kv->ao, kv->gate, kv->up, kv->taps, kv->sel, kv->normed,
+                 kv->lse, kv->gap, kv->ids, kv->pos, kv->pred, kv->blocks};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        if (b[i]) ops->free(b[i]);
+}
+
+void dfl_target_kv_free(dfl_target_kv *kv) {
+    if (!kv) return;
+    const dfl_ops *ops = kv->t->ops;
+    for (int l = 0; l < kv->nl; l++) {
+        ops->free(kv->k[l]);
+        ops->free(kv->v[l]);
+    }
+    free(kv->k);
+    free(kv->v);
+    free_bufs(ops, kv);
+    ops->free(kv->cu);
+    free(kv->host_pos);
+    free(kv->host_blocks);
+    free(kv);
+}
+
+int64_t dfl_target_kv_len(const dfl_target_kv *kv) { return kv->len; }
+int64_t dfl_target_kv_cap(const dfl_target_kv *kv) { return kv->cap; }
+
+void dfl_target_kv_crop(dfl_target_kv *kv, int64_t len) {
+    DFL_ASSERT(len >= 0 && len <= kv->len);
+    kv->len = len;
+}
+
+static void *regrow(const dfl_ops *ops, void *old, size_t bytes) {
+    if (old) ops->free(old);
+    return ops->alloc(bytes ? bytes : 1);
+}
+
+static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nrows) {
+    const dfl_ops *ops = kv->t->ops;
+    const dfl_model_config *c = &kv->t->cfg;
+    const size_t a = (size_t)ops->act_bytes;
+    const int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    const int64_t QD = c->num_attention_heads * D, KD = c->num_key_value_heads * D;
+    if (n > kv->cap_n) {
+        int64_t mr = n < MLP_ROWS ? n : MLP_ROWS;
+        kv->x = regrow(ops, kv->x, (size_t)(n * H) * a);
+        kv->h = regrow(ops, kv->h, (size_t)(n * H) * a);
+        kv->q = regrow(ops, kv->q, (size_t)(n * QD) * a);
+        kv->kpre = regrow(ops, kv->kpre, (size_t)(n * KD) * a);
+        kv->ao = regrow(ops, kv->ao, (size_t)(n * (QD > KD ? QD : KD)) * a);
+        kv->gate = regrow(ops, kv->gate, (size_t)(mr * I) * a);
+        kv->up = regrow(ops, kv->up, (size_t)(mr * I) * a);
+        kv->lse = regrow(ops, kv->lse, (size_t)(n * c->num_attention_heads) * sizeof(float));
+        kv->ids = regrow(ops, kv->ids, (size_t)n * sizeof(int32_t));
+        kv->pos = regrow(ops, kv->pos, (size_t)n * sizeof(int32_t));
+        kv->blocks = regrow(ops, kv->blocks, (size_t)n * sizeof(dfl_block));
+        kv->host_pos = dfl_realloc(kv->host_pos, (size_t)n * sizeof(int32_t));
+        kv->host_blocks = dfl_realloc(kv->host_blocks, (size_t)n * sizeof(dfl_block));
+        kv->cap_n = n;
+    }
+    if (tap_elems > kv->cap_taps) {
+        kv->taps = regrow(ops, kv->taps, (size_t)tap_elems * a);
+        kv->cap_taps = tap_elems;
+    }
+    if (nrows > kv->cap_rows) {
+        kv->sel = regrow(ops, kv->sel, (size_t)(nrows * H) * a);
+        kv->normed = regrow(ops, kv->normed, (size_t)(nrows * H) * a);
+        kv->pred = regrow(ops, kv->pred, (size_t)nrows * sizeof(int32_t));
+        kv->gap = regrow(ops, kv->gap, (size_t)nrows * sizeof(float));
+        kv->cap_rows = nrows;
+    }
+}
+
+/* The request against what was loaded; *need = layers to run. */
+static int check(const dfl_target_kv *kv, const int32_t *ids, int64_t n, const dfl_target_want *w, int *need) {
+    const dfl_target *t = kv->t;
+    const int L = (int)t->cfg.num_hidden_layers;
+    if (n < 1) return dfl_err(DFL_EX_DATA, "target: a cached forward needs at least one token");
+    if (kv->len + n > kv->cap)
+        return dfl_err(DFL_EX_DATA, "target: %lld positions exceed the KV cache of %lld", (long long)(kv->len + n),
+                       (long long)kv->cap);
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= t->cfg.vocab_size)
+            return dfl_err(DFL_EX_DATA, "target: token id %d is outside the vocabulary [0, %lld)", (int)ids[i],
+                           (long long)t->cfg.vocab_size);
+    if (w->ntaps < 0 || w->ntaps > 64) return dfl_err(DFL_EX_USAGE, "target: %d taps requested (at most 64)", w->ntaps);
+    /* Every cached layer runs, whatever the taps: a later position needs the
+     * keys and values of all of them. */
+    *need = kv->nl;
+    for (int j = 0; j < w->ntaps; j++)
+        if (w->taps[j] < 0 || w->taps[j] >= L)
+            return dfl_err(DFL_EX_USAGE, "layer id %d is outside [0, %d) for this %d-layer model", w->taps[j], L, L);
+        else if (w->taps[j] >= kv->nl)
+            return dfl_err(DFL_EX_USAGE, "target: layer %d requested but only %d layers were loaded", w->taps[j], kv->nl);
+    if ((w->last_hidden || w->normed || w->argmax) && kv->nl < L)
+        return dfl_err(DFL_EX_USAGE, "target: the last layer's output needs all %d layers loaded", L);
+    if ((w->normed || w->argmax) && !t->head)
+        return dfl_err(DFL_EX_USAGE, "target: the final norm and LM head were not loaded");
+    if (w->rows)
+        for (int64_t i = 0; i < w->nrows; i++)
+            if (w->rows[i] < 0 || w->rows[i] >= n)
+                return dfl_err(DFL_EX_USAGE, "target: row %d is outside the %lld new rows", (int)w->rows[i], (long long)n);
+    return 0;
+}
+
+static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
+    dfl_target *t = kv->t;
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    const layer_w *lw = &t->layers[l];
+    const int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    const int64_t Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, KD = Hkv * D;
+    const float eps = (float)c->rms_norm_eps;
+    const int64_t len = kv->len, NK = len + n;
+    void *kdst = DFL_AT(ops, kv->k[l], len * KD), *vdst = DFL_AT(ops, kv->v[l], len * KD);
+
+    ops->rmsnorm(kv->h, NULL, kv->x, lw->in_norm, n, H, eps);
+    if (c->qk_norm) {
+        ops->matmul(kv->ao, kv->h, lw->q, n, H, Hq * D, 0);
+        ops->rmsnorm(kv->q, NULL, kv->ao, lw->q_norm, n * Hq, D, eps);
+        ops->matmul(kv->kpre, kv->h, lw->k, n, H, KD, 0);
+        ops->rmsnorm(kdst, NULL, kv->kpre, lw->k_norm, n * Hkv, D, eps);
+    } else {
+        ops->matmul(kv->q, kv->h, lw->q, n, H, Hq * D, 0);
+        ops->matmul(kdst, kv->h, lw->k, n, H, KD, 0);
+    }
+    ops->matmul(vdst, kv->h, lw->v, n, H, KD, 0);
+    ops->rope(kv->q, kv->pos, t->inv_freq, n, Hq, D, 0);
+    ops->rope(kdst, kv->pos, t->inv_freq, n, Hkv, D, 0);
+    if (len == 0)
+        ops->attn_causal(kv->ao, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D);
+    else
+        ops->attn_dflash(kv->ao, kv->lse, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D);
+    ops->matmul(kv->x, kv->ao, lw->o, n, Hq * D, H, 1);
+
+    ops->rmsnorm(kv->h, NULL, kv->x, lw->post_norm, n, H, eps);
+    for (int64_t r0 = 0; r0 < n; r0 += MLP_ROWS) {
+        int64_t m = n - r0 < MLP_ROWS ? n - r0 : MLP_ROWS;
+        const void *h = DFL_AT(ops, kv->h, r0 * H);
+        ops->matmul(kv->gate, h, lw->gate, m, H, I, 0);
+        ops->matmul(kv->up, h, lw->up, m, H, I, 0);
+        ops->swiglu(kv->gate, kv->gate, kv->up, m * I);
+        ops->matmul(DFL_AT(ops, kv->x, r0 * H), kv->gate, lw->down, m, I, H, 1);
+    }
+}
+
+int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t *ids, int64_t n,
+                          const dfl_target_want *w) {
+    memset(out, 0, sizeof *out);
+    dfl_target *t = kv->t;
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    const int64_t H = c->hidden_size;
+    int need = 0, rc = check(kv, ids, n, w, &need);
+    if (rc) return rc;
+    const int64_t nrows = (w->normed || w->argmax) ? (w->rows ? w->nrows : n) : 0;
+    reserve(kv, n, (int64_t)w->ntaps * n * H, nrows);
+
+    for (int64_t i = 0; i < n; i++) {
+        kv->host_pos[i] = (int32_t)(kv->len + i);
+        kv->host_blocks[i] = (dfl_block){0, (int32_t)(kv->len + i), (int32_t)(kv->len + i)};
+    }
+    const int32_t cu[2] = {0, (int32_t)n};
+    ops->upload(kv->ids, ids, (size_t)n * sizeof(int32_t));
+    ops->upload(kv->pos, kv->host_pos, (size_t)n * sizeof(int32_t));
+    ops->upload(kv->blocks, kv->host_blocks, (size_t)n * sizeof(dfl_block));
+    ops->upload(kv->cu, cu, sizeof cu);
+
+    ops->embed(kv->x, kv->ids, t->embed, n, H);
+    for (int l = 0; l < need; l++) {
+        layer_step(kv, l, n);
+        for (int j = 0; j < w->ntaps; j++)
+            if (w->taps[j] == l)
+                ops->copy(DFL_AT(ops, kv->taps, (int64_t)j * n * H), kv->x, (size_t)(n * H) * (size_t)ops->act_bytes);
+    }
+    kv->len += n;
+
+    out->T = n;
+    out->ntaps = w->ntaps;
+    out->taps = w->ntaps ? kv->taps : NULL;
+    out->last_hidden = w->last_hidden ? kv->x : NULL;
+    if (nrows) {
+        const void *in = kv->x;
+        if (w->rows) {
+            for (int64_t i = 0; i < nrows; i++)
+                ops->copy(DFL_AT(ops, kv->sel, i * H), DFL_AT(ops, kv->x, (int64_t)w->rows[i] * H),
+                          (size_t)H * (size_t)ops->act_bytes);
+            in = kv->sel;
+        }
+        ops->rmsnorm(kv->normed, NULL, in, t->final_norm, nrows, H, (float)c->rms_norm_eps);
+        out->nrows = nrows;
+        out->normed = w->normed ? kv->normed : NULL;
+        if (w->argmax) {
+            ops->lmhead_argmax(kv->pred, kv->gap, kv->normed, t->lm_head, nrows, H, c->vocab_size);
+            out->argmax = kv->pred;
+            out->gap = kv->gap;
+        }
+    }
+    ops->sync();
+    return 0;
+}

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# dflash-score: output format (TSV columns, JSON lines, appending), anchors,
+# several drafters, stdin, and refusals with their exit codes. Fast: a tiny
+# target and a random drafter (tests/cli/test_score_e2e.sh trains one).
+. "$(dirname "$0")/lib.sh"
+
+MKT=$DFLASH_BUILD/tests/mktarget
+for x in "$MKT" "$DFLASH_BIN/dflash-extract" "$DFLASH_BIN/dflash-train-step" "$DFLASH_BIN/dflash-score"; do
+    [ -x "$x" ] || { fail "setup" "missing $x"; exit 1; }
+done
+SC="dflash-score --threads 1"
+# check/expect_exit write $T/.out and $T/.err: keep a command's before checking them
+keep() { cp "$T/.out" "$T/out.txt"; cp "$T/.err" "$T/err.txt"; }
+"$MKT" -o "$T/target" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 2 >/dev/null
+python3 - "$T" <<'EOF'
+import json, random, sys
+r = random.Random(5)
+d = sys.argv[1]
+with open(f"{d}/data.jsonl", "w") as f:
+    for i, (p, n) in enumerate([(4, 20), (7, 9), (3, 1), (5, 30)]):
+        ids = [r.randrange(60) for _ in range(p + n)]
+        mask = [0] * p + [1] * n
+        mask[p + n // 2] = 0  # a hole inside the response
+        f.write(json.dumps({"id": f"s{i}", "input_ids": ids, "loss_mask": mask}) + "\n")
+with open(f"{d}/prompts.jsonl", "w") as f:
+    for i, n in enumerate([1, 5, 12]):
+        f.write(json.dumps({"id": f"p{i}", "input_ids": [r.randrange(60) for _ in range(n)]}) + "\n")
+EOF
+cat >"$T/drafter.json" <<'EOF'
+{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 6, "num_target_layers": 6,
+ "dflash_config": {"mask_token_id": 60, "target_layer_ids": [1, 3, 4]},
+ "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
+EOF
+check "extract the stream" dflash-extract -m "$T/target" -l 1,3,4 -o "$T/val.dfs" "$T/data.jsonl"
+check "extract a stream with target ids" dflash-extract -m "$T/target" -l 1,3,4 --with target-ids -o "$T/val-tid.dfs" "$T/data.jsonl"
+check "extract a stream tapping other layers" dflash-extract -m "$T/target" -l 1,2,4 -o "$T/other.dfs" "$T/data.jsonl"
+check "a random drafter" dflash-train-step --threads 1 --target "$T/target" --init "$T/drafter.json" --steps 0 --out "$T/d1" "$T/val.dfs"
+check "another" dflash-train-step --threads 1 --target "$T/target" --init "$T/drafter.json" --steps 0 --seed 9 --out "$T/d2" "$T/val.dfs"
+
+# ---- offline: the columns ------------------------------------------------------------------
+check "offline, default anchors" $SC --target "$T/target" --drafter "$T/d1" "$T/val.dfs"
+cp "$T/.out" "$T/off.tsv"
+check "  header and one row, documented columns, every supervised anchor" python3 - "$T/off.tsv" "$T/data.jsonl" <<'EOF'
+import json, sys
+lines = open(sys.argv[1]).read().split("\n")
+assert lines[-1] == "" and len(lines) == 3, lines
+head = lines[0].split("\t")
+assert head == ["time", "mode", "drafter", "step", "input", "records", "blocks", "tokens", "tau_macro", "tau_pooled",
+                "loss", "accuracy", "accept_k", "accuracy_k", "hist", "block_size", "labels", "gamma", "anchors",
+                "seed"], head
+row = dict(zip(head, lines[1].split("\t")))
+S = [json.loads(x) for x in open(sys.argv[2])]
+blocks = sum(sum(1 for a in range(len(s["loss_mask"]) - 1) if s["loss_mask"][a] and s["loss_mask"][a + 1]) for s in S)
+assert row["blocks"] == str(blocks), (row["blocks"], blocks)
+assert row["records"] == "4" and row["tokens"] == str(sum(len(s["input_ids"]) for s in S))
+assert row["mode"] == "offline" and row["step"] == "0" and row["anchors"] == "all" and row["seed"] == ""
+assert row["block_size"] == "6" and row["labels"] == "data" and row["gamma"] == "4.000000"
+import re
+assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row["time"]), row["time"]
+assert len(row["accept_k"].split(",")) == 5 and len(row["accuracy_k"].split(",")) == 5
+hist = [int(x) for x in row["hist"].split(",")]
+assert len(hist) == 6 and sum(hist) == blocks
+tau = sum((s + 1) * h for s, h in enumerate(hist)) / blocks
+assert abs(float(row["tau_pooled"]) - tau) < 1e-6, (row["tau_pooled"], tau)
+assert 1.0 <= float(row["tau_macro"]) <= 6.0 and float(row["loss"]) > 0
+EOF
+check "--json: one object per drafter, same fields" $SC --json --target "$T/target" --drafter "$T/d1" --drafter "$T/d2" "$T/val.dfs"
+keep
+check "  ... parses" python3 - "$T/out.txt" "$T/off.tsv" <<'EOF'
+import json, sys
+L = [json.loads(x) for x in open(sys.argv[1])]
+assert len(L) == 2 and [x["drafter"].split("/")[-1] for x in L] == ["d1", "d2"]
+head = open(sys.argv[2]).readline().rstrip("\n").split("\t")
+assert list(L[0]) == head, list(L[0])
+assert L[0]["blocks"] == L[1]["blocks"] and isinstance(L[0]["hist"], list) and L[0]["seed"] is None
+row = open(sys.argv[2]).read().split("\n")[1].split("\t")
+assert "%.6f" % L[0]["tau_pooled"] == row[head.index("tau_pooled")]
+EOF
+check "--anchors 3 --seed 5: the same anchors for both drafters" $SC --target "$T/target" --anchors 3 --seed 5 \
+    --drafter "$T/d1" --drafter "$T/d2" "$T/val.dfs"
+cp "$T/.out" "$T/a3.tsv"
+check "  ... blocks = sum of min(3, candidates), seed recorded" python3 - "$T/a3.tsv" "$T/data.jsonl" <<'EOF'
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+S = [json.loads(x) for x in open(sys.argv[2])]
+n = sum(min(3, sum(1 for a in range(len(s["loss_mask"]) - 1) if s["loss_mask"][a] and s["loss_mask"][a + 1])) for s in S)
+assert [r["blocks"] for r in rows] == [str(n)] * 2, ([r["blocks"] for r in rows], n)
+assert all(r["anchors"] == "3" and r["seed"] == "5" for r in rows)
+EOF
+check "same seed, same result" bash -c "$SC --target '$T/target' --anchors 3 --seed 5 --drafter '$T/d1' --drafter '$T/d2' \
+    '$T/val.dfs' | cut -f2- | cmp - <(cut -f2- '$T/a3.tsv')"
+check "stdin, --no-header appends a row" sh -c "cat '$T/off.tsv' >'$T/log.tsv' && $SC --no-header --target '$T/target' \
+    --drafter '$T/d1' <'$T/val.dfs' >>'$T/log.tsv'"
+check "  ... the log holds a header and two rows of the same fields" python3 - "$T/log.tsv" <<'EOF'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+assert len(rows) == 2 and rows[1]["input"] == "-", rows
+for k in ("blocks", "tau_pooled", "hist", "accept_k"):
+    assert rows[0][k] == rows[1][k], k
+EOF
+check "--labels target" $SC --target "$T/target" --drafter "$T/d1" --labels target "$T/val-tid.dfs"
+check "--micro-rows 40 splits the work, same numbers" bash -c "$SC --target '$T/target' --drafter '$T/d1' --micro-rows 40 \
+    '$T/val.dfs' | cut -f6- | cmp - <(cut -f6- '$T/off.tsv')"
+
+# ---- online ------------------------------------------------------------------------------------
+check "online: lossless on three prompts" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/prompts.jsonl" \
+    --max-new-tokens 9 --emit "$T/emit.jsonl"
+cp "$T/.out" "$T/on.tsv"
+check "  ... columns, emitted lines" python3 - "$T/on.tsv" "$T/emit.jsonl" <<'EOF'
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+assert len(rows) == 1 and list(rows[0]) == ["time", "mode", "drafter", "step", "input", "records", "blocks", "tokens",
+    "tau_macro", "tau_pooled", "accept_k", "hist", "block_size", "max_new_tokens", "tokens_per_s",
+    "greedy_tokens_per_s", "speedup", "mismatches"], list(rows[0])
+r = rows[0]
+assert r["mode"] == "online" and r["records"] == "3" and r["mismatches"] == "0" and r["max_new_tokens"] == "9"
+E = [json.loads(x) for x in open(sys.argv[2])]
+assert [e["id"] for e in E] == ["p0", "p1", "p2"]
+assert all(e["output_ids"] == e["greedy_ids"] and len(e["anchors"]) == len(e["acceptance_lengths"]) for e in E)
+assert int(r["blocks"]) == sum(len(e["acceptance_lengths"]) for e in E)
+assert int(r["tokens"]) == sum(len(e["output_ids"]) for e in E)
+assert sum(int(x) for x in r["hist"].split(",")) == int(r["blocks"])
+EOF
+
+# ---- refusals ----------------------------------------------------------------------------------
+expect_exit 65 "a stream tapping other layers" $SC --target "$T/target" --drafter "$T/d1" "$T/other.dfs"
+keep
+check "  ... names layer_ids and both lists" grep -q 'layer_ids: stream \[1,2,4\] vs drafter 1 target_layer_ids \[1,3,4\]' "$T/err.txt"
+mkdir -p "$T/wide"
+cp "$T/d1/model.safetensors" "$T/wide/"
+sed 's/"hidden_size": 32/"hidden_size": 24/' "$T/d1/config.json" >"$T/wide/config.json"
+expect_exit 65 "a drafter whose hidden size differs from the target's" $SC --target "$T/target" --drafter "$T/wide" "$T/val.dfs"
+keep
+check "  ... says so" grep -q "target hidden_size 32 differs from the drafter's hidden_size 24" "$T/err.txt"
+expect_exit 65 "  ... online too" $SC --target "$T/target" --drafter "$T/wide" --prompts "$T/prompts.jsonl"
+mkdir -p "$T/deep"
+cp "$T/d1/model.safetensors" "$T/deep/"
+sed 's/"num_target_layers": 6/"num_target_layers": 8/; s/\[1, *3, *4\]/[1, 3, 7]/' "$T/d1/config.json" >"$T/deep/config.json"
+expect_exit 65 "a drafter tapping layer 7 of an 8-layer target, on this 6-layer one" $SC --target "$T/target" \
+    --drafter "$T/deep" --prompts "$T/prompts.jsonl"
+keep
+check "  ... says so" grep -q "num_hidden_layers 6 differs from the drafter's num_target_layers 8" "$T/err.txt"
+expect_exit 66 "a missing target directory" $SC --target "$T/nope" --drafter "$T/d1" "$T/val.dfs"
+expect_exit 66 "a missing drafter" $SC --target "$T/target" --drafter "$T/nope" "$T/val.dfs"
+printf '{"id": "a", "input_ids": [1, 2]}\n{"id": "b", "input_ids": [1, 2\n' >"$T/bad.jsonl"
+expect_exit 65 "a malformed prompt file" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/bad.jsonl"
+keep
+check "  ... names the line" grep -q "bad.jsonl:2:" "$T/err.txt"
+printf '{"id": "a", "input_ids": [1, 61]}\n' >"$T/oov.jsonl"
+expect_exit 65 "a prompt token outside the vocabulary" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/oov.jsonl"
+keep
+check "  ... names line and field" grep -q "oov.jsonl:1: input_ids\[1\]" "$T/err.txt"
+head -c $(($(stat -c %s "$T/val.dfs") * 2 / 3)) "$T/val.dfs" >"$T/trunc.dfs"
+expect_exit 65 "a truncated stream" $SC --target "$T/target" --drafter "$T/d1" "$T/trunc.dfs"
+keep
+check "  ... prints no result line" test ! -s "$T/out.txt"
+expect_exit 65 "--labels target on a stream without target_ids" $SC --target "$T/target" --drafter "$T/d1" --labels target "$T/val.dfs"
+printf '{"id": "s0", "anchors": [4, 5]}\n{"id": "zz", "anchors": [1]}\n' >"$T/from.jsonl"
+expect_exit 65 "--anchors-from with an id the stream lacks" $SC --target "$T/target" --drafter "$T/d1" --anchors-from "$T/from.jsonl" "$T/val.dfs"
+printf '{"id": "s0", "anchors": [4, 99]}\n' >"$T/from.jsonl"
+expect_exit 65 "--anchors-from with an anchor past the record" $SC --target "$T/target" --drafter "$T/d1" --anchors-from "$T/from.jsonl" "$T/val.dfs"
+printf '{"id": "s0", "anchors": [4, 5, 9]}\n' >"$T/from.jsonl"
+check "--anchors-from: exactly those blocks" $SC --target "$T/target" --drafter "$T/d1" --anchors-from "$T/from.jsonl" "$T/val.dfs"
+keep
+check "  ... 3 blocks, anchors 'file'" python3 -c "
+import csv; r = list(csv.DictReader(open('$T/out.txt'), delimiter='\t'))[0]
+assert r['blocks'] == '3' and r['anchors'] == 'file' and r['records'] == '4', r"
+expect_exit 69 "--device cuda without CUDA" $SC --device cuda --target "$T/target" --drafter "$T/d1" "$T/val.dfs"
+expect_exit 2 "no --drafter" $SC --target "$T/target" "$T/val.dfs"
+expect_exit 2 "--anchors with --prompts" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/prompts.jsonl" --anchors 3
+expect_exit 2 "--emit without --prompts" $SC --target "$T/target" --drafter "$T/d1" --emit "$T/x.jsonl" "$T/val.dfs"
+check "--help" $SC --help
+keep
+check "  ... lists the options" grep -q -- "--anchors-from" "$T/out.txt"

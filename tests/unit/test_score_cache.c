@@ -1,0 +1,365 @@
+/* test_score_cache.c: the caches of the online loop, and the loop itself.
+ *
+ * Oracles:
+ *   target KV cache  the packed full-sequence forward (dfl_target_forward,
+ *                    itself checked against transformers in test_target):
+ *                    prefill + extensions of various sizes + a rejected block
+ *                    cropped away must give every row's taps, pre-norm output
+ *                    and argmax of the full forward. Both compute in f32 and
+ *                    differ only by summation order (attention walks its keys
+ *                    in other tiles), so the normalised error is ~1e-14;
+ *                    TOL = 1e-10 catches any wrong position, missing key or
+ *                    stale cache row (those give > 1e-3: checked below).
+ *   drafter cache    dfl_drafter_forward on the training path's batch (one
+ *                    block, context = every position before the anchor),
+ *                    at every anchor of a sequence fed in uneven chunks.
+ *   the loop         greedy decoding of the target: the speculative output
+ *                    must equal it token for token (lossless), and its cycle
+ *                    records must obey the reference's bookkeeping.
+ */
+#include "common.h"
+#include "drafter.h"
+#include "drafter_infer.h"
+#include "ops.h"
+#include "rng.h"
+#include "score.h"
+#include "target.h"
+#include "test.h"
+#include "train.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOL 1e-10
+#define WRONG_MIN 1e-3
+
+static const char *FIX = "tests/fixtures/targets";
+
+static dfl_target *load_target(const char *name) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", FIX, name);
+    dfl_target *t = NULL;
+    dfl_target_opts o = {0, 1};
+    if (dfl_target_load(&t, p, dfl_ops_cpu(), &o)) fprintf(stderr, "  %s\n", dfl_errmsg());
+    return t;
+}
+
+/* ---- target KV cache ------------------------------------------------------------ */
+
+typedef struct {
+    float *taps, *last; /* [T, L*H], [T, H] */
+    int32_t *argmax;    /* [T] */
+    float *gap;
+} rows;
+
+static void rows_alloc(rows *r, int64_t T, int64_t L, int64_t H) {
+    r->taps = dfl_calloc((size_t)(T * L * H), sizeof(float));
+    r->last = dfl_calloc((size_t)(T * H), sizeof(float));
+    r->argmax = dfl_calloc((size_t)T, sizeof(int32_t));
+    r->gap = dfl_calloc((size_t)T, sizeof(float));
+}
+
+static void rows_free(rows *r) {
+    free(r->taps);
+    free(r->last);
+    free(r->argmax);
+    free(r->gap);
+}
+
+/* Copy a forward's n rows into r at row0. */
+static void rows_put(rows *r, dfl_target *t, const dfl_target_out *o, int64_t row0, int64_t n) {
+    const dfl_ops *ops = dfl_target_ops(t);
+    const int64_t H = dfl_target_config(t)->hidden_size, L = o->ntaps;
+    dfl_target_taps_to_f32(t, o, 0, n, r->taps + row0 * L * H);
+    ops->act_to_f32(r->last + row0 * H, o->last_hidden, n * H);
+    ops->download(r->argmax + row0, o->argmax, (size_t)n * sizeof(int32_t));
+    ops->download(r->gap + row0, o->gap, (size_t)n * sizeof(float));
+}
+
+static void check_kv(const char *name) {
+    dfl_target *t = load_target(name);
+    if (!t) {
+        T_CHECK(0);
+        return;
+    }
+    const dfl_model_config *c = dfl_target_config(t);
+    const int L = (int)c->num_hidden_layers;
+    const int64_t H = c->hidden_size, T = 41;
+    int taps[64];
+    for (int k = 0; k < L; k++) taps[k] = k;
+    int32_t ids[64], wrong[8];
+    dfl_rng r;
+    dfl_rng_seed(&r, 11);
+    for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)dfl_rng_below(&r, (uint64_t)c->vocab_size);
+    for (int i = 0; i < 8; i++) wrong[i] = (int32_t)dfl_rng_below(&r, (uint64_t)c->vocab_size);
+
+    /* the oracle: one full forward */
+    rows full, inc;
+    rows_alloc(&full, T, L, H);
+    rows_alloc(&inc, T, L, H);
+    int32_t cu[2] = {0, (int32_t)T};
+    dfl_target_batch b = {ids, cu, 1};
+    dfl_target_want w = {L, taps, 1, 0, 1, NULL, 0};
+    dfl_target_out o;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
+    rows_put(&full, t, &o, 0, T);
+
+    /* incremental: prefill 7, then 1, 6 (a verify block), 3, 1, ... with a
+     * wrong block run and cropped away twice on the way */
+    dfl_target_kv *kv = dfl_target_kv_new(t, T + 8);
+    const int64_t steps[] = {7, 1, 6, 3, 1, 1, 6, 5, 2, 6, 3};
+    int64_t pos = 0;
+    for (size_t s = 0; s < sizeof steps / sizeof steps[0] && pos < T; s++) {
+        int64_t n = steps[s] < T - pos ? steps[s] : T - pos;
+        if (s == 3 || s == 7) { /* a rejected block: run it, then crop it off */
+            T_CHECK(dfl_target_kv_forward(kv, &o, wrong, 6, &w) == 0);
+            T_CHECK(dfl_target_kv_len(kv) == pos + 6);
+            dfl_target_kv_crop(kv, pos);
+        }
+        int rc = dfl_target_kv_forward(kv, &o, ids + pos, n, &w);
+        T_CHECKF(rc == 0, "%s", dfl_errmsg());
+        if (rc) break;
+        rows_put(&inc, t, &o, pos, n);
+        pos += n;
+        T_CHECK(dfl_target_kv_len(kv) == pos);
+    }
+    T_CHECK(pos == T);
+    double e_taps = t_nmse_f32(inc.taps, full.taps, T * L * H), e_last = t_nmse_f32(inc.last, full.last, T * H);
+    int64_t mism = 0, compared = 0;
+    for (int64_t i = 0; i < T; i++) {
+        if (full.gap[i] <= 1e-4) continue; /* a genuine near-tie */
+        compared++;
+        mism += inc.argmax[i] != full.argmax[i];
+    }
+    T_CHECKF(e_taps < TOL && e_last < TOL, "%s: taps nmse %.3g, last nmse %.3g", name, e_taps, e_last);
+    T_CHECKF(mism == 0 && compared > T / 2, "%s: argmax %lld of %lld differ", name, (long long)mism, (long long)compared);
+    /* the check is sensitive: rows one position off differ */
+    double shifted = t_nmse_f32(inc.last + H, full.last, (T - 1) * H);
+    T_CHECKF(shifted > WRONG_MIN, "%s: shifted rows nmse %.3g", name, shifted);
+    /* a cache that forgot the crop (the rejected block still in it) is wrong */
+    dfl_target_kv_crop(kv, 0);
+    T_CHECK(dfl_target_kv_forward(kv, &o, ids, 10, &w) == 0);
+    T_CHECK(dfl_target_kv_forward(kv, &o, wrong, 3, &w) == 0);
+    T_CHECK(dfl_target_kv_forward(kv, &o, ids + 10, 5, &w) == 0);
+    rows_put(&inc, t, &o, 10, 5);
+    double stale = t_nmse_f32(inc.last + 10 * H, full.last + 10 * H, 5 * H);
+    T_CHECKF(stale > WRONG_MIN, "%s: stale cache rows nmse %.3g", name, stale);
+    /* capacity and ids are checked */
+    dfl_target_kv_crop(kv, 0);
+    T_CHECK(dfl_target_kv_forward(kv, &o, ids, T + 9, &w) == DFL_EX_DATA);
+    int32_t bad = (int32_t)c->vocab_size;
+    T_CHECK(dfl_target_kv_forward(kv, &o, &bad, 1, &w) == DFL_EX_DATA);
+    fprintf(stderr, "  %s: taps nmse %.2e, last nmse %.2e, argmax %lld/%lld compared, shifted %.2e, stale %.2e\n", name,
+            e_taps, e_last, (long long)compared, (long long)T, shifted, stale);
+    dfl_target_kv_free(kv);
+    rows_free(&full);
+    rows_free(&inc);
+    dfl_target_free(t);
+}
+
+static void test_kv_qwen3_untied(void) { check_kv("qwen3-untied"); }
+static void test_kv_qwen3_tied(void) { check_kv("qwen3-tied"); }
+static void test_kv_llama3(void) { check_kv("llama3"); }
+
+/* ---- drafter context cache ------------------------------------------------------ */
+
+static dfl_drafter *make_drafter(dfl_target *t, int B, uint64_t seed, double scale) {
+    const dfl_model_config *tc = dfl_target_config(t);
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg,
+             "{\"architectures\":[\"DFlashDraftModel\"],\"model_type\":\"qwen3\",\"block_size\":%d,"
+             "\"num_target_layers\":%lld,\"dflash_config\":{\"mask_token_id\":%lld,\"target_layer_ids\":[0,2,3]},"
+             "\"hidden_size\":%lld,\"intermediate_size\":40,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+             "\"num_key_value_heads\":2,\"head_dim\":12,\"rms_norm_eps\":1e-6,\"rope_theta\":1000.0,"
+             "\"vocab_size\":%lld}",
+             B, (long long)tc->num_hidden_layers, (long long)tc->vocab_size - 1, (long long)tc->hidden_size,
+             (long long)tc->vocab_size);
+    dfl_drafter_config c;
+    if (dfl_drafter_config_parse(&c, cfg, strlen(cfg), "<test>")) {
+        fprintf(stderr, "  %s\n", dfl_errmsg());
+        return NULL;
+    }
+    dfl_drafter *d = dfl_drafter_new(dfl_target_ops(t), &c);
+    dfl_drafter_config_free(&c);
+    dfl_rng r;
+    dfl_rng_seed(&r, seed);
+    float *h = dfl_malloc((size_t)d->nparams * 4);
+    for (int i = 0; i < d->ntensors; i++) {
+        const dfl_param_info *p = &d->info[i];
+        for (int64_t j = 0; j < p->numel; j++)
+            h[p->offset + j] = p->ndim == 2 ? (float)(scale * (2 * dfl_rng_uniform(&r) - 1))
+                                            : (float)(1 + 0.2 * (2 * dfl_rng_uniform(&r) - 1));
+    }
+    dfl_drafter_set_master(d, h);
+    free(h);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/qwen3-untied", FIX);
+    if (dfl_drafter_load_target(d, dir, tc)) {
+        fprintf(stderr, "  %s\n", dfl_errmsg());
+        dfl_drafter_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static void test_drafter_cache(void) {
+    dfl_target *t = load_target("qwen3-untied");
+    dfl_drafter *d = t ? make_drafter(t, 5, 3, 0.4) : NULL;
+    if (!d) {
+        T_CHECK(0);
+        dfl_target_free(t);
+        return;
+    }
+    const dfl_drafter_config *c = &d->cfg;
+    const int64_t T = 30, B = c->block_size, H = c->H, KH = c->K * H;
+    dfl_rng r;
+    dfl_rng_seed(&r, 5);
+    int32_t ids[30];
+    uint8_t mask[30];
+    float *feats = dfl_malloc((size_t)(T * KH) * 4);
+    for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)dfl_rng_below(&r, (uint64_t)c->V - 1), mask[i] = 1;
+    for (int64_t i = 0; i < T * KH; i++) feats[i] = (float)(2 * dfl_rng_uniform(&r) - 1);
+    dfl_train_opts o;
+    dfl_train_opts_default(&o, (int)B);
+    dfl_train_seq q = {T, ids, mask, feats, DFL_F32, NULL, NULL, DFL_F32};
+    dfl_train_mb mb;
+    dfl_train_mb_init(&mb);
+    dfl_train_stats st;
+    float *ref = dfl_malloc((size_t)(B * H) * 4), *got = dfl_malloc((size_t)(B * H) * 4);
+    int32_t *ref_pred = dfl_malloc((size_t)B * 4), draft[DFL_DRAFTER_MAX_BLOCK];
+
+    dfl_drafter_cache *dc = dfl_drafter_cache_new(d, T);
+    /* anchors 0 (no context at all), 3, 4, 9, 10, 11, 20, 29: uneven chunks of new context rows */
+    const int32_t anchors[] = {0, 3, 4, 9, 10, 11, 20, 29};
+    double worst = 0;
+    int64_t mism = 0;
+    for (size_t i = 0; i < sizeof anchors / sizeof anchors[0]; i++) {
+        const int32_t a = anchors[i];
+        /* the oracle: the training path's batch, one block at a */
+        memset(&st, 0, sizeof st);
+        dfl_train_mb_reset(&mb);
+        dfl_train_mb_add(&mb, c, &o, &q, &a, 1, NULL);
+        dfl_train_mb_run(d, &o, &mb, &st, 0);
+        dfl_drafter_loss(d, &mb.b, 0, 0, NULL, ref_pred, NULL);
+        d->ops->act_to_f32(ref, dfl_drafter_output(d), B * H);
+        /* the cache: the rows since the last anchor, then the block */
+        int64_t len = dfl_drafter_cache_len(dc);
+        int rc = dfl_drafter_draft(dc, feats + len * KH, DFL_F32, a - len, ids[a], draft, got);
+        T_CHECKF(rc == 0, "%s", dfl_errmsg());
+        T_CHECK(dfl_drafter_cache_len(dc) == a);
+        double e = t_nmse_f32(got, ref, B * H);
+        if (e > worst) worst = e;
+        for (int64_t k = 1; k < B; k++) mism += draft[k - 1] != ref_pred[k];
+    }
+    T_CHECKF(worst < TOL, "drafter cache vs forward: nmse %.3g", worst);
+    T_CHECKF(mism == 0, "%lld drafted tokens differ", (long long)mism);
+    /* sensitivity: a cache whose context is one row short is wrong */
+    dfl_drafter_cache_crop(dc, 0);
+    dfl_drafter_draft(dc, feats, DFL_F32, 19, ids[20], draft, got); /* block at 19, compared with the block at 20 */
+    double off = t_nmse_f32(got, ref, B * H); /* ref: the last anchor (29) */
+    T_CHECKF(off > WRONG_MIN, "a wrong context passes: %.3g", off);
+    /* crop, then continue: equal to a fresh run */
+    dfl_drafter_cache_crop(dc, 5);
+    dfl_drafter_draft(dc, feats + 5 * KH, DFL_F32, T - 1 - 5, ids[T - 1], draft, got);
+    double again = t_nmse_f32(got, ref, B * H);
+    T_CHECKF(again < TOL, "after crop: nmse %.3g", again);
+    T_CHECK(dfl_drafter_draft(dc, feats, DFL_F32, 2, ids[0], draft, NULL) == DFL_EX_DATA); /* past the capacity */
+    fprintf(stderr, "  drafter cache: worst nmse %.2e over %zu anchors; wrong context %.2e\n", worst,
+            sizeof anchors / sizeof anchors[0], off);
+    dfl_drafter_cache_free(dc);
+    dfl_train_mb_free(&mb);
+    free(feats);
+    free(ref);
+    free(got);
+    free(ref_pred);
+    dfl_drafter_free(d);
+    dfl_target_free(t);
+}
+
+/* ---- the loop ------------------------------------------------------------------------ */
+
+static void check_loop(dfl_drafter *d, dfl_target *t, const char *what, double *tau) {
+    const dfl_model_config *tc = dfl_target_config(t);
+    const int64_t B = d->cfg.block_size;
+    dfl_target_kv *kv = dfl_target_kv_new(t, 200);
+    dfl_drafter_cache *dc = dfl_drafter_cache_new(d, 200);
+    dfl_gen_result g = {0}, s = {0};
+    dfl_rng r;
+    dfl_rng_seed(&r, 9);
+    int64_t mism = 0, cycles = 0, bad_books = 0;
+    double len_sum = 0;
+    const int64_t lens[] = {1, 2, 5, 13, 30};
+    for (size_t p = 0; p < sizeof lens / sizeof lens[0]; p++) {
+        int32_t prompt[64];
+        for (int64_t i = 0; i < lens[p]; i++) prompt[i] = (int32_t)dfl_rng_below(&r, (uint64_t)tc->vocab_size - 1);
+        for (int eos = 0; eos < 2; eos++) {
+            /* with eos: stop at the target's own greedy token number 7, so both must stop there */
+            dfl_gen_opts go = {40, 0, NULL};
+            T_CHECK(dfl_greedy_generate(t, kv, prompt, lens[p], &go, &g) == 0);
+            int64_t stop_tok = g.n > 7 ? g.ids[7] : -1;
+            if (eos) {
+                go.n_eos = 1;
+                go.eos = &stop_tok;
+                T_CHECK(dfl_greedy_generate(t, kv, prompt, lens[p], &go, &g) == 0);
+            }
+            int rc = dfl_spec_generate(t, kv, d, dc, prompt, lens[p], &go, &s);
+            T_CHECKF(rc == 0, "%s", dfl_errmsg());
+            mism += s.n != g.n || memcmp(s.ids, g.ids, (size_t)g.n * 4) != 0;
+            if (!eos) T_CHECK(g.n == 40);
+            /* bookkeeping of the reference: anchors start at the prompt's end
+             * and advance by each cycle's length; the loop runs until the
+             * output is long enough (or a stop token was committed) */
+            int64_t pos = lens[p], sum = 0;
+            for (int64_t c = 0; c < s.ncycles; c++) {
+                bad_books += s.anchors[c] != pos || s.len[c] < 1 || s.len[c] > B;
+                pos += s.len[c];
+                sum += s.len[c];
+                len_sum += s.len[c];
+            }
+            cycles += s.ncycles;
+            if (!eos) bad_books += sum < 40 || sum - s.len[s.ncycles - 1] >= 40; /* while start < n + 40 */
+            /* with a stop token at output index i: the loop ends after the
+             * first cycle that committed it (positions up to n + sum) */
+            int64_t i = g.n - 1;
+            if (eos) bad_books += sum < i || (s.ncycles > 1 && sum - s.len[s.ncycles - 1] >= i);
+        }
+    }
+    T_CHECKF(mism == 0, "%s drafter: %lld outputs differ from greedy decoding", what, (long long)mism);
+    T_CHECKF(bad_books == 0, "%s drafter: %lld cycle records break the reference's bookkeeping", what,
+             (long long)bad_books);
+    *tau = len_sum / (double)cycles;
+    fprintf(stderr, "  %s drafter: lossless on %zu prompts x 2, pooled tau %.3f over %lld cycles\n", what,
+            sizeof lens / sizeof lens[0], *tau, (long long)cycles);
+    dfl_gen_result_free(&g);
+    dfl_gen_result_free(&s);
+    dfl_drafter_cache_free(dc);
+    dfl_target_kv_free(kv);
+}
+
+static void test_loop_lossless(void) {
+    dfl_target *t = load_target("qwen3-untied");
+    dfl_drafter *d = t ? make_drafter(t, 5, 4, 0.3) : NULL;
+    if (!d) {
+        T_CHECK(0);
+        dfl_target_free(t);
+        return;
+    }
+    double tau;
+    check_loop(d, t, "random", &tau);
+    T_CHECK(tau >= 1.0 && tau <= 5.0);
+    dfl_drafter_free(d);
+    dfl_target_free(t);
+}
+
+int main(void) {
+    /* Hundreds of tiny forwards: on a loaded 2-core machine OpenMP barriers
+     * would dominate; the parallel op paths are tested in test_ops_cpu. */
+    omp_set_num_threads(1);
+    T_RUN(test_kv_qwen3_untied);
+    T_RUN(test_kv_qwen3_tied);
+    T_RUN(test_kv_llama3);
+    T_RUN(test_drafter_cache);
+    T_RUN(test_loop_lossless);
+    return t_exit();
+}
