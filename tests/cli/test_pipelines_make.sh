@@ -57,18 +57,35 @@ made=$(grep -oE '^(dflash-[a-z-]+|jq) ' cont.out | sort | uniq -c | awk '{print 
     pass "make continues: two more chunks, nothing before redone" || fail "make continues: two more chunks, nothing before redone" "ran: $made"
 same_ckpt run2/ckpt-18 straight && pass "continued chain, same final checkpoint" || fail "continued chain, same final checkpoint"
 
-# Ctrl-C in the middle of the chain.
+# Ctrl-C in the middle of the chain. The tools come from a directory whose
+# dflash-train-step notes each start (started-ckpt-N), runs the real tool, and
+# after the second chunk lingers, so the signal always lands inside the second
+# chunk's recipe (usually while the real trainer runs; else while make waits).
+mkdir wrap
+for t in "$DFLASH_BIN"/dflash-*; do ln -s "$t" wrap/; done
+rm wrap/dflash-train-step
+{
+    echo '#!/usr/bin/env bash'
+    echo 'out=""; prev=""; for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done'
+    echo "touch \"$T/wrap/started-\$(basename \"\$out\")\""
+    echo "\"$DFLASH_BIN/dflash-train-step\" \"\$@\" || exit"
+    echo "[ \"\$(basename \"\$out\")\" = ckpt-160 ] && [ ! -e \"$T/wrap/go\" ] && sleep 30"
+    echo 'exit 0'
+} >wrap/dflash-train-step
+chmod +x wrap/dflash-train-step
 # (job control on: the job gets its own process group and, unlike a plain
 # background job, does not ignore SIGINT)
 set -m
-make -f "$PM" --no-print-directory "${VARS[@]}" OUT=run3 STEPS=240 K=80 train >int.out 2>&1 &
+make -f "$PM" --no-print-directory "${VARS[@]}" DFLASH_BIN="$T/wrap" OUT=run3 STEPS=240 K=80 train >int.out 2>&1 &
 pid=$!
 set +m
-for _ in $(seq 1200); do [ -d run3/ckpt-80 ] && break; sleep 0.02; done
+for _ in $(seq 3000); do [ -e wrap/started-ckpt-160 ] && break; sleep 0.02; done
+sleep 0.05
 kill -INT -- -"$pid" 2>/dev/null
 wait "$pid"; rc=$?
+touch wrap/go
 leftover=$(find run3 -name '.*tmp*' | head -3)
-[ -d run3/ckpt-80 ] && [ -z "$leftover" ] && [ ! -e run3/ckpt-240 ] && [ $rc -ne 0 ] &&
+[ -e wrap/started-ckpt-160 ] && [ -d run3/ckpt-80 ] && [ -z "$leftover" ] && [ ! -e run3/ckpt-240 ] && [ $rc -ne 0 ] &&
     pass "Ctrl-C: finished checkpoints stay, no temporary or partial one (make exit $rc)" ||
     fail "Ctrl-C: finished checkpoints stay, no temporary or partial one" "leftover: $leftover; $(ls -a run3); $(tail -3 int.out)"
 stamp=$(stat -c %Y.%s run3/ckpt-80/model.safetensors)
