@@ -86,30 +86,11 @@ int dfl_drafter_config_parse(dfl_drafter_config *c, const char *text, size_t len
 
 int dfl_drafter_config_load(dfl_drafter_config *c, const char *path) {
     memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "rb");
-    if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = dfl_malloc(cap);
-    for (;;) {
-        if (n == cap) {
-            if (cap >= (16u << 20)) {
-                fclose(f);
-                free(buf);
-                return dfl_err(DFL_EX_DATA, "%s: larger than 16 MiB, not a config.json", path);
-            }
-            buf = dfl_realloc(buf, cap *= 2);
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        if (r == 0) break;
-        n += r;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return dfl_err(DFL_EX_IOERR, "%s: read error", path);
-    }
-    int rc = dfl_drafter_config_parse(c, buf, n, path);
+    char *buf = NULL;
+    size_t n = 0;
+    int rc = dfl_read_file(path, 16u << 20, "config.json", &buf, &n);
+    if (rc) return rc;
+    rc = dfl_drafter_config_parse(c, buf, n, path);
     free(buf);
     return rc;
 }
