@@ -4,7 +4,6 @@
 #include "common.h"
 #include "safetensors.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
