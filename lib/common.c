@@ -155,3 +155,32 @@ double dfl_now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+int dfl_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *b = dfl_malloc(cap);
+    for (;;) {
+        if (n == cap) {
+            if (cap > max) {
+                fclose(f);
+                free(b);
+                return dfl_err(DFL_EX_DATA, "%s: larger than %zu bytes, not a %s", path, max, what);
+            }
+            b = dfl_realloc(b, cap *= 2);
+        }
+        size_t r = fread(b + n, 1, cap - n, f);
+        if (r == 0) break;
+        n += r;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(b);
+        return dfl_err(DFL_EX_IOERR, "%s: read error", path);
+    }
+    *buf = b;
+    *len = n;
+    return 0;
+}

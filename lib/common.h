@@ -89,6 +89,11 @@ int dfl_parse_double(const char *s, double *out);
 /* Sizes with optional K/M/G/T suffix (powers of 1024, "KiB" and "KB" alike). */
 int dfl_parse_size(const char *s, uint64_t *out);
 
+/* Read a whole small file (a config.json) into a malloc'd buffer. Files
+ * larger than `max` bytes are refused as not what the caller expects.
+ * Returns 0, DFL_EX_NOINPUT, DFL_EX_DATA (too large) or DFL_EX_IOERR. */
+int dfl_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len);
+
 /* Monotonic wall clock in seconds. */
 double dfl_now(void);
 

@@ -4,7 +4,6 @@
 #include "common.h"
 #include "safetensors.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,30 +85,11 @@ int dfl_drafter_config_parse(dfl_drafter_config *c, const char *text, size_t len
 
 int dfl_drafter_config_load(dfl_drafter_config *c, const char *path) {
     memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "rb");
-    if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = dfl_malloc(cap);
-    for (;;) {
-        if (n == cap) {
-            if (cap >= (16u << 20)) {
-                fclose(f);
-                free(buf);
-                return dfl_err(DFL_EX_DATA, "%s: larger than 16 MiB, not a config.json", path);
-            }
-            buf = dfl_realloc(buf, cap *= 2);
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        if (r == 0) break;
-        n += r;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return dfl_err(DFL_EX_IOERR, "%s: read error", path);
-    }
-    int rc = dfl_drafter_config_parse(c, buf, n, path);
+    char *buf = NULL;
+    size_t n = 0;
+    int rc = dfl_read_file(path, 16u << 20, "config.json", &buf, &n);
+    if (rc) return rc;
+    rc = dfl_drafter_config_parse(c, buf, n, path);
     free(buf);
     return rc;
 }
@@ -362,7 +342,7 @@ static void ws_ensure(dfl_drafter *d, int64_t NC, int64_t Q) {
 
 /* ---- the model -------------------------------------------------------------- */
 
-dfl_drafter *dfl_drafter_new(const dfl_ops *ops, const dfl_drafter_config *cfg) {
+static dfl_drafter *drafter_create(const dfl_ops *ops, const dfl_drafter_config *cfg, int training) {
     dfl_drafter *d = dfl_calloc(1, sizeof *d);
     d->ops = ops;
     d->cfg = *cfg;
@@ -373,14 +353,16 @@ dfl_drafter *dfl_drafter_new(const dfl_ops *ops, const dfl_drafter_config *cfg) 
     d->nparams = d->info[d->ntensors - 1].offset + d->info[d->ntensors - 1].numel;
     size_t n = (size_t)d->nparams;
     d->master = ops->alloc(n * 4);
-    d->grad = ops->alloc(n * 4);
-    d->m = ops->alloc(n * 4);
-    d->v = ops->alloc(n * 4);
+    if (training) { /* gradients and AdamW moments: 3x the parameters, training only */
+        d->grad = ops->alloc(n * 4);
+        d->m = ops->alloc(n * 4);
+        d->v = ops->alloc(n * 4);
+    }
     d->wt = ops->wt_bytes == 4 ? (void *)d->master : ops->alloc(n * (size_t)ops->wt_bytes);
     d->W.layer = dfl_calloc((size_t)cfg->L, sizeof(dfl_drafter_layer));
     d->G.layer = dfl_calloc((size_t)cfg->L, sizeof(dfl_drafter_layer));
     point(d, d->wt, ops->wt_bytes, &d->W);
-    point(d, d->grad, 4, &d->G);
+    if (training) point(d, d->grad, 4, &d->G);
     d->inv_freq = ops->alloc((size_t)(cfg->D / 2) * 4);
     float *inv = dfl_malloc((size_t)(cfg->D / 2) * 4);
     dfl_rope_inv_freq(&cfg->mc, inv);
@@ -389,15 +371,23 @@ dfl_drafter *dfl_drafter_new(const dfl_ops *ops, const dfl_drafter_config *cfg) 
     return d;
 }
 
+dfl_drafter *dfl_drafter_new(const dfl_ops *ops, const dfl_drafter_config *cfg) { return drafter_create(ops, cfg, 1); }
+
+dfl_drafter *dfl_drafter_new_frozen(const dfl_ops *ops, const dfl_drafter_config *cfg) {
+    return drafter_create(ops, cfg, 0);
+}
+
 void dfl_drafter_free(dfl_drafter *d) {
     if (!d) return;
     const dfl_ops *ops = d->ops;
     ws_free(ops, d->ws, d->cfg.L);
     if (d->wt != (void *)d->master) ops->free(d->wt);
     ops->free(d->master);
-    ops->free(d->grad);
-    ops->free(d->m);
-    ops->free(d->v);
+    if (d->grad) {
+        ops->free(d->grad);
+        ops->free(d->m);
+        ops->free(d->v);
+    }
     ops->free(d->inv_freq);
     if (d->lm_head && d->lm_head != d->embed) ops->free(d->lm_head);
     if (d->embed) ops->free(d->embed);
@@ -433,7 +423,10 @@ void dfl_drafter_init_weights(dfl_drafter *d, double init_std, double (*next_nor
     free(host);
 }
 
-void dfl_drafter_zero_grad(dfl_drafter *d) { d->ops->zero(d->grad, (size_t)d->nparams * 4); }
+void dfl_drafter_zero_grad(dfl_drafter *d) {
+    DFL_ASSERT(d->grad); /* not a frozen (inference) drafter */
+    d->ops->zero(d->grad, (size_t)d->nparams * 4);
+}
 
 void dfl_drafter_set_target(dfl_drafter *d, const float *embed, const float *lm_head, const float *target_norm,
                             float target_eps) {
@@ -589,6 +582,7 @@ void dfl_drafter_loss(dfl_drafter *d, const dfl_drafter_batch *b, int kl, int ba
 /* ---- backward ----------------------------------------------------------------- */
 
 void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
+    DFL_ASSERT(d->grad); /* not a frozen (inference) drafter */
     const dfl_ops *ops = d->ops;
     const dfl_drafter_config *c = &d->cfg;
     const int64_t B = c->block_size, NC = b->NC, nblk = b->nblk, Q = nblk * B, NK = NC + Q;

@@ -123,6 +123,9 @@ struct dfl_drafter {
 /* Create the drafter for `cfg` (copied; the caller keeps ownership of its
  * json) on `ops`, all parameters zero. */
 dfl_drafter *dfl_drafter_new(const dfl_ops *ops, const dfl_drafter_config *cfg);
+/* The same for inference (scoring): no gradients and no AdamW moments (grad,
+ * m, v and G are NULL); only forward passes may be run on it. */
+dfl_drafter *dfl_drafter_new_frozen(const dfl_ops *ops, const dfl_drafter_config *cfg);
 void dfl_drafter_free(dfl_drafter *d);
 
 /* Fill the master weights as Qwen3 initialises them: linear weights normal

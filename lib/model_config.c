@@ -3,40 +3,10 @@
 
 #include "common.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
-
-static int read_file(const char *path, char **buf, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = dfl_malloc(cap);
-    for (;;) {
-        if (n == cap) {
-            if (cap >= (16u << 20)) {
-                fclose(f);
-                free(b);
-                return dfl_err(DFL_EX_DATA, "%s: larger than 16 MiB, not a config.json", path);
-            }
-            b = dfl_realloc(b, cap *= 2);
-        }
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return dfl_err(DFL_EX_IOERR, "%s: read error", path);
-    }
-    *buf = b;
-    *len = n;
-    return 0;
-}
 
 /* Integer key: required (def < -1 means required) or defaulted. */
 static int get_int(const json_t *o, const char *key, int64_t def, int64_t *out, const char *path) {
@@ -176,7 +146,7 @@ int dfl_model_config_load(dfl_model_config *c, const char *path, const char *rol
     char *text = NULL;
     size_t len = 0;
     memset(c, 0, sizeof *c);
-    int rc = read_file(path, &text, &len);
+    int rc = dfl_read_file(path, 16u << 20, "config.json", &text, &len);
     if (rc) return rc;
     rc = dfl_model_config_parse(c, text, len, path, role);
     free(text);
