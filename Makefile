@@ -170,10 +170,13 @@ check: deps
 deps:
 	@build-aux/deps.sh
 
-demo: all $(BUILD)/tests/mktarget
+# Like check: packages first, then a fresh make (the flags are read at parse time).
+demo: deps
+	@$(MAKE) --no-print-directory all $(BUILD)/tests/mktarget
 	@DFLASH_BIN=$(abspath $(BIN)) DFLASH_BUILD=$(abspath $(BUILD)) pipelines/demo.sh
 
-bench: all $(HELPER_BIN)
+bench: deps
+	@$(MAKE) --no-print-directory all $(HELPER_BIN)
 	@DFLASH_BIN=$(abspath $(BIN)) DFLASH_BUILD=$(abspath $(BUILD)) tests/bench/run.sh
 
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
