@@ -8,7 +8,8 @@
 # 4 sequences per step. Prints optimizer steps/s and block tokens/s of both,
 # the ratio, and the peak RSS of both. Skips (exit 0, says why) without torch.
 #
-# Knobs: BENCH_STEPS (10), BENCH_THREADS (all cores).
+# Knobs: BENCH_STEPS (10), BENCH_THREADS (all cores), BENCH_HIDDEN (256; the
+# intermediate size is 3x, heads of 64, half as many KV heads), BENCH_VOCAB (8192).
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 : "${DFLASH_BIN:=$here/bin}"
@@ -17,6 +18,11 @@ steps=${BENCH_STEPS:-10}
 threads=${BENCH_THREADS:-$(nproc)}
 anchors=32
 batch=4
+H=${BENCH_HIDDEN:-256}
+I=$((3 * H))
+NH=$((H / 64))
+NKV=$(((NH + 1) / 2))
+V=${BENCH_VOCAB:-8192}
 
 if ! python3 -c 'import torch, safetensors, numpy' 2>/dev/null; then
     echo "bench_train: skipped: python3 cannot import torch, safetensors and numpy"
@@ -29,21 +35,21 @@ fi
 W=$(mktemp -d "${TMPDIR:-/tmp}/bench-train.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 
-"$DFLASH_BUILD/tests/mktarget" -a qwen3 --hidden 256 --layers 6 --heads 4 --kv-heads 2 --head-dim 64 \
-    --intermediate 768 --vocab 8192 --tie no --seed 7 -o "$W/target" >/dev/null || exit 1
-python3 - "$W/in.jsonl" <<'PY'
+"$DFLASH_BUILD/tests/mktarget" -a qwen3 --hidden $H --layers 6 --heads $NH --kv-heads $NKV --head-dim 64 \
+    --intermediate $I --vocab $V --tie no --seed 7 -o "$W/target" >/dev/null || exit 1
+python3 - "$W/in.jsonl" "$V" <<'PY'
 import json, random, sys
 r = random.Random(1)
 with open(sys.argv[1], "w") as f:
     for i in range(16):
-        f.write(json.dumps({"id": i, "input_ids": [r.randrange(8000) for _ in range(512)],
+        f.write(json.dumps({"id": i, "input_ids": [r.randrange(int(sys.argv[2]) - 192) for _ in range(512)],
                             "loss_mask": [0] * 64 + [1] * 448}) + "\n")
 PY
-cat >"$W/drafter.json" <<'EOF'
+cat >"$W/drafter.json" <<EOF
 {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16, "num_target_layers": 6,
- "dflash_config": {"mask_token_id": 8191, "target_layer_ids": [1, 2, 3]},
- "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 3, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "vocab_size": 8192}
+ "dflash_config": {"mask_token_id": $((V - 1)), "target_layer_ids": [1, 2, 3]},
+ "hidden_size": $H, "intermediate_size": $I, "num_hidden_layers": 3, "num_attention_heads": $NH,
+ "num_key_value_heads": $NKV, "head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "vocab_size": $V}
 EOF
 "$DFLASH_BIN/dflash-extract" -m "$W/target" -l 1,2,3 -o "$W/train.dfs" "$W/in.jsonl" || exit 1
 "$DFLASH_BIN/dflash-pack" --export "$W/export" "$W/train.dfs" || exit 1
@@ -55,9 +61,9 @@ EOF
     "$W/target" "$W/export" "$threads" "$steps" $anchors $batch >"$W/torch.out" 2>"$W/torch.err" ||
     { cat "$W/torch.err"; exit 1; }
 
-python3 - "$W/ours.log" "$W/ours.time" "$W/torch.out" "$W/torch.time" "$threads" "$steps" <<'PY'
+python3 - "$W/ours.log" "$W/ours.time" "$W/torch.out" "$W/torch.time" "$threads" "$steps" "$H" "$V" <<'PY'
 import json, sys
-log, ot, tout, tt, thr, steps = sys.argv[1:]
+log, ot, tout, tt, thr, steps, H, V = sys.argv[1:]
 L = [json.loads(x) for x in open(log)][1:]          # the first step is warm-up, as on the PyTorch side
 ours_s = sum(s["seconds"] for s in L)
 ours_blk = sum(s["block_tokens"] for s in L)
@@ -65,7 +71,7 @@ _, tsteps, _, tsec, _, tblk = open(tout).read().split()
 tsteps, tsec, tblk = int(tsteps), float(tsec), int(tblk)
 ours_kb = int(open(ot).read().split()[1]); torch_kb = int(open(tt).read().split()[1])
 o_sps, t_sps = len(L) / ours_s, tsteps / tsec
-print(f"bench_train: 3-layer drafter (H 256, B 16, 3 taps, vocab 8192), 4 x 512-token sequences x 32 anchors "
+print(f"bench_train: 3-layer drafter (H {H}, B 16, 3 taps, vocab {V}), 4 x 512-token sequences x 32 anchors "
       f"per step, {thr} threads, {len(L)} timed steps")
 print(f"  dflash-train-step  {o_sps:7.3f} steps/s  {ours_blk / ours_s:9.1f} block tok/s   peak RSS {ours_kb / 1024:7.1f} MiB")
 print(f"  PyTorch (SDPA)     {t_sps:7.3f} steps/s  {tblk / tsec:9.1f} block tok/s   peak RSS {torch_kb / 1024:7.1f} MiB")
