@@ -265,7 +265,10 @@ int main(int argc, char **argv) {
         dfl_die_last(PROG);
     }
     if (dfl_drafter_load_target(d, target_dir, &tcfg)) dfl_die_last(PROG);
-    if (dfl_trainer_open(&t, input, skip, epoch)) dfl_die_last(PROG);
+    /* --steps 0 from --init or --init-from writes the starting checkpoint (an
+     * untrained drafter to score, a released one brought into our layout):
+     * nothing is trained, so no input is read. */
+    if ((steps > 0 || resume) && dfl_trainer_open(&t, input, skip, epoch)) dfl_die_last(PROG);
 
     FILE *logf = open_log();
     dfl_progress pg;

@@ -187,6 +187,11 @@ for r in released released-prefixed; do
     check "--init-from $r --steps 0" $TS --target "$T/target" --init-from "$T/$r" --steps 0 --out "$T/from-$r" "$T/train.dfs"
     check "  ... keeps its weights exactly" cmp "$T/learn/model.safetensors" "$T/from-$r/model.safetensors"
 done
+check "--init --steps 0 writes the initial drafter without reading any input" sh -c \
+    "$TS --target '$T/target' --init '$T/drafter.json' --seed 3 --steps 0 --out '$T/init0' </dev/null"
+check "  ... the same weights as with a stream given" sh -c \
+    "$TS --target '$T/target' --init '$T/drafter.json' --seed 3 --steps 0 --out '$T/init0s' '$T/train.dfs' &&
+     cmp '$T/init0/model.safetensors' '$T/init0s/model.safetensors'"
 check "--init-from a released checkpoint trains from step 0" $TS $COMMON --init-from "$T/released" --steps 2 \
     --log "$T/from.log" --out "$T/from" "$T/train.dfs"
 check "  ... with a fresh schedule" sh -c "head -1 '$T/from.log' | grep -q '\"step\":1,' && grep -q '\"step\": 2,' '$T/from/trainer_state.json'"
