@@ -24,6 +24,13 @@ mkdir -p "$tmp/include" "$tmp/lib"
 inc=/usr/include
 blasinc=$(pkg-config --cflags-only-I openblas | sed 's/^-I//; s/ *$//')
 [ -n "$blasinc" ] || blasinc=$inc
+# the OpenMP build of OpenBLAS, which the Makefile links when it is installed
+blasdir=""
+omp=/usr/lib/x86_64-linux-gnu/openblas-openmp
+if [ -e "$omp/libopenblas.so" ]; then
+    blasdir=$omp
+    blasinc=/usr/include/x86_64-linux-gnu/openblas-openmp
+fi
 cp -a "$inc"/msgpack.h "$inc"/lz4*.h "$inc"/jansson*.h "$inc"/xxhash.h "$tmp/include/"
 mkdir -p "$tmp/include/msgpack"
 find "$inc/msgpack" -name '*.h' -exec cp --parents {} "$tmp" \; 2>/dev/null || true
@@ -37,7 +44,7 @@ libdirs=$(pkg-config --libs-only-L $pkgs | sed 's/-L//g')
 for l in $libs_flags gfortran quadmath; do
     name=${l#-l}
     f=""
-    for d in $libdirs /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 /usr/lib; do
+    for d in $blasdir $libdirs /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 /usr/lib; do
         for c in "$d/lib$name.so" "$d"/lib"$name".so.[0-9]*; do
             [ -e "$c" ] && { f=$(readlink -f "$c"); break 2; }
         done

@@ -218,6 +218,41 @@ with open('$X/in.jsonl', 'w') as f:
         rm -rf "$X"
     fi
 
+    # the online scoring loop against plain greedy decoding, both on the GPU: a
+    # Qwen3-0.6B-shaped target cut to 8 layers and an untrained 1-layer drafter
+    # (tau near 1: this measures the loop's cost per cycle, not a speed-up)
+    if [ "$DRY" != 1 ] && [ -x "$B/bin/dflash-score" ] && [ -x "$B/bin/dflash-train-step" ] && [ "$(left)" -gt 90 ]; then
+        section "dflash-score --device cuda online" "$BENCH_LOG"
+        X=$(mktemp -d)
+        "$B/tests/mktarget" -o "$X/target" --vocab 151936 --hidden 1024 --intermediate 3072 --layers 8 --heads 16 \
+            --kv-heads 8 --head-dim 128 --tie yes >>"$BENCH_LOG" 2>&1
+        cat >"$X/drafter.json" <<'EOF'
+{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16, "num_target_layers": 8,
+ "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 3, 5]},
+ "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 1, "num_attention_heads": 16,
+ "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "vocab_size": 151936}
+EOF
+        python3 - "$X/prompts.jsonl" <<'PY'
+import json, random, sys
+r = random.Random(2)
+with open(sys.argv[1], "w") as f:
+    for i in range(4):
+        f.write(json.dumps({"id": i, "input_ids": [r.randrange(151000) for _ in range(512)]}) + "\n")
+PY
+        if "$B/bin/dflash-train-step" --target "$X/target" --init "$X/drafter.json" --steps 0 --out "$X/ckpt" >>"$BENCH_LOG" 2>&1 &&
+            timeout 90 "$B/bin/dflash-score" --device cuda --target "$X/target" --drafter "$X/ckpt" --prompts "$X/prompts.jsonl" \
+                --max-new-tokens 256 --ignore-eos >"$X/score.tsv" 2>>"$BENCH_LOG"; then
+            cat "$X/score.tsv" >>"$BENCH_LOG"
+            col() { python3 -c 'import csv, sys; print(list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))[0][sys.argv[2]])' "$X/score.tsv" "$1"; }
+            row "dflash-score --device cuda online: 8-layer Qwen3-0.6B shape, untrained drafter" \
+                "$(col tokens_per_s) tok/s" \
+                "plain greedy $(col greedy_tokens_per_s) tok/s; tau $(col tau_macro); speed-up $(col speedup); mismatches $(col mismatches)"
+        else
+            row "dflash-score --device cuda online" "FAIL" "see bench.log"
+        fi
+        rm -rf "$X"
+    fi
+
     # ---- 5. the attention kernels under compute-sanitizer, as time allows ----------------
     if [ "$DRY" != 1 ]; then
         if command -v compute-sanitizer >/dev/null; then
@@ -243,12 +278,6 @@ with open('$X/in.jsonl', 'w') as f:
         fi
     fi
 
-    # scoring loop vs plain greedy: a hook until dflash-score (issue 5) lands
-    if [ -x "$B/bin/dflash-score" ]; then
-        row "scoring benchmark" "TODO" "dflash-score exists: add its tokens/s vs greedy here (tests/gpu/run.sh, step 4)"
-    else
-        row "scoring benchmark" "not yet" "dflash-score (issue 5) has not landed"
-    fi
 fi
 
 # ---- 6. report -------------------------------------------------------------------------
