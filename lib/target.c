@@ -324,15 +324,33 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
 }
 
 /* Copy the chosen rows of x into sel (runs of consecutive rows at once). */
-static void gather_rows(dfl_target *t, const int32_t *rows, int64_t n) {
+/* The head of a forward, shared with the KV-cache path (target_kv.c): of
+ * the last layer's output x, the wanted rows (gathered into sel, runs of
+ * consecutive rows in one copy) through model.norm into normed, then the LM
+ * head's argmax and gap; fills out's normed/argmax/gap. */
+void dfl_target_head(dfl_target *t, dfl_target_out *out, const void *x, const dfl_target_want *w, int64_t nrows,
+                     void *sel, void *normed, int32_t *pred, float *gap) {
     const dfl_ops *ops = t->ops;
-    int64_t H = t->cfg.hidden_size;
-    for (int64_t i = 0; i < n;) {
-        int64_t j = i + 1;
-        while (j < n && rows[j] == rows[j - 1] + 1) j++;
-        ops->copy(DFL_AT(ops, t->ws.sel, i * H), DFL_AT(ops, t->ws.x, (int64_t)rows[i] * H),
-                  (size_t)((j - i) * H) * (size_t)ops->act_bytes);
-        i = j;
+    const dfl_model_config *c = &t->cfg;
+    const int64_t H = c->hidden_size;
+    const void *in = x;
+    if (w->rows) {
+        for (int64_t i = 0; i < nrows;) {
+            int64_t j = i + 1;
+            while (j < nrows && w->rows[j] == w->rows[j - 1] + 1) j++;
+            ops->copy(DFL_AT(ops, sel, i * H), DFL_AT(ops, x, (int64_t)w->rows[i] * H),
+                      (size_t)((j - i) * H) * (size_t)ops->act_bytes);
+            i = j;
+        }
+        in = sel;
+    }
+    ops->rmsnorm(normed, NULL, in, t->final_norm, nrows, H, (float)c->rms_norm_eps);
+    out->nrows = nrows;
+    out->normed = w->normed ? normed : NULL;
+    if (w->argmax) {
+        ops->lmhead_argmax(pred, gap, normed, t->lm_head, nrows, H, c->vocab_size);
+        out->argmax = pred;
+        out->gap = gap;
     }
 }
 
@@ -367,21 +385,7 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
     out->ntaps = w->ntaps;
     out->taps = w->ntaps ? ws->taps : NULL;
     out->last_hidden = w->last_hidden ? ws->x : NULL;
-    if (nrows) {
-        const void *in = ws->x;
-        if (w->rows) {
-            gather_rows(t, w->rows, nrows);
-            in = ws->sel;
-        }
-        ops->rmsnorm(ws->normed, NULL, in, t->final_norm, nrows, H, (float)c->rms_norm_eps);
-        out->nrows = nrows;
-        out->normed = w->normed ? ws->normed : NULL;
-        if (w->argmax) {
-            ops->lmhead_argmax(ws->pred, ws->gap, ws->normed, t->lm_head, nrows, H, c->vocab_size);
-            out->argmax = ws->pred;
-            out->gap = ws->gap;
-        }
-    }
+    if (nrows) dfl_target_head(t, out, ws->x, w, nrows, ws->sel, ws->normed, ws->pred, ws->gap);
     ops->sync();
     return 0;
 }

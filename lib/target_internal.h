@@ -44,4 +44,8 @@ struct dfl_target {
     workspace        ws;
 };
 
+/* target.c: model.norm and the LM head's argmax on the wanted rows of x. */
+void dfl_target_head(dfl_target *t, dfl_target_out *out, const void *x, const dfl_target_want *w, int64_t nrows,
+                     void *sel, void *normed, int32_t *pred, float *gap);
+
 #endif

@@ -236,23 +236,7 @@ int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t 
     out->ntaps = w->ntaps;
     out->taps = w->ntaps ? kv->taps : NULL;
     out->last_hidden = w->last_hidden ? kv->x : NULL;
-    if (nrows) {
-        const void *in = kv->x;
-        if (w->rows) {
-            for (int64_t i = 0; i < nrows; i++)
-                ops->copy(DFL_AT(ops, kv->sel, i * H), DFL_AT(ops, kv->x, (int64_t)w->rows[i] * H),
-                          (size_t)H * (size_t)ops->act_bytes);
-            in = kv->sel;
-        }
-        ops->rmsnorm(kv->normed, NULL, in, t->final_norm, nrows, H, (float)c->rms_norm_eps);
-        out->nrows = nrows;
-        out->normed = w->normed ? kv->normed : NULL;
-        if (w->argmax) {
-            ops->lmhead_argmax(kv->pred, kv->gap, kv->normed, t->lm_head, nrows, H, c->vocab_size);
-            out->argmax = kv->pred;
-            out->gap = kv->gap;
-        }
-    }
+    if (nrows) dfl_target_head(t, out, kv->x, w, nrows, kv->sel, kv->normed, kv->pred, kv->gap);
     ops->sync();
     return 0;
 }
