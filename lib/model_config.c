@@ -153,6 +153,15 @@ int dfl_model_config_load(dfl_model_config *c, const char *path, const char *rol
     return rc;
 }
 
+int dfl_model_config_load_dir(dfl_model_config *c, const char *dir, const char *role) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path) {
+        memset(c, 0, sizeof *c);
+        return dfl_err(DFL_EX_NOINPUT, "%s: path too long", dir);
+    }
+    return dfl_model_config_load(c, path, role);
+}
+
 void dfl_model_config_free(dfl_model_config *c) {
     json_decref(c->json);
     c->json = NULL;

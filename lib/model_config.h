@@ -41,6 +41,8 @@ typedef struct {
 /* Parse `path` (a config.json). `role` ("target", "drafter") only words the
  * messages. Returns 0, DFL_EX_NOINPUT or DFL_EX_DATA (naming file and key). */
 int dfl_model_config_load(dfl_model_config *c, const char *path, const char *role);
+/* The same for DIR/config.json (a model or checkpoint directory). */
+int dfl_model_config_load_dir(dfl_model_config *c, const char *dir, const char *role);
 /* Parse a config already in memory (bytes of a config.json). */
 int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, const char *path, const char *role);
 void dfl_model_config_free(dfl_model_config *c);

@@ -3,6 +3,8 @@
 
 #include "common.h"
 
+#include <cblas.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,4 +35,10 @@ int dfl_ops_get(const char *device, const dfl_ops **out) {
     (void)dev;
     return dfl_err(DFL_EX_UNAVAIL, "--device %s: this dflash was built without CUDA (nvcc was not found at build time)", device);
 #endif
+}
+
+void dfl_ops_cpu_threads(int64_t n) {
+    if (n <= 0) return;
+    omp_set_num_threads((int)n);
+    openblas_set_num_threads((int)n);
 }

@@ -145,4 +145,8 @@ const dfl_ops *dfl_ops_cpu(void);
  * `device` may be "cuda" or "cuda:N". */
 int dfl_ops_get(const char *device, const dfl_ops **out);
 
+/* Threads of the CPU work (OpenMP regions and OpenBLAS) for a tool's
+ * --threads N; N <= 0 keeps the defaults (all cores). */
+void dfl_ops_cpu_threads(int64_t n);
+
 #endif

@@ -9,8 +9,6 @@
 #include "outfile.h"
 #include "target.h"
 
-#include <cblas.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,12 +52,6 @@ static const dfl_cli cli = {
     opts,
 };
 
-static void set_threads(int64_t n) {
-    if (n <= 0) return;
-    omp_set_num_threads((int)n);
-    openblas_set_num_threads((int)n);
-}
-
 int main(int argc, char **argv) {
     char **pos;
     int npos = dfl_cli_parse(&cli, argc, argv, &pos);
@@ -77,16 +69,14 @@ int main(int argc, char **argv) {
         else dfl_cli_usage_error(&cli, "--with: '%s' is not one of target-ids, last-hidden", with.v[i]);
     }
     free(with.v);
-    set_threads(threads);
+    dfl_ops_cpu_threads(threads);
 
     const dfl_ops *ops;
     if (dfl_ops_get(device, &ops)) dfl_die_last(cli.prog);
 
     /* The tap list depends on the target's depth: read its config first. */
-    char cfg_path[4096];
-    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model_dir);
     dfl_model_config cfg;
-    if (dfl_model_config_load(&cfg, cfg_path, "target")) dfl_die_last(cli.prog);
+    if (dfl_model_config_load_dir(&cfg, model_dir, "target")) dfl_die_last(cli.prog);
     int L = (int)cfg.num_hidden_layers, taps[DFL_EXTRACT_MAX_TAPS], ntaps = 0;
     dfl_model_config_free(&cfg);
     int rc = dfl_extract_layer_ids(layers, drafter_cfg, L, taps, &ntaps);

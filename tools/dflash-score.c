@@ -14,10 +14,8 @@
 #include "target.h"
 #include "train.h"
 
-#include <cblas.h>
 #include <jansson.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -159,19 +157,14 @@ int main(int argc, char **argv) {
     const int online = prompts != NULL;
     check_options(online, npos, pos);
     const char *input = online ? prompts : npos ? pos[0] : "-";
-    if (threads > 0) {
-        omp_set_num_threads((int)threads);
-        openblas_set_num_threads((int)threads);
-    }
+    dfl_ops_cpu_threads(threads);
     char when[32];
     utc_now(when, sizeof when);
 
     const dfl_ops *ops;
     if (dfl_ops_get(device, &ops)) dfl_die_last(PROG);
     dfl_model_config tcfg;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", target_dir);
-    if (dfl_model_config_load(&tcfg, path, "target")) dfl_die_last(PROG);
+    if (dfl_model_config_load_dir(&tcfg, target_dir, "target")) dfl_die_last(PROG);
 
     const int nd = drafters.n;
     dfl_drafter **d = dfl_calloc((size_t)nd, sizeof *d);

@@ -14,7 +14,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -202,16 +201,14 @@ int main(int argc, char **argv) {
     if (!!init_cfg + !!init_from + !!resume != 1)
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
     if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
-    if (threads > 0) omp_set_num_threads((int)threads);
+    dfl_ops_cpu_threads(threads);
 
     const dfl_ops *ops;
     if (dfl_ops_get(device, &ops)) dfl_die_last(PROG);
 
     /* the target */
     dfl_model_config tcfg;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", target_dir);
-    if (dfl_model_config_load(&tcfg, path, "target")) dfl_die_last(PROG);
+    if (dfl_model_config_load_dir(&tcfg, target_dir, "target")) dfl_die_last(PROG);
 
     /* the drafter */
     dfl_drafter_config dcfg;
