@@ -176,10 +176,10 @@ int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const
 }
 
 static void ws_free(const dfl_ops *ops, workspace *w) {
-    void *bufs[] = {w->x, w->h, w->q, w->k, w->v, w->ao, w->gate, w->up, w->taps, w->sel, w->normed,
-                    w->pred, w->gap, w->ids, w->pos, w->cu};
+    void *bufs[] = {w->x, w->h, w->q, w->k, w->v, w->ao, w->gate, w->up, w->taps, w->ids, w->pos, w->cu};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->free(bufs[i]);
+    dfl_target_head_free(ops, &w->head);
     free(w->host_pos);
     free(w->host_scratch);
     memset(w, 0, sizeof *w);
@@ -199,9 +199,27 @@ void dfl_target_free(dfl_target *t) {
 
 /* ---- workspace ---------------------------------------------------------- */
 
-static void *realloc_buf(const dfl_ops *ops, void *old, size_t bytes) {
+void *dfl_target_regrow(const dfl_ops *ops, void *old, size_t bytes) {
     if (old) ops->free(old);
     return ops->alloc(bytes ? bytes : 1);
+}
+
+void dfl_target_head_reserve(const dfl_target *t, head_ws *hw, int64_t nrows) {
+    const dfl_ops *ops = t->ops;
+    const int64_t H = t->cfg.hidden_size;
+    if (nrows <= hw->cap_rows) return;
+    hw->sel = dfl_target_regrow(ops, hw->sel, (size_t)(nrows * H) * (size_t)ops->act_bytes);
+    hw->normed = dfl_target_regrow(ops, hw->normed, (size_t)(nrows * H) * (size_t)ops->act_bytes);
+    hw->pred = dfl_target_regrow(ops, hw->pred, (size_t)nrows * sizeof(int32_t));
+    hw->gap = dfl_target_regrow(ops, hw->gap, (size_t)nrows * sizeof(float));
+    hw->cap_rows = nrows;
+}
+
+void dfl_target_head_free(const dfl_ops *ops, head_ws *hw) {
+    void *bufs[] = {hw->sel, hw->normed, hw->pred, hw->gap};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) ops->free(bufs[i]);
+    memset(hw, 0, sizeof *hw);
 }
 
 static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nrows, int64_t nseq) {
@@ -212,36 +230,30 @@ static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nro
     int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     int64_t QD = c->num_attention_heads * D, KD = c->num_key_value_heads * D;
     if (T > w->cap_T) {
-        w->x = realloc_buf(ops, w->x, (size_t)(T * H) * a);
-        w->h = realloc_buf(ops, w->h, (size_t)(T * H) * a);
-        w->q = realloc_buf(ops, w->q, (size_t)(T * QD) * a);
-        w->k = realloc_buf(ops, w->k, (size_t)(T * KD) * a);
-        w->v = realloc_buf(ops, w->v, (size_t)(T * KD) * a);
+        w->x = dfl_target_regrow(ops, w->x, (size_t)(T * H) * a);
+        w->h = dfl_target_regrow(ops, w->h, (size_t)(T * H) * a);
+        w->q = dfl_target_regrow(ops, w->q, (size_t)(T * QD) * a);
+        w->k = dfl_target_regrow(ops, w->k, (size_t)(T * KD) * a);
+        w->v = dfl_target_regrow(ops, w->v, (size_t)(T * KD) * a);
         /* ao holds the raw q (and k) projections before their norms, then
          * the attention output: at least as large as either. */
-        w->ao = realloc_buf(ops, w->ao, (size_t)(T * (QD > KD ? QD : KD)) * a);
+        w->ao = dfl_target_regrow(ops, w->ao, (size_t)(T * (QD > KD ? QD : KD)) * a);
         int64_t mr = T < MLP_ROWS ? T : MLP_ROWS;
-        w->gate = realloc_buf(ops, w->gate, (size_t)(mr * I) * a);
-        w->up = realloc_buf(ops, w->up, (size_t)(mr * I) * a);
-        w->ids = realloc_buf(ops, w->ids, (size_t)T * sizeof(int32_t));
-        w->pos = realloc_buf(ops, w->pos, (size_t)T * sizeof(int32_t));
+        w->gate = dfl_target_regrow(ops, w->gate, (size_t)(mr * I) * a);
+        w->up = dfl_target_regrow(ops, w->up, (size_t)(mr * I) * a);
+        w->ids = dfl_target_regrow(ops, w->ids, (size_t)T * sizeof(int32_t));
+        w->pos = dfl_target_regrow(ops, w->pos, (size_t)T * sizeof(int32_t));
         free(w->host_pos);
         w->host_pos = dfl_malloc((size_t)T * sizeof(int32_t));
         w->cap_T = T;
     }
     if (ntap_elems > w->cap_taps) {
-        w->taps = realloc_buf(ops, w->taps, (size_t)ntap_elems * a);
+        w->taps = dfl_target_regrow(ops, w->taps, (size_t)ntap_elems * a);
         w->cap_taps = ntap_elems;
     }
-    if (nrows > w->cap_rows) {
-        w->sel = realloc_buf(ops, w->sel, (size_t)(nrows * H) * a);
-        w->normed = realloc_buf(ops, w->normed, (size_t)(nrows * H) * a);
-        w->pred = realloc_buf(ops, w->pred, (size_t)nrows * sizeof(int32_t));
-        w->gap = realloc_buf(ops, w->gap, (size_t)nrows * sizeof(float));
-        w->cap_rows = nrows;
-    }
+    dfl_target_head_reserve(t, &w->head, nrows);
     if (nseq > w->cap_seq) {
-        w->cu = realloc_buf(ops, w->cu, (size_t)(nseq + 1) * sizeof(int32_t));
+        w->cu = dfl_target_regrow(ops, w->cu, (size_t)(nseq + 1) * sizeof(int32_t));
         w->cap_seq = nseq;
     }
 }
@@ -290,7 +302,7 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
     workspace *w = &t->ws;
-    int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int64_t H = c->hidden_size, D = c->head_dim;
     int64_t Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
     float eps = (float)c->rms_norm_eps;
 
@@ -311,25 +323,33 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
     ops->matmul(w->x, w->ao, lw->o, T, Hq * D, H, 1);         /* x += attn Wo^T */
 
     ops->rmsnorm(w->h, NULL, w->x, lw->post_norm, T, H, eps);
-    /* The MLP is row-wise: run it in chunks so its [rows, I] buffers stay
-     * bounded however long a sequence is. */
-    for (int64_t r0 = 0; r0 < T; r0 += MLP_ROWS) {
-        int64_t n = T - r0 < MLP_ROWS ? T - r0 : MLP_ROWS;
-        const void *h = DFL_AT(ops, w->h, r0 * H);
-        ops->matmul(w->gate, h, lw->gate, n, H, I, 0);
-        ops->matmul(w->up, h, lw->up, n, H, I, 0);
-        ops->swiglu(w->gate, w->gate, w->up, n * I);           /* elementwise, in place */
-        ops->matmul(DFL_AT(ops, w->x, r0 * H), w->gate, lw->down, n, I, H, 1); /* x += mlp */
+    dfl_target_mlp(t, lw, w->x, w->h, w->gate, w->up, T);
+}
+
+/* The MLP is row-wise: it runs in chunks so its [rows, I] buffers stay
+ * bounded however long a sequence is. */
+void dfl_target_mlp(const dfl_target *t, const layer_w *lw, void *x, const void *h, void *gate, void *up, int64_t n) {
+    const dfl_ops *ops = t->ops;
+    const int64_t H = t->cfg.hidden_size, I = t->cfg.intermediate_size;
+    for (int64_t r0 = 0; r0 < n; r0 += MLP_ROWS) {
+        int64_t m = n - r0 < MLP_ROWS ? n - r0 : MLP_ROWS;
+        const void *hr = DFL_AT(ops, h, r0 * H);
+        ops->matmul(gate, hr, lw->gate, m, H, I, 0);
+        ops->matmul(up, hr, lw->up, m, H, I, 0);
+        ops->swiglu(gate, gate, up, m * I);                       /* elementwise, in place */
+        ops->matmul(DFL_AT(ops, x, r0 * H), gate, lw->down, m, I, H, 1); /* x += mlp */
     }
 }
 
-/* Copy the chosen rows of x into sel (runs of consecutive rows at once). */
 /* The head of a forward, shared with the KV-cache path (target_kv.c): of
  * the last layer's output x, the wanted rows (gathered into sel, runs of
  * consecutive rows in one copy) through model.norm into normed, then the LM
  * head's argmax and gap; fills out's normed/argmax/gap. */
-void dfl_target_head(dfl_target *t, dfl_target_out *out, const void *x, const dfl_target_want *w, int64_t nrows,
-                     void *sel, void *normed, int32_t *pred, float *gap) {
+void dfl_target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const void *x, const dfl_target_want *w,
+                     int64_t nrows) {
+    void *sel = hw->sel, *normed = hw->normed;
+    int32_t *pred = hw->pred;
+    float *gap = hw->gap;
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
     const int64_t H = c->hidden_size;
@@ -385,7 +405,7 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
     out->ntaps = w->ntaps;
     out->taps = w->ntaps ? ws->taps : NULL;
     out->last_hidden = w->last_hidden ? ws->x : NULL;
-    if (nrows) dfl_target_head(t, out, ws->x, w, nrows, ws->sel, ws->normed, ws->pred, ws->gap);
+    if (nrows) dfl_target_head(t, out, &ws->head, ws->x, w, nrows);
     ops->sync();
     return 0;
 }

@@ -15,15 +15,21 @@ typedef struct {
     void *in_norm, *q, *k, *v, *o, *q_norm, *k_norm, *post_norm, *gate, *up, *down;
 } layer_w;
 
-/* The workspace: grows to the largest batch seen, never shrinks. */
+/* The head's buffers (dfl_target_head), in both workspaces. */
 typedef struct {
-    int64_t cap_T, cap_taps, cap_rows, cap_seq;
-    void *x, *h, *q, *k, *v, *ao;             /* act, sized by cap_T */
-    void *gate, *up;                          /* act [min(cap_T, MLP_ROWS), I] */
-    void *taps;                               /* act [cap_taps] elements */
+    int64_t cap_rows;
     void *sel, *normed;                       /* act [cap_rows, H] */
     int32_t *pred;                            /* i32 [cap_rows] */
     float *gap;                               /* f32 [cap_rows] */
+} head_ws;
+
+/* The workspace: grows to the largest batch seen, never shrinks. */
+typedef struct {
+    int64_t cap_T, cap_taps, cap_seq;
+    void *x, *h, *q, *k, *v, *ao;             /* act, sized by cap_T */
+    void *gate, *up;                          /* act [min(cap_T, MLP_ROWS), I] */
+    void *taps;                               /* act [cap_taps] elements */
+    head_ws head;                             /* [nrows] of the largest request */
     int32_t *ids, *pos;                       /* i32 [cap_T] */
     int32_t *cu;                              /* i32 [cap_seq + 1] */
     int32_t *host_pos;                        /* host [cap_T] */
@@ -44,8 +50,17 @@ struct dfl_target {
     workspace        ws;
 };
 
-/* target.c: model.norm and the LM head's argmax on the wanted rows of x. */
-void dfl_target_head(dfl_target *t, dfl_target_out *out, const void *x, const dfl_target_want *w, int64_t nrows,
-                     void *sel, void *normed, int32_t *pred, float *gap);
+/* target.c, shared with target_kv.c: */
+/* A fresh zeroed backend buffer of `bytes` in place of `old` (contents are
+ * not kept: workspaces are refilled every forward). */
+void *dfl_target_regrow(const dfl_ops *ops, void *old, size_t bytes);
+/* Grow hw to hold nrows rows; free its buffers. */
+void dfl_target_head_reserve(const dfl_target *t, head_ws *hw, int64_t nrows);
+void dfl_target_head_free(const dfl_ops *ops, head_ws *hw);
+/* x[n, H] += the MLP of h[n, H] (gate, up: act [min(n, MLP_ROWS), I]). */
+void dfl_target_mlp(const dfl_target *t, const layer_w *lw, void *x, const void *h, void *gate, void *up, int64_t n);
+/* model.norm and the LM head's argmax on the wanted rows of x. */
+void dfl_target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const void *x, const dfl_target_want *w,
+                     int64_t nrows);
 
 #endif

@@ -28,10 +28,11 @@ struct dfl_target_kv {
     int nl;                 /* layers cached (the loaded ones) */
     void **k, **v;          /* per layer: act [cap, Hkv, D] */
     /* workspace for n new rows, grown as needed */
-    int64_t cap_n, cap_taps, cap_rows;
-    void *x, *h, *q, *kpre, *ao, *gate, *up, *taps, *sel, *normed;
-    float *lse, *gap;
-    int32_t *ids, *pos, *pred, *cu;
+    int64_t cap_n, cap_taps;
+    void *x, *h, *q, *kpre, *ao, *gate, *up, *taps;
+    head_ws head;
+    float *lse;
+    int32_t *ids, *pos, *cu;
     dfl_block *blocks;
     int32_t *host_pos;
     dfl_block *host_blocks;
@@ -57,10 +58,11 @@ dfl_target_kv *dfl_target_kv_new(dfl_target *t, int64_t cap) {
 }
 
 static void free_bufs(const dfl_ops *ops, dfl_target_kv *kv) {
-    void *b[] = {kv->x, kv->h, kv->q, kv->kpre, kv->ao, kv->gate, kv->up, kv->taps, kv->sel, kv->normed,
-                 kv->lse, kv->gap, kv->ids, kv->pos, kv->pred, kv->blocks};
+    void *b[] = {kv->x, kv->h, kv->q, kv->kpre, kv->ao, kv->gate, kv->up, kv->taps, kv->lse, kv->ids, kv->pos,
+                 kv->blocks};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (b[i]) ops->free(b[i]);
+    dfl_target_head_free(ops, &kv->head);
 }
 
 void dfl_target_kv_free(dfl_target_kv *kv) {
@@ -87,11 +89,6 @@ void dfl_target_kv_crop(dfl_target_kv *kv, int64_t len) {
     kv->len = len;
 }
 
-static void *regrow(const dfl_ops *ops, void *old, size_t bytes) {
-    if (old) ops->free(old);
-    return ops->alloc(bytes ? bytes : 1);
-}
-
 static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nrows) {
     const dfl_ops *ops = kv->t->ops;
     const dfl_model_config *c = &kv->t->cfg;
@@ -100,32 +97,26 @@ static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nro
     const int64_t QD = c->num_attention_heads * D, KD = c->num_key_value_heads * D;
     if (n > kv->cap_n) {
         int64_t mr = n < MLP_ROWS ? n : MLP_ROWS;
-        kv->x = regrow(ops, kv->x, (size_t)(n * H) * a);
-        kv->h = regrow(ops, kv->h, (size_t)(n * H) * a);
-        kv->q = regrow(ops, kv->q, (size_t)(n * QD) * a);
-        kv->kpre = regrow(ops, kv->kpre, (size_t)(n * KD) * a);
-        kv->ao = regrow(ops, kv->ao, (size_t)(n * (QD > KD ? QD : KD)) * a);
-        kv->gate = regrow(ops, kv->gate, (size_t)(mr * I) * a);
-        kv->up = regrow(ops, kv->up, (size_t)(mr * I) * a);
-        kv->lse = regrow(ops, kv->lse, (size_t)(n * c->num_attention_heads) * sizeof(float));
-        kv->ids = regrow(ops, kv->ids, (size_t)n * sizeof(int32_t));
-        kv->pos = regrow(ops, kv->pos, (size_t)n * sizeof(int32_t));
-        kv->blocks = regrow(ops, kv->blocks, (size_t)n * sizeof(dfl_block));
+        kv->x = dfl_target_regrow(ops, kv->x, (size_t)(n * H) * a);
+        kv->h = dfl_target_regrow(ops, kv->h, (size_t)(n * H) * a);
+        kv->q = dfl_target_regrow(ops, kv->q, (size_t)(n * QD) * a);
+        kv->kpre = dfl_target_regrow(ops, kv->kpre, (size_t)(n * KD) * a);
+        kv->ao = dfl_target_regrow(ops, kv->ao, (size_t)(n * (QD > KD ? QD : KD)) * a);
+        kv->gate = dfl_target_regrow(ops, kv->gate, (size_t)(mr * I) * a);
+        kv->up = dfl_target_regrow(ops, kv->up, (size_t)(mr * I) * a);
+        kv->lse = dfl_target_regrow(ops, kv->lse, (size_t)(n * c->num_attention_heads) * sizeof(float));
+        kv->ids = dfl_target_regrow(ops, kv->ids, (size_t)n * sizeof(int32_t));
+        kv->pos = dfl_target_regrow(ops, kv->pos, (size_t)n * sizeof(int32_t));
+        kv->blocks = dfl_target_regrow(ops, kv->blocks, (size_t)n * sizeof(dfl_block));
         kv->host_pos = dfl_realloc(kv->host_pos, (size_t)n * sizeof(int32_t));
         kv->host_blocks = dfl_realloc(kv->host_blocks, (size_t)n * sizeof(dfl_block));
         kv->cap_n = n;
     }
     if (tap_elems > kv->cap_taps) {
-        kv->taps = regrow(ops, kv->taps, (size_t)tap_elems * a);
+        kv->taps = dfl_target_regrow(ops, kv->taps, (size_t)tap_elems * a);
         kv->cap_taps = tap_elems;
     }
-    if (nrows > kv->cap_rows) {
-        kv->sel = regrow(ops, kv->sel, (size_t)(nrows * H) * a);
-        kv->normed = regrow(ops, kv->normed, (size_t)(nrows * H) * a);
-        kv->pred = regrow(ops, kv->pred, (size_t)nrows * sizeof(int32_t));
-        kv->gap = regrow(ops, kv->gap, (size_t)nrows * sizeof(float));
-        kv->cap_rows = nrows;
-    }
+    dfl_target_head_reserve(kv->t, &kv->head, nrows);
 }
 
 /* The request against what was loaded; *need = layers to run. */
@@ -165,7 +156,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
     const layer_w *lw = &t->layers[l];
-    const int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    const int64_t H = c->hidden_size, D = c->head_dim;
     const int64_t Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, KD = Hkv * D;
     const float eps = (float)c->rms_norm_eps;
     const int64_t len = kv->len, NK = len + n;
@@ -191,14 +182,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     ops->matmul(kv->x, kv->ao, lw->o, n, Hq * D, H, 1);
 
     ops->rmsnorm(kv->h, NULL, kv->x, lw->post_norm, n, H, eps);
-    for (int64_t r0 = 0; r0 < n; r0 += MLP_ROWS) {
-        int64_t m = n - r0 < MLP_ROWS ? n - r0 : MLP_ROWS;
-        const void *h = DFL_AT(ops, kv->h, r0 * H);
-        ops->matmul(kv->gate, h, lw->gate, m, H, I, 0);
-        ops->matmul(kv->up, h, lw->up, m, H, I, 0);
-        ops->swiglu(kv->gate, kv->gate, kv->up, m * I);
-        ops->matmul(DFL_AT(ops, kv->x, r0 * H), kv->gate, lw->down, m, I, H, 1);
-    }
+    dfl_target_mlp(t, lw, kv->x, kv->h, kv->gate, kv->up, n);
 }
 
 int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t *ids, int64_t n,
@@ -236,7 +220,7 @@ int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t 
     out->ntaps = w->ntaps;
     out->taps = w->ntaps ? kv->taps : NULL;
     out->last_hidden = w->last_hidden ? kv->x : NULL;
-    if (nrows) dfl_target_head(t, out, kv->x, w, nrows, kv->sel, kv->normed, kv->pred, kv->gap);
+    if (nrows) dfl_target_head(t, out, &kv->head, kv->x, w, nrows);
     ops->sync();
     return 0;
 }
