@@ -30,6 +30,13 @@ static inline void t_run(const char *name, void (*fn)(void)) {
 
 static inline int t_exit(void) { return t_failed_total ? 1 : 0; }
 
+/* Remove a test's scratch directory and all in it; system()'s status. */
+static inline int t_rm_rf(const char *dir) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd);
+}
+
 /* Normalised error sum (a-b)^2 / sum b^2 (b is the reference). */
 static inline double t_nmse_f32(const float *a, const float *b, int64_t n) {
     double num = 0, den = 0;

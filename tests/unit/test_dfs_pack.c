@@ -130,8 +130,6 @@ int main(void) {
     T_RUN(test_shuffle_uniform);
     T_RUN(test_split_rule);
     T_RUN(test_patterns);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) return 1;
+    if (t_rm_rf(dir) != 0) return 1;
     return t_exit();
 }
