@@ -8,6 +8,7 @@
  */
 #include "common.h"
 #include "dfs.h"
+#include "dfs_hand.h"
 #include "rng.h"
 #include "test.h"
 
@@ -193,28 +194,18 @@ static void test_segments_and_cat(void) {
 
 /* ---- hand-made records --------------------------------------------------- */
 
-static int sbuf_write(void *data, const char *buf, size_t len) { return msgpack_sbuffer_write(data, buf, len); }
-
 static void put_record(FILE *f, const msgpack_sbuffer *h, const void *payload, size_t plen) {
-    uint8_t pre[16] = {0x89, 'D', 'F', 'S'};
-    uint64_t x = XXH64(h->data, h->size, 0);
-    for (int i = 0; i < 4; i++) pre[4 + i] = (uint8_t)(h->size >> (8 * i));
-    for (int i = 0; i < 8; i++) pre[8 + i] = (uint8_t)(x >> (8 * i));
+    uint8_t pre[16];
+    hand_prefix(pre, h->data, h->size, (uint32_t)h->size);
     fwrite(pre, 1, 16, f);
     fwrite(h->data, 1, h->size, f);
     if (plen) fwrite(payload, 1, plen, f);
 }
 
-static void pk_str(msgpack_packer *pk, const char *s) {
-    msgpack_pack_str(pk, strlen(s));
-    msgpack_pack_str_body(pk, s, strlen(s));
-}
-
 static void hand_stream_header(FILE *f, int major, int extra_key) {
     msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, sbuf_write);
+    hand_begin(&sb, &pk);
     msgpack_pack_map(&pk, 7 + extra_key);
     if (extra_key) {
         pk_str(&pk, "future_key");
@@ -244,9 +235,8 @@ static void hand_stream_header(FILE *f, int major, int extra_key) {
 /* One u8 tensor "b" of n bytes, codec none, with unknown keys if asked. */
 static void hand_sample(FILE *f, const char *id, const uint8_t *b, size_t n, int extra_keys) {
     msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, sbuf_write);
+    hand_begin(&sb, &pk);
     msgpack_pack_map(&pk, 4 + extra_keys);
     pk_str(&pk, "tensors");
     msgpack_pack_array(&pk, 1);
@@ -288,9 +278,8 @@ static void hand_sample(FILE *f, const char *id, const uint8_t *b, size_t n, int
 
 static void hand_record(FILE *f, const char *type, const char *count_key, uint64_t count, size_t payload) {
     msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, sbuf_write);
+    hand_begin(&sb, &pk);
     msgpack_pack_map(&pk, count_key ? 3 : 2);
     pk_str(&pk, "type");
     pk_str(&pk, type);
@@ -386,9 +375,8 @@ static void test_refusals(void) {
     f = fopen(path_in("dup.dfs"), "wb");
     hand_stream_header(f, 1, 0);
     msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, sbuf_write);
+    hand_begin(&sb, &pk);
     msgpack_pack_map(&pk, 3);
     pk_str(&pk, "type");
     pk_str(&pk, "end");
@@ -570,8 +558,6 @@ int main(void) {
     T_RUN(test_hs_check_sample);
     T_RUN(test_shuffle_example);
     T_RUN(test_clone);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) return 1;
+    if (t_rm_rf(dir) != 0) return 1;
     return t_exit();
 }

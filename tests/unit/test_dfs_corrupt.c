@@ -14,6 +14,7 @@
  */
 #include "common.h"
 #include "dfs.h"
+#include "dfs_hand.h"
 #include "test.h"
 
 #include <msgpack.h>
@@ -122,21 +123,9 @@ static void test_flipped_everywhere(void) {
 
 /* A record with an arbitrary header (raw bytes) and a valid checksum. */
 static size_t record(uint8_t *out, const uint8_t *hdr, uint32_t n, uint32_t claimed_len) {
-    uint64_t x = XXH64(hdr, n, 0);
-    memcpy(out, "\x89"
-                "DFS",
-           4);
-    for (int i = 0; i < 4; i++) out[4 + i] = (uint8_t)(claimed_len >> (8 * i));
-    for (int i = 0; i < 8; i++) out[8 + i] = (uint8_t)(x >> (8 * i));
+    hand_prefix(out, hdr, n, claimed_len);
     memcpy(out + 16, hdr, n);
     return 16 + n;
-}
-
-static int sbuf_write(void *data, const char *buf, size_t len) { return msgpack_sbuffer_write(data, buf, len); }
-
-static void pk_str(msgpack_packer *pk, const char *s) {
-    msgpack_pack_str(pk, strlen(s));
-    msgpack_pack_str_body(pk, s, strlen(s));
 }
 
 /* The valid stream's first record (the stream header) followed by `rec`. */
@@ -155,9 +144,8 @@ static int after_header(const uint8_t *rec, size_t n) {
  * followed by only `have` bytes of payload. */
 static int huge_payload(uint64_t raw, const char *codec, uint64_t stored, size_t have) {
     msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, sbuf_write);
+    hand_begin(&sb, &pk);
     msgpack_pack_map(&pk, 4);
     pk_str(&pk, "type");
     pk_str(&pk, "sample");
