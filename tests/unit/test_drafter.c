@@ -54,6 +54,15 @@ static char *cfg_text(int H, int I, int L, int Hq, int Hkv, int D, int V, int B,
     return s;
 }
 
+/* Parse cfg_text(...) into c; returns parse_cfg's code. */
+static int parse_sized(dfl_drafter_config *c, int H, int I, int L, int Hq, int Hkv, int D, int V, int B,
+                       const char *ids, int ntl, int mask) {
+    char *s = cfg_text(H, I, L, Hq, Hkv, D, V, B, ids, ntl, mask);
+    int rc = parse_cfg(c, s);
+    free(s);
+    return rc;
+}
+
 static double frand(dfl_rng *r) { return dfl_rng_uniform(r) * 2.0 - 1.0; }
 static double rng_normal_cb(void *r) { return dfl_rng_normal((dfl_rng *)r); }
 
@@ -78,6 +87,14 @@ static void random_target(dfl_drafter *d, dfl_rng *r) {
     free(e);
     free(w);
     free(n);
+}
+
+/* A drafter of config c with random_master(scale) and random_target weights. */
+static dfl_drafter *random_drafter(const dfl_drafter_config *c, dfl_rng *r, double scale) {
+    dfl_drafter *d = dfl_drafter_new(ops, c);
+    random_master(d, r, scale);
+    random_target(d, r);
+    return d;
 }
 
 typedef struct {
@@ -150,10 +167,8 @@ static void test_config(void) {
     json_decref(j);
     dfl_drafter_config_free(&c);
     free(s);
-    s = cfg_text(64, 96, 2, 4, 2, 16, 100, 8, "[0,3,5]", 8, 99);
-    T_CHECK(parse_cfg(&c, s) == 0 && c.K == 3 && c.L == 2);
+    T_CHECK(parse_sized(&c, 64, 96, 2, 4, 2, 16, 100, 8, "[0,3,5]", 8, 99) == 0 && c.K == 3 && c.L == 2);
     dfl_drafter_config_free(&c);
-    free(s);
     /* block_size inside dflash_config (newer heads); written back there */
     const char *nested =
         "{\"architectures\":[\"DFlashDraftModel\"],\"model_type\":\"qwen3\",\"num_target_layers\":8,"
@@ -175,14 +190,12 @@ static void test_config(void) {
             c.layer_ids[4] == 33);
     dfl_drafter_config_free(&c);
     /* refusals name the key */
-    s = cfg_text(16, 32, 1, 2, 1, 8, 50, 16, "[1,40]", 36, 5);
-    T_CHECK(parse_cfg(&c, s) == DFL_EX_DATA && strstr(dfl_errmsg(), "target_layer_ids"));
+    T_CHECK(parse_sized(&c, 16, 32, 1, 2, 1, 8, 50, 16, "[1,40]", 36, 5) == DFL_EX_DATA &&
+            strstr(dfl_errmsg(), "target_layer_ids"));
     dfl_drafter_config_free(&c);
-    free(s);
-    s = cfg_text(16, 32, 1, 2, 1, 8, 50, 16, "[1]", 36, 50);
-    T_CHECK(parse_cfg(&c, s) == DFL_EX_DATA && strstr(dfl_errmsg(), "mask_token_id"));
+    T_CHECK(parse_sized(&c, 16, 32, 1, 2, 1, 8, 50, 16, "[1]", 36, 50) == DFL_EX_DATA &&
+            strstr(dfl_errmsg(), "mask_token_id"));
     dfl_drafter_config_free(&c);
-    free(s);
     const char *noblock =
         "{\"architectures\":[\"DFlashDraftModel\"],\"model_type\":\"qwen3\",\"num_target_layers\":8,"
         "\"dflash_config\":{\"mask_token_id\":5},\"hidden_size\":16,\"intermediate_size\":32,\"num_hidden_layers\":1,"
@@ -253,9 +266,7 @@ static void test_anchors(void) {
  * key) pair against §2.5. */
 static void test_batch_rules(void) {
     dfl_drafter_config c;
-    char *s = cfg_text(8, 12, 1, 2, 1, 4, 23, 4, "[0,2]", 4, 22);
-    T_CHECK(parse_cfg(&c, s) == 0);
-    free(s);
+    T_CHECK(parse_sized(&c, 8, 12, 1, 2, 1, 4, 23, 4, "[0,2]", 4, 22) == 0);
     dfl_rng r;
     dfl_rng_seed(&r, 3);
     test_seq a, b;
@@ -276,9 +287,7 @@ static void test_batch_rules(void) {
         dfl_train_mb_add(&mb, &c, &o, &sb, anc_b, 2, &r);
         /* context rows: up to the last anchor of each sequence */
         T_CHECK(mb.b.NC == 12 + 6 && mb.b.nblk == 7);
-        dfl_drafter *d = dfl_drafter_new(ops, &c);
-        random_master(d, &r, 0.3);
-        random_target(d, &r);
+        dfl_drafter *d = random_drafter(&c, &r, 0.3);
         close_mb(d, &o, &mb);
         const int64_t NC = mb.b.NC, Q = mb.b.nblk * B;
         struct { const test_seq *s; const int32_t *anc; int n; int64_t base; } seqs[2] = {{&a, anc_a, 5, 0}, {&b, anc_b, 2, 12}};
@@ -332,14 +341,10 @@ static void test_batch_rules(void) {
  * token changes; they change when a feature before the anchor changes. */
 static void test_visibility_model(void) {
     dfl_drafter_config c;
-    char *s = cfg_text(8, 12, 2, 2, 1, 4, 23, 4, "[0,2]", 4, 22);
-    T_CHECK(parse_cfg(&c, s) == 0);
-    free(s);
+    T_CHECK(parse_sized(&c, 8, 12, 2, 2, 1, 4, 23, 4, "[0,2]", 4, 22) == 0);
     dfl_rng r;
     dfl_rng_seed(&r, 11);
-    dfl_drafter *d = dfl_drafter_new(ops, &c);
-    random_master(d, &r, 0.4);
-    random_target(d, &r);
+    dfl_drafter *d = random_drafter(&c, &r, 0.4);
     test_seq a;
     make_seq(&a, &c, 16, 1, &r);
     /* anchors closer than B: blocks overlap in positions (spec §5.4) */
@@ -400,14 +405,10 @@ static void test_visibility_model(void) {
  * itself, its outputs are finite and no feature changes them. */
 static void test_anchor_at_zero(void) {
     dfl_drafter_config c;
-    char *s = cfg_text(8, 12, 1, 2, 1, 4, 23, 4, "[0,2]", 4, 22);
-    T_CHECK(parse_cfg(&c, s) == 0);
-    free(s);
+    T_CHECK(parse_sized(&c, 8, 12, 1, 2, 1, 4, 23, 4, "[0,2]", 4, 22) == 0);
     dfl_rng r;
     dfl_rng_seed(&r, 13);
-    dfl_drafter *d = dfl_drafter_new(ops, &c);
-    random_master(d, &r, 0.4);
-    random_target(d, &r);
+    dfl_drafter *d = random_drafter(&c, &r, 0.4);
     test_seq a;
     make_seq(&a, &c, 10, 0, &r);
     int32_t anc[] = {0, 5};
@@ -440,14 +441,10 @@ static void test_anchor_at_zero(void) {
 
 static void fd_check(int kl) {
     dfl_drafter_config c;
-    char *s = cfg_text(8, 12, 2, 2, 1, 4, 13, 4, "[0,2]", 4, 12);
-    T_CHECK(parse_cfg(&c, s) == 0);
-    free(s);
+    T_CHECK(parse_sized(&c, 8, 12, 2, 2, 1, 4, 13, 4, "[0,2]", 4, 12) == 0);
     dfl_rng r;
     dfl_rng_seed(&r, 5);
-    dfl_drafter *d = dfl_drafter_new(ops, &c);
-    random_master(d, &r, 0.5);
-    random_target(d, &r);
+    dfl_drafter *d = random_drafter(&c, &r, 0.5);
     test_seq a;
     make_seq(&a, &c, 12, 2, &r);
     a.mask[8] = 0;
@@ -528,6 +525,15 @@ static float *fx_f32(fixture *f, const char *name, int64_t *numel) {
     return out;
 }
 
+/* The fixture's int32 anchor list `name` into dst; returns how many. */
+static int fx_anchors(fixture *f, const char *name, int32_t *dst) {
+    int64_t na;
+    int32_t *an = (int32_t *)fx_f32(f, name, &na);
+    memcpy(dst, an, (size_t)na * 4);
+    free(an);
+    return (int)na;
+}
+
 static int fixture_open(fixture *f) {
     memset(f, 0, sizeof *f);
     if (dfl_st_open(&f->st, FIXTURE_DIR "/case.safetensors")) {
@@ -570,17 +576,10 @@ static int fixture_open(fixture *f) {
         q->hidden = fx_f32(f, name, NULL);
         snprintf(name, sizeof name, "seq%d.last_hidden", s);
         q->last = fx_f32(f, name, NULL);
-        int64_t na;
         snprintf(name, sizeof name, "seq%d.anchors", s);
-        int32_t *an = (int32_t *)fx_f32(f, name, &na);
-        f->nanc[s] = (int)na;
-        memcpy(f->anc[s], an, (size_t)na * 4);
-        free(an);
+        f->nanc[s] = fx_anchors(f, name, f->anc[s]);
         snprintf(name, sizeof name, "seq%d.anchors2", s);
-        an = (int32_t *)fx_f32(f, name, &na);
-        f->nanc2[s] = (int)na;
-        memcpy(f->anc2[s], an, (size_t)na * 4);
-        free(an);
+        f->nanc2[s] = fx_anchors(f, name, f->anc2[s]);
     }
     return 0;
 }
@@ -609,6 +608,30 @@ static void check_grads(fixture *f, const float *g, const char *prefix, double t
     printf("  %s: worst tensor normalised error %.2g\n", prefix, worst);
 }
 
+/* The gradient of the last fixture_step, divided by its weight normaliser,
+ * against the fixture's `prefix` tensors. */
+static void check_step_grads(fixture *f, const dfl_train_stats *st, const char *prefix) {
+    float *g = dfl_malloc((size_t)f->d->nparams * 4);
+    ops->download(g, f->d->grad, (size_t)f->d->nparams * 4);
+    for (int64_t i = 0; i < f->d->nparams; i++) g[i] = (float)(g[i] / st->den_w);
+    check_grads(f, g, prefix, 1e-9);
+    free(g);
+}
+
+/* The step loss against the fixture's scalar `name`, to a relative 1e-5. */
+static void check_loss(fixture *f, const dfl_train_opts *o, const dfl_train_stats *st, const char *name, int split) {
+    float *ref = fx_f32(f, name, NULL);
+    double L = dfl_train_loss(o, st);
+    T_CHECKF(fabs(L - ref[0]) < 1e-5 * fabs(ref[0]), "%s %.9g vs reference %.9g (split %d)", name, L, ref[0], split);
+    free(ref);
+}
+
+/* The training options the fixture was made with (before a test's own). */
+static void fixture_opts(const fixture *f, dfl_train_opts *o) {
+    dfl_train_opts_default(o, f->c.block_size);
+    o->gamma = f->gamma;
+}
+
 static void fixture_step(fixture *f, int kl, int split, dfl_train_stats *st, dfl_train_opts *o,
                          int32_t (*anc)[16], const int *nanc, const int *which, int nw) {
     dfl_rng r;
@@ -633,8 +656,7 @@ static void test_fixture_ce(void) {
     fixture f;
     if (fixture_open(&f)) return;
     dfl_train_opts o;
-    dfl_train_opts_default(&o, f.c.block_size);
-    o.gamma = f.gamma;
+    fixture_opts(&f, &o);
     const int B = f.c.block_size;
     int both[2] = {0, 1};
     dfl_train_stats st;
@@ -679,21 +701,11 @@ static void test_fixture_ce(void) {
     /* the step loss and gradients: one micro-batch, then split in two */
     for (int split = 0; split < 2; split++) {
         fixture_step(&f, 0, split, &st, &o, f.anc, f.nanc, both, 2);
-        float *ref = fx_f32(&f, "ce.loss", NULL);
-        double L = dfl_train_loss(&o, &st);
-        T_CHECKF(fabs(L - ref[0]) < 1e-5 * fabs(ref[0]), "loss %.9g vs reference %.9g (split %d)", L, ref[0], split);
-        free(ref);
-        float *g = dfl_malloc((size_t)f.d->nparams * 4);
-        ops->download(g, f.d->grad, (size_t)f.d->nparams * 4);
-        for (int64_t i = 0; i < f.d->nparams; i++) g[i] = (float)(g[i] / st.den_w);
-        check_grads(&f, g, "ce.grad", 1e-9);
-        free(g);
+        check_loss(&f, &o, &st, "ce.loss", split);
+        check_step_grads(&f, &st, "ce.grad");
     }
     o.norm_count = 1;
-    float *ref = fx_f32(&f, "ce.loss_count", NULL);
-    T_CHECKF(fabs(dfl_train_loss(&o, &st) - ref[0]) < 1e-5 * fabs(ref[0]), "count-normalised loss %.9g vs %.9g",
-             dfl_train_loss(&o, &st), ref[0]);
-    free(ref);
+    check_loss(&f, &o, &st, "ce.loss_count", 1);
     fixture_close(&f);
 }
 
@@ -701,21 +713,13 @@ static void test_fixture_kl(void) {
     fixture f;
     if (fixture_open(&f)) return;
     dfl_train_opts o;
-    dfl_train_opts_default(&o, f.c.block_size);
-    o.gamma = f.gamma;
+    fixture_opts(&f, &o);
     o.kl = 1;
     int both[2] = {0, 1};
     dfl_train_stats st;
     fixture_step(&f, 1, 0, &st, &o, f.anc, f.nanc, both, 2);
-    float *ref = fx_f32(&f, "kl.loss", NULL);
-    double L = dfl_train_loss(&o, &st);
-    T_CHECKF(fabs(L - ref[0]) < 1e-5 * fabs(ref[0]), "KL loss %.9g vs reference %.9g", L, ref[0]);
-    free(ref);
-    float *g = dfl_malloc((size_t)f.d->nparams * 4);
-    ops->download(g, f.d->grad, (size_t)f.d->nparams * 4);
-    for (int64_t i = 0; i < f.d->nparams; i++) g[i] = (float)(g[i] / st.den_w);
-    check_grads(&f, g, "kl.grad", 1e-9);
-    free(g);
+    check_loss(&f, &o, &st, "kl.loss", 0);
+    check_step_grads(&f, &st, "kl.grad");
     fixture_close(&f);
 }
 
@@ -726,8 +730,7 @@ static void test_fixture_adamw(void) {
     if (fixture_open(&f)) return;
     json_t *adam = json_loads(dfl_st_meta(f.st, "adam"), 0, NULL);
     dfl_train_opts o;
-    dfl_train_opts_default(&o, f.c.block_size);
-    o.gamma = f.gamma;
+    fixture_opts(&f, &o);
     o.lr = json_number_value(json_object_get(adam, "peak"));
     o.total_steps = json_integer_value(json_object_get(adam, "total"));
     o.warmup_ratio = json_number_value(json_object_get(adam, "warmup_ratio"));
@@ -756,9 +759,7 @@ static void test_fixture_adamw(void) {
 
 static void test_init_weights(void) {
     dfl_drafter_config c;
-    char *s = cfg_text(32, 48, 1, 2, 1, 16, 40, 4, "[0,2]", 4, 39);
-    T_CHECK(parse_cfg(&c, s) == 0);
-    free(s);
+    T_CHECK(parse_sized(&c, 32, 48, 1, 2, 1, 16, 40, 4, "[0,2]", 4, 39) == 0);
     dfl_drafter *d = dfl_drafter_new(ops, &c);
     dfl_rng r;
     dfl_rng_seed(&r, 9);
@@ -779,9 +780,7 @@ static void test_init_weights(void) {
 /* Checkpoint directories: bf16 weights, exact trainer state, refusals. */
 static void test_checkpoint(void) {
     dfl_drafter_config c;
-    char *s = cfg_text(16, 24, 2, 2, 1, 8, 29, 4, "[0,2]", 4, 28);
-    T_CHECK(parse_cfg(&c, s) == 0);
-    free(s);
+    T_CHECK(parse_sized(&c, 16, 24, 2, 2, 1, 8, 29, 4, "[0,2]", 4, 28) == 0);
     dfl_drafter *d = dfl_drafter_new(ops, &c);
     dfl_rng r;
     dfl_rng_seed(&r, 21);
@@ -823,16 +822,12 @@ static void test_checkpoint(void) {
     T_CHECK(dfl_ckpt_save(ck, d, NULL) == 0);
     T_CHECK(!dfl_ckpt_has_state(ck) && dfl_ckpt_load_state(ck, e, &got) == DFL_EX_NOINPUT);
     dfl_drafter_config c3;
-    s = cfg_text(16, 20, 2, 2, 1, 8, 29, 4, "[0,2]", 4, 28);
-    T_CHECK(parse_cfg(&c3, s) == 0);
-    free(s);
+    T_CHECK(parse_sized(&c3, 16, 20, 2, 2, 1, 8, 29, 4, "[0,2]", 4, 28) == 0);
     dfl_drafter *f = dfl_drafter_new(ops, &c3);
     T_CHECKF(dfl_ckpt_load_weights(ck, f) == DFL_EX_DATA && strstr(dfl_errmsg(), "mlp."), "%s", dfl_errmsg());
     dfl_drafter_free(f);
     dfl_drafter_config_free(&c3);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    T_CHECK(system(cmd) == 0);
+    T_CHECK(t_rm_rf(dir) == 0);
     free(w), free(w2), free(mv);
     dfl_drafter_free(e);
     dfl_drafter_free(d);
