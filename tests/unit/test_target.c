@@ -95,6 +95,20 @@ static dfl_target *load(const char *name, int nlayers, int head) {
     return t;
 }
 
+/* Fixture `name`'s expected outputs in *e and its model loaded with
+ * (nlayers, head); NULL, with a failed check and nothing left open, when
+ * either cannot be read. */
+static dfl_target *open_case(expected *e, const char *name, int nlayers, int head) {
+    if (load_expected(e, name)) {
+        T_CHECKF(0, "%s: cannot read the expected outputs", name);
+        return NULL;
+    }
+    dfl_target *t = load(name, nlayers, head);
+    T_CHECKF(t != NULL, "%s: cannot load the model", name);
+    if (!t) free_expected(e);
+    return t;
+}
+
 /* The HF state that "output of layer k" must equal. */
 static const float *hf_layer_out(const expected *e, int64_t k) {
     return k == e->L - 1 ? e->prenorm : e->hs + (k + 1) * e->T * e->H;
@@ -112,16 +126,8 @@ static double nmse_bf16(const float *a, const float *b, int64_t n) {
  * argmax; and the off-by-one must fail. */
 static void check_model(const char *name) {
     expected e;
-    if (load_expected(&e, name)) {
-        T_CHECKF(0, "%s: cannot read the expected outputs", name);
-        return;
-    }
-    dfl_target *t = load(name, 0, 1);
-    T_CHECK(t != NULL);
-    if (!t) {
-        free_expected(&e);
-        return;
-    }
+    dfl_target *t = open_case(&e, name, 0, 1);
+    if (!t) return;
     const dfl_ops *ops = dfl_target_ops(t);
     int L = (int)e.L;
     int64_t T = e.T, H = e.H;
@@ -188,16 +194,8 @@ static void test_qwen3_sharded(void) { check_model("qwen3-sharded"); }
  * unless the BLAS picks a different reduction order for a different M. */
 static void test_packing_matches_one_at_a_time(void) {
     expected e;
-    if (load_expected(&e, "qwen3-tied")) {
-        T_CHECK(0);
-        return;
-    }
-    dfl_target *t = load("qwen3-tied", 0, 1);
-    if (!t) {
-        T_CHECK(0);
-        free_expected(&e);
-        return;
-    }
+    dfl_target *t = open_case(&e, "qwen3-tied", 0, 1);
+    if (!t) return;
     int taps[3] = {0, 3, 5};
     int64_t T = e.T, H = e.H, K = 3;
     float *packed = dfl_malloc((size_t)(T * K * H) * sizeof(float)), *alone = dfl_malloc((size_t)(T * K * H) * sizeof(float));
@@ -265,16 +263,8 @@ static void test_long_batch_chunks(void) {
 /* normed / argmax for chosen rows equal those rows of the full result. */
 static void test_rows(void) {
     expected e;
-    if (load_expected(&e, "llama3")) {
-        T_CHECK(0);
-        return;
-    }
-    dfl_target *t = load("llama3", 0, 1);
-    if (!t) {
-        T_CHECK(0);
-        free_expected(&e);
-        return;
-    }
+    dfl_target *t = open_case(&e, "llama3", 0, 1);
+    if (!t) return;
     const dfl_ops *ops = dfl_target_ops(t);
     int64_t T = e.T, H = e.H;
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
@@ -311,16 +301,8 @@ static void test_rows(void) {
  * batches are refused, never read out of bounds. */
 static void test_partial_load_and_bad_requests(void) {
     expected e;
-    if (load_expected(&e, "qwen3-tied")) {
-        T_CHECK(0);
-        return;
-    }
-    dfl_target *t = load("qwen3-tied", 2, 0);
-    if (!t) {
-        T_CHECK(0);
-        free_expected(&e);
-        return;
-    }
+    dfl_target *t = open_case(&e, "qwen3-tied", 2, 0);
+    if (!t) return;
     T_CHECK(dfl_target_loaded_layers(t) == 2);
     int tap = 1, deep = 4, neg = -1;
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
@@ -363,18 +345,27 @@ static void copy_file(const char *from, const char *to) {
     if (b) fclose(b);
 }
 
-/* A copy of qwen3-tied in tmp/NAME, with `edit` applied to its tensors:
- * drop (shape NULL) or reshape the tensor named `tensor`. */
-static void make_broken(const char *name, const char *tensor, const int64_t *shape) {
-    char d[512], p[600], src[512];
-    snprintf(d, sizeof d, "%s/%s", tmp, name);
+/* The directory tmp/NAME (into d) with qwen3-tied's config.json copied in;
+ * returns qwen3-tied's weights opened, to be rewritten there (NULL if they
+ * cannot be read). */
+static dfl_st *start_copy(const char *name, char *d, size_t dn) {
+    char p[600], src[512];
+    snprintf(d, dn, "%s/%s", tmp, name);
     mkdir(d, 0777);
     snprintf(src, sizeof src, "%s/qwen3-tied/config.json", FIX);
     snprintf(p, sizeof p, "%s/config.json", d);
     copy_file(src, p);
     snprintf(src, sizeof src, "%s/qwen3-tied/model.safetensors", FIX);
     dfl_st *st;
-    if (dfl_st_open(&st, src)) return;
+    return dfl_st_open(&st, src) ? NULL : st;
+}
+
+/* A copy of qwen3-tied in tmp/NAME, with `edit` applied to its tensors:
+ * drop (shape NULL) or reshape the tensor named `tensor`. */
+static void make_broken(const char *name, const char *tensor, const int64_t *shape) {
+    char d[512], p[600];
+    dfl_st *st = start_copy(name, d, sizeof d);
+    if (!st) return;
     int n = dfl_st_count(st), k = 0;
     dfl_st_in *in = dfl_calloc((size_t)n, sizeof *in);
     float *keep[1] = {NULL};
@@ -497,15 +488,9 @@ static float *all_taps(const char *dir, int64_t *n) {
 
 /* qwen3-tied rewritten with every tensor in `dtype` (f32, f16) in tmp/NAME. */
 static void make_converted(const char *name, dfl_dtype dtype) {
-    char d[512], p[600], src[512];
-    snprintf(d, sizeof d, "%s/%s", tmp, name);
-    mkdir(d, 0777);
-    snprintf(src, sizeof src, "%s/qwen3-tied/config.json", FIX);
-    snprintf(p, sizeof p, "%s/config.json", d);
-    copy_file(src, p);
-    snprintf(src, sizeof src, "%s/qwen3-tied/model.safetensors", FIX);
-    dfl_st *st;
-    if (dfl_st_open(&st, src)) return;
+    char d[512], p[600];
+    dfl_st *st = start_copy(name, d, sizeof d);
+    if (!st) return;
     int n = dfl_st_count(st);
     dfl_st_in *in = dfl_calloc((size_t)n, sizeof *in);
     void **bufs = dfl_calloc((size_t)n, sizeof *bufs);
@@ -535,15 +520,9 @@ static void make_converted(const char *name, dfl_dtype dtype) {
 /* qwen3-tied with a 1-byte tensor first, so every weight is misaligned in
  * the file (other writers do not align); written by hand. */
 static void make_unaligned(const char *name) {
-    char d[512], p[600], src[512];
-    snprintf(d, sizeof d, "%s/%s", tmp, name);
-    mkdir(d, 0777);
-    snprintf(src, sizeof src, "%s/qwen3-tied/config.json", FIX);
-    snprintf(p, sizeof p, "%s/config.json", d);
-    copy_file(src, p);
-    snprintf(src, sizeof src, "%s/qwen3-tied/model.safetensors", FIX);
-    dfl_st *st;
-    if (dfl_st_open(&st, src)) return;
+    char d[512], p[600];
+    dfl_st *st = start_copy(name, d, sizeof d);
+    if (!st) return;
     json_t *h = json_object();
     json_object_set_new(h, "aaa.pad", json_pack("{s:s,s:[i],s:[i,i]}", "dtype", "U8", "shape", 1, "data_offsets", 0, 1));
     uint64_t off = 1;
@@ -612,8 +591,6 @@ int main(void) {
     if (!mkdtemp(tmp)) return 1;
     T_RUN(test_broken_models);
     T_RUN(test_weight_encodings);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (system(cmd) != 0) return 1;
+    if (t_rm_rf(tmp) != 0) return 1;
     return t_exit();
 }
