@@ -203,14 +203,21 @@ static dfl_drafter *make_drafter(dfl_target *t, int B, uint64_t seed, double sca
     return d;
 }
 
+/* qwen3-untied in *t and make_drafter(*t, B, seed, scale) in *d; 0, or -1
+ * with a failed check and nothing left to free. */
+static int open_pair(dfl_target **t, dfl_drafter **d, int B, uint64_t seed, double scale) {
+    *t = load_target("qwen3-untied");
+    *d = *t ? make_drafter(*t, B, seed, scale) : NULL;
+    T_CHECK(*d != NULL);
+    if (*d) return 0;
+    dfl_target_free(*t);
+    return -1;
+}
+
 static void test_drafter_cache(void) {
-    dfl_target *t = load_target("qwen3-untied");
-    dfl_drafter *d = t ? make_drafter(t, 5, 3, 0.4) : NULL;
-    if (!d) {
-        T_CHECK(0);
-        dfl_target_free(t);
-        return;
-    }
+    dfl_target *t;
+    dfl_drafter *d;
+    if (open_pair(&t, &d, 5, 3, 0.4)) return;
     const dfl_drafter_config *c = &d->cfg;
     const int64_t T = 30, B = c->block_size, H = c->H, KH = c->K * H;
     dfl_rng r;
@@ -338,13 +345,9 @@ static void check_loop(dfl_drafter *d, dfl_target *t, const char *what, double *
 }
 
 static void test_loop_lossless(void) {
-    dfl_target *t = load_target("qwen3-untied");
-    dfl_drafter *d = t ? make_drafter(t, 5, 4, 0.3) : NULL;
-    if (!d) {
-        T_CHECK(0);
-        dfl_target_free(t);
-        return;
-    }
+    dfl_target *t;
+    dfl_drafter *d;
+    if (open_pair(&t, &d, 5, 4, 0.3)) return;
     double tau;
     check_loop(d, t, "random", &tau);
     T_CHECK(tau >= 1.0 && tau <= 5.0);
