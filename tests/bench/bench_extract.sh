@@ -17,24 +17,15 @@
 # BENCH_REPEAT (1): run both that many times, alternating, and keep each
 # one's fastest run (on a shared machine the fastest is the least disturbed).
 set -u
-here=$(cd "$(dirname "$0")/../.." && pwd)
-: "${DFLASH_BIN:=$here/bin}"
-: "${DFLASH_BUILD:=$here/build}"
+. "$(dirname "$0")/lib.sh"
 samples=${BENCH_SAMPLES:-16}
 threads=${BENCH_THREADS:-$(nproc)}
 bt=${BENCH_BATCH_TOKENS:-4096}
 repeat=${BENCH_REPEAT:-1}
 
-if ! python3 -c 'import torch, transformers' 2>/dev/null; then
-    echo "bench_extract: skipped: python3 cannot import torch and transformers"
-    exit 0
-fi
-if [ ! -x /usr/bin/time ]; then
-    echo "bench_extract: skipped: /usr/bin/time (GNU time) is missing"
-    exit 0
-fi
-W=$(mktemp -d "${TMPDIR:-/tmp}/bench-extract.XXXXXX")
-trap 'rm -rf "$W"' EXIT
+bench_require bench_extract "python3 cannot import torch and transformers" python3 -c 'import torch, transformers'
+bench_require bench_extract "/usr/bin/time (GNU time) is missing" test -x /usr/bin/time
+bench_workdir extract
 
 "$DFLASH_BUILD/tests/mktarget" -a qwen3 --hidden 768 --layers 12 --heads 12 --kv-heads 4 --head-dim 64 \
     --intermediate 2048 --vocab 32000 --tie yes --seed 7 -o "$W/model" || exit 1

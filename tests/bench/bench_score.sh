@@ -13,15 +13,12 @@
 # Knobs: BENCH_THREADS (all cores), BENCH_STEPS (300 training steps),
 # BENCH_NEW (128 new tokens per prompt).
 set -u
-here=$(cd "$(dirname "$0")/../.." && pwd)
-: "${DFLASH_BIN:=$here/bin}"
-: "${DFLASH_BUILD:=$here/build}"
+. "$(dirname "$0")/lib.sh"
 export PATH="$DFLASH_BIN:$PATH"
 threads=${BENCH_THREADS:-$(nproc)}
 steps=${BENCH_STEPS:-300}
 new=${BENCH_NEW:-128}
-W=$(mktemp -d "${TMPDIR:-/tmp}/bench-score.XXXXXX")
-trap 'rm -rf "$W"' EXIT
+bench_workdir score
 
 "$DFLASH_BUILD/tests/mktarget" -a qwen3 --hidden 256 --layers 6 --heads 4 --kv-heads 2 --head-dim 64 \
     --intermediate 768 --vocab 4096 --tie no --seed 7 -o "$W/target" >/dev/null || exit 1
@@ -34,12 +31,7 @@ for name, n in (("train", 24), ("test", 8)):
         for i in range(n):
             f.write(json.dumps({"id": f"{name}{i}", "input_ids": [r.randrange(4000) for _ in range(r.randrange(16, 64))]}) + "\n")
 PY
-cat >"$W/drafter.json" <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8, "num_target_layers": 6,
- "dflash_config": {"mask_token_id": 4095, "target_layer_ids": [1, 3, 4]},
- "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "vocab_size": 4096}
-EOF
+drafter_config "$W/drafter.json" block=8 mask=4095 hidden=256 inter=768 head_dim=64 theta=1000000.0 vocab=4096
 T1="--threads $threads"
 head -1 "$W/train.jsonl" | dflash-extract -m "$W/target" -l 1,3,4 -o "$W/one.dfs" || exit 1
 dflash-train-step $T1 --target "$W/target" --init "$W/drafter.json" --steps 0 --out "$W/rand" "$W/one.dfs" || exit 1

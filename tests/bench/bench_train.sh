@@ -11,9 +11,7 @@
 # Knobs: BENCH_STEPS (10), BENCH_THREADS (all cores), BENCH_HIDDEN (256; the
 # intermediate size is 3x, heads of 64, half as many KV heads), BENCH_VOCAB (8192).
 set -u
-here=$(cd "$(dirname "$0")/../.." && pwd)
-: "${DFLASH_BIN:=$here/bin}"
-: "${DFLASH_BUILD:=$here/build}"
+. "$(dirname "$0")/lib.sh"
 steps=${BENCH_STEPS:-10}
 threads=${BENCH_THREADS:-$(nproc)}
 anchors=32
@@ -24,16 +22,9 @@ NH=$((H / 64))
 NKV=$(((NH + 1) / 2))
 V=${BENCH_VOCAB:-8192}
 
-if ! python3 -c 'import torch, safetensors, numpy' 2>/dev/null; then
-    echo "bench_train: skipped: python3 cannot import torch, safetensors and numpy"
-    exit 0
-fi
-if [ ! -x /usr/bin/time ]; then
-    echo "bench_train: skipped: /usr/bin/time (GNU time) is missing"
-    exit 0
-fi
-W=$(mktemp -d "${TMPDIR:-/tmp}/bench-train.XXXXXX")
-trap 'rm -rf "$W"' EXIT
+bench_require bench_train "python3 cannot import torch, safetensors and numpy" python3 -c 'import torch, safetensors, numpy'
+bench_require bench_train "/usr/bin/time (GNU time) is missing" test -x /usr/bin/time
+bench_workdir train
 
 "$DFLASH_BUILD/tests/mktarget" -a qwen3 --hidden $H --layers 6 --heads $NH --kv-heads $NKV --head-dim 64 \
     --intermediate $I --vocab $V --tie no --seed 7 -o "$W/target" >/dev/null || exit 1
@@ -45,12 +36,8 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"id": i, "input_ids": [r.randrange(int(sys.argv[2]) - 192) for _ in range(512)],
                             "loss_mask": [0] * 64 + [1] * 448}) + "\n")
 PY
-cat >"$W/drafter.json" <<EOF
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16, "num_target_layers": 6,
- "dflash_config": {"mask_token_id": $((V - 1)), "target_layer_ids": [1, 2, 3]},
- "hidden_size": $H, "intermediate_size": $I, "num_hidden_layers": 3, "num_attention_heads": $NH,
- "num_key_value_heads": $NKV, "head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "vocab_size": $V}
-EOF
+drafter_config "$W/drafter.json" block=16 mask=$((V - 1)) taps="1, 2, 3" hidden=$H inter=$I layers=3 heads=$NH \
+    kv_heads=$NKV head_dim=64 theta=1000000.0 vocab=$V
 "$DFLASH_BIN/dflash-extract" -m "$W/target" -l 1,2,3 -o "$W/train.dfs" "$W/in.jsonl" || exit 1
 "$DFLASH_BIN/dflash-pack" --export "$W/export" "$W/train.dfs" || exit 1
 
