@@ -117,6 +117,25 @@ static void make_seq(test_seq *s, const dfl_drafter_config *c, int64_t T, int pr
     for (int64_t i = 0; i < T * c->H; i++) s->last[i] = (float)(2 * frand(r));
 }
 
+/* The small drafter of the model-level tests (H 8, 2/1 heads of 4, block 4,
+ * taps [0,2] of a 4-layer target, L layers, vocab V with mask V-1) with
+ * random_drafter(scale) weights, then one make_seq sequence of T tokens
+ * (prompt P), all drawn from the seed. small_free frees the three. */
+static dfl_drafter *small_drafter(dfl_drafter_config *c, dfl_rng *r, test_seq *a, int L, int V, uint64_t seed,
+                                  double scale, int64_t T, int prompt) {
+    T_CHECK(parse_sized(c, 8, 12, L, 2, 1, 4, V, 4, "[0,2]", 4, V - 1) == 0);
+    dfl_rng_seed(r, seed);
+    dfl_drafter *d = random_drafter(c, r, scale);
+    make_seq(a, c, T, prompt, r);
+    return d;
+}
+
+static void small_free(dfl_drafter_config *c, dfl_drafter *d, test_seq *a) {
+    free(a->hidden), free(a->last);
+    dfl_drafter_free(d);
+    dfl_drafter_config_free(c);
+}
+
 static dfl_train_seq as_seq(const test_seq *s) {
     dfl_train_seq q = {s->T, s->ids, s->mask, s->hidden, DFL_F32, s->tids, s->last, DFL_F32};
     return q;
@@ -341,12 +360,9 @@ static void test_batch_rules(void) {
  * token changes; they change when a feature before the anchor changes. */
 static void test_visibility_model(void) {
     dfl_drafter_config c;
-    T_CHECK(parse_sized(&c, 8, 12, 2, 2, 1, 4, 23, 4, "[0,2]", 4, 22) == 0);
     dfl_rng r;
-    dfl_rng_seed(&r, 11);
-    dfl_drafter *d = random_drafter(&c, &r, 0.4);
     test_seq a;
-    make_seq(&a, &c, 16, 1, &r);
+    dfl_drafter *d = small_drafter(&c, &r, &a, 2, 23, 11, 0.4, 16, 1);
     /* anchors closer than B: blocks overlap in positions (spec §5.4) */
     int32_t anc[] = {3, 4, 6, 12};
     const int n = 4, B = c.block_size;
@@ -396,21 +412,17 @@ static void test_visibility_model(void) {
         a.ids[anc[j]] = keep;
     }
 #undef RUN
-    free(base), free(out), free(h0), free(a.hidden), free(a.last);
-    dfl_drafter_free(d);
-    dfl_drafter_config_free(&c);
+    free(base), free(out), free(h0);
+    small_free(&c, d, &a);
 }
 
 /* An anchor at position 0 has no context at all: its block sees only
  * itself, its outputs are finite and no feature changes them. */
 static void test_anchor_at_zero(void) {
     dfl_drafter_config c;
-    T_CHECK(parse_sized(&c, 8, 12, 1, 2, 1, 4, 23, 4, "[0,2]", 4, 22) == 0);
     dfl_rng r;
-    dfl_rng_seed(&r, 13);
-    dfl_drafter *d = random_drafter(&c, &r, 0.4);
     test_seq a;
-    make_seq(&a, &c, 10, 0, &r);
+    dfl_drafter *d = small_drafter(&c, &r, &a, 1, 23, 13, 0.4, 10, 0);
     int32_t anc[] = {0, 5};
     const int64_t B = c.block_size, H = c.H, Q = 2 * B, KH = c.K * c.H;
     dfl_train_opts o;
@@ -432,21 +444,17 @@ static void test_anchor_at_zero(void) {
     T_CHECK(finite);
     T_CHECK(!memcmp(base, out, (size_t)(B * H) * 4));                   /* block 0: no context */
     T_CHECK(memcmp(base + B * H, out + B * H, (size_t)(B * H) * 4) != 0); /* block 1 sees 0..4 */
-    free(base), free(out), free(a.hidden), free(a.last);
-    dfl_drafter_free(d);
-    dfl_drafter_config_free(&c);
+    free(base), free(out);
+    small_free(&c, d, &a);
 }
 
 /* ---- finite differences ------------------------------------------------------------ */
 
 static void fd_check(int kl) {
     dfl_drafter_config c;
-    T_CHECK(parse_sized(&c, 8, 12, 2, 2, 1, 4, 13, 4, "[0,2]", 4, 12) == 0);
     dfl_rng r;
-    dfl_rng_seed(&r, 5);
-    dfl_drafter *d = random_drafter(&c, &r, 0.5);
     test_seq a;
-    make_seq(&a, &c, 12, 2, &r);
+    dfl_drafter *d = small_drafter(&c, &r, &a, 2, 13, 5, 0.5, 12, 2);
     a.mask[8] = 0;
     int32_t anc[] = {2, 3, 6, 10};
     dfl_train_opts o;
@@ -491,10 +499,9 @@ static void fd_check(int kl) {
         if (e > worst) worst = e, worst_name = p->name;
     }
     printf("  fd %s: worst tensor %s, normalised error %.2g\n", kl ? "kl" : "ce", worst_name, worst);
-    free(g), free(w), free(fd), free(a.hidden), free(a.last);
+    free(g), free(w), free(fd);
     dfl_train_mb_free(&mb);
-    dfl_drafter_free(d);
-    dfl_drafter_config_free(&c);
+    small_free(&c, d, &a);
 }
 
 static void test_fd_ce(void) { fd_check(0); }
