@@ -3,6 +3,8 @@
 #   check NAME CMD...             pass if CMD exits 0
 #   expect_exit CODE NAME CMD...  pass if CMD exits CODE
 #   $T                            a scratch directory, removed at exit
+#   require_built FILE...         fail "setup" and exit 1 unless each FILE is executable
+#   tiny_target, drafter_config   the small models of tests/models.sh
 # Tools are found in $DFLASH_BIN (default: bin/ of the checkout).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -10,6 +12,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 : "${DFLASH_BUILD:=$here/build}"
 export PATH="$DFLASH_BIN:$PATH"
 FIX=$here/tests/fixtures
+. "$here/tests/models.sh"
 T=$(mktemp -d "${TMPDIR:-/tmp}/dflash-cli.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 
@@ -24,4 +27,10 @@ expect_exit() {
     "$@" >"$T/.out" 2>"$T/.err"
     local rc=$?
     if [ "$rc" -eq "$code" ]; then pass "$name"; else fail "$name" "expected exit $code, got $rc from: $* ($(head -c 300 "$T/.err"))"; fi
+}
+require_built() {
+    local x
+    for x in "$@"; do
+        [ -x "$x" ] || { fail "setup" "missing $x"; exit 1; }
+    done
 }

@@ -13,10 +13,9 @@
 #     and a re-run adds nothing.
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
 PM=$here/pipelines/Makefile
 cd "$T"
-"$MKT" -o target --vocab 61 --hidden 32 --intermediate 48 --layers 4 --heads 4 --kv-heads 2 --tie no --seed 4 >/dev/null
+tiny_target target --layers 4 --tie no --seed 4
 # 16 samples: a 6-token prompt (loss_mask 0) and 30 response tokens cycling a
 # 5-token motif, from a MINSTD generator in awk (the same bytes everywhere).
 awk 'BEGIN { x = 11; for (i = 0; i < 16; i++) { s = ""; m = ""

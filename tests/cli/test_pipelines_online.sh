@@ -12,18 +12,12 @@
 #     would be; the same goes for -o /dev/null).
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
 cd "$T"
-"$MKT" -o target --vocab 61 --hidden 32 --intermediate 48 --layers 4 --heads 4 --kv-heads 2 --tie no --seed 5 >/dev/null
+tiny_target target --layers 4 --tie no --seed 5
 awk 'BEGIN { x = 3; for (i = 0; i < 12; i++) { s = ""; m = ""
       for (j = 0; j < 30; j++) { x = (x * 48271) % 2147483647; s = s (j ? "," : "") x % 60; m = m (j ? "," : "") (j < 5 ? 0 : 1) }
       printf "{\"id\":\"o%d\",\"input_ids\":[%s],\"loss_mask\":[%s]}\n", i, s, m } }' >samples.jsonl
-cat >drafter.json <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4, "num_target_layers": 4,
- "dflash_config": {"mask_token_id": 60, "target_layer_ids": [0, 2]},
- "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
-EOF
+drafter_config drafter.json block=4 target_layers=4 taps="0, 2" layers=1
 EX=(dflash-extract -m target --drafter-config drafter.json -t 1)
 TR=(dflash-train-step --target target --threads 1 --lr 5e-3 --anchors 4 --batch-seqs 2 --total-steps 12 --log /dev/null)
 same_ckpt() { cmp -s "$1/model.safetensors" "$2/model.safetensors" && cmp -s "$1/trainer_state.safetensors" "$2/trainer_state.safetensors"; }

@@ -5,18 +5,12 @@
 # otherwise (pipes, cron: stderr is a file here).
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
 cd "$T"
-"$MKT" -o target --vocab 61 --hidden 32 --intermediate 48 --layers 4 --heads 4 --kv-heads 2 --seed 6 >/dev/null
+tiny_target target --layers 4 --seed 6
 awk 'BEGIN { x = 5; for (i = 0; i < 8; i++) { s = ""
       for (j = 0; j < 24; j++) { x = (x * 48271) % 2147483647; s = s (j ? "," : "") x % 60 }
       printf "{\"id\":\"g%d\",\"input_ids\":[%s]}\n", i, s } }' >samples.jsonl
-cat >drafter.json <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4, "num_target_layers": 4,
- "dflash_config": {"mask_token_id": 60, "target_layer_ids": [0, 2]},
- "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
-EOF
+drafter_config drafter.json block=4 target_layers=4 taps="0, 2" layers=1
 dflash-extract -m target -l 0,2 -t 1 -o s.dfs samples.jsonl
 dflash-train-step --target target --init drafter.json --steps 2 --threads 1 --log /dev/null --out ck s.dfs 2>/dev/null
 

@@ -8,10 +8,9 @@
 # name or a broken loop in the README fails here.
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
 if ! command -v dflash-score >/dev/null; then echo "SKIP README commands: dflash-score is not built yet (issue 5)"; exit 0; fi
 cd "$T"
-"$MKT" -o target --vocab 61 --hidden 32 --intermediate 48 --layers 4 --heads 4 --kv-heads 2 --tie no --seed 12 >/dev/null
+tiny_target target --layers 4 --tie no --seed 12
 ln -s target Qwen3-8B
 awk 'BEGIN { x = 21; for (i = 0; i < 24; i++) { s = ""; m = ""
       for (j = 0; j < 20; j++) { x = (x * 48271) % 2147483647; s = s (j ? "," : "") x % 60; m = m (j ? "," : "") (j < 4 ? 0 : 1) }

@@ -11,10 +11,9 @@
 #   - --device cuda without a GPU fails cleanly and marks nothing done.
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
 SH=$here/pipelines/extract-sharded.sh
 PY=/usr/bin/python3
-"$MKT" -o "$T/target" --vocab 97 --hidden 32 --intermediate 64 --layers 4 --heads 4 --kv-heads 2 --tie no --seed 3 >/dev/null
+tiny_target "$T/target" --vocab 97 --intermediate 64 --layers 4 --tie no --seed 3
 # 23 samples of 5..40 tokens (deterministic MINSTD in awk: same bytes everywhere).
 awk 'BEGIN { x = 7; for (i = 0; i < 23; i++) { x = (x * 48271) % 2147483647; n = 5 + x % 36; s = ""; m = "";
       for (j = 0; j < n; j++) { x = (x * 48271) % 2147483647; s = s (j ? "," : "") x % 97; m = m (j ? "," : "") (j < 3 ? 0 : 1) }

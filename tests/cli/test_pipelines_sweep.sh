@@ -11,21 +11,15 @@
 #   - a PNG plot of tau and loss against step.
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
 SW=$here/pipelines/eval-sweep.sh
 if ! command -v dflash-score >/dev/null; then echo "SKIP eval sweep: dflash-score is not built yet (issue 5)"; exit 0; fi
 cd "$T"
-"$MKT" -o target --vocab 61 --hidden 32 --intermediate 48 --layers 4 --heads 4 --kv-heads 2 --tie no --seed 8 >/dev/null
+tiny_target target --layers 4 --tie no --seed 8
 awk 'BEGIN { x = 9; for (i = 0; i < 10; i++) { s = ""; m = ""
       for (j = 0; j < 5; j++) { x = (x * 48271) % 2147483647; mo[j] = x % 60 }
       for (j = 0; j < 30; j++) { s = s (j ? "," : "") mo[j % 5]; m = m (j ? "," : "") (j < 5 ? 0 : 1) }
       printf "{\"id\":\"w%d\",\"input_ids\":[%s],\"loss_mask\":[%s]}\n", i, s, m } }' >samples.jsonl
-cat >drafter.json <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4, "num_target_layers": 4,
- "dflash_config": {"mask_token_id": 60, "target_layer_ids": [0, 2]},
- "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
-EOF
+drafter_config drafter.json block=4 target_layers=4 taps="0, 2" layers=1
 dflash-extract -m target --drafter-config drafter.json -t 1 -o val.dfs samples.jsonl
 mkdir run
 TR=(dflash-train-step --target target --threads 1 --lr 1e-2 --anchors 6 --batch-seqs 2 --total-steps 40 --loop --log /dev/null)

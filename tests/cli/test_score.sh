@@ -4,14 +4,12 @@
 # target and a random drafter (tests/cli/test_score_e2e.sh trains one).
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
-for x in "$MKT" "$DFLASH_BIN/dflash-extract" "$DFLASH_BIN/dflash-train-step" "$DFLASH_BIN/dflash-score"; do
-    [ -x "$x" ] || { fail "setup" "missing $x"; exit 1; }
-done
+require_built "$DFLASH_BUILD/tests/mktarget" "$DFLASH_BIN/dflash-extract" "$DFLASH_BIN/dflash-train-step" \
+    "$DFLASH_BIN/dflash-score"
 SC="dflash-score --threads 1"
 # check/expect_exit write $T/.out and $T/.err: keep a command's before checking them
 keep() { cp "$T/.out" "$T/out.txt"; cp "$T/.err" "$T/err.txt"; }
-"$MKT" -o "$T/target" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 2 >/dev/null
+tiny_target "$T/target" --layers 6 --tie no --seed 2
 python3 - "$T" <<'EOF'
 import json, random, sys
 r = random.Random(5)
@@ -26,12 +24,7 @@ with open(f"{d}/prompts.jsonl", "w") as f:
     for i, n in enumerate([1, 5, 12]):
         f.write(json.dumps({"id": f"p{i}", "input_ids": [r.randrange(60) for _ in range(n)]}) + "\n")
 EOF
-cat >"$T/drafter.json" <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 6, "num_target_layers": 6,
- "dflash_config": {"mask_token_id": 60, "target_layer_ids": [1, 3, 4]},
- "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
-EOF
+drafter_config "$T/drafter.json"
 check "extract the stream" dflash-extract -m "$T/target" -l 1,3,4 -o "$T/val.dfs" "$T/data.jsonl"
 check "extract a stream with target ids" dflash-extract -m "$T/target" -l 1,3,4 --with target-ids -o "$T/val-tid.dfs" "$T/data.jsonl"
 check "extract a stream tapping other layers" dflash-extract -m "$T/target" -l 1,2,4 -o "$T/other.dfs" "$T/data.jsonl"

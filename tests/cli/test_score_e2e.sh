@@ -7,19 +7,12 @@
 # the same acceptance, cycle for cycle.
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
-for x in "$MKT" "$DFLASH_BIN/dflash-extract" "$DFLASH_BIN/dflash-train-step" "$DFLASH_BIN/dflash-score"; do
-    [ -x "$x" ] || { fail "setup" "missing $x"; exit 1; }
-done
+require_built "$DFLASH_BUILD/tests/mktarget" "$DFLASH_BIN/dflash-extract" "$DFLASH_BIN/dflash-train-step" \
+    "$DFLASH_BIN/dflash-score"
 SC="dflash-score --threads 1"
 B=6
-"$MKT" -o "$T/target" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 2 >/dev/null
-cat >"$T/drafter.json" <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 6, "num_target_layers": 6,
- "dflash_config": {"mask_token_id": 60, "target_layer_ids": [1, 3, 4]},
- "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
-EOF
+tiny_target "$T/target" --layers 6 --tie no --seed 2
+drafter_config "$T/drafter.json"
 # prompts: 16 to train on, 6 to test on (lengths 1 .. 23)
 python3 - "$T" <<'EOF'
 import json, random, sys

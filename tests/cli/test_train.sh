@@ -5,16 +5,12 @@
 # checkpoints, pipes, the checkpoint layout.
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
-if [ ! -x "$MKT" ] || ! command -v dflash-extract >/dev/null; then
-    fail "setup" "needs tests/helpers/mktarget and dflash-extract (extract branch)"
-    exit 1
-fi
+require_built "$DFLASH_BUILD/tests/mktarget" "$DFLASH_BIN/dflash-extract"
 TS="dflash-train-step --threads 1"
 
 # A target (untied LM head) and 12 sequences: a 6-token prompt (loss_mask 0)
 # and a response repeating a 4-token motif.
-"$MKT" -o "$T/target" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 2 >/dev/null
+tiny_target "$T/target" --layers 6 --tie no --seed 2
 python3 - "$T/data.jsonl" <<'EOF'
 import json, random, sys
 r = random.Random(5)
@@ -29,12 +25,7 @@ check "extract the training stream" dflash-extract -m "$T/target" -l 1,3,4 --wit
     -o "$T/train.dfs" "$T/data.jsonl"
 check "extract a stream tapping other layers" dflash-extract -m "$T/target" -l 1,2,4 -o "$T/other.dfs" "$T/data.jsonl"
 check "extract a stream without target ids" dflash-extract -m "$T/target" -l 1,3,4 -o "$T/plain.dfs" "$T/data.jsonl"
-cat >"$T/drafter.json" <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 6, "num_target_layers": 6,
- "dflash_config": {"mask_token_id": 60, "target_layer_ids": [1, 3, 4]},
- "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
-EOF
+drafter_config "$T/drafter.json"
 COMMON="--target $T/target --lr 1e-2 --anchors 12 --batch-seqs 4 --loop"
 
 # ---- learning: loss falls and offline tau rises -------------------------------------
@@ -121,7 +112,7 @@ if cmp -s "$T/r2n/model.safetensors" "$T/seed8/model.safetensors"; then fail "an
 expect_exit 65 "a stream tapping other layers is refused" $TS $COMMON --init "$T/drafter.json" --steps 1 --out "$T/x" "$T/other.dfs"
 cp "$T/.err" "$T/err.txt"
 check "  ... naming layer_ids and both lists" grep -q 'layer_ids: stream \[1,2,4\] vs drafter target_layer_ids \[1,3,4\]' "$T/err.txt"
-"$MKT" -o "$T/target2" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 3 >/dev/null
+tiny_target "$T/target2" --layers 6 --tie no --seed 3
 sed -i 's/"rms_norm_eps": [^,]*/"rms_norm_eps": 1e-05/' "$T/target2/config.json"
 expect_exit 65 "a stream from another target config is refused" $TS --target "$T/target2" --init "$T/drafter.json" \
     --steps 1 --out "$T/x" "$T/train.dfs"
@@ -201,7 +192,7 @@ a = json.loads(open('$T/from.log').readline())['loss']; b = json.loads(open('$T/
 assert a < 0.7 * b, (a, b)"
 
 # ---- a tied target: its embedding is also the LM head ------------------------------------------
-"$MKT" -o "$T/tied" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie yes --seed 4 >/dev/null
+tiny_target "$T/tied" --layers 6 --tie yes --seed 4
 check "tied target: extract" dflash-extract -m "$T/tied" -l 1,3,4 -o "$T/tied.dfs" "$T/data.jsonl"
 check "tied target: train" $TS --target "$T/tied" --init "$T/drafter.json" --anchors 12 --steps 2 --out "$T/tied-ck" "$T/tied.dfs"
 
