@@ -341,12 +341,12 @@ void dfl_target_mlp(const dfl_target *t, const layer_w *lw, void *x, const void 
     }
 }
 
-/* The head of a forward, shared with the KV-cache path (target_kv.c): of
+/* The head of a forward (both paths, through dfl_target_finish): of
  * the last layer's output x, the wanted rows (gathered into sel, runs of
  * consecutive rows in one copy) through model.norm into normed, then the LM
  * head's argmax and gap; fills out's normed/argmax/gap. */
-void dfl_target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const void *x, const dfl_target_want *w,
-                     int64_t nrows) {
+static void target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const void *x, const dfl_target_want *w,
+                        int64_t nrows) {
     void *sel = hw->sel, *normed = hw->normed;
     int32_t *pred = hw->pred;
     float *gap = hw->gap;
@@ -374,6 +374,24 @@ void dfl_target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const void
     }
 }
 
+void dfl_target_keep_taps(const dfl_target *t, void *taps, const void *x, const dfl_target_want *w, int l, int64_t n) {
+    const dfl_ops *ops = t->ops;
+    const int64_t H = t->cfg.hidden_size;
+    for (int j = 0; j < w->ntaps; j++)
+        if (w->taps[j] == l)
+            ops->copy(DFL_AT(ops, taps, (int64_t)j * n * H), x, (size_t)(n * H) * (size_t)ops->act_bytes);
+}
+
+void dfl_target_finish(dfl_target *t, dfl_target_out *out, head_ws *hw, void *x, void *taps,
+                       const dfl_target_want *w, int64_t n, int64_t nrows) {
+    out->T = n;
+    out->ntaps = w->ntaps;
+    out->taps = w->ntaps ? taps : NULL;
+    out->last_hidden = w->last_hidden ? x : NULL;
+    if (nrows) target_head(t, out, hw, x, w, nrows);
+    t->ops->sync();
+}
+
 int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batch *b, const dfl_target_want *w) {
     memset(out, 0, sizeof *out);
     const dfl_ops *ops = t->ops;
@@ -396,17 +414,9 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
     ops->embed(ws->x, ws->ids, t->embed, T, H);
     for (int l = 0; l < need; l++) {
         layer_forward(t, &t->layers[l], T, b->nseq);
-        for (int j = 0; j < w->ntaps; j++) /* x is now the output of layer l */
-            if (w->taps[j] == l)
-                ops->copy(DFL_AT(ops, ws->taps, (int64_t)j * T * H), ws->x, (size_t)(T * H) * (size_t)ops->act_bytes);
+        dfl_target_keep_taps(t, ws->taps, ws->x, w, l, T); /* x is now the output of layer l */
     }
-
-    out->T = T;
-    out->ntaps = w->ntaps;
-    out->taps = w->ntaps ? ws->taps : NULL;
-    out->last_hidden = w->last_hidden ? ws->x : NULL;
-    if (nrows) dfl_target_head(t, out, &ws->head, ws->x, w, nrows);
-    ops->sync();
+    dfl_target_finish(t, out, &ws->head, ws->x, ws->taps, w, T, nrows);
     return 0;
 }
 

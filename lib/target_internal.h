@@ -15,7 +15,7 @@ typedef struct {
     void *in_norm, *q, *k, *v, *o, *q_norm, *k_norm, *post_norm, *gate, *up, *down;
 } layer_w;
 
-/* The head's buffers (dfl_target_head), in both workspaces. */
+/* The head's buffers (model.norm and LM head on chosen rows), in both workspaces. */
 typedef struct {
     int64_t cap_rows;
     void *sel, *normed;                       /* act [cap_rows, H] */
@@ -59,8 +59,12 @@ void dfl_target_head_reserve(const dfl_target *t, head_ws *hw, int64_t nrows);
 void dfl_target_head_free(const dfl_ops *ops, head_ws *hw);
 /* x[n, H] += the MLP of h[n, H] (gate, up: act [min(n, MLP_ROWS), I]). */
 void dfl_target_mlp(const dfl_target *t, const layer_w *lw, void *x, const void *h, void *gate, void *up, int64_t n);
-/* model.norm and the LM head's argmax on the wanted rows of x. */
-void dfl_target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const void *x, const dfl_target_want *w,
-                     int64_t nrows);
+/* After layer l of a forward of n rows: x [n, H] into each tap slot that
+ * asks for layer l (taps: act [ntaps, n, H]). */
+void dfl_target_keep_taps(const dfl_target *t, void *taps, const void *x, const dfl_target_want *w, int l, int64_t n);
+/* The end of a forward of n rows whose last layer left x: out's taps and
+ * last hidden state, the head on nrows rows (if any), then a device sync. */
+void dfl_target_finish(dfl_target *t, dfl_target_out *out, head_ws *hw, void *x, void *taps,
+                       const dfl_target_want *w, int64_t n, int64_t nrows);
 
 #endif

@@ -210,17 +210,9 @@ int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t 
     ops->embed(kv->x, kv->ids, t->embed, n, H);
     for (int l = 0; l < need; l++) {
         layer_step(kv, l, n);
-        for (int j = 0; j < w->ntaps; j++)
-            if (w->taps[j] == l)
-                ops->copy(DFL_AT(ops, kv->taps, (int64_t)j * n * H), kv->x, (size_t)(n * H) * (size_t)ops->act_bytes);
+        dfl_target_keep_taps(t, kv->taps, kv->x, w, l, n);
     }
     kv->len += n;
-
-    out->T = n;
-    out->ntaps = w->ntaps;
-    out->taps = w->ntaps ? kv->taps : NULL;
-    out->last_hidden = w->last_hidden ? kv->x : NULL;
-    if (nrows) dfl_target_head(t, out, &kv->head, kv->x, w, nrows);
-    ops->sync();
+    dfl_target_finish(t, out, &kv->head, kv->x, kv->taps, w, n, nrows);
     return 0;
 }
