@@ -203,6 +203,7 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
     if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
     if (threads > 0) omp_set_num_threads((int)threads);
+    if (dfl_ckpt_check_out(out_dir)) dfl_die_last(PROG);
 
     const dfl_ops *ops;
     if (dfl_ops_get(device, &ops)) dfl_die_last(PROG);

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Regressions found by using the tools as the README and the man pages say:
+# output safety (what --out may replace, bad output paths found before the
+# work), option ranges, the learning-rate schedule past --total-steps, log
+# write errors, options a mode does not use, bad target configs.
+. "$(dirname "$0")/lib.sh"
+
+MKT=$DFLASH_BUILD/tests/mktarget
+[ -x "$MKT" ] || { fail "setup" "needs $MKT"; exit 1; }
+TS="dflash-train-step --threads 1"
+
+"$MKT" -o "$T/target" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 2 >/dev/null
+python3 - "$T/data.jsonl" <<'EOF'
+import json, random, sys
+r = random.Random(5)
+with open(sys.argv[1], "w") as f:
+    for i in range(6):
+        ids = [r.randrange(60) for _ in range(24)]
+        f.write(json.dumps({"id": f"s{i}", "input_ids": ids, "loss_mask": [0] * 4 + [1] * 20}) + "\n")
+EOF
+cat >"$T/drafter.json" <<'EOF'
+{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4, "num_target_layers": 6,
+ "dflash_config": {"mask_token_id": 60, "target_layer_ids": [1, 3]},
+ "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
+EOF
+check "extract a stream" dflash-extract -t 1 -m "$T/target" -l 1,3 -o "$T/train.dfs" "$T/data.jsonl"
+INIT="$TS --target $T/target --init $T/drafter.json"
+
+# ---- --out: what a checkpoint may replace ------------------------------------------------
+# An existing directory that holds other things is never emptied (it used to
+# lose its plain files, its subdirectories moved to a hidden name).
+mkdir -p "$T/mine/sub" && echo precious >"$T/mine/notes.txt" && echo x >"$T/mine/sub/y"
+expect_exit 73 "--out DIR holding other files: refused (73)" $INIT --steps 0 --out "$T/mine"
+grep -Eq "mine: exists and holds '(notes.txt|sub)'" "$T/.err" && pass "--out refusal names the directory and the file" ||
+    fail "--out refusal names the directory and the file" "$(cat "$T/.err")"
+[ "$(cat "$T/mine/notes.txt" 2>/dev/null)" = precious ] && [ -f "$T/mine/sub/y" ] &&
+    [ -z "$(ls -A "$T" | grep '^\.mine\.tmp')" ] && pass "--out DIR: its files and subdirectories are untouched" ||
+    fail "--out DIR: its files and subdirectories are untouched" "$(ls -la "$T" "$T/mine")"
+# a symbolic link to a checkpoint is not followed into (the files of the
+# checkpoint it points to stayed, but used to be deleted through the link)
+check "a checkpoint" $INIT --steps 0 --out "$T/ck0"
+ln -s ck0 "$T/link"
+expect_exit 73 "--out SYMLINK: refused (73)" $INIT --steps 0 --out "$T/link"
+[ -f "$T/ck0/model.safetensors" ] && [ -L "$T/link" ] && pass "--out SYMLINK: the target checkpoint is untouched" ||
+    fail "--out SYMLINK: the target checkpoint is untouched"
+# a checkpoint directory is replaced, with or without a trailing slash
+check "--out an existing checkpoint: replaced" $INIT --steps 0 --seed 3 --out "$T/ck0"
+check "--out an existing checkpoint with a trailing slash: replaced" $INIT --steps 0 --seed 4 --out "$T/ck0/"
+[ -z "$(ls -A "$T" | grep '\.tmp\.')" ] && [ -f "$T/ck0/model.safetensors" ] &&
+    pass "--out ck/: no temporary directory left, checkpoint in place" || fail "--out ck/: leftovers" "$(ls -A "$T")"
+# a bad --out fails before the steps (it used to train, then exit 73)
+mkdir -p "$T/ro" && chmod 555 "$T/ro"
+for o in "$T/missing/ck" "$T/data.jsonl"; do
+    expect_exit 73 "--out $(basename "$(dirname "$o")")/$(basename "$o"): 73" $INIT --steps 3 --log "$T/bad.log" --out "$o" "$T/train.dfs"
+    [ ! -s "$T/bad.log" ] && pass "--out $(basename "$o"): refused before any step" || fail "--out $(basename "$o"): refused before any step" "$(cat "$T/bad.log")"
+    rm -f "$T/bad.log"
+done
+if [ "$(id -u)" != 0 ]; then
+    expect_exit 73 "--out in a read-only directory: 73" $INIT --steps 3 --log "$T/bad.log" --out "$T/ro/ck" "$T/train.dfs"
+    [ ! -s "$T/bad.log" ] && pass "--out read-only: refused before any step" || fail "--out read-only: refused before any step"
+fi
+chmod 755 "$T/ro"
