@@ -96,7 +96,7 @@ int dfl_ckpt_save(const char *dir, const dfl_drafter *d, const json_t *state) {
         }
     }
     free(master);
-    if (!rc) rc = dfl_tmpdir_commit(tmp, dir);
+    if (!rc) rc = dfl_tmpdir_commit(tmp, dir, ckpt_files);
     else dfl_tmpdir_abort(tmp);
     return rc;
 }

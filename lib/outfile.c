@@ -265,36 +265,15 @@ int dfl_tmpdir_check(const char *final_arg, const char *const *names) {
     return 0;
 }
 
-/* The names of the plain files in `dir` (NULL-terminated, NULL on error). */
-static char **dir_names(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return NULL;
-    int n = 0, cap = 8;
-    char **v = dfl_malloc((size_t)cap * sizeof *v);
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        if (n + 1 >= cap) v = dfl_realloc(v, (size_t)(cap *= 2) * sizeof *v);
-        v[n++] = dfl_strdup(e->d_name);
-    }
-    v[n] = NULL;
-    closedir(d);
-    return v;
-}
-
-int dfl_tmpdir_commit(const char *tmp_path, const char *final_arg) {
+int dfl_tmpdir_commit(const char *tmp_path, const char *final_arg, const char *const *names) {
     char final_path[PATH_MAX];
     if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
     fsync_path(tmp_path);
     struct stat st;
     if (stat(final_path, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) return dfl_err(DFL_EX_CANTCREAT, "%s: exists and is not a directory", final_path);
-        /* Replace only a directory of the files the new one has. */
-        char **names = dir_names(tmp_path);
-        if (!names) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot read: %s", tmp_path, strerror(errno));
-        int rc = check_replaceable(final_path, (const char *const *)names);
-        for (char **q = names; *q; q++) free(*q);
-        free(names);
+        /* Replace only a directory of files an output of this kind writes. */
+        int rc = check_replaceable(final_path, names);
         if (rc) return rc;
         /* Move the old directory aside, put the new one in place, then drop the old one. */
         char old[PATH_MAX];
