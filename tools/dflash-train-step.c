@@ -26,7 +26,9 @@
  * one to take from the checkpoint. The help shows the real defaults. */
 static const char *target_dir, *init_cfg, *init_from, *resume, *out_dir, *log_path, *device = "cpu";
 static const char *loss = NULL, *labels = NULL, *loss_norm = NULL;
-static int64_t steps = -1, anchors = -1, total_steps = -1, batch_seqs = -1, batch_tokens = -1, micro_rows = -1;
+#define UNSET INT64_MIN /* an integer option not given (a given negative value is refused, not ignored) */
+static int64_t steps = -1, anchors = UNSET, total_steps = UNSET, batch_seqs = UNSET, batch_tokens = UNSET,
+               micro_rows = UNSET;
 static int64_t seed = 0, threads = 0;
 static double gamma_ = NAN, noise_std = NAN, lr = NAN, warmup_ratio = NAN, weight_decay = NAN, max_grad_norm = NAN;
 static int loop, progress;
@@ -105,7 +107,7 @@ static void mismatch(const char *name, const char *given, const char *stored) {
 static void take_int(const json_t *o, const char *key, const char *opt, int64_t *v) {
     json_t *s = json_object_get(o, key);
     if (!json_is_integer(s)) dfl_die(PROG, DFL_EX_DATA, "%s: trainer state: options.%s is missing", resume, key);
-    if (*v >= 0 && *v != json_integer_value(s)) {
+    if (*v != UNSET && *v != json_integer_value(s)) {
         char a[32], b[32];
         snprintf(a, sizeof a, "%lld", (long long)*v);
         snprintf(b, sizeof b, "%lld", (long long)json_integer_value(s));
@@ -153,7 +155,7 @@ static void options_from_state(const json_t *o) {
 static void options_default(int B) {
     dfl_train_opts d;
     dfl_train_opts_default(&d, B);
-    if (anchors < 0) anchors = d.anchors;
+    if (anchors == UNSET) anchors = d.anchors;
     if (isnan(gamma_)) gamma_ = d.gamma;
     if (!loss) loss = "ce";
     if (!labels) labels = "data";
@@ -163,10 +165,10 @@ static void options_default(int B) {
     if (isnan(warmup_ratio)) warmup_ratio = d.warmup_ratio;
     if (isnan(weight_decay)) weight_decay = d.weight_decay;
     if (isnan(max_grad_norm)) max_grad_norm = d.max_grad_norm;
-    if (total_steps < 0) total_steps = steps > 0 ? steps : 1;
-    if (batch_seqs < 0) batch_seqs = 4;
-    if (batch_tokens < 0) batch_tokens = 0;
-    if (micro_rows < 0) micro_rows = d.micro_rows;
+    if (total_steps == UNSET) total_steps = steps > 0 ? steps : 1;
+    if (batch_seqs == UNSET) batch_seqs = 4;
+    if (batch_tokens == UNSET) batch_tokens = 0;
+    if (micro_rows == UNSET) micro_rows = d.micro_rows;
 }
 
 static void check_ranges(void) {
@@ -179,6 +181,8 @@ static void check_ranges(void) {
     if (!(max_grad_norm >= 0)) dfl_cli_usage_error(&cli, "--max-grad-norm must be >= 0");
     if (total_steps < 1) dfl_cli_usage_error(&cli, "--total-steps must be at least 1");
     if (micro_rows < 1) dfl_cli_usage_error(&cli, "--micro-rows must be at least 1");
+    if (batch_seqs < 0) dfl_cli_usage_error(&cli, "--batch-seqs must be >= 0");
+    if (batch_tokens < 0) dfl_cli_usage_error(&cli, "--batch-tokens must be >= 0");
     if (batch_seqs == 0 && batch_tokens == 0) dfl_cli_usage_error(&cli, "--batch-seqs 0 needs a --batch-tokens limit");
 }
 

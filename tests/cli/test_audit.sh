@@ -61,3 +61,17 @@ if [ "$(id -u)" != 0 ]; then
     [ ! -s "$T/bad.log" ] && pass "--out read-only: refused before any step" || fail "--out read-only: refused before any step"
 fi
 chmod 755 "$T/ro"
+
+# ---- negative integer options: refused (they used to mean "not given") --------------------
+check "a checkpoint to score" $INIT --steps 2 --out "$T/ck2" "$T/train.dfs"
+SC="dflash-score --threads 1 --target $T/target --drafter $T/ck2"
+for o in "--anchors -3" "--seed -1" "--micro-rows -2"; do
+    expect_exit 2 "dflash-score $o: 2" $SC $o "$T/train.dfs"
+done
+expect_exit 2 "dflash-score --max-new-tokens -1: 2" $SC --prompts "$T/data.jsonl" --max-new-tokens -1
+for o in "--anchors -3" "--batch-seqs -1" "--batch-tokens -5" "--micro-rows -1" "--total-steps -4"; do
+    expect_exit 2 "dflash-train-step $o: 2" $INIT --steps 1 $o --out "$T/neg" "$T/train.dfs"
+done
+expect_exit 2 "dflash-train-step --resume --anchors -3: 2 (differs from the checkpoint's)" \
+    $TS --target "$T/target" --resume "$T/ck2" --steps 1 --anchors -3 --out "$T/neg" "$T/train.dfs"
+[ ! -e "$T/neg" ] && pass "no checkpoint from refused options" || fail "no checkpoint from refused options"
