@@ -75,3 +75,7 @@ done
 expect_exit 2 "dflash-train-step --resume --anchors -3: 2 (differs from the checkpoint's)" \
     $TS --target "$T/target" --resume "$T/ck2" --steps 1 --anchors -3 --out "$T/neg" "$T/train.dfs"
 [ ! -e "$T/neg" ] && pass "no checkpoint from refused options" || fail "no checkpoint from refused options"
+
+# ---- --log on a full disk: exit 74 (the lines used to be lost with exit 0) -----------------
+expect_exit 74 "--log /dev/full: 74" $INIT --steps 2 --log /dev/full --out "$T/logfull" "$T/train.dfs"
+grep -q "/dev/full: write failed" "$T/.err" && pass "--log /dev/full: the message names the log" || fail "--log /dev/full: message" "$(cat "$T/.err")"
