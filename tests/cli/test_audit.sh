@@ -79,3 +79,12 @@ expect_exit 2 "dflash-train-step --resume --anchors -3: 2 (differs from the chec
 # ---- --log on a full disk: exit 74 (the lines used to be lost with exit 0) -----------------
 expect_exit 74 "--log /dev/full: 74" $INIT --steps 2 --log /dev/full --out "$T/logfull" "$T/train.dfs"
 grep -q "/dev/full: write failed" "$T/.err" && pass "--log /dev/full: the message names the log" || fail "--log /dev/full: message" "$(cat "$T/.err")"
+
+# ---- pipelines/demo.sh --help prints its header (it used to start the demo) ---------------
+mkdir -p "$T/demo" && echo keep >"$T/demo/mine"
+(cd "$T/demo" && DEMO_OUT=out "$here/pipelines/demo.sh" --help) >"$T/demo.help" 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "Variables: DEMO_OUT" "$T/demo.help" && [ ! -e "$T/demo/out" ] &&
+    pass "demo.sh --help: the header, exit 0, nothing run" || fail "demo.sh --help" "rc $rc, $(head -c 300 "$T/demo.help")"
+expect_exit 2 "demo.sh with an unknown argument: 2" env DEMO_OUT="$T/demo/out" "$here/pipelines/demo.sh" --fast
+[ ! -e "$T/demo/out" ] && pass "demo.sh --fast: nothing run" || fail "demo.sh --fast: nothing run"
