@@ -88,3 +88,13 @@ rc=$?
     pass "demo.sh --help: the header, exit 0, nothing run" || fail "demo.sh --help" "rc $rc, $(head -c 300 "$T/demo.help")"
 expect_exit 2 "demo.sh with an unknown argument: 2" env DEMO_OUT="$T/demo/out" "$here/pipelines/demo.sh" --fast
 [ ! -e "$T/demo/out" ] && pass "demo.sh --fast: nothing run" || fail "demo.sh --fast: nothing run"
+
+# ---- dflash-pack: the read-only modes refuse the options of the writing modes ----------------
+# (--verify -o x.dfs, --inspect --shuffle, ... used to run, ignoring them)
+for o in "--verify -o $T/v.dfs" "--inspect --shuffle" "--stats --split a=1,b=1" "--export $T/ex --compress lz4" \
+         "--inspect --shards 2" "--verify --byte-shuffle on"; do
+    expect_exit 2 "dflash-pack $(echo "$o" | sed "s|$T/||g"): 2" dflash-pack $o "$T/train.dfs"
+done
+[ ! -e "$T/v.dfs" ] && [ ! -e "$T/ex" ] && pass "dflash-pack: nothing written by a refused command line" ||
+    fail "dflash-pack: nothing written by a refused command line"
+check "dflash-pack --verify alone still runs" dflash-pack --verify "$T/train.dfs"
