@@ -98,3 +98,22 @@ done
 [ ! -e "$T/v.dfs" ] && [ ! -e "$T/ex" ] && pass "dflash-pack: nothing written by a refused command line" ||
     fail "dflash-pack: nothing written by a refused command line"
 check "dflash-pack --verify alone still runs" dflash-pack --verify "$T/train.dfs"
+
+# ---- bad target config fields: refused, naming the file and the field -----------------------
+# (a num_hidden_layers that disagrees with the weights passed when the taps were
+# shallow, and went into the stream header; a non-boolean flag read as false)
+badcfg() {
+    rm -rf "$T/bt" && cp -r "$T/target" "$T/bt"
+    python3 -c "import json, sys; c = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(c, open(sys.argv[1], 'w'))" \
+        "$T/bt/config.json" "$1"
+}
+for e in "c['num_hidden_layers'] = 100" "c['num_hidden_layers'] = 4" "c['tie_word_embeddings'] = 'no'" \
+         "c['attention_bias'] = 1" "c['use_sliding_window'] = 'false'"; do
+    badcfg "$e"
+    expect_exit 65 "target config $e: 65" dflash-extract -t 1 -m "$T/bt" -l 1 -o "$T/bad.dfs" "$T/data.jsonl"
+    field=$(echo "$e" | sed "s/c\['\([a-z_]*\)'\].*/\1/")
+    grep -q "bt/config.json: \"$field\"" "$T/.err" && pass "target config $e: file and field named" ||
+        fail "target config $e: file and field named" "$(cat "$T/.err")"
+done
+badcfg "c['tie_word_embeddings'] = None"
+check "target config tie_word_embeddings null: as absent (false)" dflash-extract -t 1 -m "$T/bt" -l 1 -o "$T/ok.dfs" "$T/data.jsonl"
