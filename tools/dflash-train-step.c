@@ -256,8 +256,11 @@ int main(int argc, char **argv) {
         const char *was = json_string_value(json_object_get(in, "path"));
         char *rp = strcmp(input, "-") ? realpath(input, NULL) : NULL;
         if (rp && was && !strcmp(rp, was)) {
-            skip = json_integer_value(json_object_get(in, "records"));
-            epoch = json_integer_value(json_object_get(in, "epoch"));
+            const json_t *r = json_object_get(in, "records"), *e = json_object_get(in, "epoch");
+            if (!json_is_integer(r) || json_integer_value(r) < 0 || !json_is_integer(e) || json_integer_value(e) < 0)
+                dfl_die(PROG, DFL_EX_DATA, "%s/trainer_state.json: input.records and input.epoch must be counts", resume);
+            skip = json_integer_value(r);
+            epoch = json_integer_value(e);
         } else if (strcmp(input, "-")) {
             fprintf(stderr, "%s: note: %s is not the checkpoint's input (%s); reading it from its start\n", PROG, input,
                     was ? was : "?");

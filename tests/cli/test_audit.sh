@@ -117,3 +117,14 @@ for e in "c['num_hidden_layers'] = 100" "c['num_hidden_layers'] = 4" "c['tie_wor
 done
 badcfg "c['tie_word_embeddings'] = None"
 check "target config tie_word_embeddings null: as absent (false)" dflash-extract -t 1 -m "$T/bt" -l 1 -o "$T/ok.dfs" "$T/data.jsonl"
+
+# ---- a corrupt trainer_state.json input position: 65 (a negative count was taken as 0) -------
+check "a checkpoint to resume" $INIT --steps 2 --out "$T/ckr" "$T/train.dfs"
+for e in "s['input']['records'] = -5" "s['input']['epoch'] = 'one'" "del s['input']['records']"; do
+    rm -rf "$T/ckb" && cp -r "$T/ckr" "$T/ckb"
+    python3 -c "import json, sys; s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], 'w'))" \
+        "$T/ckb/trainer_state.json" "s['input']['path'] = '$(realpath "$T/train.dfs")'; $e"
+    expect_exit 65 "resume with trainer_state.json $e: 65" $TS --target "$T/target" --resume "$T/ckb" --steps 1 --out "$T/ckc" "$T/train.dfs"
+    grep -q "ckb/trainer_state.json: input.records" "$T/.err" && pass "resume with $e: file and field named" ||
+        fail "resume with $e: file and field named" "$(cat "$T/.err")"
+done
