@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define PROG "dflash-score"
 
@@ -114,6 +115,8 @@ static void check_options(int online, int npos, char **pos) {
         if (max_new < 1 || max_new > (1 << 24)) dfl_cli_usage_error(&cli, "--max-new-tokens must be in [1, 2^24]");
     } else {
         if (npos > 1) dfl_cli_usage_error(&cli, "one input stream at most (got %d)", npos);
+        if ((!npos || !strcmp(pos[0], "-")) && isatty(STDIN_FILENO))
+            dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a STREAM or redirect stdin");
         if (max_new != UNSET || emit_path || ignore_eos)
             dfl_cli_usage_error(&cli, "--max-new-tokens, --emit and --ignore-eos need --prompts (the online mode)");
         if (anchors_from_path && (anchors != UNSET || seed != UNSET))

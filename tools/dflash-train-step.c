@@ -207,6 +207,8 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
     if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
     if (threads > 0) omp_set_num_threads((int)threads);
+    if (!strcmp(input, "-") && (steps > 0 || resume) && isatty(STDIN_FILENO))
+        dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a STREAM or redirect stdin");
     if (dfl_ckpt_check_out(out_dir)) dfl_die_last(PROG);
 
     const dfl_ops *ops;

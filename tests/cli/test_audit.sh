@@ -128,3 +128,17 @@ for e in "s['input']['records'] = -5" "s['input']['epoch'] = 'one'" "del s['inpu
     grep -q "ckb/trainer_state.json: input.records" "$T/.err" && pass "resume with $e: file and field named" ||
         fail "resume with $e: file and field named" "$(cat "$T/.err")"
 done
+
+# ---- a terminal on standard input: refused like dflash-pack does (they used to wait on it) ----
+if command -v script >/dev/null; then
+    for c in "dflash-score --threads 1 --target $T/target --drafter $T/ck2" \
+             "dflash-train-step --threads 1 --target $T/target --init $T/drafter.json --steps 1 --out $T/tty"; do
+        script -qec "$c" /dev/null </dev/null >"$T/tty.out" 2>&1
+        rc=$?
+        [ $rc = 2 ] && grep -q "refusing to read a binary stream from a terminal" "$T/tty.out" &&
+            pass "${c%% *} with stdin a terminal: 2" || fail "${c%% *} with stdin a terminal: 2" "rc $rc: $(head -c 300 "$T/tty.out")"
+    done
+    script -qec "dflash-train-step --threads 1 --target $T/target --init $T/drafter.json --steps 0 --out $T/tty0" /dev/null </dev/null >/dev/null 2>&1 &&
+        [ -f "$T/tty0/model.safetensors" ] && pass "dflash-train-step --steps 0 --init reads no input: a terminal is fine" ||
+        fail "dflash-train-step --steps 0 --init reads no input: a terminal is fine"
+fi
