@@ -292,12 +292,12 @@ int main(int argc, char **argv) {
         json_t *line = dfl_step_log_json(&t, &lg);
         char *s = json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(8));
         fprintf(logf, "%s\n", s);
+        free(s);
+        json_decref(line);
         /* a --log that cannot be written (full disk) stops the run: training
          * on without the log the user asked for would go unnoticed */
         if ((fflush(logf) != 0 || ferror(logf)) && logf != stderr)
             dfl_die(PROG, DFL_EX_IOERR, "%s: write failed: %s", log_path, strerror(errno));
-        free(s);
-        json_decref(line);
         char extra[96];
         snprintf(extra, sizeof extra, "loss %.4f tau %.3f", lg.loss, lg.tau);
         dfl_progress_update(&pg, (double)(made_steps + 1), extra);
