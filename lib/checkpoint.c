@@ -68,6 +68,11 @@ static int write_state_tensors(const char *path, const dfl_drafter *d, const flo
     return rc;
 }
 
+static const char *const ckpt_files[] = {"config.json", "model.safetensors", "trainer_state.safetensors",
+                                         "trainer_state.json", NULL};
+
+int dfl_ckpt_check_out(const char *dir) { return dfl_tmpdir_check(dir, ckpt_files); }
+
 int dfl_ckpt_save(const char *dir, const dfl_drafter *d, const json_t *state) {
     char tmp[4096], path[4200];
     int rc = dfl_tmpdir_create(dir, tmp, sizeof tmp);
@@ -91,7 +96,7 @@ int dfl_ckpt_save(const char *dir, const dfl_drafter *d, const json_t *state) {
         }
     }
     free(master);
-    if (!rc) rc = dfl_tmpdir_commit(tmp, dir);
+    if (!rc) rc = dfl_tmpdir_commit(tmp, dir, ckpt_files);
     else dfl_tmpdir_abort(tmp);
     return rc;
 }

@@ -21,6 +21,11 @@
  * JSON). Returns 0 or an exit code. */
 int dfl_ckpt_save(const char *dir, const dfl_drafter *d, const json_t *state);
 
+/* Before training: can a checkpoint be written to DIR? (It does not exist or
+ * is a checkpoint directory, and its parent is writable.) 0 or 73, so that a
+ * bad --out fails before the steps, not after them. */
+int dfl_ckpt_check_out(const char *dir);
+
 /* The drafter config of a checkpoint directory (DIR/config.json). */
 int dfl_ckpt_load_config(const char *dir, dfl_drafter_config *c);
 

@@ -70,7 +70,7 @@ void dfl_cli_help(const dfl_cli *cli, FILE *f) {
     for (const dfl_opt *o = cli->opts; o->name; o++) help_line(o, f);
     help_line(&builtin_help, f);
     help_line(&builtin_version, f);
-    fprintf(f, "\nexit status: 0 ok, 1 check failed, 2 usage, 65 bad input data, 66 cannot open input,\n"
+    fprintf(f, "\nexit status: 0 ok, 1 (reserved), 2 usage, 65 bad input data, 66 cannot open input,\n"
                "69 no CUDA device, 70 internal error, 73 cannot create output, 74 I/O error.\n"
                "See man %s.\n", cli->prog);
 }

@@ -33,7 +33,15 @@ static int get_num(const json_t *o, const char *key, double def, double *out, co
     return 0;
 }
 
-static int is_true(const json_t *o, const char *key) { return json_is_true(json_object_get(o, key)); }
+/* A boolean key: absent or null is false; any other non-boolean (1, "true",
+ * "no") is refused, not read as false. */
+static int get_bool(const json_t *o, const char *key, int *out, const char *path) {
+    json_t *v = json_object_get(o, key);
+    *out = json_is_true(v);
+    if (v && !json_is_null(v) && !json_is_boolean(v))
+        return dfl_err(DFL_EX_DATA, "%s: \"%s\" is not true or false", path, key);
+    return 0;
+}
 
 static void copy_str(char *dst, size_t n, const json_t *v) {
     const char *s = json_string_value(v);
@@ -48,9 +56,12 @@ static int check_supported(const dfl_model_config *c, const json_t *j, const cha
     if (!known)
         return dfl_err(DFL_EX_DATA, "%s: %s architecture \"%s\" is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM%s)",
                        path, role, c->architecture, !strcmp(role, "drafter") ? ", DFlashDraftModel" : "");
-    if (is_true(j, "attention_bias")) return dfl_err(DFL_EX_DATA, "%s: \"attention_bias\": true is not supported", path);
-    if (is_true(j, "mlp_bias")) return dfl_err(DFL_EX_DATA, "%s: \"mlp_bias\": true is not supported", path);
-    if (is_true(j, "use_sliding_window")) return dfl_err(DFL_EX_DATA, "%s: \"use_sliding_window\": true is not supported", path);
+    static const char *off[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
+    for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
+        int on, rc = get_bool(j, off[i], &on, path);
+        if (rc) return rc;
+        if (on) return dfl_err(DFL_EX_DATA, "%s: \"%s\": true is not supported", path, off[i]);
+    }
     json_t *act = json_object_get(j, "hidden_act");
     if (act && strcmp(json_string_value(act) ? json_string_value(act) : "", "silu"))
         return dfl_err(DFL_EX_DATA, "%s: \"hidden_act\" must be \"silu\"", path);
@@ -135,8 +146,10 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     rc = rc ? rc : get_int(j, "max_position_embeddings", 0, &c->max_position_embeddings, path);
     rc = rc ? rc : get_num(j, "rms_norm_eps", 1e-6, &c->rms_norm_eps, path);
     rc = rc ? rc : parse_rope(c, j, path);
+    int tie = 0;
+    rc = rc ? rc : get_bool(j, "tie_word_embeddings", &tie, path);
     if (rc) return rc;
-    c->tie_word_embeddings = is_true(j, "tie_word_embeddings");
+    c->tie_word_embeddings = tie;
     c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") != 0;
     parse_token_ids(c, j);
     return check_supported(c, j, path, role);

@@ -192,13 +192,20 @@ void dfl_out_abort(dfl_out *o) {
     out_free(o);
 }
 
+/* "ckpt/" -> "ckpt" (shell completion adds the slash): the temporary and
+ * the moved-aside names go beside the directory, not inside it. */
+static int strip_slashes(const char *path, char *buf, size_t n) {
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    if (len >= n) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", path);
+    memcpy(buf, path, len);
+    buf[len] = 0;
+    return 0;
+}
+
 int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n) {
     char buf[PATH_MAX];
-    size_t len = strlen(final_path);
-    while (len > 1 && final_path[len - 1] == '/') len--; /* "ckpt/" -> "ckpt" */
-    if (len >= sizeof buf) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
-    memcpy(buf, final_path, len);
-    buf[len] = 0;
+    if (strip_slashes(final_path, buf, sizeof buf)) return DFL_EX_CANTCREAT;
     if (tmp_name_for(buf, tmp_path, n)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
     if (!mkdtemp(tmp_path)) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", final_path, strerror(errno));
     chmod(tmp_path, 0755);
@@ -214,11 +221,60 @@ static int fsync_path(const char *path) {
     return rc;
 }
 
-int dfl_tmpdir_commit(const char *tmp_path, const char *final_path) {
+/* 1 if `name` is one of the NULL-terminated `names`. */
+static int name_in(const char *name, const char *const *names) {
+    for (; *names; names++)
+        if (!strcmp(name, *names)) return 1;
+    return 0;
+}
+
+/* An existing final directory may be replaced only if it holds nothing but
+ * plain files an output of this kind writes (`names`): replacing it deletes
+ * them. A directory the user keeps other things in (`--out .`, `--out data`)
+ * is refused, never emptied. */
+static int check_replaceable(const char *final_path, const char *const *names) {
+    struct stat st;
+    if (lstat(final_path, &st) != 0) return 0; /* nothing to replace */
+    if (S_ISLNK(st.st_mode))
+        return dfl_err(DFL_EX_CANTCREAT, "%s: is a symbolic link; refusing to replace it (give the real path)", final_path);
+    if (!S_ISDIR(st.st_mode)) return dfl_err(DFL_EX_CANTCREAT, "%s: exists and is not a directory", final_path);
+    DIR *d = opendir(final_path);
+    if (!d) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot read the existing directory: %s", final_path, strerror(errno));
+    struct dirent *e;
+    char p[PATH_MAX];
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", final_path, e->d_name);
+        if (!name_in(e->d_name, names) || lstat(p, &st) != 0 || !S_ISREG(st.st_mode))
+            rc = dfl_err(DFL_EX_CANTCREAT, "%s: exists and holds '%s', which is not part of this output; refusing to "
+                         "replace the directory (remove it or choose another name)", final_path, e->d_name);
+    }
+    closedir(d);
+    return rc;
+}
+
+int dfl_tmpdir_check(const char *final_arg, const char *const *names) {
+    char final_path[PATH_MAX];
+    if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
+    int rc = check_replaceable(final_path, names);
+    if (rc) return rc;
+    char probe[PATH_MAX];
+    if ((rc = dfl_tmpdir_create(final_path, probe, sizeof probe))) return rc;
+    dfl_tmpdir_abort(probe);
+    return 0;
+}
+
+int dfl_tmpdir_commit(const char *tmp_path, const char *final_arg, const char *const *names) {
+    char final_path[PATH_MAX];
+    if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
     fsync_path(tmp_path);
     struct stat st;
     if (stat(final_path, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) return dfl_err(DFL_EX_CANTCREAT, "%s: exists and is not a directory", final_path);
+        /* Replace only a directory of files an output of this kind writes. */
+        int rc = check_replaceable(final_path, names);
+        if (rc) return rc;
         /* Move the old directory aside, put the new one in place, then drop the old one. */
         char old[PATH_MAX];
         if (tmp_name_for(final_path, old, sizeof old)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);

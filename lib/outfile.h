@@ -27,10 +27,18 @@ void dfl_out_abort(dfl_out *o);
 
 /* Temporary directories (checkpoints): created as ".NAME.tmp.XXXXXX" beside
  * NAME and renamed into place by dfl_tmpdir_commit(), which replaces an
- * existing NAME directory only after the new one is complete. */
+ * existing NAME directory only after the new one is complete, and only if it
+ * holds nothing but plain files named in `names` (NULL-terminated: the files
+ * an output of this kind writes; else DFL_EX_CANTCREAT). */
 int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n);
-int dfl_tmpdir_commit(const char *tmp_path, const char *final_path);
+int dfl_tmpdir_commit(const char *tmp_path, const char *final_path, const char *const *names);
 void dfl_tmpdir_abort(const char *tmp_path);
+/* Before a long run: can an output directory be committed at final_path?
+ * It may not exist yet, or be a directory holding only plain files named in
+ * `names` (NULL-terminated: what the output writes; anything else is never
+ * replaced), and a temporary directory must be creatable beside it.
+ * Returns 0 or DFL_EX_CANTCREAT with the error recorded. */
+int dfl_tmpdir_check(const char *final_path, const char *const *names);
 
 /* The cleanup registry used by the above: paths removed if the process is
  * interrupted or exits before they are unregistered. */

@@ -116,6 +116,21 @@ static int check_arch(const dfl_model_config *c, const char *path) {
     return 0;
 }
 
+/* num_hidden_layers must be the weights' layer count even when only the
+ * first layers are loaded (extraction stops after the deepest tap): it goes
+ * into the stream header and the default layer ids. */
+static int check_layer_count(const dfl_st *st, const dfl_model_config *c, const char *path) {
+    char name[96];
+    int L = (int)c->num_hidden_layers;
+    snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", L - 1);
+    if (!dfl_st_find(st, name))
+        return dfl_err(DFL_EX_DATA, "%s: \"num_hidden_layers\" is %d, but the weights have no %s", path, L, name);
+    snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", L);
+    if (dfl_st_find(st, name))
+        return dfl_err(DFL_EX_DATA, "%s: \"num_hidden_layers\" is %d, but the weights have %s", path, L, name);
+    return 0;
+}
+
 int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const dfl_target_opts *opts) {
     *out = NULL;
     char path[4096];
@@ -136,6 +151,11 @@ int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const
 
     dfl_st *st = NULL;
     if ((rc = dfl_st_open_dir(&st, dir))) {
+        dfl_target_free(t);
+        return rc;
+    }
+    if ((rc = check_layer_count(st, &t->cfg, path))) {
+        dfl_st_close(st);
         dfl_target_free(t);
         return rc;
     }

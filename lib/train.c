@@ -26,6 +26,9 @@ void dfl_train_opts_default(dfl_train_opts *o, int block_size) {
 double dfl_slot_weight(int k, double gamma) { return k >= 1 ? exp(-(double)(k - 1) / gamma) : 0.0; }
 
 double dfl_lr_at(int64_t i, int64_t total, double warmup_ratio, double peak) {
+    /* Past the schedule the rate stays at its end, 0: the cosine would
+     * otherwise climb back to the peak (a resumed run longer than T). */
+    if (i >= total) return 0.0;
     int64_t W = (int64_t)floor(warmup_ratio * (double)total);
     if (i < W) return peak * (double)(i + 1) / (double)W;
     int64_t span = total - W > 1 ? total - W : 1;

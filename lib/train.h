@@ -45,7 +45,7 @@ void dfl_train_opts_default(dfl_train_opts *o, int block_size);
 double dfl_slot_weight(int k, double gamma);
 /* Learning rate of the step with 0-based index i: linear warm-up over
  * W = floor(warmup_ratio * total) steps, lr * (i+1) / W, then cosine to 0,
- * lr * (1 + cos(pi * (i - W) / (total - W))) / 2. */
+ * lr * (1 + cos(pi * (i - W) / (total - W))) / 2; 0 from i = total on. */
 double dfl_lr_at(int64_t i, int64_t total, double warmup_ratio, double peak);
 
 /* Anchor candidates of a sequence: positions a <= T-2 with loss_mask[a] and

@@ -32,6 +32,11 @@
 # a token, 41 GB per million tokens. The released Qwen3-8B drafter reaches tau
 # 6.5 on GSM8K and 4.3 on MT-Bench; this toy gets from ~1.0 to ~3 in a minute.
 set -euo pipefail
+case "${1-}" in
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) echo "demo.sh: takes no arguments, only the variables above (try --help)" >&2; exit 2 ;;
+esac
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${DEMO_OUT:-demo-out}

@@ -91,6 +91,10 @@ int main(int argc, char **argv) {
     int modes = inspect + stats + verify + (export_dir != NULL);
     if (modes > 1) dfl_cli_usage_error(&cli, "--inspect, --stats, --verify and --export exclude each other");
     if (as_json && !stats) dfl_cli_usage_error(&cli, "--json goes with --stats");
+    if (modes && (strcmp(output, "-") || shuffle || split || shards || strcmp(compress, "keep") ||
+                  strcmp(byte_shuffle, "keep")))
+        dfl_cli_usage_error(&cli, "--inspect, --stats, --verify and --export write no stream: -o, --shuffle, --split, "
+                                  "--shards, --compress and --byte-shuffle do not go with them");
     if (accel < 1 || accel > 65537) dfl_cli_usage_error(&cli, "--accel must be in 1..65537");
     int rc;
     if (modes) {
@@ -111,7 +115,7 @@ int main(int argc, char **argv) {
         o.progress = progress;
         o.producer = "dflash-pack " DFLASH_VERSION;
         if (split && shards) dfl_cli_usage_error(&cli, "--split and --shards exclude each other");
-        if (shards < 0 || shards > 4096) dfl_cli_usage_error(&cli, "--shards must be in 1..4096");
+        if (shards < 0 || shards > 4096) dfl_cli_usage_error(&cli, "--shards must be in 0..4096 (0: no shards)");
         o.shards = (int)shards;
         if (split && dfs_pack_parse_split(split, &o)) dfl_cli_usage_error(&cli, "%s", dfl_errmsg());
         if (split && dfs_pack_pattern_ok(output, 's'))

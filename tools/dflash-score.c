@@ -19,13 +19,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define PROG "dflash-score"
 
 static const char *target_dir, *prompts, *emit_path, *anchors_from_path, *device = "cpu";
 static const char *labels = NULL;
 static dfl_strlist drafters = {0, NULL};
-static int64_t anchors = -1, seed = -1, micro_rows = -1, max_new = -1, threads = 0;
+#define UNSET INT64_MIN /* an integer option not given (a given negative value is refused, not ignored) */
+static int64_t anchors = UNSET, seed = UNSET, micro_rows = UNSET, max_new = UNSET, threads = 0;
 static double gamma_ = NAN;
 static int json_out, no_header, ignore_eos, progress;
 
@@ -104,21 +106,24 @@ static void check_options(int online, int npos, char **pos) {
     if (threads < 0 || threads > 4096) dfl_cli_usage_error(&cli, "--threads must be in [0, 4096]");
     if (online) {
         if (npos) dfl_cli_usage_error(&cli, "--prompts reads no stream (got '%s')", pos[0]);
-        if (labels || anchors >= 0 || seed >= 0 || anchors_from_path || !isnan(gamma_) || micro_rows >= 0)
+        if (labels || anchors != UNSET || seed != UNSET || anchors_from_path || !isnan(gamma_) || micro_rows != UNSET)
             dfl_cli_usage_error(&cli, "--labels, --anchors, --seed, --anchors-from, --gamma and --micro-rows are for "
                                       "the offline mode (a stream), not --prompts");
-        if (max_new < 0) max_new = 256;
+        if (max_new == UNSET) max_new = 256;
         if (max_new < 1 || max_new > (1 << 24)) dfl_cli_usage_error(&cli, "--max-new-tokens must be in [1, 2^24]");
     } else {
         if (npos > 1) dfl_cli_usage_error(&cli, "one input stream at most (got %d)", npos);
-        if (max_new >= 0 || emit_path || ignore_eos)
+        if ((!npos || !strcmp(pos[0], "-")) && isatty(STDIN_FILENO))
+            dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a STREAM or redirect stdin");
+        if (max_new != UNSET || emit_path || ignore_eos)
             dfl_cli_usage_error(&cli, "--max-new-tokens, --emit and --ignore-eos need --prompts (the online mode)");
-        if (anchors_from_path && (anchors >= 0 || seed >= 0))
+        if (anchors_from_path && (anchors != UNSET || seed != UNSET))
             dfl_cli_usage_error(&cli, "give --anchors-from or --anchors/--seed, not both");
-        if (anchors < 0) anchors = 0;
-        if (seed < 0) seed = 0;
-        if (anchors > (1 << 24)) dfl_cli_usage_error(&cli, "--anchors must be in [0, 2^24]");
-        if (micro_rows < 0) micro_rows = 8192;
+        if (anchors == UNSET) anchors = 0;
+        if (seed == UNSET) seed = 0;
+        if (seed < 0) dfl_cli_usage_error(&cli, "--seed must be >= 0");
+        if (anchors < 0 || anchors > (1 << 24)) dfl_cli_usage_error(&cli, "--anchors must be in [0, 2^24]");
+        if (micro_rows == UNSET) micro_rows = 8192;
         if (micro_rows < 1) dfl_cli_usage_error(&cli, "--micro-rows must be at least 1");
         if (!isnan(gamma_) && !(gamma_ > 0)) dfl_cli_usage_error(&cli, "--gamma must be positive");
         if (!labels) labels = "data";

@@ -25,7 +25,9 @@
  * one to take from the checkpoint. The help shows the real defaults. */
 static const char *target_dir, *init_cfg, *init_from, *resume, *out_dir, *log_path, *device = "cpu";
 static const char *loss = NULL, *labels = NULL, *loss_norm = NULL;
-static int64_t steps = -1, anchors = -1, total_steps = -1, batch_seqs = -1, batch_tokens = -1, micro_rows = -1;
+#define UNSET INT64_MIN /* an integer option not given (a given negative value is refused, not ignored) */
+static int64_t steps = -1, anchors = UNSET, total_steps = UNSET, batch_seqs = UNSET, batch_tokens = UNSET,
+               micro_rows = UNSET;
 static int64_t seed = 0, threads = 0;
 static double gamma_ = NAN, noise_std = NAN, lr = NAN, warmup_ratio = NAN, weight_decay = NAN, max_grad_norm = NAN;
 static int loop, progress;
@@ -104,7 +106,7 @@ static void mismatch(const char *name, const char *given, const char *stored) {
 static void take_int(const json_t *o, const char *key, const char *opt, int64_t *v) {
     json_t *s = json_object_get(o, key);
     if (!json_is_integer(s)) dfl_die(PROG, DFL_EX_DATA, "%s: trainer state: options.%s is missing", resume, key);
-    if (*v >= 0 && *v != json_integer_value(s)) {
+    if (*v != UNSET && *v != json_integer_value(s)) {
         char a[32], b[32];
         snprintf(a, sizeof a, "%lld", (long long)*v);
         snprintf(b, sizeof b, "%lld", (long long)json_integer_value(s));
@@ -152,7 +154,7 @@ static void options_from_state(const json_t *o) {
 static void options_default(int B) {
     dfl_train_opts d;
     dfl_train_opts_default(&d, B);
-    if (anchors < 0) anchors = d.anchors;
+    if (anchors == UNSET) anchors = d.anchors;
     if (isnan(gamma_)) gamma_ = d.gamma;
     if (!loss) loss = "ce";
     if (!labels) labels = "data";
@@ -162,10 +164,10 @@ static void options_default(int B) {
     if (isnan(warmup_ratio)) warmup_ratio = d.warmup_ratio;
     if (isnan(weight_decay)) weight_decay = d.weight_decay;
     if (isnan(max_grad_norm)) max_grad_norm = d.max_grad_norm;
-    if (total_steps < 0) total_steps = steps > 0 ? steps : 1;
-    if (batch_seqs < 0) batch_seqs = 4;
-    if (batch_tokens < 0) batch_tokens = 0;
-    if (micro_rows < 0) micro_rows = d.micro_rows;
+    if (total_steps == UNSET) total_steps = steps > 0 ? steps : 1;
+    if (batch_seqs == UNSET) batch_seqs = 4;
+    if (batch_tokens == UNSET) batch_tokens = 0;
+    if (micro_rows == UNSET) micro_rows = d.micro_rows;
 }
 
 static void check_ranges(void) {
@@ -178,6 +180,8 @@ static void check_ranges(void) {
     if (!(max_grad_norm >= 0)) dfl_cli_usage_error(&cli, "--max-grad-norm must be >= 0");
     if (total_steps < 1) dfl_cli_usage_error(&cli, "--total-steps must be at least 1");
     if (micro_rows < 1) dfl_cli_usage_error(&cli, "--micro-rows must be at least 1");
+    if (batch_seqs < 0) dfl_cli_usage_error(&cli, "--batch-seqs must be >= 0");
+    if (batch_tokens < 0) dfl_cli_usage_error(&cli, "--batch-tokens must be >= 0");
     if (batch_seqs == 0 && batch_tokens == 0) dfl_cli_usage_error(&cli, "--batch-seqs 0 needs a --batch-tokens limit");
 }
 
@@ -202,6 +206,9 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
     if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
     dfl_ops_cpu_threads(threads);
+    if (!strcmp(input, "-") && (steps > 0 || resume) && isatty(STDIN_FILENO))
+        dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a STREAM or redirect stdin");
+    if (dfl_ckpt_check_out(out_dir)) dfl_die_last(PROG);
 
     const dfl_ops *ops;
     if (dfl_ops_get(device, &ops)) dfl_die_last(PROG);
@@ -248,8 +255,11 @@ int main(int argc, char **argv) {
         const char *was = json_string_value(json_object_get(in, "path"));
         char *rp = strcmp(input, "-") ? realpath(input, NULL) : NULL;
         if (rp && was && !strcmp(rp, was)) {
-            skip = json_integer_value(json_object_get(in, "records"));
-            epoch = json_integer_value(json_object_get(in, "epoch"));
+            const json_t *r = json_object_get(in, "records"), *e = json_object_get(in, "epoch");
+            if (!json_is_integer(r) || json_integer_value(r) < 0 || !json_is_integer(e) || json_integer_value(e) < 0)
+                dfl_die(PROG, DFL_EX_DATA, "%s/trainer_state.json: input.records and input.epoch must be counts", resume);
+            skip = json_integer_value(r);
+            epoch = json_integer_value(e);
         } else if (strcmp(input, "-")) {
             fprintf(stderr, "%s: note: %s is not the checkpoint's input (%s); reading it from its start\n", PROG, input,
                     was ? was : "?");
@@ -279,9 +289,12 @@ int main(int argc, char **argv) {
         json_t *line = dfl_step_log_json(&t, &lg);
         char *s = json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(8));
         fprintf(logf, "%s\n", s);
-        fflush(logf);
         free(s);
         json_decref(line);
+        /* a --log that cannot be written (full disk) stops the run: training
+         * on without the log the user asked for would go unnoticed */
+        if ((fflush(logf) != 0 || ferror(logf)) && logf != stderr)
+            dfl_die(PROG, DFL_EX_IOERR, "%s: write failed: %s", log_path, strerror(errno));
         char extra[96];
         snprintf(extra, sizeof extra, "loss %.4f tau %.3f", lg.loss, lg.tau);
         dfl_progress_update(&pg, (double)(made_steps + 1), extra);

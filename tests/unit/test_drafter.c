@@ -237,6 +237,9 @@ static void test_slot_weights_and_schedule(void) {
     T_CHECK(fabs(dfl_lr_at(4, 100, 0.04, 1.0) - 1.0) < 1e-15);
     T_CHECK(fabs(dfl_lr_at(52, 100, 0.04, 1.0) - 0.5) < 1e-12);
     T_CHECK(dfl_lr_at(99, 100, 0.04, 1.0) > 0 && dfl_lr_at(99, 100, 0.04, 1.0) < 1e-3);
+    /* past the schedule the rate stays 0 (the cosine climbed back to the peak) */
+    T_CHECK(dfl_lr_at(100, 100, 0.04, 1.0) == 0.0);
+    T_CHECK(dfl_lr_at(150, 100, 0.04, 1.0) == 0.0 && dfl_lr_at(196, 100, 0.04, 1.0) == 0.0);
 }
 
 static void test_anchors(void) {

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Regressions found by using the tools as the README and the man pages say:
+# output safety (what --out may replace, bad output paths found before the
+# work), option ranges, the learning-rate schedule past --total-steps, log
+# write errors, options a mode does not use, bad target configs.
+. "$(dirname "$0")/lib.sh"
+
+MKT=$DFLASH_BUILD/tests/mktarget
+[ -x "$MKT" ] || { fail "setup" "needs $MKT"; exit 1; }
+TS="dflash-train-step --threads 1"
+
+"$MKT" -o "$T/target" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 2 >/dev/null
+python3 - "$T/data.jsonl" <<'EOF'
+import json, random, sys
+r = random.Random(5)
+with open(sys.argv[1], "w") as f:
+    for i in range(6):
+        ids = [r.randrange(60) for _ in range(24)]
+        f.write(json.dumps({"id": f"s{i}", "input_ids": ids, "loss_mask": [0] * 4 + [1] * 20}) + "\n")
+EOF
+cat >"$T/drafter.json" <<'EOF'
+{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4, "num_target_layers": 6,
+ "dflash_config": {"mask_token_id": 60, "target_layer_ids": [1, 3]},
+ "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
+EOF
+check "extract a stream" dflash-extract -t 1 -m "$T/target" -l 1,3 -o "$T/train.dfs" "$T/data.jsonl"
+INIT="$TS --target $T/target --init $T/drafter.json"
+
+# ---- --out: what a checkpoint may replace ------------------------------------------------
+# An existing directory that holds other things is never emptied (it used to
+# lose its plain files, its subdirectories moved to a hidden name).
+mkdir -p "$T/mine/sub" && echo precious >"$T/mine/notes.txt" && echo x >"$T/mine/sub/y"
+expect_exit 73 "--out DIR holding other files: refused (73)" $INIT --steps 0 --out "$T/mine"
+grep -Eq "mine: exists and holds '(notes.txt|sub)'" "$T/.err" && pass "--out refusal names the directory and the file" ||
+    fail "--out refusal names the directory and the file" "$(cat "$T/.err")"
+[ "$(cat "$T/mine/notes.txt" 2>/dev/null)" = precious ] && [ -f "$T/mine/sub/y" ] &&
+    [ -z "$(ls -A "$T" | grep '^\.mine\.tmp')" ] && pass "--out DIR: its files and subdirectories are untouched" ||
+    fail "--out DIR: its files and subdirectories are untouched" "$(ls -la "$T" "$T/mine")"
+# a symbolic link to a checkpoint is not followed into (the files of the
+# checkpoint it points to stayed, but used to be deleted through the link)
+check "a checkpoint" $INIT --steps 0 --out "$T/ck0"
+ln -s ck0 "$T/link"
+expect_exit 73 "--out SYMLINK: refused (73)" $INIT --steps 0 --out "$T/link"
+[ -f "$T/ck0/model.safetensors" ] && [ -L "$T/link" ] && pass "--out SYMLINK: the target checkpoint is untouched" ||
+    fail "--out SYMLINK: the target checkpoint is untouched"
+# a checkpoint directory is replaced, with or without a trailing slash
+check "--out an existing checkpoint: replaced" $INIT --steps 0 --seed 3 --out "$T/ck0"
+check "--out an existing checkpoint with a trailing slash: replaced" $INIT --steps 0 --seed 4 --out "$T/ck0/"
+[ -z "$(ls -A "$T" | grep '\.tmp\.')" ] && [ -f "$T/ck0/model.safetensors" ] &&
+    pass "--out ck/: no temporary directory left, checkpoint in place" || fail "--out ck/: leftovers" "$(ls -A "$T")"
+# a bad --out fails before the steps (it used to train, then exit 73)
+mkdir -p "$T/ro" && chmod 555 "$T/ro"
+for o in "$T/missing/ck" "$T/data.jsonl"; do
+    expect_exit 73 "--out $(basename "$(dirname "$o")")/$(basename "$o"): 73" $INIT --steps 3 --log "$T/bad.log" --out "$o" "$T/train.dfs"
+    [ ! -s "$T/bad.log" ] && pass "--out $(basename "$o"): refused before any step" || fail "--out $(basename "$o"): refused before any step" "$(cat "$T/bad.log")"
+    rm -f "$T/bad.log"
+done
+if [ "$(id -u)" != 0 ]; then
+    expect_exit 73 "--out in a read-only directory: 73" $INIT --steps 3 --log "$T/bad.log" --out "$T/ro/ck" "$T/train.dfs"
+    [ ! -s "$T/bad.log" ] && pass "--out read-only: refused before any step" || fail "--out read-only: refused before any step"
+fi
+chmod 755 "$T/ro"
+
+# ---- negative integer options: refused (they used to mean "not given") --------------------
+check "a checkpoint to score" $INIT --steps 2 --out "$T/ck2" "$T/train.dfs"
+SC="dflash-score --threads 1 --target $T/target --drafter $T/ck2"
+for o in "--anchors -3" "--seed -1" "--micro-rows -2"; do
+    expect_exit 2 "dflash-score $o: 2" $SC $o "$T/train.dfs"
+done
+expect_exit 2 "dflash-score --max-new-tokens -1: 2" $SC --prompts "$T/data.jsonl" --max-new-tokens -1
+for o in "--anchors -3" "--batch-seqs -1" "--batch-tokens -5" "--micro-rows -1" "--total-steps -4"; do
+    expect_exit 2 "dflash-train-step $o: 2" $INIT --steps 1 $o --out "$T/neg" "$T/train.dfs"
+done
+expect_exit 2 "dflash-train-step --resume --anchors -3: 2 (differs from the checkpoint's)" \
+    $TS --target "$T/target" --resume "$T/ck2" --steps 1 --anchors -3 --out "$T/neg" "$T/train.dfs"
+[ ! -e "$T/neg" ] && pass "no checkpoint from refused options" || fail "no checkpoint from refused options"
+
+# ---- --log on a full disk: exit 74 (the lines used to be lost with exit 0) -----------------
+expect_exit 74 "--log /dev/full: 74" $INIT --steps 2 --log /dev/full --out "$T/logfull" "$T/train.dfs"
+grep -q "/dev/full: write failed" "$T/.err" && pass "--log /dev/full: the message names the log" || fail "--log /dev/full: message" "$(cat "$T/.err")"
+
+# ---- pipelines/demo.sh --help prints its header (it used to start the demo) ---------------
+mkdir -p "$T/demo" && echo keep >"$T/demo/mine"
+(cd "$T/demo" && DEMO_OUT=out "$here/pipelines/demo.sh" --help) >"$T/demo.help" 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "Variables: DEMO_OUT" "$T/demo.help" && [ ! -e "$T/demo/out" ] &&
+    pass "demo.sh --help: the header, exit 0, nothing run" || fail "demo.sh --help" "rc $rc, $(head -c 300 "$T/demo.help")"
+expect_exit 2 "demo.sh with an unknown argument: 2" env DEMO_OUT="$T/demo/out" "$here/pipelines/demo.sh" --fast
+[ ! -e "$T/demo/out" ] && pass "demo.sh --fast: nothing run" || fail "demo.sh --fast: nothing run"
+
+# ---- dflash-pack: the read-only modes refuse the options of the writing modes ----------------
+# (--verify -o x.dfs, --inspect --shuffle, ... used to run, ignoring them)
+for o in "--verify -o $T/v.dfs" "--inspect --shuffle" "--stats --split a=1,b=1" "--export $T/ex --compress lz4" \
+         "--inspect --shards 2" "--verify --byte-shuffle on"; do
+    expect_exit 2 "dflash-pack $(echo "$o" | sed "s|$T/||g"): 2" dflash-pack $o "$T/train.dfs"
+done
+[ ! -e "$T/v.dfs" ] && [ ! -e "$T/ex" ] && pass "dflash-pack: nothing written by a refused command line" ||
+    fail "dflash-pack: nothing written by a refused command line"
+check "dflash-pack --verify alone still runs" dflash-pack --verify "$T/train.dfs"
+
+# ---- bad target config fields: refused, naming the file and the field -----------------------
+# (a num_hidden_layers that disagrees with the weights passed when the taps were
+# shallow, and went into the stream header; a non-boolean flag read as false)
+badcfg() {
+    rm -rf "$T/bt" && cp -r "$T/target" "$T/bt"
+    python3 -c "import json, sys; c = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(c, open(sys.argv[1], 'w'))" \
+        "$T/bt/config.json" "$1"
+}
+for e in "c['num_hidden_layers'] = 100" "c['num_hidden_layers'] = 4" "c['tie_word_embeddings'] = 'no'" \
+         "c['attention_bias'] = 1" "c['use_sliding_window'] = 'false'"; do
+    badcfg "$e"
+    expect_exit 65 "target config $e: 65" dflash-extract -t 1 -m "$T/bt" -l 1 -o "$T/bad.dfs" "$T/data.jsonl"
+    field=$(echo "$e" | sed "s/c\['\([a-z_]*\)'\].*/\1/")
+    grep -q "bt/config.json: \"$field\"" "$T/.err" && pass "target config $e: file and field named" ||
+        fail "target config $e: file and field named" "$(cat "$T/.err")"
+done
+badcfg "c['tie_word_embeddings'] = None"
+check "target config tie_word_embeddings null: as absent (false)" dflash-extract -t 1 -m "$T/bt" -l 1 -o "$T/ok.dfs" "$T/data.jsonl"
+
+# ---- a corrupt trainer_state.json input position: 65 (a negative count was taken as 0) -------
+check "a checkpoint to resume" $INIT --steps 2 --out "$T/ckr" "$T/train.dfs"
+for e in "s['input']['records'] = -5" "s['input']['epoch'] = 'one'" "del s['input']['records']"; do
+    rm -rf "$T/ckb" && cp -r "$T/ckr" "$T/ckb"
+    python3 -c "import json, sys; s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], 'w'))" \
+        "$T/ckb/trainer_state.json" "s['input']['path'] = '$(realpath "$T/train.dfs")'; $e"
+    expect_exit 65 "resume with trainer_state.json $e: 65" $TS --target "$T/target" --resume "$T/ckb" --steps 1 --out "$T/ckc" "$T/train.dfs"
+    grep -q "ckb/trainer_state.json: input.records" "$T/.err" && pass "resume with $e: file and field named" ||
+        fail "resume with $e: file and field named" "$(cat "$T/.err")"
+done
+
+# ---- a terminal on standard input: refused like dflash-pack does (they used to wait on it) ----
+if command -v script >/dev/null; then
+    for c in "dflash-score --threads 1 --target $T/target --drafter $T/ck2" \
+             "dflash-train-step --threads 1 --target $T/target --init $T/drafter.json --steps 1 --out $T/tty"; do
+        script -qec "$c" /dev/null </dev/null >"$T/tty.out" 2>&1
+        rc=$?
+        [ $rc = 2 ] && grep -q "refusing to read a binary stream from a terminal" "$T/tty.out" &&
+            pass "${c%% *} with stdin a terminal: 2" || fail "${c%% *} with stdin a terminal: 2" "rc $rc: $(head -c 300 "$T/tty.out")"
+    done
+    script -qec "dflash-train-step --threads 1 --target $T/target --init $T/drafter.json --steps 0 --out $T/tty0" /dev/null </dev/null >/dev/null 2>&1 &&
+        [ -f "$T/tty0/model.safetensors" ] && pass "dflash-train-step --steps 0 --init reads no input: a terminal is fine" ||
+        fail "dflash-train-step --steps 0 --init reads no input: a terminal is fine"
+fi
