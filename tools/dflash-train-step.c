@@ -277,6 +277,14 @@ int main(int argc, char **argv) {
      * nothing is trained, so no input is read. */
     if ((steps > 0 || resume) && dfl_trainer_open(&t, input, skip, epoch)) dfl_die_last(PROG);
 
+    /* Steps past the schedule run at learning rate 0 and change nothing:
+     * say so before spending the compute (a resumed run with the first
+     * run's --total-steps is the usual way to get here). */
+    if (steps > 0 && t.step + steps > total_steps)
+        fprintf(stderr, "%s: note: steps %lld..%lld are past --total-steps %lld, where the learning rate is 0\n", PROG,
+                (long long)(t.step > total_steps ? t.step + 1 : total_steps + 1), (long long)(t.step + steps),
+                (long long)total_steps);
+
     FILE *logf = open_log();
     dfl_progress pg;
     dfl_progress_init(&pg, progress, (double)steps, "step");

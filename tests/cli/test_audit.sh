@@ -120,6 +120,14 @@ check "target config tie_word_embeddings null: as absent (false)" dflash-extract
 
 # ---- a corrupt trainer_state.json input position: 65 (a negative count was taken as 0) -------
 check "a checkpoint to resume" $INIT --steps 2 --out "$T/ckr" "$T/train.dfs"
+# a resumed run that goes past the schedule says where the learning rate is 0
+# (ckr made 2 steps with --total-steps 2: steps 3..4 change nothing)
+check "resume past --total-steps: runs" $TS --target "$T/target" --resume "$T/ckr" --steps 2 --out "$T/ckp" "$T/train.dfs"
+grep -q "note: steps 3..4 are past --total-steps 2" "$T/.err" && pass "resume past --total-steps: the note names the steps" ||
+    fail "resume past --total-steps: the note names the steps" "$(cat "$T/.err")"
+check "a run within the schedule" $INIT --steps 2 --total-steps 4 --out "$T/ckq" "$T/train.dfs"
+grep -q "past --total-steps" "$T/.err" && fail "no note within the schedule" "$(cat "$T/.err")" ||
+    pass "no note within the schedule"
 for e in "s['input']['records'] = -5" "s['input']['epoch'] = 'one'" "del s['input']['records']"; do
     rm -rf "$T/ckb" && cp -r "$T/ckr" "$T/ckb"
     python3 -c "import json, sys; s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], 'w'))" \
