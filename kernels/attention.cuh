@@ -41,6 +41,9 @@ constexpr float LN2 = 0.6931471805599453f;
 // primitives
 
 #ifdef DFLASH_EMU
+// tests/emu: ldmatrix and mma by the fragment layouts; cp.async deferred to
+// its wait_group (so a read before the wait sees stale bytes) and checked,
+// with ldmatrix, by the emulation's shared-memory race detector.
 __device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16 *p) {
     emu::ldmatrix_x4(r0, r1, r2, r3, p, false);
 }
@@ -51,12 +54,11 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
     emu::mma_m16n8k16(c, a, b0, b1);
 }
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
-    if (valid) memcpy(smem, gmem, 16);
-    else memset(smem, 0, 16);
+    emu::cp_async16(smem, gmem, valid);
 }
-__device__ __forceinline__ void cp_async_commit() {}
+__device__ __forceinline__ void cp_async_commit() { emu::cp_async_commit(); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() {}
+__device__ __forceinline__ void cp_async_wait() { emu::cp_async_wait(N); }
 #else
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -82,13 +84,17 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
 
 // 16-byte global -> shared copy; !valid writes 16 zero bytes instead (the
 // source is not read, but must be a mapped address: pass any valid one).
+// Both addresses 16-byte aligned. The "memory" clobbers keep the compiler
+// from moving ordinary shared-memory accesses across the issue and the
+// wait (the asm statements are otherwise opaque to it).
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
-                 "r"(valid ? 16 : 0));
+                 "r"(valid ? 16 : 0)
+                 : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 #endif
 
 // two f32 -> one register of two bf16 (the lower column in the low half)
@@ -103,6 +109,65 @@ __device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float
     a[1] = pack_bf16(c0[2], c0[3]);
     a[2] = pack_bf16(c1[0], c1[1]);
     a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+// The A fragment of a warp's 16 rows, columns [ks*16, ks*16+16), of a
+// row-major shared tile with row stride SD (rows16: the warp's first row).
+template <int SD>
+__device__ __forceinline__ void load_a(uint32_t *a, const bf16 *rows16, int ks) {
+    const int lane = threadIdx.x % 32;
+    ldsm_x4(a[0], a[1], a[2], a[3], rows16 + (lane % 16) * SD + ks * 16 + (lane / 16) * 8);
+}
+
+// c[nb] += a · t[nb*8 .. nb*8+8, ks*16 .. +16)^T for nb < NB: a 16x16 A
+// fragment times the transpose of NB*8 rows of a row-major shared tile t
+// (stride SD). S = Q K^T and dP = dO V^T; S^T = K Q^T and dP^T = V dO^T in
+// the dk/dv kernel.
+template <int NB, int SD>
+__device__ __forceinline__ void mma_rows_t(float (*c)[4], const uint32_t *a, const bf16 *t, int ks) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int nb = 0; nb < NB; nb += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(b0, b1, b2, b3, t + ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8);
+        mma16816(c[nb], a, b0, b1);
+        mma16816(c[nb + 1], a, b2, b3);
+    }
+}
+
+// c[nd] += a · t[kk*16 .. kk*16+16, nd*8 .. nd*8+8) for nd < ND: a 16x16 A
+// fragment (its 16 columns are rows kk*16.. of t) times those 16 rows of a
+// row-major shared tile t (stride SD), read transposed by ldmatrix.
+// O = P V, dQ = dS K, dV = P^T dO, dK = dS^T Q.
+template <int ND, int SD>
+__device__ __forceinline__ void mma_rows(float (*c)[4], const uint32_t *a, const bf16 *t, int kk) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int nd = 0; nd < ND; nd += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(b0, b1, b2, b3, t + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8);
+        mma16816(c[nd], a, b0, b1);
+        mma16816(c[nd + 1], a, b2, b3);
+    }
+}
+
+// One step of a double-buffered cp.async pipeline. Stage `it` was issued
+// and committed one step earlier; this issues stage it+1 into the other
+// buffer when there is one (`more`), waits until every group but that
+// newest one has landed (this thread's copies of stage it), and the barrier
+// then makes all threads' copies of stage it visible to the whole CTA. The
+// caller ends each step with another __syncthreads, so that the next step's
+// issue does not overwrite a buffer a slower warp is still reading.
+template <typename F>
+__device__ __forceinline__ void pipeline_step(bool more, F issue_next) {
+    if (more) {
+        issue_next();
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
 }
 
 // Row r of a flattened (position, head-in-group) row range: element pointer.
@@ -154,6 +219,16 @@ struct KeySegs {
         return key < end(i) && (i < n0 || key < s0 || key >= e0);
     }
 };
+
+// cp.async key tile i of `segs` from k and v into buffer `buf` of sK and sV
+// ([2][BN][D+8] each).
+template <int D>
+__device__ __forceinline__ void load_kv_tile(bf16 *sK, bf16 *sV, const bf16 *k, const bf16 *v, const KeySegs &segs,
+                                             int i, int buf, int Hkv, int hkv) {
+    constexpr int SD = D + 8;
+    load_keys<D>(sK + buf * BN * SD, k, segs.start(i), segs.end(i), Hkv, hkv);
+    load_keys<D>(sV + buf * BN * SD, v, segs.start(i), segs.end(i), Hkv, hkv);
+}
 
 // Exclusive prefix sums out[0..n] (out[n] = total) of val(0..n-1), by one
 // block of 1024 threads: each thread sums a contiguous run, the runs are
@@ -225,10 +300,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 
     const int nt = segs.ntiles();
     load_qrows<D>(sQ, BM, q, tok0, r0, rows_total, G, hkv, Hq);
-    if (nt > 0) {
-        load_keys<D>(sK, k, segs.start(0), segs.end(0), Hkv, hkv);
-        load_keys<D>(sV, v, segs.start(0), segs.end(0), Hkv, hkv);
-    }
+    if (nt > 0) load_kv_tile<D>(sK, sV, k, v, segs, 0, 0, Hkv, hkv);
     cp_async_commit();
 
     float o[ND][4];
@@ -239,20 +311,10 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 
     for (int it = 0; it < nt; it++) {
         const int buf = it & 1;
-        if (it + 1 < nt) {
-            load_keys<D>(sK + (buf ^ 1) * BN * SD, k, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
-            load_keys<D>(sV + (buf ^ 1) * BN * SD, v, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        pipeline_step(it + 1 < nt, [&] { load_kv_tile<D>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
         if (it == 0) {
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-                ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3],
-                        sQ + (warp * 16 + lane % 16) * SD + ks * 16 + (lane / 16) * 8);
+            for (int ks = 0; ks < KS; ks++) load_a<SD>(qf[ks], sQ + warp * 16 * SD, ks);
         }
         const bf16 *kt = sK + buf * BN * SD, *vt = sV + buf * BN * SD;
         const int64_t k0 = segs.start(it);
@@ -262,15 +324,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-#pragma unroll
-            for (int nb = 0; nb < 8; nb += 2) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, kt + ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8);
-                mma16816(s[nb], qf[ks], b0, b1);
-                mma16816(s[nb + 1], qf[ks], b2, b3);
-            }
-        }
+        for (int ks = 0; ks < KS; ks++) mma_rows_t<8, SD>(s, qf[ks], kt, ks);
 
         // mask, scale into log2 units, online softmax
         float mx[2] = {-INFINITY, -INFINITY};
@@ -316,13 +370,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int nd = 0; nd < ND; nd += 2) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, vt + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8);
-                mma16816(o[nd], a, b0, b1);
-                mma16816(o[nd + 1], a, b2, b3);
-            }
+            mma_rows<ND, SD>(o, a, vt, kk);
         }
         __syncthreads(); // the next iteration's prefetch overwrites this buffer
     }
@@ -340,8 +388,10 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
         bf16 *orow = (bf16 *)row_ptr(out, tok0, row[h], G, hkv, Hq, D);
 #pragma unroll
-        for (int nd = 0; nd < ND; nd++)
+        for (int nd = 0; nd < ND; nd++) {
+            DEV_CHECK_ALIGN(orow + nd * 8 + 2 * c, 4);
             *(uint32_t *)(orow + nd * 8 + 2 * c) = pack_bf16(o[nd][2 * h] * inv, o[nd][2 * h + 1] * inv);
+        }
         if (lse && c == 0) {
             int64_t t = tok0 + row[h] / G;
             lse[t * Hq + (int64_t)hkv * G + row[h] % G] = l[h] > 0.0f ? (m[h] + log2f(l[h])) * LN2 : -INFINITY;

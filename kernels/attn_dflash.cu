@@ -154,10 +154,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     const int nt = segs.ntiles();
     load_qrows<D>(sQ, BM, q, tok0, r0, rows_total, G, hkv, Hq);
     load_qrows<D>(sdO, BM, dout, tok0, r0, rows_total, G, hkv, Hq);
-    if (nt > 0) {
-        load_keys<D>(sK, k, segs.start(0), segs.end(0), Hkv, hkv);
-        load_keys<D>(sV, v, segs.start(0), segs.end(0), Hkv, hkv);
-    }
+    if (nt > 0) load_kv_tile<D>(sK, sV, k, v, segs, 0, 0, Hkv, hkv);
     cp_async_commit();
 
     float acc[ND][4];
@@ -166,15 +163,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 
     for (int it = 0; it < nt; it++) {
         const int buf = it & 1;
-        if (it + 1 < nt) {
-            load_keys<D>(sK + (buf ^ 1) * BN * SD, k, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
-            load_keys<D>(sV + (buf ^ 1) * BN * SD, v, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        pipeline_step(it + 1 < nt, [&] { load_kv_tile<D>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
         const bf16 *kt = sK + buf * BN * SD, *vt = sV + buf * BN * SD;
         const int64_t k0 = segs.start(it);
 
@@ -187,20 +176,10 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             uint32_t aq[4], ao[4];
-            const int arow = (warp * 16 + lane % 16) * SD + ks * 16 + (lane / 16) * 8;
-            ldsm_x4(aq[0], aq[1], aq[2], aq[3], sQ + arow);
-            ldsm_x4(ao[0], ao[1], ao[2], ao[3], sdO + arow);
-#pragma unroll
-            for (int nb = 0; nb < 8; nb += 2) {
-                const int brow = ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8;
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, kt + brow);
-                mma16816(s[nb], aq, b0, b1);
-                mma16816(s[nb + 1], aq, b2, b3);
-                ldsm_x4(b0, b1, b2, b3, vt + brow);
-                mma16816(dp[nb], ao, b0, b1);
-                mma16816(dp[nb + 1], ao, b2, b3);
-            }
+            load_a<SD>(aq, sQ + warp * 16 * SD, ks);
+            load_a<SD>(ao, sdO + warp * 16 * SD, ks);
+            mma_rows_t<8, SD>(s, aq, kt, ks);
+            mma_rows_t<8, SD>(dp, ao, vt, ks);
         }
         // P = exp(S - lse) on visible keys; dS = P (dP - delta), kept in s
 #pragma unroll
@@ -217,13 +196,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int nd = 0; nd < ND; nd += 2) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, kt + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8);
-                mma16816(acc[nd], a, b0, b1);
-                mma16816(acc[nd + 1], a, b2, b3);
-            }
+            mma_rows<ND, SD>(acc, a, kt, kk);
         }
         __syncthreads();
     }
@@ -237,6 +210,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 #pragma unroll
         for (int nd = 0; nd < ND; nd++) {
             __nv_bfloat162 *p = (__nv_bfloat162 *)(drow + nd * 8 + 2 * c);
+            DEV_CHECK_ALIGN(p, 4);
             float2 old = __bfloat1622float2(*p);
             *p = __floats2bfloat162_rn(old.x + scale * acc[nd][2 * h], old.y + scale * acc[nd][2 * h + 1]);
         }
@@ -295,18 +269,10 @@ __global__ void __launch_bounds__(NTHREADS)
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
     const int64_t key[2] = {kt0 + warp * 16 + g, kt0 + warp * 16 + g + 8};
-    const int arow0 = (warp * 16 + lane % 16) * SD + (lane / 16) * 8; // A fragments of this warp's K, V rows
 
     for (int it = 0; it < total; it++) {
         const int buf = it & 1;
-        if (it + 1 < total) {
-            issue(it + 1, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        pipeline_step(it + 1 < total, [&] { issue(it + 1, buf ^ 1); });
         const int jj = list[ch.first + it / nrt], rr = (it % nrt) * BR;
         int64_t rg[4];
         block_ranges(blocks[jj], B, NK, rg);
@@ -322,20 +288,11 @@ __global__ void __launch_bounds__(NTHREADS)
             for (int e = 0; e < 4; e++) st[nb][e] = dpt[nb][e] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
-            uint32_t ak[4], av[4];
-            ldsm_x4(ak[0], ak[1], ak[2], ak[3], sK + arow0 + ks * 16);
-            ldsm_x4(av[0], av[1], av[2], av[3], sV + arow0 + ks * 16);
-#pragma unroll
-            for (int nb = 0; nb < 4; nb += 2) {
-                const int brow = ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8;
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, qt + brow);
-                mma16816(st[nb], ak, b0, b1);
-                mma16816(st[nb + 1], ak, b2, b3);
-                ldsm_x4(b0, b1, b2, b3, ot + brow);
-                mma16816(dpt[nb], av, b0, b1);
-                mma16816(dpt[nb + 1], av, b2, b3);
-            }
+            uint32_t ak[4], av[4]; // A fragments of this warp's 16 K and V rows
+            load_a<SD>(ak, sK + warp * 16 * SD, ks);
+            load_a<SD>(av, sV + warp * 16 * SD, ks);
+            mma_rows_t<4, SD>(st, ak, qt, ks);
+            mma_rows_t<4, SD>(dpt, av, ot, ks);
         }
         // P^T on visible (key, row) pairs; dS^T = P^T (dP^T - delta) into dpt
 #pragma unroll
@@ -355,17 +312,8 @@ __global__ void __launch_bounds__(NTHREADS)
             uint32_t ap[4], ad[4];
             c_to_a(ap, st[2 * kk], st[2 * kk + 1]);
             c_to_a(ad, dpt[2 * kk], dpt[2 * kk + 1]);
-#pragma unroll
-            for (int nd = 0; nd < ND; nd += 2) {
-                const int brow = (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8;
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, ot + brow);
-                mma16816(dv[nd], ap, b0, b1);
-                mma16816(dv[nd + 1], ap, b2, b3);
-                ldsm_x4_t(b0, b1, b2, b3, qt + brow);
-                mma16816(dk[nd], ad, b0, b1);
-                mma16816(dk[nd + 1], ad, b2, b3);
-            }
+            mma_rows<ND, SD>(dv, ap, ot, kk);
+            mma_rows<ND, SD>(dk, ad, qt, kk);
         }
         __syncthreads();
     }
@@ -379,6 +327,7 @@ __global__ void __launch_bounds__(NTHREADS)
 #pragma unroll
         for (int nd = 0; nd < ND; nd++) {
             int64_t o = pbase + (int64_t)kr * D + nd * 8 + 2 * c;
+            DEV_CHECK_ALIGN(part_dk + o, 8);
             *(float2 *)(part_dk + o) = make_float2(scale * dk[nd][2 * h], scale * dk[nd][2 * h + 1]);
             *(float2 *)(part_dv + o) = make_float2(dv[nd][2 * h], dv[nd][2 * h + 1]);
         }
