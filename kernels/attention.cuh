@@ -111,6 +111,13 @@ __device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float
     a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// n accumulator fragments set to zero
+template <int N>
+__device__ __forceinline__ void zero_frags(float (*c)[4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+}
+
 // The A fragment of a warp's 16 rows, columns [ks*16, ks*16+16), of a
 // row-major shared tile with row stride SD (rows16: the warp's first row).
 template <int SD>
@@ -119,35 +126,45 @@ __device__ __forceinline__ void load_a(uint32_t *a, const bf16 *rows16, int ks) 
     ldsm_x4(a[0], a[1], a[2], a[3], rows16 + (lane % 16) * SD + ks * 16 + (lane / 16) * 8);
 }
 
-// c[nb] += a · t[nb*8 .. nb*8+8, ks*16 .. +16)^T for nb < NB: a 16x16 A
-// fragment times the transpose of NB*8 rows of a row-major shared tile t
-// (stride SD). S = Q K^T and dP = dO V^T; S^T = K Q^T and dP^T = V dO^T in
-// the dk/dv kernel.
-template <int NB, int SD>
-__device__ __forceinline__ void mma_rows_t(float (*c)[4], const uint32_t *a, const bf16 *t, int ks) {
+// c[n] += a · B_n for n < N, B_n an 8-column slice of a 16-row operand
+// taken from a row-major shared tile t (stride SD) by ldmatrix.x4 (two n per
+// load), in either orientation:
+//   TRANS = false: B = t[n*8 .. n*8+8, kb*16 .. +16)^T, tile rows as columns:
+//     S = Q K^T, dP = dO V^T (and S^T = K Q^T, dP^T = V dO^T in dk/dv);
+//   TRANS = true:  B = t[kb*16 .. +16, n*8 .. n*8+8), read transposed:
+//     O = P V, dQ = dS K, dV = P^T dO, dK = dS^T Q.
+// Lanes 8m..8m+7 give the 8 row addresses of the m-th 8x8 matrix: row
+// block `outer` (8 rows per n pair) and column block `inner` (16 per kb).
+template <int N, int SD, bool TRANS>
+__device__ __forceinline__ void mma_tile(float (*c)[4], const uint32_t *a, const bf16 *t, int kb) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int nb = 0; nb < NB; nb += 2) {
+    for (int n = 0; n < N; n += 2) {
+        const int outer = (n + lane / 16) * 8, inner = kb * 16 + ((lane / 8) % 2) * 8;
         uint32_t b0, b1, b2, b3;
-        ldsm_x4(b0, b1, b2, b3, t + ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8);
-        mma16816(c[nb], a, b0, b1);
-        mma16816(c[nb + 1], a, b2, b3);
+        if (TRANS) ldsm_x4_t(b0, b1, b2, b3, t + (inner + lane % 8) * SD + outer);
+        else ldsm_x4(b0, b1, b2, b3, t + (outer + lane % 8) * SD + inner);
+        mma16816(c[n], a, b0, b1);
+        mma16816(c[n + 1], a, b2, b3);
     }
 }
 
-// c[nd] += a · t[kk*16 .. kk*16+16, nd*8 .. nd*8+8) for nd < ND: a 16x16 A
-// fragment (its 16 columns are rows kk*16.. of t) times those 16 rows of a
-// row-major shared tile t (stride SD), read transposed by ldmatrix.
-// O = P V, dQ = dS K, dV = P^T dO, dK = dS^T Q.
-template <int ND, int SD>
-__device__ __forceinline__ void mma_rows(float (*c)[4], const uint32_t *a, const bf16 *t, int kk) {
-    const int lane = threadIdx.x % 32;
+// x = A_a · t1^T and y = A_b · t2^T over all D columns, A_a and A_b the
+// warp's 16 rows of shared tiles ra and rb (stride D+8): two N*8-column
+// score blocks, S and dP (S^T and dP^T in the dk/dv kernel).
+template <int N, int D>
+__device__ __forceinline__ void two_scores(float (*x)[4], float (*y)[4], const bf16 *ra, const bf16 *rb,
+                                           const bf16 *t1, const bf16 *t2) {
+    constexpr int SD = D + 8;
+    zero_frags<N>(x);
+    zero_frags<N>(y);
 #pragma unroll
-    for (int nd = 0; nd < ND; nd += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_t(b0, b1, b2, b3, t + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8);
-        mma16816(c[nd], a, b0, b1);
-        mma16816(c[nd + 1], a, b2, b3);
+    for (int ks = 0; ks < D / 16; ks++) {
+        uint32_t a[4], b[4];
+        load_a<SD>(a, ra, ks);
+        load_a<SD>(b, rb, ks);
+        mma_tile<N, SD, false>(x, a, t1, ks);
+        mma_tile<N, SD, false>(y, b, t2, ks);
     }
 }
 
@@ -304,8 +321,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
     cp_async_commit();
 
     float o[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    zero_frags<ND>(o);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     uint32_t qf[KS][4];
 
@@ -321,10 +337,9 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 
         // S = Q K^T for 16 rows x 64 keys
         float s[8][4];
+        zero_frags<8>(s);
 #pragma unroll
-        for (int nb = 0; nb < 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) mma_rows_t<8, SD>(s, qf[ks], kt, ks);
+        for (int ks = 0; ks < KS; ks++) mma_tile<8, SD, false>(s, qf[ks], kt, ks);
 
         // mask, scale into log2 units, online softmax
         float mx[2] = {-INFINITY, -INFINITY};
@@ -370,7 +385,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-            mma_rows<ND, SD>(o, a, vt, kk);
+            mma_tile<ND, SD, true>(o, a, vt, kk);
         }
         __syncthreads(); // the next iteration's prefetch overwrites this buffer
     }

@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     attn_dflash_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
                           const bf16 *k, const bf16 *v, const dfl_block *blocks, int nblk, int B, int64_t NK, int Hq,
                           int Hkv, int G, float scale_log2, float scale) {
-    constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
+    constexpr int SD = D + 8, ND = D / 8;
     DYN_SMEM(bf16, sQ);
     bf16 *sdO = sQ + BM * SD;
     bf16 *sK = sdO + BM * SD, *sV = sK + 2 * BN * SD; // [2][BN][SD] each
@@ -158,8 +158,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     cp_async_commit();
 
     float acc[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    zero_frags<ND>(acc);
 
     for (int it = 0; it < nt; it++) {
         const int buf = it & 1;
@@ -169,18 +168,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 
         // S = Q K^T and dP = dO V^T, 16 rows x 64 keys each
         float s[8][4], dp[8][4];
-#pragma unroll
-        for (int nb = 0; nb < 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nb][e] = dp[nb][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t aq[4], ao[4];
-            load_a<SD>(aq, sQ + warp * 16 * SD, ks);
-            load_a<SD>(ao, sdO + warp * 16 * SD, ks);
-            mma_rows_t<8, SD>(s, aq, kt, ks);
-            mma_rows_t<8, SD>(dp, ao, vt, ks);
-        }
+        two_scores<8, D>(s, dp, sQ + warp * 16 * SD, sdO + warp * 16 * SD, kt, vt);
         // P = exp(S - lse) on visible keys; dS = P (dP - delta), kept in s
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) {
@@ -196,7 +184,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-            mma_rows<ND, SD>(acc, a, kt, kk);
+            mma_tile<ND, SD, true>(acc, a, kt, kk);
         }
         __syncthreads();
     }
@@ -233,7 +221,7 @@ __global__ void __launch_bounds__(NTHREADS)
                             const bf16 *dout, const float *lse, const float *delta, const bf16 *q, const bf16 *k,
                             const bf16 *v, const dfl_block *blocks, int B, int64_t NK, int Hq, int Hkv, int G,
                             float scale_log2, float scale) {
-    constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
+    constexpr int SD = D + 8, ND = D / 8;
     DYN_SMEM(bf16, sK);
     bf16 *sV = sK + BN * SD;
     bf16 *sQ = sV + BN * SD, *sdO = sQ + 2 * BR * SD; // [2][BR][SD] each
@@ -264,10 +252,8 @@ __global__ void __launch_bounds__(NTHREADS)
     cp_async_commit();
 
     float dk[ND][4], dv[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
+    zero_frags<ND>(dk);
+    zero_frags<ND>(dv);
     const int64_t key[2] = {kt0 + warp * 16 + g, kt0 + warp * 16 + g + 8};
 
     for (int it = 0; it < total; it++) {
@@ -281,19 +267,8 @@ __global__ void __launch_bounds__(NTHREADS)
         const float *lt = sL + buf * BR, *dt = sDl + buf * BR;
 
         // S^T = K Q^T and dP^T = V dO^T: 16 keys x 32 rows each
-        float st[4][4], dpt[4][4];
-#pragma unroll
-        for (int nb = 0; nb < 4; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) st[nb][e] = dpt[nb][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t ak[4], av[4]; // A fragments of this warp's 16 K and V rows
-            load_a<SD>(ak, sK + warp * 16 * SD, ks);
-            load_a<SD>(av, sV + warp * 16 * SD, ks);
-            mma_rows_t<4, SD>(st, ak, qt, ks);
-            mma_rows_t<4, SD>(dpt, av, ot, ks);
-        }
+        float st[4][4], dpt[4][4]; // this warp's 16 K and V rows against the step's 32 rows
+        two_scores<4, D>(st, dpt, sK + warp * 16 * SD, sV + warp * 16 * SD, qt, ot);
         // P^T on visible (key, row) pairs; dS^T = P^T (dP^T - delta) into dpt
 #pragma unroll
         for (int nb = 0; nb < 4; nb++) {
@@ -312,8 +287,8 @@ __global__ void __launch_bounds__(NTHREADS)
             uint32_t ap[4], ad[4];
             c_to_a(ap, st[2 * kk], st[2 * kk + 1]);
             c_to_a(ad, dpt[2 * kk], dpt[2 * kk + 1]);
-            mma_rows<ND, SD>(dv, ap, ot, kk);
-            mma_rows<ND, SD>(dk, ad, qt, kk);
+            mma_tile<ND, SD, true>(dv, ap, ot, kk);
+            mma_tile<ND, SD, true>(dk, ad, qt, kk);
         }
         __syncthreads();
     }

@@ -65,6 +65,9 @@
 #define __align__(n) alignas(n)
 #define __shared__ static
 
+extern "C" {
+#include "common.h"
+}
 extern "C" float dfl_f16_to_f32(uint16_t h);
 
 struct emu_uint3 {
@@ -94,20 +97,10 @@ struct __half {
     uint16_t x;
 };
 
-static inline float __bfloat162float(__nv_bfloat16 b) {
-    uint32_t u = (uint32_t)b.x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    __nv_bfloat16 b;
-    if ((u & 0x7fffffffu) > 0x7f800000u) b.x = 0x7fc0;
-    else b.x = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    return b;
-}
+// round to nearest even, as __float2bfloat16_rn: the CPU reference's own
+// conversions (lib/common.h)
+static inline float __bfloat162float(__nv_bfloat16 b) { return dfl_bf16_to_f32(b.x); }
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{dfl_f32_to_bf16(f)}; }
 static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
     return __nv_bfloat162{__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
 }
