@@ -63,6 +63,12 @@ static const size_t SMEM_MAX = 228 << 10, SMEM_OPTIN = 227 << 10, SMEM_DEFAULT =
     abort();
 }
 
+// a launch the runtime would refuse (no block runs yet)
+[[noreturn]] static void launch_die(const char *msg) {
+    fprintf(stderr, "cuda_emu: kernel launch: %s\n", msg);
+    abort();
+}
+
 emu_uint3 &cur_tid() { return cur->tid; }
 void *dyn_smem() { return smem_buf; }
 
@@ -454,18 +460,18 @@ void run_grid(dim3 grid, dim3 block, size_t smem, Body *b, const void *fn) {
     }
     // the launch checks of the runtime (cudaErrorInvalidConfiguration, or
     // "too many resources requested" for shared memory)
-    if (smem > SMEM_OPTIN) die("dynamic shared memory over 227 KiB (the opt-in limit per block)");
+    if (smem > SMEM_OPTIN) launch_die("dynamic shared memory over 227 KiB (the opt-in limit per block)");
     if (smem > SMEM_DEFAULT) {
         auto it = g_max_dyn_smem.find(fn);
         if (it == g_max_dyn_smem.end() || it->second < smem)
-            die("dynamic shared memory over 48 KiB without cudaFuncSetAttribute(kernel, "
+            launch_die("dynamic shared memory over 48 KiB without cudaFuncSetAttribute(kernel, "
                 "cudaFuncAttributeMaxDynamicSharedMemorySize, >= that) first");
     }
     if (!smem_buf) smem_buf = (unsigned char *)aligned_alloc(128, SMEM_MAX);
     int64_t n = (int64_t)block.x * block.y * block.z;
     if (n <= 0 || n > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > (unsigned)INT_MAX ||
         grid.y > 65535 || grid.z > 65535)
-        die("invalid launch configuration (block over 1024 threads, or a grid dimension 0, or over 2^31-1 in x "
+        launch_die("invalid launch configuration (block over 1024 threads, or a grid dimension 0, or over 2^31-1 in x "
             "or 65535 in y, z)");
     if ((int)fibers.size() < n) {
         size_t old = fibers.size();
@@ -552,7 +558,12 @@ cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, 
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
-    memmove(d, s, n);
+    // overlapping copies are undefined on the GPU (memcpy, not memmove)
+    if (n && (const char *)d < (const char *)s + n && (const char *)s < (const char *)d + n) {
+        fprintf(stderr, "cuda_emu: cudaMemcpyAsync of %zu bytes between overlapping ranges\n", n);
+        abort();
+    }
+    memcpy(d, s, n);
     return cudaSuccess;
 }
 
