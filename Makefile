@@ -88,7 +88,7 @@ $(shell mkdir -p $(BUILD); echo '$(CC) $(ALL_CFLAGS) $(NVCC)' | cmp -s - $(FLAGS
 # then run on every machine (not under SAN: fibers and ASan do not mix).
 EMU_CXXFLAGS := -std=c++17 -O2 -g -DDFLASH_EMU -DDFLASH_HAVE_CUDA -Ilib -Ikernels -Itests/emu \
                 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing -U_FORTIFY_SOURCE
-EMU_SRC    := $(sort $(wildcard kernels/*.cu)) tests/emu/cuda_emu.cpp
+EMU_SRC    := $(sort $(wildcard kernels/*.cu)) $(sort $(wildcard tests/emu/*.cpp))
 EMU_OBJ    := $(EMU_SRC:%=$(BUILD)/emu/%.o) $(BUILD)/emu/lib/ops.c.o
 EMU_TOOLS  := $(TOOL_SRC:tools/%.c=$(BUILD)/emu/bin/%)
 EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu $(BUILD)/gpu/bench_train_emu $(EMU_TOOLS))

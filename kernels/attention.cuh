@@ -41,6 +41,9 @@ constexpr float LN2 = 0.6931471805599453f;
 // primitives
 
 #ifdef DFLASH_EMU
+// tests/emu: ldmatrix and mma by the fragment layouts; cp.async deferred to
+// its wait_group (so a read before the wait sees stale bytes) and checked,
+// with ldmatrix, by the emulation's shared-memory race detector.
 __device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16 *p) {
     emu::ldmatrix_x4(r0, r1, r2, r3, p, false);
 }
@@ -51,12 +54,11 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
     emu::mma_m16n8k16(c, a, b0, b1);
 }
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
-    if (valid) memcpy(smem, gmem, 16);
-    else memset(smem, 0, 16);
+    emu::cp_async16(smem, gmem, valid);
 }
-__device__ __forceinline__ void cp_async_commit() {}
+__device__ __forceinline__ void cp_async_commit() { emu::cp_async_commit(); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() {}
+__device__ __forceinline__ void cp_async_wait() { emu::cp_async_wait(N); }
 #else
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -82,13 +84,17 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
 
 // 16-byte global -> shared copy; !valid writes 16 zero bytes instead (the
 // source is not read, but must be a mapped address: pass any valid one).
+// Both addresses 16-byte aligned. The "memory" clobbers keep the compiler
+// from moving ordinary shared-memory accesses across the issue and the
+// wait (the asm statements are otherwise opaque to it).
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
-                 "r"(valid ? 16 : 0));
+                 "r"(valid ? 16 : 0)
+                 : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 #endif
 
 // two f32 -> one register of two bf16 (the lower column in the low half)
@@ -103,6 +109,82 @@ __device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float
     a[1] = pack_bf16(c0[2], c0[3]);
     a[2] = pack_bf16(c1[0], c1[1]);
     a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+// n accumulator fragments set to zero
+template <int N>
+__device__ __forceinline__ void zero_frags(float (*c)[4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+}
+
+// The A fragment of a warp's 16 rows, columns [ks*16, ks*16+16), of a
+// row-major shared tile with row stride SD (rows16: the warp's first row).
+template <int SD>
+__device__ __forceinline__ void load_a(uint32_t *a, const bf16 *rows16, int ks) {
+    const int lane = threadIdx.x % 32;
+    ldsm_x4(a[0], a[1], a[2], a[3], rows16 + (lane % 16) * SD + ks * 16 + (lane / 16) * 8);
+}
+
+// c[n] += a · B_n for n < N, B_n an 8-column slice of a 16-row operand
+// taken from a row-major shared tile t (stride SD) by ldmatrix.x4 (two n per
+// load), in either orientation:
+//   TRANS = false: B = t[n*8 .. n*8+8, kb*16 .. +16)^T, tile rows as columns:
+//     S = Q K^T, dP = dO V^T (and S^T = K Q^T, dP^T = V dO^T in dk/dv);
+//   TRANS = true:  B = t[kb*16 .. +16, n*8 .. n*8+8), read transposed:
+//     O = P V, dQ = dS K, dV = P^T dO, dK = dS^T Q.
+// Lanes 8m..8m+7 give the 8 row addresses of the m-th 8x8 matrix: row
+// block `outer` (8 rows per n pair) and column block `inner` (16 per kb).
+template <int N, int SD, bool TRANS>
+__device__ __forceinline__ void mma_tile(float (*c)[4], const uint32_t *a, const bf16 *t, int kb) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < N; n += 2) {
+        const int outer = (n + lane / 16) * 8, inner = kb * 16 + ((lane / 8) % 2) * 8;
+        uint32_t b0, b1, b2, b3;
+        if (TRANS) ldsm_x4_t(b0, b1, b2, b3, t + (inner + lane % 8) * SD + outer);
+        else ldsm_x4(b0, b1, b2, b3, t + (outer + lane % 8) * SD + inner);
+        mma16816(c[n], a, b0, b1);
+        mma16816(c[n + 1], a, b2, b3);
+    }
+}
+
+// x = A_a · t1^T and y = A_b · t2^T over all D columns, A_a and A_b the
+// warp's 16 rows of shared tiles ra and rb (stride D+8): two N*8-column
+// score blocks, S and dP (S^T and dP^T in the dk/dv kernel).
+template <int N, int D>
+__device__ __forceinline__ void two_scores(float (*x)[4], float (*y)[4], const bf16 *ra, const bf16 *rb,
+                                           const bf16 *t1, const bf16 *t2) {
+    constexpr int SD = D + 8;
+    zero_frags<N>(x);
+    zero_frags<N>(y);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        uint32_t a[4], b[4];
+        load_a<SD>(a, ra, ks);
+        load_a<SD>(b, rb, ks);
+        mma_tile<N, SD, false>(x, a, t1, ks);
+        mma_tile<N, SD, false>(y, b, t2, ks);
+    }
+}
+
+// One step of a double-buffered cp.async pipeline. Stage `it` was issued
+// and committed one step earlier; this issues stage it+1 into the other
+// buffer when there is one (`more`), waits until every group but that
+// newest one has landed (this thread's copies of stage it), and the barrier
+// then makes all threads' copies of stage it visible to the whole CTA. The
+// caller ends each step with another __syncthreads, so that the next step's
+// issue does not overwrite a buffer a slower warp is still reading.
+template <typename F>
+__device__ __forceinline__ void pipeline_step(bool more, F issue_next) {
+    if (more) {
+        issue_next();
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
 }
 
 // Row r of a flattened (position, head-in-group) row range: element pointer.
@@ -154,6 +236,16 @@ struct KeySegs {
         return key < end(i) && (i < n0 || key < s0 || key >= e0);
     }
 };
+
+// cp.async key tile i of `segs` from k and v into buffer `buf` of sK and sV
+// ([2][BN][D+8] each).
+template <int D>
+__device__ __forceinline__ void load_kv_tile(bf16 *sK, bf16 *sV, const bf16 *k, const bf16 *v, const KeySegs &segs,
+                                             int i, int buf, int Hkv, int hkv) {
+    constexpr int SD = D + 8;
+    load_keys<D>(sK + buf * BN * SD, k, segs.start(i), segs.end(i), Hkv, hkv);
+    load_keys<D>(sV + buf * BN * SD, v, segs.start(i), segs.end(i), Hkv, hkv);
+}
 
 // Exclusive prefix sums out[0..n] (out[n] = total) of val(0..n-1), by one
 // block of 1024 threads: each thread sums a contiguous run, the runs are
@@ -225,52 +317,29 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 
     const int nt = segs.ntiles();
     load_qrows<D>(sQ, BM, q, tok0, r0, rows_total, G, hkv, Hq);
-    if (nt > 0) {
-        load_keys<D>(sK, k, segs.start(0), segs.end(0), Hkv, hkv);
-        load_keys<D>(sV, v, segs.start(0), segs.end(0), Hkv, hkv);
-    }
+    if (nt > 0) load_kv_tile<D>(sK, sV, k, v, segs, 0, 0, Hkv, hkv);
     cp_async_commit();
 
     float o[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    zero_frags<ND>(o);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     uint32_t qf[KS][4];
 
     for (int it = 0; it < nt; it++) {
         const int buf = it & 1;
-        if (it + 1 < nt) {
-            load_keys<D>(sK + (buf ^ 1) * BN * SD, k, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
-            load_keys<D>(sV + (buf ^ 1) * BN * SD, v, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        pipeline_step(it + 1 < nt, [&] { load_kv_tile<D>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
         if (it == 0) {
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-                ldsm_x4(qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3],
-                        sQ + (warp * 16 + lane % 16) * SD + ks * 16 + (lane / 16) * 8);
+            for (int ks = 0; ks < KS; ks++) load_a<SD>(qf[ks], sQ + warp * 16 * SD, ks);
         }
         const bf16 *kt = sK + buf * BN * SD, *vt = sV + buf * BN * SD;
         const int64_t k0 = segs.start(it);
 
         // S = Q K^T for 16 rows x 64 keys
         float s[8][4];
+        zero_frags<8>(s);
 #pragma unroll
-        for (int nb = 0; nb < 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-#pragma unroll
-            for (int nb = 0; nb < 8; nb += 2) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, kt + ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8);
-                mma16816(s[nb], qf[ks], b0, b1);
-                mma16816(s[nb + 1], qf[ks], b2, b3);
-            }
-        }
+        for (int ks = 0; ks < KS; ks++) mma_tile<8, SD, false>(s, qf[ks], kt, ks);
 
         // mask, scale into log2 units, online softmax
         float mx[2] = {-INFINITY, -INFINITY};
@@ -316,13 +385,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int nd = 0; nd < ND; nd += 2) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, vt + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8);
-                mma16816(o[nd], a, b0, b1);
-                mma16816(o[nd + 1], a, b2, b3);
-            }
+            mma_tile<ND, SD, true>(o, a, vt, kk);
         }
         __syncthreads(); // the next iteration's prefetch overwrites this buffer
     }
@@ -340,8 +403,10 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
         bf16 *orow = (bf16 *)row_ptr(out, tok0, row[h], G, hkv, Hq, D);
 #pragma unroll
-        for (int nd = 0; nd < ND; nd++)
+        for (int nd = 0; nd < ND; nd++) {
+            DEV_CHECK_ALIGN(orow + nd * 8 + 2 * c, 4);
             *(uint32_t *)(orow + nd * 8 + 2 * c) = pack_bf16(o[nd][2 * h] * inv, o[nd][2 * h + 1] * inv);
+        }
         if (lse && c == 0) {
             int64_t t = tok0 + row[h] / G;
             lse[t * Hq + (int64_t)hkv * G + row[h] % G] = l[h] > 0.0f ? (m[h] + log2f(l[h])) * LN2 : -INFINITY;

@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     attn_dflash_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
                           const bf16 *k, const bf16 *v, const dfl_block *blocks, int nblk, int B, int64_t NK, int Hq,
                           int Hkv, int G, float scale_log2, float scale) {
-    constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
+    constexpr int SD = D + 8, ND = D / 8;
     DYN_SMEM(bf16, sQ);
     bf16 *sdO = sQ + BM * SD;
     bf16 *sK = sdO + BM * SD, *sV = sK + 2 * BN * SD; // [2][BN][SD] each
@@ -154,54 +154,21 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     const int nt = segs.ntiles();
     load_qrows<D>(sQ, BM, q, tok0, r0, rows_total, G, hkv, Hq);
     load_qrows<D>(sdO, BM, dout, tok0, r0, rows_total, G, hkv, Hq);
-    if (nt > 0) {
-        load_keys<D>(sK, k, segs.start(0), segs.end(0), Hkv, hkv);
-        load_keys<D>(sV, v, segs.start(0), segs.end(0), Hkv, hkv);
-    }
+    if (nt > 0) load_kv_tile<D>(sK, sV, k, v, segs, 0, 0, Hkv, hkv);
     cp_async_commit();
 
     float acc[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    zero_frags<ND>(acc);
 
     for (int it = 0; it < nt; it++) {
         const int buf = it & 1;
-        if (it + 1 < nt) {
-            load_keys<D>(sK + (buf ^ 1) * BN * SD, k, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
-            load_keys<D>(sV + (buf ^ 1) * BN * SD, v, segs.start(it + 1), segs.end(it + 1), Hkv, hkv);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        pipeline_step(it + 1 < nt, [&] { load_kv_tile<D>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
         const bf16 *kt = sK + buf * BN * SD, *vt = sV + buf * BN * SD;
         const int64_t k0 = segs.start(it);
 
         // S = Q K^T and dP = dO V^T, 16 rows x 64 keys each
         float s[8][4], dp[8][4];
-#pragma unroll
-        for (int nb = 0; nb < 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nb][e] = dp[nb][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t aq[4], ao[4];
-            const int arow = (warp * 16 + lane % 16) * SD + ks * 16 + (lane / 16) * 8;
-            ldsm_x4(aq[0], aq[1], aq[2], aq[3], sQ + arow);
-            ldsm_x4(ao[0], ao[1], ao[2], ao[3], sdO + arow);
-#pragma unroll
-            for (int nb = 0; nb < 8; nb += 2) {
-                const int brow = ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8;
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, kt + brow);
-                mma16816(s[nb], aq, b0, b1);
-                mma16816(s[nb + 1], aq, b2, b3);
-                ldsm_x4(b0, b1, b2, b3, vt + brow);
-                mma16816(dp[nb], ao, b0, b1);
-                mma16816(dp[nb + 1], ao, b2, b3);
-            }
-        }
+        two_scores<8, D>(s, dp, sQ + warp * 16 * SD, sdO + warp * 16 * SD, kt, vt);
         // P = exp(S - lse) on visible keys; dS = P (dP - delta), kept in s
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) {
@@ -217,13 +184,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int nd = 0; nd < ND; nd += 2) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, kt + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8);
-                mma16816(acc[nd], a, b0, b1);
-                mma16816(acc[nd + 1], a, b2, b3);
-            }
+            mma_tile<ND, SD, true>(acc, a, kt, kk);
         }
         __syncthreads();
     }
@@ -237,6 +198,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 #pragma unroll
         for (int nd = 0; nd < ND; nd++) {
             __nv_bfloat162 *p = (__nv_bfloat162 *)(drow + nd * 8 + 2 * c);
+            DEV_CHECK_ALIGN(p, 4);
             float2 old = __bfloat1622float2(*p);
             *p = __floats2bfloat162_rn(old.x + scale * acc[nd][2 * h], old.y + scale * acc[nd][2 * h + 1]);
         }
@@ -259,7 +221,7 @@ __global__ void __launch_bounds__(NTHREADS)
                             const bf16 *dout, const float *lse, const float *delta, const bf16 *q, const bf16 *k,
                             const bf16 *v, const dfl_block *blocks, int B, int64_t NK, int Hq, int Hkv, int G,
                             float scale_log2, float scale) {
-    constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
+    constexpr int SD = D + 8, ND = D / 8;
     DYN_SMEM(bf16, sK);
     bf16 *sV = sK + BN * SD;
     bf16 *sQ = sV + BN * SD, *sdO = sQ + 2 * BR * SD; // [2][BR][SD] each
@@ -290,23 +252,13 @@ __global__ void __launch_bounds__(NTHREADS)
     cp_async_commit();
 
     float dk[ND][4], dv[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
+    zero_frags<ND>(dk);
+    zero_frags<ND>(dv);
     const int64_t key[2] = {kt0 + warp * 16 + g, kt0 + warp * 16 + g + 8};
-    const int arow0 = (warp * 16 + lane % 16) * SD + (lane / 16) * 8; // A fragments of this warp's K, V rows
 
     for (int it = 0; it < total; it++) {
         const int buf = it & 1;
-        if (it + 1 < total) {
-            issue(it + 1, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        pipeline_step(it + 1 < total, [&] { issue(it + 1, buf ^ 1); });
         const int jj = list[ch.first + it / nrt], rr = (it % nrt) * BR;
         int64_t rg[4];
         block_ranges(blocks[jj], B, NK, rg);
@@ -315,28 +267,8 @@ __global__ void __launch_bounds__(NTHREADS)
         const float *lt = sL + buf * BR, *dt = sDl + buf * BR;
 
         // S^T = K Q^T and dP^T = V dO^T: 16 keys x 32 rows each
-        float st[4][4], dpt[4][4];
-#pragma unroll
-        for (int nb = 0; nb < 4; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) st[nb][e] = dpt[nb][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t ak[4], av[4];
-            ldsm_x4(ak[0], ak[1], ak[2], ak[3], sK + arow0 + ks * 16);
-            ldsm_x4(av[0], av[1], av[2], av[3], sV + arow0 + ks * 16);
-#pragma unroll
-            for (int nb = 0; nb < 4; nb += 2) {
-                const int brow = ((nb + lane / 16) * 8 + lane % 8) * SD + ks * 16 + ((lane / 8) % 2) * 8;
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, qt + brow);
-                mma16816(st[nb], ak, b0, b1);
-                mma16816(st[nb + 1], ak, b2, b3);
-                ldsm_x4(b0, b1, b2, b3, ot + brow);
-                mma16816(dpt[nb], av, b0, b1);
-                mma16816(dpt[nb + 1], av, b2, b3);
-            }
-        }
+        float st[4][4], dpt[4][4]; // this warp's 16 K and V rows against the step's 32 rows
+        two_scores<4, D>(st, dpt, sK + warp * 16 * SD, sV + warp * 16 * SD, qt, ot);
         // P^T on visible (key, row) pairs; dS^T = P^T (dP^T - delta) into dpt
 #pragma unroll
         for (int nb = 0; nb < 4; nb++) {
@@ -355,17 +287,8 @@ __global__ void __launch_bounds__(NTHREADS)
             uint32_t ap[4], ad[4];
             c_to_a(ap, st[2 * kk], st[2 * kk + 1]);
             c_to_a(ad, dpt[2 * kk], dpt[2 * kk + 1]);
-#pragma unroll
-            for (int nd = 0; nd < ND; nd += 2) {
-                const int brow = (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * SD + (nd + lane / 16) * 8;
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, ot + brow);
-                mma16816(dv[nd], ap, b0, b1);
-                mma16816(dv[nd + 1], ap, b2, b3);
-                ldsm_x4_t(b0, b1, b2, b3, qt + brow);
-                mma16816(dk[nd], ad, b0, b1);
-                mma16816(dk[nd + 1], ad, b2, b3);
-            }
+            mma_tile<ND, SD, true>(dv, ap, ot, kk);
+            mma_tile<ND, SD, true>(dk, ad, qt, kk);
         }
         __syncthreads();
     }
@@ -379,6 +302,7 @@ __global__ void __launch_bounds__(NTHREADS)
 #pragma unroll
         for (int nd = 0; nd < ND; nd++) {
             int64_t o = pbase + (int64_t)kr * D + nd * 8 + 2 * c;
+            DEV_CHECK_ALIGN(part_dk + o, 8);
             *(float2 *)(part_dk + o) = make_float2(scale * dk[nd][2 * h], scale * dk[nd][2 * h + 1]);
             *(float2 *)(part_dv + o) = make_float2(dv[nd][2 * h], dv[nd][2 * h + 1]);
         }

@@ -111,16 +111,29 @@ __global__ void simple_causal_kernel(bf16 *out, const bf16 *q, const bf16 *k, co
     for (int64_t key = r[2]; key < r[3]; key++)                                  \
         if (key < r[0] || key >= r[1]) BODY
 
+// This warp's DFlash query row w (one warp per (token, head) row, in the
+// [T, Hq] order of q): false past the last row; else its KV head and the
+// key ranges of its block (block_ranges).
+struct DflashRow {
+    int64_t w, r[4];
+    int lane, hkv;
+    __device__ bool init(const dfl_block *blocks, int B, int64_t NK, int64_t nrows, int Hq, int Hkv) {
+        w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+        lane = threadIdx.x % 32;
+        if (w >= nrows) return false;
+        hkv = (int)(w % Hq) / (Hq / Hkv);
+        block_ranges(blocks[w / Hq / B], B, NK, r);
+        return true;
+    }
+};
+
 __global__ void simple_dflash_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                      const dfl_block *blocks, int B, int64_t NK, int64_t nrows, int Hq, int Hkv, int D,
                                      float scale) {
-    int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
-    int lane = threadIdx.x % 32;
-    if (w >= nrows) return;
-    int64_t t = w / Hq;
-    int hkv = (int)(w % Hq) / (Hq / Hkv);
-    int64_t r[4];
-    block_ranges(blocks[t / B], B, NK, r);
+    DflashRow row;
+    if (!row.init(blocks, B, NK, nrows, Hq, Hkv)) return;
+    const int64_t w = row.w, *r = row.r;
+    const int lane = row.lane, hkv = row.hkv;
     float x[PL];
     load_vec(x, q + w * D, D, lane);
     Online st;
@@ -142,13 +155,10 @@ __global__ void simple_dflash_kernel(bf16 *out, float *lse, const bf16 *q, const
 __global__ void simple_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
                                  const bf16 *k, const bf16 *v, const dfl_block *blocks, int B, int64_t NK,
                                  int64_t nrows, int Hq, int Hkv, int D, float scale) {
-    int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
-    int lane = threadIdx.x % 32;
-    if (w >= nrows) return;
-    int64_t t = w / Hq;
-    int hkv = (int)(w % Hq) / (Hq / Hkv);
-    int64_t r[4];
-    block_ranges(blocks[t / B], B, NK, r);
+    DflashRow row;
+    if (!row.init(blocks, B, NK, nrows, Hq, Hkv)) return;
+    const int64_t w = row.w, *r = row.r;
+    const int lane = row.lane, hkv = row.hkv;
     float x[PL], go[PL], acc[PL];
     load_vec(x, q + w * D, D, lane);
     load_vec(go, dout + w * D, D, lane);

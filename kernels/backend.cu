@@ -67,12 +67,25 @@ static void cuda_sync(void) { cudaCheck(cudaStreamSynchronize(g_cuda.stream)); }
 
 static struct { void *p; size_t cap; } g_scratch[SCRATCH_SLOTS];
 
+// Grow-only: a slot is reallocated only when an op needs more than ever
+// before, so this is rare and the allocation is no hot-loop cost. Stream-
+// ordered (the old buffer is freed after the work queued on it) where the
+// device supports memory pools; otherwise (some virtualised GPUs report no
+// pool support, and cudaMallocAsync then fails with "operation not
+// supported") a drained stream and plain cudaFree/cudaMalloc.
 void *cuda_scratch(int slot, size_t bytes) {
     CU_ASSERT(slot >= 0 && slot < SCRATCH_SLOTS);
     if (bytes <= g_scratch[slot].cap) return g_scratch[slot].p;
-    if (g_scratch[slot].p) cudaCheck(cudaFreeAsync(g_scratch[slot].p, g_cuda.stream));
     size_t cap = bytes + bytes / 4 + 256;
-    cudaError_t e = cudaMallocAsync(&g_scratch[slot].p, cap, g_cuda.stream);
+    cudaError_t e;
+    if (g_cuda.pools) {
+        if (g_scratch[slot].p) cudaCheck(cudaFreeAsync(g_scratch[slot].p, g_cuda.stream));
+        e = cudaMallocAsync(&g_scratch[slot].p, cap, g_cuda.stream);
+    } else {
+        cudaCheck(cudaStreamSynchronize(g_cuda.stream));
+        if (g_scratch[slot].p) cudaCheck(cudaFree(g_scratch[slot].p));
+        e = cudaMalloc(&g_scratch[slot].p, cap);
+    }
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash: out of GPU memory allocating %zu bytes of scratch: %s\n", cap,
                 cudaGetErrorString(e));
@@ -154,6 +167,12 @@ extern "C" int dfl_ops_cuda(int dev, const dfl_ops **out) {
     g_cuda.dev = dev;
     g_cuda.sm_count = prop.multiProcessorCount;
     g_cuda.smem_optin = prop.sharedMemPerBlockOptin;
+    int pools = 0;
+    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) != cudaSuccess) {
+        pools = 0;
+        (void)cudaGetLastError(); // not left for the first LAUNCH_CHECK to find
+    }
+    g_cuda.pools = pools;
     g_cuda.simple = env_flag("DFLASH_CUDA_SIMPLE");
     g_cuda.sync = env_flag("DFLASH_CUDA_SYNC");
     const char *rows = getenv("DFLASH_CUDA_LMHEAD_ROWS");

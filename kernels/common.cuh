@@ -87,6 +87,7 @@ struct dfl_cuda_state {
     size_t blas_ws_bytes;
     int sm_count;
     size_t smem_optin;    // max dynamic shared memory per block
+    int pools;            // stream-ordered allocation (cudaMallocAsync) supported
     int simple;           // DFLASH_CUDA_SIMPLE=1: reference kernels for attention
     int sync;             // DFLASH_CUDA_SYNC=1: synchronise after every launch
     int64_t lmhead_rows;  // DFLASH_CUDA_LMHEAD_ROWS=n: rows per LM-head chunk (tests)
@@ -117,6 +118,48 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // Is p aligned to `a` bytes (for the vectorised paths)?
 static inline int is_aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
+
+// A vector access needs its natural alignment on the GPU (a misaligned
+// 16-byte load faults: "misaligned address"); x86 does not care, so the
+// emulation checks it where the GPU would fault. Free on the GPU.
+#ifdef DFLASH_EMU
+#define DEV_CHECK_ALIGN(p, a) emu::check_align((const void *)(p), (a), __FILE__, __LINE__)
+#else
+#define DEV_CHECK_ALIGN(p, a) ((void)0)
+#endif
+
+// W consecutive bf16 <-> f32: W = 8 is one 16-byte access (p 16-byte
+// aligned: the launchers check before they pick W = 8), W = 1 one element.
+// Through uint4, whose alignment is 16: a struct of 8 bf16 has alignment
+// 2, and the compiler then splits the "vector" access into eight 2-byte ones.
+template <int W>
+__device__ __forceinline__ void load_bf16s(float *f, const bf16 *p) {
+    static_assert(W == 1 || W == 8, "1 or 8 elements");
+    if (W == 8) {
+        DEV_CHECK_ALIGN(p, 16);
+        uint4 u = *(const uint4 *)p;
+        const bf16 *b = (const bf16 *)&u;
+#pragma unroll
+        for (int i = 0; i < W; i++) f[i] = bf2f(b[i]);
+    } else {
+        f[0] = bf2f(*p);
+    }
+}
+
+template <int W>
+__device__ __forceinline__ void store_bf16s(bf16 *p, const float *f) {
+    static_assert(W == 1 || W == 8, "1 or 8 elements");
+    if (W == 8) {
+        DEV_CHECK_ALIGN(p, 16);
+        uint4 u;
+        bf16 *b = (bf16 *)&u;
+#pragma unroll
+        for (int i = 0; i < W; i++) b[i] = f2bf(f[i]);
+        *(uint4 *)p = u;
+    } else {
+        *p = f2bf(f[0]);
+    }
+}
 
 // ---------------------------------------------------------------------------
 // GEMM helpers (matmul.cu), used by the LM-head ops too. Row-major shapes.

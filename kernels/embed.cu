@@ -17,6 +17,8 @@ __global__ void embed_kernel(bf16 *out, const int32_t *ids, const bf16 *table, i
     if (VEC) {
         const uint4 *s4 = (const uint4 *)src;
         uint4 *d4 = (uint4 *)dst;
+        DEV_CHECK_ALIGN(s4, 16);
+        DEV_CHECK_ALIGN(d4, 16);
         for (int64_t i = threadIdx.x; i < H / 8; i += blockDim.x) d4[i] = s4[i];
     } else {
         for (int64_t i = threadIdx.x; i < H; i += blockDim.x) dst[i] = src[i];

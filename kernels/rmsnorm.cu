@@ -14,31 +14,6 @@
 
 // Lane `lane` visits columns [c, c+VW) for c = lane*VW, lane*VW + 32*VW, ...
 template <int VW>
-__device__ __forceinline__ void load_cols(float *f, const bf16 *p) {
-    if (VW == 8) {
-        uint4 u = *(const uint4 *)p;
-        const bf16 *b = (const bf16 *)&u;
-#pragma unroll
-        for (int i = 0; i < 8; i++) f[i] = bf2f(b[i]);
-    } else {
-        f[0] = bf2f(*p);
-    }
-}
-
-template <int VW>
-__device__ __forceinline__ void store_cols(bf16 *p, const float *f) {
-    if (VW == 8) {
-        uint4 u;
-        bf16 *b = (bf16 *)&u;
-#pragma unroll
-        for (int i = 0; i < 8; i++) b[i] = f2bf(f[i]);
-        *(uint4 *)p = u;
-    } else {
-        *p = f2bf(f[0]);
-    }
-}
-
-template <int VW>
 __global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, int64_t rows, int dim,
                                float eps) {
     int lane = threadIdx.x % 32;
@@ -48,7 +23,7 @@ __global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf1
     float ss = 0.0f;
     for (int c = lane * VW; c < dim; c += 32 * VW) {
         float f[VW];
-        load_cols<VW>(f, x + c);
+        load_bf16s<VW>(f, x + c);
 #pragma unroll
         for (int i = 0; i < VW; i++) ss += f[i] * f[i];
     }
@@ -58,11 +33,11 @@ __global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf1
     bf16 *y = out + row * dim;
     for (int c = lane * VW; c < dim; c += 32 * VW) {
         float f[VW], g[VW];
-        load_cols<VW>(f, x + c);
-        load_cols<VW>(g, w + c);
+        load_bf16s<VW>(f, x + c);
+        load_bf16s<VW>(g, w + c);
 #pragma unroll
         for (int i = 0; i < VW; i++) f[i] = f[i] * r * g[i];
-        store_cols<VW>(y + c, f);
+        store_bf16s<VW>(y + c, f);
     }
 }
 
@@ -85,9 +60,9 @@ __global__ void rmsnorm_bwd_kernel(bf16 *din, float *dw_part, const bf16 *dout, 
         float gx = 0.0f;
         for (int c = lane * VW; c < dim; c += 32 * VW) {
             float f[VW], g[VW], d[VW];
-            load_cols<VW>(f, x + c);
-            load_cols<VW>(g, w + c);
-            load_cols<VW>(d, dy + c);
+            load_bf16s<VW>(f, x + c);
+            load_bf16s<VW>(g, w + c);
+            load_bf16s<VW>(d, dy + c);
 #pragma unroll
             for (int i = 0; i < VW; i++) gx += d[i] * g[i] * f[i];
         }
@@ -95,15 +70,15 @@ __global__ void rmsnorm_bwd_kernel(bf16 *din, float *dw_part, const bf16 *dout, 
         float k = r * r * r * gx / (float)dim;
         for (int c = lane * VW; c < dim; c += 32 * VW) {
             float f[VW], g[VW], d[VW];
-            load_cols<VW>(f, x + c);
-            load_cols<VW>(d, dy + c);
+            load_bf16s<VW>(f, x + c);
+            load_bf16s<VW>(d, dy + c);
             if (din) {
                 float acc[VW];
-                load_cols<VW>(g, w + c);
-                load_cols<VW>(acc, din + row * dim + c);
+                load_bf16s<VW>(g, w + c);
+                load_bf16s<VW>(acc, din + row * dim + c);
 #pragma unroll
                 for (int i = 0; i < VW; i++) acc[i] += r * d[i] * g[i] - f[i] * k;
-                store_cols<VW>(din + row * dim + c, acc);
+                store_bf16s<VW>(din + row * dim + c, acc);
             }
             if (dw_part) {
 #pragma unroll

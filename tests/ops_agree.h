@@ -239,6 +239,7 @@ static void rmsnorm_agrees(void) {
     rmsnorm_case(33, 96);   /* 16-byte rows: vector path */
     rmsnorm_case(29, 37);   /* odd: scalar path */
     rmsnorm_case(300, 128); /* a q_norm shape: many rows, blocks of several rows */
+    rmsnorm_case(6, 4096);  /* hidden 4096: the backward's 64 KiB of shared memory (over 48 KiB) */
     if (AG_BIG) rmsnorm_case(4099, 4096);
 }
 
@@ -562,6 +563,47 @@ static void lmhead_agrees(void) {
     if (AG_BIG) lmhead_ce_case(300, 1024, 151936); /* the Qwen3 vocabulary, several chunks */
 }
 
+/* ---- views ----------------------------------------------------------------------- */
+
+/* Ops on views that start inside their buffers at an element offset that is
+ * not a multiple of 8 (model code offsets rows with DFL_AT): the launchers
+ * must take their unaligned paths (the emulation aborts on a misaligned
+ * 16-byte access, as the GPU faults), with the same results. */
+#define AG_VIEW(o, p, off) DFL_AT(o, p, off)
+static void views_agree(void) {
+    const int64_t n = 301, off = 3, rows = 4, dim = 64; /* rows * dim <= n */
+    float *ha = ag_randn(n + off, 1), *hb = ag_randn(n + off, 1);
+    ag_pair a = ag_new(ha, n + off, AG_ACT), b = ag_new(hb, n + off, AG_ACT), o = ag_new(NULL, n + off, AG_ACT);
+    REF->add(AG_VIEW(REF, o.r, off), AG_VIEW(REF, a.r, off), AG_VIEW(REF, b.r, off), n);
+    DEV->add(AG_VIEW(DEV, o.d, off), AG_VIEW(DEV, a.d, off), AG_VIEW(DEV, b.d, off), n);
+    ag_check("add on views at +3", &o, NMSE_ROUND);
+    REF->swiglu(AG_VIEW(REF, o.r, off), AG_VIEW(REF, a.r, off), AG_VIEW(REF, b.r, off), n);
+    DEV->swiglu(AG_VIEW(DEV, o.d, off), AG_VIEW(DEV, a.d, off), AG_VIEW(DEV, b.d, off), n);
+    ag_check("swiglu on views at +3", &o, NMSE_ROUND);
+    /* rows of 64 starting 3 elements in */
+    float *hw = ag_randn(dim, 1);
+    ag_pair w = ag_new(hw, dim, AG_ACT), rstd = ag_new(NULL, rows, AG_F32);
+    REF->rmsnorm(AG_VIEW(REF, o.r, off), rstd.r, AG_VIEW(REF, a.r, off), w.r, rows, dim, 1e-6f);
+    DEV->rmsnorm(AG_VIEW(DEV, o.d, off), rstd.d, AG_VIEW(DEV, a.d, off), w.d, rows, dim, 1e-6f);
+    ag_check("rmsnorm on rows at +3", &o, NMSE_ROUND);
+    ag_free(&a), ag_free(&b), ag_free(&o), ag_free(&w), ag_free(&rstd);
+    free(ha), free(hb), free(hw);
+    /* causal attention, head dim 64, q/k/v/out 4 elements in: the simple kernel */
+    const int64_t T = 40, Hq = 4, Hkv = 2, D = 64, vo = 4;
+    const int32_t cu[] = {0, 23, 40};
+    float *hq = ag_randn(T * Hq * D + vo, 1), *hk = ag_randn(T * Hkv * D + vo, 1), *hv = ag_randn(T * Hkv * D + vo, 1);
+    ag_pair q = ag_new(hq, T * Hq * D + vo, AG_ACT), k = ag_new(hk, T * Hkv * D + vo, AG_ACT);
+    ag_pair v = ag_new(hv, T * Hkv * D + vo, AG_ACT), c = ag_new(cu, 3, AG_I32);
+    ag_pair out = ag_new(NULL, T * Hq * D + vo, AG_ACT);
+    REF->attn_causal(AG_VIEW(REF, out.r, vo), AG_VIEW(REF, q.r, vo), AG_VIEW(REF, k.r, vo), AG_VIEW(REF, v.r, vo),
+                     c.r, 2, T, Hq, Hkv, D);
+    DEV->attn_causal(AG_VIEW(DEV, out.d, vo), AG_VIEW(DEV, q.d, vo), AG_VIEW(DEV, k.d, vo), AG_VIEW(DEV, v.d, vo),
+                     c.d, 2, T, Hq, Hkv, D);
+    ag_check("attn_causal on views at +4", &out, NMSE_INNER);
+    ag_free(&q), ag_free(&k), ag_free(&v), ag_free(&c), ag_free(&out);
+    free(hq), free(hk), free(hv);
+}
+
 /* ---- optimizer ----------------------------------------------------------------- */
 
 static void adamw_agrees(void) {
@@ -607,6 +649,7 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(attn_causal_agrees);
     AG_RUN(attn_dflash_agrees);
     AG_RUN(lmhead_agrees);
+    AG_RUN(views_agree);
     AG_RUN(adamw_agrees);
 }
 

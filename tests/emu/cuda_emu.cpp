@@ -5,12 +5,20 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
+#include <map>
 #include <vector>
 
 namespace emu {
 
 enum { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
 enum { OP_NONE, OP_SYNC, OP_SHFL, OP_BALLOT, OP_LDSM, OP_LDSM_T, OP_MMA };
+
+// One cp.async in flight: it lands when its thread waits for its group.
+struct Copy {
+    unsigned char *dst;
+    const unsigned char *src; // NULL: 16 zero bytes
+    int group;
+};
 
 // A fiber starts once through setcontext (on its own stack) and from then
 // on switches with _setjmp/_longjmp, which save no signal mask: no system
@@ -22,12 +30,15 @@ struct Fiber {
     char *stack;
     emu_uint3 tid;
     int warp, lane, state;
+    std::vector<Copy> copies; // issued, not yet landed
+    int committed;            // cp.async groups committed so far
 };
 
 // One warp's pending collective: every live lane deposits its operands and
 // where its result goes; the last lane to arrive computes all results.
 struct Warp {
     int size, arrived, done, op;
+    uint32_t wsync; // __syncwarp count of this block (an ordering point for the race detector)
     uint32_t in[32][6];
     const void *ptr[32];
     void *out[32][4];
@@ -44,11 +55,17 @@ static jmp_buf sched;
 static int nthreads, block_arrived, done_count;
 static Body *body;
 static unsigned char *smem_buf;
-static const size_t SMEM_MAX = 228 << 10;
+static const size_t SMEM_MAX = 228 << 10, SMEM_OPTIN = 227 << 10, SMEM_DEFAULT = 48 << 10;
 
 [[noreturn]] static void die(const char *msg) {
     fprintf(stderr, "cuda_emu: block (%u,%u,%u) thread %u: %s\n", g_block.x, g_block.y, g_block.z,
             cur ? cur->tid.x : 0u, msg);
+    abort();
+}
+
+// a launch the runtime would refuse (no block runs yet)
+[[noreturn]] static void launch_die(const char *msg) {
+    fprintf(stderr, "cuda_emu: kernel launch: %s\n", msg);
     abort();
 }
 
@@ -59,10 +76,141 @@ static void yield() {
     if (_setjmp(cur->jb) == 0) _longjmp(sched, 1);
 }
 
+// ---- schedules ------------------------------------------------------------------
+
+static unsigned g_sched;
+static bool g_sched_set;
+
+static uint64_t mix64(uint64_t x) { // splitmix64
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// a seeded Fisher-Yates shuffle of v
+static void shuffle(std::vector<int> &v, uint64_t &st) {
+    for (size_t i = v.size(); i > 1; i--) {
+        st = mix64(st);
+        std::swap(v[i - 1], v[st % i]);
+    }
+}
+
+// An extra switch point (schedules s != 0): let the other threads run.
+static void maybe_yield() {
+    if (g_sched && cur) yield();
+}
+
+// ---- race detector over dynamic shared memory -----------------------------------
+//
+// Epochs: a counter that every completed __syncthreads (and every new block)
+// advances, so two accesses with the same stamp are not ordered by a block
+// barrier. Per 16-byte granule: the last cp.async (thread, epoch of issue,
+// epoch it landed or PENDING, the writer warp's __syncwarp count then) and
+// the warps that read it by ldmatrix in the latest epoch.
+
+static const uint64_t PENDING = ~0ull;
+struct Granule {
+    int w_tid;
+    uint64_t w_done;
+    uint32_t w_wsync;
+    uint64_t r_epoch;
+    uint32_t r_warps;
+};
+static std::vector<Granule> shadow(SMEM_MAX / 16, Granule{-1, 0, 0, 0, 0});
+static uint64_t g_epoch = 1;
+static unsigned long g_races;
+static bool g_race_fatal = true;
+
+static void race(const char *what, int other_tid) {
+    g_races++;
+    char msg[512];
+    snprintf(msg, sizeof msg, "shared-memory race: %s (the other thread: %d)", what, other_tid);
+    if (g_race_fatal) die(msg);
+    if (g_races <= 5)
+        fprintf(stderr, "cuda_emu: block (%u,%u,%u) thread %u: %s\n", g_block.x, g_block.y, g_block.z,
+                cur ? cur->tid.x : 0u, msg);
+}
+
+static int fiber_index(const Fiber *f) { return (int)(f - fibers.data()); }
+
+// the granule of a dynamic shared-memory address, or NULL for any other
+// address (static __shared__ arrays are not tracked)
+static Granule *granule(const void *p) {
+    const unsigned char *c = (const unsigned char *)p;
+    if (!smem_buf || c < smem_buf || c >= smem_buf + SMEM_MAX) return NULL;
+    return &shadow[(size_t)(c - smem_buf) / 16];
+}
+
+static void land(Fiber *f, const Copy &c) {
+    if (c.src) memcpy(c.dst, c.src, 16);
+    else memset(c.dst, 0, 16);
+    if (Granule *g = granule(c.dst)) {
+        g->w_done = g_epoch;
+        g->w_wsync = warps[f->warp].wsync;
+    }
+}
+
+// the copies of f in groups < upto land (upto INT_MAX: all, committed or not)
+static void land_groups(Fiber *f, int upto) {
+    size_t keep = 0;
+    for (size_t i = 0; i < f->copies.size(); i++) {
+        if (f->copies[i].group < upto) land(f, f->copies[i]);
+        else f->copies[keep++] = f->copies[i];
+    }
+    f->copies.resize(keep);
+}
+
+void cp_async16(void *smem, const void *gmem, bool valid) {
+    if ((uintptr_t)smem % 16 || (valid && (uintptr_t)gmem % 16)) die("cp.async of 16 bytes at an address not 16-byte aligned");
+    if (Granule *g = granule(smem)) {
+        const int me = fiber_index(cur), w = cur->warp;
+        if (g->w_done == PENDING) race("cp.async into bytes whose earlier cp.async has not landed", g->w_tid);
+        else if (g->w_done == g_epoch && g->w_tid != me)
+            race("cp.async over bytes another thread's cp.async wrote in this barrier interval", g->w_tid);
+        if (g->r_epoch == g_epoch && (g->r_warps & ~(1u << w)))
+            race("cp.async over bytes another warp read in this barrier interval: a __syncthreads is missing "
+                 "between that read and this overwrite",
+                 -1);
+        g->w_tid = me;
+        g->w_done = PENDING;
+    }
+    cur->copies.push_back(Copy{(unsigned char *)smem, valid ? (const unsigned char *)gmem : NULL, cur->committed});
+    maybe_yield();
+}
+
+void cp_async_commit() { cur->committed++; }
+
+void cp_async_wait(int n) {
+    land_groups(cur, cur->committed - n);
+    maybe_yield();
+}
+
+// warp w reads the 16 bytes at p with ldmatrix
+static void check_read(const void *p, int w) {
+    if ((uintptr_t)p % 16) die("ldmatrix row address not 16-byte aligned");
+    Granule *g = granule(p);
+    if (!g) return;
+    if (g->w_done == PENDING)
+        race("ldmatrix reads bytes whose cp.async has not landed (no cp.async.wait_group covers it yet)", g->w_tid);
+    else if (g->w_done == g_epoch) {
+        const int ww = fibers[g->w_tid].warp;
+        if (ww != w || g->w_wsync == warps[w].wsync)
+            race("ldmatrix reads another thread's cp.async data in the barrier interval of its wait: a "
+                 "__syncthreads (or __syncwarp) is missing after the wait",
+                 g->w_tid);
+    }
+    if (g->r_epoch != g_epoch) g->r_epoch = g_epoch, g->r_warps = 0;
+    g->r_warps |= 1u << w;
+}
+
+// ---- blocks, warps, barriers ------------------------------------------------------
+
 static void release_block() {
     for (auto &f : fibers)
         if (f.state == WAIT_BLOCK) f.state = RUN;
     block_arrived = 0;
+    g_epoch++;
 }
 
 static void compute_warp(Warp &w, int wi);
@@ -82,17 +230,19 @@ static void complete_warp_if_ready(int wi) {
 
 static void fiber_main() {
     body->run();
+    land_groups(cur, INT_MAX); // a thread's copies land even if it never waited
     cur->state = DONE;
     done_count++;
     warps[cur->warp].done++;
-    if (block_arrived && block_arrived + done_count == nthreads) release_block();
+    if (block_arrived) die("a thread exited while others wait at a __syncthreads it never reaches");
     complete_warp_if_ready(cur->warp);
     _longjmp(sched, 1); // never resumed
 }
 
 void syncthreads() {
+    if (done_count) die("__syncthreads after some threads of the block exited");
     cur->state = WAIT_BLOCK;
-    if (++block_arrived + done_count == nthreads) release_block();
+    if (++block_arrived == nthreads) release_block();
     yield();
 }
 
@@ -130,6 +280,7 @@ uint32_t ballot(bool p) {
 
 void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p, bool trans) {
     Warp &w = warps[cur->warp];
+    check_read(p, cur->warp);
     w.ptr[cur->lane] = p;
     w.out[cur->lane][0] = &r0, w.out[cur->lane][1] = &r1, w.out[cur->lane][2] = &r2, w.out[cur->lane][3] = &r3;
     collective(trans ? OP_LDSM_T : OP_LDSM);
@@ -155,6 +306,7 @@ static void compute_warp(Warp &w, int wi) {
         die("a fragment collective in a partial warp");
     switch (w.op) {
     case OP_SYNC:
+        w.wsync++;
         break;
     case OP_SHFL:
         for (int l = 0; l < w.size; l++) *(uint32_t *)w.out[l][0] = w.in[l ^ w.in[l][1]][0];
@@ -224,13 +376,25 @@ __attribute__((noinline)) static void resume(Fiber *f) {
     }
 }
 
+// Resume every runnable fiber of `order` once (true if any ran).
+static bool sweep(const std::vector<int> &order) {
+    bool ran = false;
+    for (int i : order)
+        if (fibers[i].state == RUN) resume(&fibers[i]), ran = true;
+    return ran;
+}
+
 static void run_block() {
     block_arrived = done_count = 0;
-    for (size_t i = 0; i < warps.size(); i++) warps[i].arrived = warps[i].done = 0, warps[i].op = OP_NONE;
+    g_epoch++; // nothing of the previous block is in this block's epochs
+    for (size_t i = 0; i < warps.size(); i++)
+        warps[i].arrived = warps[i].done = 0, warps[i].op = OP_NONE, warps[i].wsync = 0;
     for (int i = 0; i < nthreads; i++) {
         Fiber &f = fibers[i];
         f.state = RUN;
         f.started = false;
+        f.copies.clear();
+        f.committed = 0;
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack;
         f.ctx.uc_stack.ss_size = STACK;
@@ -238,43 +402,83 @@ static void run_block() {
         makecontext(&f.ctx, fiber_main, 0);
     }
     memset(smem_buf, 0xff, SMEM_MAX);
-    // Warps run one at a time, each as far as it can go (to a block barrier
-    // or its end) before the next, starting from a different warp in each
-    // block: a warp that overwrites shared memory another warp still reads,
-    // or reads what another has not written yet, for want of a barrier, then
-    // computes a wrong result instead of getting lucky.
+    // The order. Default: warps one at a time, each as far as it can go (to
+    // a block barrier or its end) before the next, starting from a different
+    // warp in each block: a warp that overwrites shared memory another warp
+    // still reads, or reads what another has not written yet, for want of a
+    // barrier, then computes a wrong result instead of getting lucky. Other
+    // schedules: see cuda_emu.h.
     const int nw = (int)warps.size();
+    const uint64_t bid = g_block.x + ((uint64_t)g_block.y << 21) + ((uint64_t)g_block.z << 42);
+    uint64_t st = mix64(g_sched * 0x2545f4914f6cdd1dull ^ bid);
+    std::vector<int> worder(nw);
     const int first = (int)((g_block.x + 3u * g_block.y + 5u * g_block.z) % (unsigned)nw);
+    for (int k = 0; k < nw; k++) worder[k] = (first + k) % nw;
+    if (g_sched) shuffle(worder, st);
+    std::vector<std::vector<int>> lanes(nw);
+    std::vector<int> all;
+    for (int w : worder) {
+        for (int i = 32 * w; i < 32 * w + warps[w].size; i++) lanes[w].push_back(i);
+        if (g_sched) shuffle(lanes[w], st);
+        all.insert(all.end(), lanes[w].begin(), lanes[w].end());
+    }
+    const bool round_robin = g_sched && g_sched % 2 == 0;
+    if (round_robin) shuffle(all, st);
     for (;;) {
         bool ran = false;
-        for (int k = 0; k < nw; k++) {
-            int w = (first + k) % nw;
-            for (bool again = true; again;) {
-                again = false;
-                for (int i = 32 * w; i < 32 * w + warps[w].size; i++) {
-                    if (fibers[i].state != RUN) continue;
-                    resume(&fibers[i]);
-                    ran = again = true;
-                }
-            }
-        }
+        if (round_robin) ran = sweep(all);
+        else
+            for (int w : worder)
+                while (sweep(lanes[w])) ran = true;
         if (done_count == nthreads) break;
         if (!ran) die("deadlock: a barrier that not every live thread reaches");
     }
     cur = NULL;
 }
 
-void run_grid(dim3 grid, dim3 block, size_t smem, Body *b) {
-    if (smem > SMEM_MAX) die("dynamic shared memory over 228 KiB");
+static std::map<const void *, size_t> g_max_dyn_smem; // cudaFuncSetAttribute, per kernel
+
+int set_max_dyn_smem(const void *fn, int bytes) {
+    if (bytes < 0 || (size_t)bytes > SMEM_OPTIN) return 0;
+    g_max_dyn_smem[fn] = (size_t)bytes;
+    return 1;
+}
+
+void check_align(const void *p, size_t a, const char *file, int line) {
+    if ((uintptr_t)p % a == 0) return;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s:%d: a %zu-byte vector access at %p, not %zu-byte aligned (the GPU faults: "
+             "misaligned address)", file, line, a, p, a);
+    die(msg);
+}
+
+void run_grid(dim3 grid, dim3 block, size_t smem, Body *b, const void *fn) {
+    if (!g_sched_set) {
+        const char *e = getenv("DFLASH_EMU_SCHED");
+        g_sched = e ? (unsigned)strtoul(e, NULL, 10) : 0;
+        g_sched_set = true;
+    }
+    // the launch checks of the runtime (cudaErrorInvalidConfiguration, or
+    // "too many resources requested" for shared memory)
+    if (smem > SMEM_OPTIN) launch_die("dynamic shared memory over 227 KiB (the opt-in limit per block)");
+    if (smem > SMEM_DEFAULT) {
+        auto it = g_max_dyn_smem.find(fn);
+        if (it == g_max_dyn_smem.end() || it->second < smem)
+            launch_die("dynamic shared memory over 48 KiB without cudaFuncSetAttribute(kernel, "
+                "cudaFuncAttributeMaxDynamicSharedMemorySize, >= that) first");
+    }
     if (!smem_buf) smem_buf = (unsigned char *)aligned_alloc(128, SMEM_MAX);
-    int n = (int)(block.x * block.y * block.z);
-    if (n <= 0 || n > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) die("invalid launch configuration");
+    int64_t n = (int64_t)block.x * block.y * block.z;
+    if (n <= 0 || n > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > (unsigned)INT_MAX ||
+        grid.y > 65535 || grid.z > 65535)
+        launch_die("invalid launch configuration (block over 1024 threads, or a grid dimension 0, or over 2^31-1 in x "
+            "or 65535 in y, z)");
     if ((int)fibers.size() < n) {
         size_t old = fibers.size();
         fibers.resize(n);
         for (size_t i = old; i < (size_t)n; i++) fibers[i].stack = (char *)malloc(STACK);
     }
-    nthreads = n;
+    nthreads = (int)n;
     warps.assign((n + 31) / 32, Warp());
     for (int i = 0; i < n; i++) {
         Fiber &f = fibers[i];
@@ -283,7 +487,7 @@ void run_grid(dim3 grid, dim3 block, size_t smem, Body *b) {
         f.tid.z = (unsigned)i / (block.x * block.y);
         f.warp = i / 32, f.lane = i % 32;
     }
-    for (int i = 0; i < (int)warps.size(); i++) warps[i].size = n - 32 * i < 32 ? n - 32 * i : 32;
+    for (int i = 0; i < (int)warps.size(); i++) warps[i].size = n - 32 * i < 32 ? (int)n - 32 * i : 32;
     g_blockdim = block, g_griddim = grid;
     body = b;
     for (unsigned z = 0; z < grid.z; z++)
@@ -298,7 +502,20 @@ void run_grid(dim3 grid, dim3 block, size_t smem, Body *b) {
 
 // ---- runtime ----------------------------------------------------------------
 
-const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }
+extern "C" void dfl_emu_set_schedule(unsigned seed) {
+    emu::g_sched = seed;
+    emu::g_sched_set = true;
+}
+extern "C" void dfl_emu_race_fatal(int on) { emu::g_race_fatal = on != 0; }
+extern "C" unsigned long dfl_emu_races(void) { return emu::g_races; }
+
+const char *cudaGetErrorString(cudaError_t e) {
+    return e == cudaSuccess ? "no error" : e == cudaErrorInvalidValue ? "invalid argument" : "emulated error";
+}
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int) {
+    *v = a == cudaDevAttrMemoryPoolsSupported && !getenv("DFLASH_EMU_NO_POOLS");
+    return cudaSuccess;
+}
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int *n) {
     *n = 1;
@@ -341,7 +558,12 @@ cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, 
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
-    memmove(d, s, n);
+    // overlapping copies are undefined on the GPU (memcpy, not memmove)
+    if (n && (const char *)d < (const char *)s + n && (const char *)s < (const char *)d + n) {
+        fprintf(stderr, "cuda_emu: cudaMemcpyAsync of %zu bytes between overlapping ranges\n", n);
+        abort();
+    }
+    memcpy(d, s, n);
     return cudaSuccess;
 }
 

@@ -9,21 +9,44 @@
 //   __syncthreads and warp collectives are real barriers: a thread waits
 //   until every live thread of its block (warp) arrives; a barrier that can
 //   never complete (divergent __syncthreads) aborts with a message, and so
-//   does a full-mask warp collective with exited lanes.
+//   do a __syncthreads that some thread of the block exited before reaching
+//   and a full-mask warp collective with exited lanes.
 // - ldmatrix (.x4, .trans) and mma.sync m16n8k16 (bf16 in, f32 accumulate)
-//   follow the fragment layouts of the PTX ISA; cp.async is an immediate
-//   copy (its commit/wait are no-ops). Dynamic shared memory is filled with
-//   0xFF bytes (NaN in bf16 and f32) before each CTA, so reading a byte no
-//   thread wrote shows up as NaN.
+//   follow the fragment layouts of the PTX ISA. cp.async is deferred: the
+//   16 bytes land only when the issuing thread's cp.async.wait_group covers
+//   its group (or the thread ends), so reading them earlier sees stale bytes.
+//   Dynamic shared memory is filled with 0xFF bytes (NaN in bf16 and f32)
+//   before each CTA, so reading a byte no thread wrote shows up as NaN.
+// - A shared-memory race detector over what cp.async writes and ldmatrix
+//   reads (every shared access of the tensor-core attention kernels), per
+//   16-byte granule, by barrier interval ("epoch"): a read of bytes whose
+//   cp.async is not yet waited for, a read in the same interval as another
+//   thread's wait (a __syncthreads is missing after it), and a cp.async over
+//   bytes another warp read, or another thread wrote, in the same interval
+//   (a __syncthreads is missing before the overwrite). A race aborts, unless
+//   dfl_emu_race_fatal(0) asked for a count (dfl_emu_races) instead. Plain
+//   C++ loads and stores of shared memory cannot be seen; for them, see the
+//   schedules below.
+// - Schedules: by default warps run one at a time, each as far as it can
+//   before the next (the first warp differs between blocks), lanes in order,
+//   so a missing __syncthreads between writing and reading shared memory
+//   gives wrong results here. dfl_emu_set_schedule(s) (or DFLASH_EMU_SCHED=s)
+//   with s != 0 runs every block in a different seeded order: warps and
+//   lanes shuffled, odd s one warp at a time, even s all threads round-robin
+//   from one switch point to the next, with extra switch points at cp.async.
+//   A kernel without races gives bit-identical results under every schedule
+//   (tests/unit/test_ops_cuda.c compares them); a race usually does not.
+// - Launch checks as the GPU makes them: block and grid limits, dynamic
+//   shared memory over 48 KiB only after cudaFuncSetAttribute raised the
+//   kernel's limit (and never over 227 KiB), 16-byte alignment of cp.async
+//   and ldmatrix addresses and of the kernels' vector accesses
+//   (DEV_CHECK_ALIGN in kernels/common.cuh).
 // - The runtime: device memory is host memory, copies are memcpy, streams
-//   and attributes are no-ops; one fake device with 132 SMs and 227 KiB of
-//   opt-in shared memory. cuBLAS: cublasGemmEx by its column-major
-//   definition, f32 accumulation.
-// - Warps run one at a time, each as far as it can before the next (the
-//   first warp differs between blocks), so a missing __syncthreads between
-//   writing and reading shared memory gives wrong results here.
-// Not emulated: timing, bank conflicts, races inside a warp (lanes switch
-// only at collectives), the asynchrony of cp.async and of streams.
+//   are no-ops; one fake device with 132 SMs and 227 KiB of opt-in shared
+//   memory. cuBLAS: cublasGemmEx by its column-major definition, f32
+//   accumulation.
+// Not emulated: timing, bank conflicts, the asynchrony of streams, memory
+// ordering between blocks.
 #ifndef DFLASH_CUDA_EMU_H
 #define DFLASH_CUDA_EMU_H
 
@@ -42,6 +65,9 @@
 #define __align__(n) alignas(n)
 #define __shared__ static
 
+extern "C" {
+#include "common.h"
+}
 extern "C" float dfl_f16_to_f32(uint16_t h);
 
 struct emu_uint3 {
@@ -71,20 +97,10 @@ struct __half {
     uint16_t x;
 };
 
-static inline float __bfloat162float(__nv_bfloat16 b) {
-    uint32_t u = (uint32_t)b.x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    __nv_bfloat16 b;
-    if ((u & 0x7fffffffu) > 0x7f800000u) b.x = 0x7fc0;
-    else b.x = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    return b;
-}
+// round to nearest even, as __float2bfloat16_rn: the CPU reference's own
+// conversions (lib/common.h)
+static inline float __bfloat162float(__nv_bfloat16 b) { return dfl_bf16_to_f32(b.x); }
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{dfl_f32_to_bf16(f)}; }
 static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
     return __nv_bfloat162{__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
 }
@@ -111,13 +127,21 @@ uint32_t ballot(bool p);
 void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p, bool trans);
 void mma_m16n8k16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
 void *dyn_smem();
+// cp.async 16 bytes (zeros when !valid), deferred to the wait that covers it
+void cp_async16(void *smem, const void *gmem, bool valid);
+void cp_async_commit();
+void cp_async_wait(int n);
+// a vector access of `a` bytes at p must be aligned to a (dies otherwise)
+void check_align(const void *p, size_t a, const char *file, int line);
+// cudaFuncSetAttribute(MaxDynamicSharedMemorySize) for kernel `fn`
+int set_max_dyn_smem(const void *fn, int bytes);
 
 // Runs `body` as every thread of every block of the grid.
 struct Body {
     virtual void run() = 0;
     virtual ~Body() {}
 };
-void run_grid(dim3 grid, dim3 block, size_t smem, Body *body);
+void run_grid(dim3 grid, dim3 block, size_t smem, Body *body, const void *fn);
 
 template <typename F>
 struct FnBody : Body {
@@ -135,7 +159,7 @@ struct Launch {
         auto fn = [&]() { k(a...); };
         FnBody<decltype(fn)> body;
         body.f = &fn;
-        run_grid(g, b, smem, &body);
+        run_grid(g, b, smem, &body, reinterpret_cast<const void *>(k));
     }
 };
 template <typename K>
@@ -144,6 +168,13 @@ Launch<K> launcher(dim3 g, dim3 b, size_t smem, K k) {
 }
 
 } // namespace emu
+
+// For tests (tests/unit/test_ops_cuda.c finds them as weak symbols): the
+// schedule (0: the default), whether a race aborts (default) or is counted,
+// and the count.
+extern "C" void dfl_emu_set_schedule(unsigned seed);
+extern "C" void dfl_emu_race_fatal(int on);
+extern "C" unsigned long dfl_emu_races(void);
 
 #define threadIdx (emu::cur_tid())
 #define blockIdx (emu::g_block)
@@ -175,7 +206,8 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int o) {
 // ---- runtime ----------------------------------------------------------------
 
 typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 };
+enum cudaDeviceAttr { cudaDevAttrMemoryPoolsSupported = 115 };
 typedef void *cudaStream_t;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 enum { cudaStreamNonBlocking = 1, cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
@@ -199,8 +231,12 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
 cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, cudaStream_t s);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev);
 template <typename K>
-static inline cudaError_t cudaFuncSetAttribute(K, int, int) { return cudaSuccess; }
+static inline cudaError_t cudaFuncSetAttribute(K k, int attr, int v) {
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+    return emu::set_max_dyn_smem(reinterpret_cast<const void *>(k), v) ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 // ---- cuBLAS -----------------------------------------------------------------
 

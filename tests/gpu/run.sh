@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh: every GPU check and benchmark of dflash in one run, for a
 # machine with a CUDA GPU (an H200: root, 16 cores, no network). Writes a
-# report (report.md) and raw logs, 7 files, under $OUT (default ./gpu-out).
+# report (report.md, rewritten after every step: a run cut short still has
+# one) and raw logs, 7 files, under $OUT (default ./gpu-out).
 #
 #   1. build: make -j16 (kernels for sm_90a + PTX), in build-gpu/
 #   2. op agreement, CUDA vs the CPU reference (build-gpu/tests/test_ops_cuda):
@@ -36,15 +37,75 @@ BUDGET=${DFLASH_GPU_BUDGET:-250}
 DRY=${DFLASH_GPU_DRYRUN:-0}
 B=$ROOT/build-gpu
 ENV_LOG=$OUT/env.log BUILD_LOG=$OUT/build.log TEST_LOG=$OUT/tests.log MODEL_LOG=$OUT/model.log
-BENCH_LOG=$OUT/bench.log TORCH_LOG=$OUT/torch.log REPORT=$OUT/report.md
-: >"$ENV_LOG"; : >"$BUILD_LOG"; : >"$TEST_LOG"; : >"$MODEL_LOG"; : >"$BENCH_LOG"; : >"$TORCH_LOG"
+BENCH_LOG=$OUT/bench.log TORCH_LOG=$OUT/bench.log MEM_LOG=$OUT/gpumem.log REPORT=$OUT/report.md
+: >"$ENV_LOG"; : >"$BUILD_LOG"; : >"$TEST_LOG"; : >"$MODEL_LOG"; : >"$BENCH_LOG"; : >"$MEM_LOG"
+# Scratch files stay out of $OUT: the device tool brings back at most 8
+# files, and a run cut short must not leave half-written extras there.
+TMPD=$(mktemp -d)
+PART=$TMPD/part X=$TMPD/x
 ROWS=() # report rows: "| step | result | detail |"
 CORES=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 16)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$CORES} # the CPU reference of the agreement tests
 
 elapsed() { echo $(($(date +%s) - START)); }
 left() { echo $((BUDGET - $(elapsed))); }
-row() { ROWS+=("| $1 | $2 | $3 |"); echo "[$(elapsed)s] $1: $2 ${3:+($3)}"; }
+built=0
+# report.md as it stands, rewritten after every row (and at the end), so
+# that a run cut short (the device tool's timeout, a hang) still leaves the
+# steps it finished. $1: the state line.
+write_report() {
+    {
+        echo "# dflash GPU run"
+        echo
+        echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git log -1 --format=%h 2>/dev/null), $(elapsed) s: $1."
+        echo
+        echo "| step | result | detail |"
+        echo "| --- | --- | --- |"
+        printf '%s\n' "${ROWS[@]}"
+        echo
+        echo "Raw logs beside this file: env.log (machine), build.log, tests.log (every nmse"
+        echo "printed), model.log, bench.log (PyTorch's step too), gpumem.log (memory.used samples)."
+        echo
+        echo "MFU counts model FLOPs (tests/gpu/bench_train.c: 2MKN per matrix product issued,"
+        echo "attention 4D forward and 8D backward per query, visible key and head) over 989 TFLOP/s."
+        if [ "$built" != 1 ] && [ -s "$BUILD_LOG" ]; then
+            echo
+            echo '## build.log (tail)'
+            echo '```'
+            tail -n 40 "$BUILD_LOG"
+            echo '```'
+        fi
+        if grep -q '^FAIL' "$TEST_LOG" 2>/dev/null; then
+            echo
+            echo '## failing checks'
+            echo '```'
+            grep -B2 -A8 'check failed' "$TEST_LOG" | head -n 60
+            echo '```'
+        fi
+    } >"$TMPD/report.md" && cp "$TMPD/report.md" "$REPORT.new" && mv -f "$REPORT.new" "$REPORT"
+}
+row() {
+    ROWS+=("| $1 | $2 | $3 |")
+    echo "[$(elapsed)s] $1: $2 ${3:+($3)}"
+    write_report "in progress (if this line stays, the run was cut short after the last row)"
+}
+# GPU memory while a benchmark runs: nvidia-smi samples memory.used every
+# 200 ms into gpumem.log; mem_peak prints the peak (MiB) since mem_watch.
+MEM_PID=
+mem_watch() {
+    [ "$DRY" = 1 ] && return
+    command -v nvidia-smi >/dev/null || return
+    echo "== $1" >>"$MEM_LOG"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >>"$MEM_LOG" 2>/dev/null &
+    MEM_PID=$!
+}
+mem_peak() {
+    [ -n "$MEM_PID" ] || { echo "?"; return; }
+    kill "$MEM_PID" 2>/dev/null; wait "$MEM_PID" 2>/dev/null
+    MEM_PID=
+    awk '/^==/ {m = 0; next} $1 + 0 > m {m = $1 + 0} END {printf "%.1f GiB", m / 1024}' "$MEM_LOG"
+}
+trap '[ -n "$MEM_PID" ] && kill "$MEM_PID" 2>/dev/null; rm -rf "$TMPD"' EXIT
 section() { printf '\n===== %s (at %ss) =====\n' "$1" "$(elapsed)" >>"$2"; }
 # value LOG KEY: the value printed after KEY in a "key   value" line
 value() { grep -m1 -F "$2" "$1" 2>/dev/null | cut -c36- | awk '{print $1}'; }
@@ -81,7 +142,6 @@ else
     deps=""
 fi
 [ "$DRY" = 1 ] && MAKEARGS+=(NO_CUDA=1)
-built=0
 if [ -n "$deps" ]; then
     section "make ${MAKEARGS[*]}" "$BUILD_LOG"
     targets=("$B/tests/test_ops_cuda" "$B/gpu/bench_extract" "$B/gpu/bench_train" all)
@@ -109,15 +169,15 @@ run_test() { # LABEL ENV... -- : one run of test_ops_cuda, its PASS/FAIL lines c
     section "$label" "$TEST_LOG"
     echo "env: $*" >>"$TEST_LOG"
     local t0=$(date +%s)
-    env "$@" timeout "${TT:-150}" "$B/tests/test_ops_cuda" >>"$TEST_LOG.part" 2>&1
+    env "$@" timeout "${TT:-150}" "$B/tests/test_ops_cuda" >>"$PART" 2>&1
     local rc=$?
-    cat "$TEST_LOG.part" >>"$TEST_LOG"
+    cat "$PART" >>"$TEST_LOG"
     local p f
-    p=$(grep -c '^PASS ' "$TEST_LOG.part")
-    f=$(grep -c '^FAIL ' "$TEST_LOG.part")
+    p=$(grep -c '^PASS ' "$PART")
+    f=$(grep -c '^FAIL ' "$PART")
     local worst
-    worst=$(grep -o 'nmse .*' "$TEST_LOG.part" | awk '{l=substr($NF,1,length($NF)-1)+0; if (l > 0) {r=$(NF-2)/l; if (r>m) {m=r; w=$2" "$3" "$4}}} END {if (m) printf "worst nmse/limit %.2f (%s)", m, w}')
-    rm -f "$TEST_LOG.part"
+    worst=$(grep -o 'nmse .*' "$PART" | awk '{l=substr($NF,1,length($NF)-1)+0; if (l > 0) {r=$(NF-2)/l; if (r>m) {m=r; w=$2" "$3" "$4}}} END {if (m) printf "worst nmse/limit %.2f (%s)", m, w}')
+    rm -f "$PART"
     if [ "$rc" -eq 0 ] && [ "$f" -eq 0 ]; then row "$label" "ok" "$p passed, $(($(date +%s) - t0))s; $worst"
     else row "$label" "FAIL" "$p passed, $f failed, exit $rc; see tests.log"; fi
 }
@@ -149,29 +209,33 @@ if [ "$built" = 1 ]; then
     BDEV=(--device cuda)
     [ "$DRY" = 1 ] && BDEV=(--device cpu --tiny)
     section "bench_extract ${BDEV[*]}" "$BENCH_LOG"
-    timeout 120 "$B/gpu/bench_extract" "${BDEV[@]}" >"$BENCH_LOG.x" 2>&1
+    mem_watch bench_extract
+    timeout 120 "$B/gpu/bench_extract" "${BDEV[@]}" >"$X" 2>&1
     rc=$?
-    cat "$BENCH_LOG.x" >>"$BENCH_LOG"
+    peak=$(mem_peak)
+    cat "$X" >>"$BENCH_LOG"
     if [ $rc -eq 0 ]; then
-        row "extraction, Qwen3-8B shape (layers 0..33), 8 x 2048 tokens" "$(value "$BENCH_LOG.x" 'tokens/s') tok/s" \
-            "$(value "$BENCH_LOG.x" 'achieved TFLOP/s') TFLOP/s, MFU $(value "$BENCH_LOG.x" 'MFU') %; anchor 27K (SGLang), goal 45K"
+        row "extraction, Qwen3-8B shape (layers 0..33), 8 x 2048 tokens" "$(value "$X" 'tokens/s') tok/s" \
+            "$(value "$X" 'achieved TFLOP/s') TFLOP/s, MFU $(value "$X" 'MFU') %; anchor 27K (SGLang), goal 45K; GPU memory peak $peak (predicted ~16 GiB)"
     else row "extraction benchmark" "FAIL" "exit $rc; see bench.log"; fi
     if [ "$(left)" -gt 90 ]; then
         section "bench_extract --download ${BDEV[*]}" "$BENCH_LOG"
-        timeout 120 "$B/gpu/bench_extract" --download "${BDEV[@]}" >"$BENCH_LOG.x" 2>&1 && \
-            row "extraction incl. D2H of the 5 taps (pageable)" "$(value "$BENCH_LOG.x" 'tokens/s') tok/s" \
-                "non-finite sampled values: $(value "$BENCH_LOG.x" 'non-finite')"
-        cat "$BENCH_LOG.x" >>"$BENCH_LOG"
+        timeout 120 "$B/gpu/bench_extract" --download "${BDEV[@]}" >"$X" 2>&1 && \
+            row "extraction incl. D2H of the 5 taps (pageable)" "$(value "$X" 'tokens/s') tok/s" \
+                "non-finite sampled values: $(value "$X" 'non-finite')"
+        cat "$X" >>"$BENCH_LOG"
     fi
     section "bench_train ${BDEV[*]}" "$BENCH_LOG"
-    timeout 150 "$B/gpu/bench_train" "${BDEV[@]}" >"$BENCH_LOG.x" 2>&1
+    mem_watch bench_train
+    timeout 150 "$B/gpu/bench_train" "${BDEV[@]}" >"$X" 2>&1
     rc=$?
-    cat "$BENCH_LOG.x" >>"$BENCH_LOG"
+    peak=$(mem_peak)
+    cat "$X" >>"$BENCH_LOG"
     if [ $rc -eq 0 ]; then
-        row "train step, Qwen3-8B drafter, 512 anchors x 16, 3072 tokens" "MFU $(value "$BENCH_LOG.x" 'MFU') %" \
-            "$(value "$BENCH_LOG.x" 'step time s') s/step, $(value "$BENCH_LOG.x" 'achieved TFLOP/s') TFLOP/s of $(value "$BENCH_LOG.x" 'model TFLOP per step') TFLOP/step; goal 55 %; phases: fwd $(value "$BENCH_LOG.x" 'phase forward') s, head $(value "$BENCH_LOG.x" 'phase LM head') s, bwd $(value "$BENCH_LOG.x" 'phase backward') s, opt $(value "$BENCH_LOG.x" 'phase optimizer') s"
+        row "train step, Qwen3-8B drafter, 512 anchors x 16, 3072 tokens" "MFU $(value "$X" 'MFU') %" \
+            "$(value "$X" 'step time s') s/step, $(value "$X" 'achieved TFLOP/s') TFLOP/s of $(value "$X" 'model TFLOP per step') TFLOP/step; goal 55 %; phases: fwd $(value "$X" 'phase forward') s, head $(value "$X" 'phase LM head') s, bwd $(value "$X" 'phase backward') s, opt $(value "$X" 'phase optimizer') s; GPU memory peak $peak (predicted ~29 GiB)"
     else row "train-step benchmark" "FAIL" "exit $rc; see bench.log"; fi
-    rm -f "$BENCH_LOG.x"
+    rm -f "$X"
     # the same step in PyTorch, when it is there and time allows
     if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && [ "$(left)" -gt 60 ]; then
         section "torch_step.py (flex_attention)" "$TORCH_LOG"
@@ -184,7 +248,7 @@ if [ "$built" = 1 ]; then
                 "MFU $(value "$TORCH_LOG" 'torch MFU') %" \
                 "$ts s/step; dflash is $(awk -v a="$ts" -v b="$ours" 'BEGIN {if (b > 0) printf "%.2fx", a / b; else print "?"}') as fast"
         else
-            row "same step in PyTorch" "FAIL/timeout" "exit $rc; see torch.log"
+            row "same step in PyTorch" "FAIL/timeout" "exit $rc; see bench.log"
         fi
     else
         row "same step in PyTorch" "skipped" "no CUDA PyTorch, or time budget"
@@ -262,11 +326,11 @@ PY
                 section "compute-sanitizer --tool $tool (attention tests)" "$TEST_LOG"
                 t0=$(date +%s)
                 DFLASH_TEST_ONLY=attn timeout $tt compute-sanitizer --tool $tool --error-exitcode 99 \
-                    "$B/tests/test_ops_cuda" >"$TEST_LOG.part" 2>&1
+                    "$B/tests/test_ops_cuda" >"$PART" 2>&1
                 rc=$?
-                cat "$TEST_LOG.part" >>"$TEST_LOG"
-                summary=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$TEST_LOG.part")
-                rm -f "$TEST_LOG.part"
+                cat "$PART" >>"$TEST_LOG"
+                summary=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$PART")
+                rm -f "$PART"
                 case $rc in
                 0) row "ops: attention under $tool" "ok" "$summary; $(($(date +%s) - t0))s" ;;
                 124) row "ops: attention under $tool" "timeout" "${tt}s, the time left" ;;
@@ -281,35 +345,7 @@ PY
 fi
 
 # ---- 6. report -------------------------------------------------------------------------
-{
-    echo "# dflash GPU run"
-    echo
-    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git log -1 --format=%h 2>/dev/null), $(elapsed) s."
-    echo
-    echo "| step | result | detail |"
-    echo "| --- | --- | --- |"
-    printf '%s\n' "${ROWS[@]}"
-    echo
-    echo "Raw logs beside this file: env.log (machine), build.log, tests.log (every nmse"
-    echo "printed), model.log, bench.log, torch.log."
-    echo
-    echo "MFU counts model FLOPs (tests/gpu/bench_train.c: 2MKN per matrix product issued,"
-    echo "attention 4D forward and 8D backward per query, visible key and head) over 989 TFLOP/s."
-    if [ "$built" != 1 ]; then
-        echo
-        echo '## build.log (tail)'
-        echo '```'
-        tail -n 40 "$BUILD_LOG"
-        echo '```'
-    fi
-    if grep -q '^FAIL' "$TEST_LOG"; then
-        echo
-        echo '## failing checks'
-        echo '```'
-        grep -B2 -A8 'check failed' "$TEST_LOG" | head -n 60
-        echo '```'
-    fi
-} >"$REPORT"
+write_report "finished"
 echo
 cat "$REPORT"
 grep -q '| FAIL' "$REPORT" && exit 1
