@@ -202,6 +202,7 @@ fuzz: $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build-fuzz/corpus/$$n tests/fuzz/corpus/$$n; \
 	  echo "fuzzing $$n for $(FUZZ_SECONDS)s"; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+	    $$(test -f tests/fuzz/$$n.dict && echo -dict=tests/fuzz/$$n.dict) \
 	    build-fuzz/corpus/$$n tests/fuzz/corpus/$$n || exit 1; done
 
 fixtures:

@@ -80,6 +80,19 @@ int dfl_drafter_config_parse(dfl_drafter_config *c, const char *text, size_t len
             c->layer_ids[i] = (int)json_integer_value(v);
         }
     }
+    /* The reference rule spreads taps over [1, num_target_layers - 3]: below
+     * 4 target layers it can give ids outside the target. */
+    for (int i = 0; i < c->K; i++)
+        if (c->layer_ids[i] < 0 || c->layer_ids[i] >= c->num_target_layers)
+            return dfl_err(DFL_EX_DATA,
+                           "%s: the default target_layer_ids (%d taps) do not fit %d target layers; give "
+                           "\"dflash_config.target_layer_ids\"",
+                           path, c->K, c->num_target_layers);
+    /* fc is [H, K*H]: the rest of the parameters were bounded with the config */
+    int64_t fc;
+    if (__builtin_mul_overflow(c->H, c->H, &fc) || __builtin_mul_overflow(fc, (int64_t)c->K, &fc) || fc > DFL_MAX_PARAMS)
+        return dfl_err(DFL_EX_DATA, "%s: fc.weight [%lld, %d * %lld] has more than 2^46 parameters", path,
+                       (long long)c->H, c->K, (long long)c->H);
     return 0;
 }
 

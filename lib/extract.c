@@ -64,6 +64,11 @@ static int from_drafter(const char *path, int L, int *ids, int *n) {
         else {
             *n = (int)json_integer_value(nd);
             dfl_default_layer_ids(L, *n, ids);
+            /* the rule spreads over [1, L-3]: below 4 layers it leaves the target */
+            for (int i = 0; i < *n && !rc; i++)
+                if (ids[i] < 0 || ids[i] >= L)
+                    rc = dfl_err(DFL_EX_DATA, "%s: the default target_layer_ids (%d taps) do not fit a %d-layer target; "
+                                 "give dflash_config.target_layer_ids", path, *n, L);
         }
     }
     json_decref(j);

@@ -48,6 +48,24 @@ static void copy_str(char *dst, size_t n, const json_t *v) {
     snprintf(dst, n, "%s", s ? s : "");
 }
 
+/* x * y and x + y in int64, or -1 once past DFL_MAX_PARAMS (inputs >= 0 or -1). */
+static int64_t pmul(int64_t x, int64_t y) {
+    int64_t r;
+    return x < 0 || y < 0 || __builtin_mul_overflow(x, y, &r) || r > DFL_MAX_PARAMS ? -1 : r;
+}
+static int64_t padd(int64_t x, int64_t y) { return x < 0 || y < 0 || x + y > DFL_MAX_PARAMS ? -1 : x + y; }
+
+/* The parameters of the model the sizes describe (both embeddings, every
+ * layer's projections and norms), or -1 past DFL_MAX_PARAMS: every shape
+ * product the model code forms is then below 2^46. Sizes are positive. */
+static int64_t count_params(const dfl_model_config *c) {
+    int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int64_t QD = pmul(c->num_attention_heads, D), KD = pmul(c->num_key_value_heads, D);
+    int64_t attn = padd(pmul(2, pmul(QD, H)), pmul(2, pmul(KD, H)));
+    int64_t layer = padd(padd(attn, pmul(3, pmul(I, H))), padd(pmul(2, H), pmul(2, D)));
+    return padd(padd(pmul(2, pmul(c->vocab_size, H)), H), pmul(c->num_hidden_layers, layer));
+}
+
 /* Refuse what the model code would silently get wrong. */
 static int check_supported(const dfl_model_config *c, const json_t *j, const char *path, const char *role) {
     static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "DFlashDraftModel"};
@@ -79,7 +97,14 @@ static int check_supported(const dfl_model_config *c, const json_t *j, const cha
     if (c->num_attention_heads % c->num_key_value_heads)
         return dfl_err(DFL_EX_DATA, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
                        (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
-    if (!(c->rms_norm_eps > 0)) return dfl_err(DFL_EX_DATA, "%s: \"rms_norm_eps\" must be positive", path);
+    /* the model code computes in f32: the f32 value must be positive and finite */
+    float eps = (float)c->rms_norm_eps;
+    if (!(eps > 0 && isfinite(eps))) return dfl_err(DFL_EX_DATA, "%s: \"rms_norm_eps\" must be a positive float", path);
+    if (c->num_hidden_layers > DFL_MAX_LAYERS)
+        return dfl_err(DFL_EX_DATA, "%s: \"num_hidden_layers\" %lld is more than %d", path,
+                       (long long)c->num_hidden_layers, DFL_MAX_LAYERS);
+    if (count_params(c) < 0)
+        return dfl_err(DFL_EX_DATA, "%s: the sizes imply more than 2^46 parameters", path);
     return 0;
 }
 
@@ -90,6 +115,9 @@ static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
     int rc = get_num(json_is_object(rp) ? rp : j, "rope_theta", json_is_object(rp) ? NAN : 10000.0, &c->rope_theta, path);
     if (rc && json_is_object(rp)) rc = get_num(j, "rope_theta", NAN, &c->rope_theta, path);
     if (rc) return rc;
+    /* f32 RoPE: a base of at least 1 keeps every frequency in (0, 1] */
+    if (!(c->rope_theta >= 1 && isfinite((float)c->rope_theta)))
+        return dfl_err(DFL_EX_DATA, "%s: \"rope_theta\" must be a float of at least 1", path);
     c->rope_type = DFL_ROPE_DEFAULT;
     if (!scaling) return 0;
     json_t *t = json_object_get(scaling, "rope_type");
@@ -103,7 +131,11 @@ static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
     if ((rc = get_num(scaling, "low_freq_factor", NAN, &c->rope_low_freq_factor, path))) return rc;
     if ((rc = get_num(scaling, "high_freq_factor", NAN, &c->rope_high_freq_factor, path))) return rc;
     if ((rc = get_int(scaling, "original_max_position_embeddings", -2, &c->rope_original_max_pos, path))) return rc;
-    if (!(c->rope_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor))
+    /* As f32 (how dfl_rope_inv_freq computes): factor >= 1 only lowers
+     * frequencies; 0 < low < high (finite) and a positive original length
+     * keep the interpolation finite. */
+    float factor = (float)c->rope_factor, lo = (float)c->rope_low_freq_factor, hi = (float)c->rope_high_freq_factor;
+    if (!(factor >= 1 && isfinite(factor)) || !(lo > 0 && hi > lo && isfinite(hi)) || c->rope_original_max_pos < 1)
         return dfl_err(DFL_EX_DATA, "%s: llama3 rope factors are inconsistent", path);
     return 0;
 }

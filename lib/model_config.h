@@ -13,6 +13,12 @@
 #include <jansson.h>
 #include <stdint.h>
 
+/* The most parameters (elements) a config may imply: far above any real
+ * model, low enough that every shape product and byte count fits in int64. */
+#define DFL_MAX_PARAMS (INT64_C(1) << 46)
+/* The most decoder layers a config may have (a layer count fits an int). */
+#define DFL_MAX_LAYERS 100000
+
 typedef enum { DFL_ROPE_DEFAULT = 0, DFL_ROPE_LLAMA3 = 1 } dfl_rope_type;
 
 typedef struct {

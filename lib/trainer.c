@@ -3,6 +3,7 @@
 
 #include "common.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -324,21 +325,31 @@ int dfl_trainer_restore(dfl_trainer *t, const json_t *state, const char *path) {
     if (!json_is_array(rng) || json_array_size(rng) != 4) return dfl_err(DFL_EX_DATA, "%s: \"rng\" is not 4 words", path);
     dfl_rng r;
     for (int i = 0; i < 4; i++) {
+        /* exactly 16 hex digits: strtoull alone also takes a sign, spaces and "0x" */
         const char *h = json_string_value(json_array_get(rng, (size_t)i));
-        char *end;
-        errno = 0;
-        unsigned long long v = h ? strtoull(h, &end, 16) : 0;
-        if (!h || errno || *end || strlen(h) != 16) return dfl_err(DFL_EX_DATA, "%s: \"rng\"[%d] is not 16 hex digits", path, i);
-        r.s[i] = v;
+        int ok = h && strlen(h) == 16;
+        for (int k = 0; ok && k < 16; k++) ok = isxdigit((unsigned char)h[k]) != 0;
+        if (!ok) return dfl_err(DFL_EX_DATA, "%s: \"rng\"[%d] is not 16 hex digits", path, i);
+        r.s[i] = strtoull(h, NULL, 16);
     }
+    if (!(r.s[0] | r.s[1] | r.s[2] | r.s[3])) /* xoshiro256** would give zeros forever */
+        return dfl_err(DFL_EX_DATA, "%s: \"rng\" is all zero", path);
     const json_t *tg = json_object_get(state, "target");
     const char *dig = json_string_value(json_object_get(tg, "config_digest"));
     if (!dig || strcmp(dig, t->tcfg->digest))
         return dfl_err(DFL_EX_DATA, "%s: trained against target config %s, but --target has config %s", path,
                        dig ? dig : "(none)", t->tcfg->digest);
+    const char *seed = json_string_value(json_object_get(state, "seed"));
+    uint64_t sv = 0;
+    if (seed) { /* a decimal u64, as dfl_trainer_state_json writes it */
+        int ok = *seed != 0 && strlen(seed) <= 20;
+        for (const char *c = seed; ok && *c; c++) ok = *c >= '0' && *c <= '9';
+        errno = 0;
+        if (ok) sv = strtoull(seed, NULL, 10);
+        if (!ok || errno) return dfl_err(DFL_EX_DATA, "%s: \"seed\" is not a decimal number below 2^64", path);
+    }
     t->step = json_integer_value(step);
     t->rng = r;
-    const char *seed = json_string_value(json_object_get(state, "seed"));
-    if (seed) t->seed = strtoull(seed, NULL, 10);
+    if (seed) t->seed = sv;
     return 0;
 }
