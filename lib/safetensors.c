@@ -200,6 +200,23 @@ int dfl_st_open(dfl_st **out, const char *path) {
     return rc;
 }
 
+static int tensor_name_cmp(const void *a, const void *b) {
+    return strcmp((*(const dfl_st_tensor *const *)a)->name, (*(const dfl_st_tensor *const *)b)->name);
+}
+
+static int check_unique_names(const dfl_st *st, const char *index_path) {
+    const dfl_st_tensor **by = dfl_calloc((size_t)st->n, sizeof *by);
+    for (int i = 0; i < st->n; i++) by[i] = &st->t[i];
+    qsort(by, (size_t)st->n, sizeof *by, tensor_name_cmp);
+    int rc = 0;
+    for (int i = 1; i < st->n && !rc; i++)
+        if (!strcmp(by[i - 1]->name, by[i]->name))
+            rc = dfl_err(DFL_EX_DATA, "%s: tensor '%s' is in two shards: %s and %s", index_path, by[i]->name,
+                         by[i - 1]->file, by[i]->file);
+    free(by);
+    return rc;
+}
+
 static int open_index(dfl_st *st, const char *dir, const char *index_path) {
     json_error_t je;
     json_t *idx = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
@@ -223,6 +240,8 @@ static int open_index(dfl_st *st, const char *dir, const char *index_path) {
         add_file(st, &f);
         if (!(rc = map_file(f, path))) rc = load_header(st, f);
     }
+    /* A name in two shards would be found in the first and shadow the other. */
+    if (!rc) rc = check_unique_names(st, index_path);
     /* Every tensor the index names must be in the shard it names. */
     json_object_foreach(wm, name, v) {
         if (rc) break;

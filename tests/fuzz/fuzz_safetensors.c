@@ -175,24 +175,31 @@ static void write_all(const char *path, const uint8_t *p, size_t n) {
     if (fclose(f)) abort();
 }
 
-static void fuzz_dir(const uint8_t *data, size_t size) {
+/* Split the input at SEP into the index and shards of st_dir; returns the
+ * number of parts written (w[k] describes part k). */
+static int write_parts(const uint8_t *data, size_t size, char paths[][512], written *w) {
     if (make_dir()) abort();
-    char paths[MAX_SHARDS + 1][512];
-    written w[MAX_SHARDS + 1];
-    snprintf(paths[0], sizeof paths[0], "%s/model.safetensors.index.json", st_dir);
+    snprintf(paths[0], 512, "%s/model.safetensors.index.json", st_dir);
     size_t seplen = strlen(SEP);
     const uint8_t *at = data, *end = data + size;
     int nparts = 0;
     while (nparts <= MAX_SHARDS) {
         const uint8_t *s = memmem(at, (size_t)(end - at), SEP, seplen);
         const uint8_t *stop = s ? s : end;
-        if (nparts) snprintf(paths[nparts], sizeof paths[nparts], "%s/s%d.safetensors", st_dir, nparts);
+        if (nparts) snprintf(paths[nparts], 512, "%s/s%d.safetensors", st_dir, nparts);
         w[nparts] = (written){paths[nparts], at, (size_t)(stop - at)};
         write_all(paths[nparts], at, (size_t)(stop - at));
         nparts++;
         if (!s) break;
         at = s + seplen;
     }
+    return nparts;
+}
+
+static void fuzz_dir(const uint8_t *data, size_t size) {
+    char paths[MAX_SHARDS + 1][512];
+    written w[MAX_SHARDS + 1];
+    int nparts = write_parts(data, size, paths, w);
     dfl_st *st = NULL;
     int rc = dfl_st_open_dir(&st, st_dir);
     if (rc == 0) {

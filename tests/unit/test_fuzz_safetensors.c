@@ -39,39 +39,47 @@ static void test_seeds_as_named(void) {
     T_CHECKF(ok >= 5 && bad >= 10, "%d ok, %d bad seeds", ok, bad);
 }
 
-/* The sharded seed opens as a directory with its three tensors. */
-static void test_sharded_seed(void) {
-    FILE *f = fopen(CORPUS "/dir-ok.txt", "rb");
-    T_CHECK(f != NULL);
-    if (!f) return;
-    uint8_t buf[4096];
+/* Open CORPUS/NAME split into a model directory as the fuzz target does. */
+static int open_split(const char *name, dfl_st **st) {
+    char path[512];
+    snprintf(path, sizeof path, CORPUS "/%s", name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    static uint8_t buf[1 << 16];
     size_t n = fread(buf, 1, sizeof buf, f);
     fclose(f);
-    T_CHECK(make_dir() == 0);
-    fuzz_dir(buf, n); /* aborts on a broken invariant */
-    /* and by hand: split, write, open */
-    const uint8_t *s1 = memmem(buf, n, SEP, strlen(SEP)), *s2 = s1 ? memmem(s1 + 1, n - (size_t)(s1 + 1 - buf), SEP, strlen(SEP)) : NULL;
-    T_CHECK(s1 && s2);
-    if (!s1 || !s2) return;
-    char p[512];
-    snprintf(p, sizeof p, "%s/model.safetensors.index.json", st_dir);
-    write_all(p, buf, (size_t)(s1 - buf));
-    snprintf(p, sizeof p, "%s/s1.safetensors", st_dir);
-    write_all(p, s1 + strlen(SEP), (size_t)(s2 - s1) - strlen(SEP));
-    snprintf(p, sizeof p, "%s/s2.safetensors", st_dir);
-    write_all(p, s2 + strlen(SEP), n - (size_t)(s2 - buf) - strlen(SEP));
+    char paths[MAX_SHARDS + 1][512];
+    written w[MAX_SHARDS + 1];
+    int parts = write_parts(buf, n, paths, w), rc = dfl_st_open_dir(st, st_dir);
+    for (int k = 0; k < parts; k++) unlink(paths[k]);
+    return rc;
+}
+
+/* The sharded seed opens as a directory with its three tensors. */
+static void test_sharded_seed(void) {
     dfl_st *st = NULL;
-    T_CHECKF(dfl_st_open_dir(&st, st_dir) == 0, "%s", dfl_errmsg());
+    T_CHECKF(open_split("dir-ok.txt", &st) == 0, "%s", dfl_errmsg());
     if (st) {
         T_CHECK(dfl_st_count(st) == 3 && dfl_st_find(st, "a") && dfl_st_find(st, "b") && dfl_st_find(st, "c"));
         T_CHECK(strstr(dfl_st_find(st, "a")->file, "/s1.safetensors") && strstr(dfl_st_find(st, "c")->file, "/s2.safetensors"));
         dfl_st_close(st);
     }
+    T_CHECK(open_split("dir-bad-shard.txt", &st) == DFL_EX_NOINPUT && !st); /* names a missing s9 */
+}
+
+/* Bug: a tensor name in two shards was accepted, the second copy silently
+ * shadowed by the first (dfl_st_find returns one of them). */
+static void test_name_in_two_shards(void) {
+    dfl_st *st = NULL;
+    int rc = open_split("dir-regress-dup-across-shards.txt", &st);
+    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), "two shards"), "rc %d: %s", rc, dfl_errmsg());
+    dfl_st_close(st);
 }
 
 int main(void) {
     T_RUN(test_replay_corpus);
     T_RUN(test_seeds_as_named);
     T_RUN(test_sharded_seed);
+    T_RUN(test_name_in_two_shards);
     return t_exit();
 }
