@@ -173,7 +173,7 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     rc = rc ? rc : get_int(j, "num_hidden_layers", -2, &c->num_hidden_layers, path);
     rc = rc ? rc : get_int(j, "num_attention_heads", -2, &c->num_attention_heads, path);
     rc = rc ? rc : get_int(j, "num_key_value_heads", c->num_attention_heads, &c->num_key_value_heads, path);
-    rc = rc ? rc : get_int(j, "head_dim", c->num_attention_heads ? c->hidden_size / c->num_attention_heads : 0, &c->head_dim, path);
+    rc = rc ? rc : get_int(j, "head_dim", c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0, &c->head_dim, path);
     rc = rc ? rc : get_int(j, "vocab_size", -2, &c->vocab_size, path);
     rc = rc ? rc : get_int(j, "max_position_embeddings", 0, &c->max_position_embeddings, path);
     rc = rc ? rc : get_num(j, "rms_norm_eps", 1e-6, &c->rms_norm_eps, path);

@@ -129,6 +129,15 @@ static void test_fc_bounded(void) {
     T_CHECK(drafter_rc(DRAFTER(4194304, 6, ",\"target_layer_ids\":[0,1,2,3,4,5]"), "fc.weight") == DFL_EX_DATA);
 }
 
+/* Bug: the default head_dim (hidden_size / num_attention_heads) was
+ * computed for any non-zero head count: INT64_MIN / -1 traps (SIGFPE). */
+static void test_head_dim_default_division(void) {
+    T_CHECK(target_rc("{\"hidden_size\":-9223372036854775808,\"num_attention_heads\":-1,\"intermediate_size\":1,"
+                      "\"num_hidden_layers\":1,\"vocab_size\":1}", NULL) == DFL_EX_DATA);
+    T_CHECK(target_rc(QWEN "\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":4,"
+                      "\"num_attention_heads\":4,\"vocab_size\":100}", NULL) == 0);
+}
+
 int main(void) {
     T_RUN(test_replay_corpus);
     T_RUN(test_seeds_as_named);
@@ -136,5 +145,6 @@ int main(void) {
     T_RUN(test_f32_values);
     T_RUN(test_default_ids_in_range);
     T_RUN(test_fc_bounded);
+    T_RUN(test_head_dim_default_division);
     return t_exit();
 }
