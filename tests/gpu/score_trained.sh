@@ -19,6 +19,7 @@
 # line per measurement for the report; exits non-zero when a tool fails.
 set -u
 cd "$(dirname "$0")/../.."
+. tests/models.sh
 export PATH="$BIN:$PATH"
 DEV=${DEV:-cuda}
 SHAPE=${SHAPE:-gpu}
@@ -30,15 +31,13 @@ run() { echo "\$ $*" >&2; "$@"; }
 case $SHAPE in
 gpu)
     TARGET_ARGS=(--vocab 151936 --hidden 1024 --intermediate 3072 --layers 8 --heads 16 --kv-heads 8 --head-dim 128 --tie yes)
-    DRAFTER='"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 1, "num_attention_heads": 16,
- "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000.0, "vocab_size": 151936'
+    DRAFTER=(hidden=1024 inter=3072 layers=1 heads=16 kv_heads=8 head_dim=128 vocab=151936)
     LAYERS="1, 3, 5" NLAYERS=8 MASK=151669 PROMPT_VOCAB=151000
     n_train=64 n_eval=8 new=128 eval_new=256 LR=3e-3
     ;;
 tiny)
     TARGET_ARGS=(--vocab 128 --hidden 64 --intermediate 128 --layers 4 --heads 4 --kv-heads 2 --tie no --seed 7)
-    DRAFTER='"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 1000000.0, "vocab_size": 128'
+    DRAFTER=(hidden=64 inter=128 layers=2 heads=4 kv_heads=2 head_dim=16 vocab=128)
     LAYERS="0, 2" NLAYERS=4 MASK=127 PROMPT_VOCAB=128
     n_train=128 n_eval=8 new=96 eval_new=96 LR=2e-2
     ;;
@@ -51,11 +50,7 @@ if [ -z "${TARGET:-}" ]; then
     TARGET=$T/target
     run "$BUILD/tests/mktarget" -o "$TARGET" "${TARGET_ARGS[@]}" >/dev/null || exit 1
 fi
-cat >"$T/drafter.json" <<EOF
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16, "num_target_layers": $NLAYERS,
- "dflash_config": {"mask_token_id": $MASK, "target_layer_ids": [$LAYERS]},
- $DRAFTER, "rms_norm_eps": 1e-06}
-EOF
+drafter_config "$T/drafter.json" block=16 target_layers=$NLAYERS mask=$MASK taps="$LAYERS" theta=1000000.0 "${DRAFTER[@]}"
 python3 - "$T" "$N_TRAIN" "$N_EVAL" "$PROMPT_VOCAB" <<'PY'
 import json, random, sys
 d, n_train, n_eval, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
