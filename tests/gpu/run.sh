@@ -246,8 +246,7 @@ if [ "$built" = 1 ]; then
     W=$TMPD/work && mkdir -p "$W"
     if [ "$DRY" != 1 ] && [ -x "$B/bin/dflash-extract" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 120 ]; then
         section "dflash-extract --device cuda end to end" "$BENCH_LOG"
-        "$B/tests/mktarget" -o "$W/target" --vocab 151936 --hidden 1024 --intermediate 3072 --layers 8 --heads 16 \
-            --kv-heads 8 --head-dim 128 --tie yes >>"$BENCH_LOG" 2>&1
+        BIN="$B/bin" BUILD="$B" SHAPE=gpu TARGET="$W/target" TARGET_ONLY=1 bash tests/gpu/score_trained.sh >>"$BENCH_LOG" 2>&1
         python3 -c "
 import json, random
 r = random.Random(1)

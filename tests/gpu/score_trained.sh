@@ -12,7 +12,8 @@
 #               a CPU run of this script (DFLASH_GPU_DRYRUN)
 #
 # Variables: BIN, BUILD (bin/ and the build with tests/mktarget), DEV (cuda or
-# cpu), SHAPE, TARGET (an existing target of that shape, to skip making one);
+# cpu), SHAPE, TARGET (a target of that shape to use, or where to make it;
+# TARGET_ONLY=1 makes it and stops);
 # to shrink a run: STEPS (training steps, 300), N_TRAIN (training prompts),
 # NEW (tokens generated for each), N_EVAL, EVAL_NEW (the same for scoring).
 # Prints its work, then one "RESULT|step|result|detail"
@@ -46,10 +47,15 @@ esac
 STEPS=${STEPS:-300} N_TRAIN=${N_TRAIN:-$n_train} N_EVAL=${N_EVAL:-$n_eval} NEW=${NEW:-$new} EVAL_NEW=${EVAL_NEW:-$eval_new}
 D=(--device "$DEV")
 
-if [ -z "${TARGET:-}" ]; then
-    TARGET=$T/target
+# the target: made here unless TARGET names one; a TARGET that does not exist
+# yet is made there and kept (run.sh's end-to-end extraction makes it so,
+# with TARGET_ONLY=1: the shape is written only in this file)
+[ -n "${TARGET:-}" ] || TARGET=$T/target
+if [ ! -f "$TARGET/config.json" ]; then
+    mkdir -p "$(dirname "$TARGET")"
     run "$BUILD/tests/mktarget" -o "$TARGET" "${TARGET_ARGS[@]}" >/dev/null || exit 1
 fi
+[ "${TARGET_ONLY:-0}" = 1 ] && exit 0
 drafter_config "$T/drafter.json" block=16 target_layers=$NLAYERS mask=$MASK taps="$LAYERS" theta=1000000.0 "${DRAFTER[@]}"
 python3 - "$T" "$N_TRAIN" "$N_EVAL" "$PROMPT_VOCAB" <<'PY'
 import json, random, sys
