@@ -116,7 +116,7 @@ static void cpu_rmsnorm(void *out_, float *rstd, const void *in_, const void *w_
                         float eps) {
     float *out = out_;
     const float *in = in_, *w = w_;
-#pragma omp parallel for
+#pragma omp parallel for if (rows * dim > DFL_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *x = in + r * dim;
         float *y = out + r * dim;
@@ -144,7 +144,7 @@ static void cpu_rmsnorm_bwd(void *din_, float *dw, const void *dout_, const void
     const float *dout = dout_, *in = in_, *w = w_;
     int64_t chunk = row_chunk(rows), nch = (rows + chunk - 1) / chunk;
     double *part = dw ? dfl_calloc((size_t)(nch * dim), sizeof(double)) : NULL;
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (nch > 1 && rows * dim > DFL_CPU_PAR_MIN)
     for (int64_t ch = 0; ch < nch; ch++) {
         double *mine = part ? part + ch * dim : NULL;
         int64_t r1 = (ch + 1) * chunk < rows ? (ch + 1) * chunk : rows;
@@ -163,7 +163,7 @@ static void cpu_rmsnorm_bwd(void *din_, float *dw, const void *dout_, const void
         }
     }
     if (dw) {
-#pragma omp parallel for
+#pragma omp parallel for if (nch * dim > DFL_CPU_PAR_MIN)
         for (int64_t i = 0; i < dim; i++) {
             double s = 0;
             for (int64_t ch = 0; ch < nch; ch++) s += part[ch * dim + i];
@@ -181,7 +181,7 @@ static void cpu_rope(void *x_, const int32_t *pos, const float *inv_freq, int64_
     DFL_ASSERT(d % 2 == 0);
     float *x = x_;
     int64_t half = d / 2;
-#pragma omp parallel for
+#pragma omp parallel for if (T * nh * d > DFL_CPU_PAR_MIN)
     for (int64_t t = 0; t < T; t++) {
         float p = (float)pos[t];
         float *xt = x + t * nh * d;

@@ -60,6 +60,13 @@ void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, con
                              const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
                              int64_t Hq, int64_t Hkv, int64_t D);
 
+/* Work (elements touched, or multiply-adds) below which a loop runs on one
+ * thread: a parallel region costs a few microseconds when the machine is
+ * idle and a scheduler time slice per barrier when it is busy (OpenMP's
+ * threads spin while one of them waits for a core), so small problems, a
+ * tiny model or one decoding step, must not open one. */
+#define DFL_CPU_PAR_MIN ((int64_t)1 << 16)
+
 /* ---- LM head and losses (ops_cpu_lmhead.c) ---- */
 void dfl_cpu_lmhead_ce(float *loss, int32_t *pred, void *dh, const void *h, const void *w,
                        const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V);

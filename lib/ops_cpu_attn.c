@@ -282,6 +282,14 @@ static void tile_fwd(float *out, float *lse, const attn_dims *a, const attn_tile
     }
 }
 
+/* Multiply-adds of one pass over the blocks' visible keys, to decide on a
+ * parallel region (a decoding step's few 1-row blocks run on one thread). */
+static int64_t dflash_work(const dfl_block *blocks, int64_t nblk, int64_t B, int64_t Hq, int64_t D) {
+    int64_t keys = 0;
+    for (int64_t j = 0; j < nblk; j++) keys += blocks[j].ctx_len + B;
+    return keys * B * Hq * D;
+}
+
 static attn_dims dims_of(const void *q, const void *k, const void *v, int64_t Hq, int64_t Hkv, int64_t D) {
     DFL_ASSERT(Hq > 0 && Hkv > 0 && D > 0 && Hq % Hkv == 0);
     attn_dims a = {q, k, v, Hq, Hkv, D, Hq / Hkv, (float)(1.0 / sqrt((double)D))};
@@ -305,7 +313,9 @@ void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v,
             int64_t nq = cu[s + 1] - t0 < QT ? cu[s + 1] - t0 : QT;
             tiles[n++] = (attn_tile){t0, nq, cu[s], t0 - cu[s], t0, nq, 1};
         }
-#pragma omp parallel
+    int64_t work = 0; /* query-key pairs */
+    for (int64_t s = 0; s < nseq; s++) work += (cu[s + 1] - cu[s]) * (cu[s + 1] - cu[s] + 1) / 2;
+#pragma omp parallel if (work * Hq * D > DFL_CPU_PAR_MIN)
     {
         attn_scratch sc = scratch_alloc(a.G * QT, D);
 #pragma omp for schedule(dynamic)
@@ -328,7 +338,7 @@ void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, co
                          int64_t D) {
     attn_dims a = dims_of(q, k, v, Hq, Hkv, D);
     DFL_ASSERT(B > 0);
-#pragma omp parallel
+#pragma omp parallel if (dflash_work(blocks, nblk, B, Hq, D) > DFL_CPU_PAR_MIN)
     {
         attn_scratch sc = scratch_alloc(a.G * B, D);
 #pragma omp for schedule(dynamic)
@@ -447,13 +457,14 @@ void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout_, co
     int64_t nq = nblk * B, ntile = (NK + KT - 1) / KT;
     /* rowsum(dO * O) per query row and head */
     float *dsum = dfl_aligned_alloc((size_t)(nq * Hq + 1) * sizeof(float));
-#pragma omp parallel for
+    int par = dflash_work(blocks, nblk, B, Hq, D) > DFL_CPU_PAR_MIN;
+#pragma omp parallel for if (par)
     for (int64_t r = 0; r < nq * Hq; r++) {
         float s = 0;
         for (int64_t d = 0; d < D; d++) s += dout[r * D + d] * out[r * D + d];
         dsum[r] = s;
     }
-#pragma omp parallel
+#pragma omp parallel if (par)
     {
         attn_scratch sc = scratch_alloc(a.G * B, D);
         if (dq) {

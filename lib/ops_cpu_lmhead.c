@@ -78,7 +78,7 @@ static void add_grad_rows(float *dh, float *dhc, const float *g, const int32_t *
     if (n == 0) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(n), blas_int(H), blas_int(V), 1.0f, g,
                 blas_int(V), w, blas_int(H), 0.0f, dhc, blas_int(H));
-#pragma omp parallel for
+#pragma omp parallel for if (n * H > DFL_CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         float *d = dh + (r0 + rows[i]) * H;
         const float *s = dhc + i * H;
@@ -137,7 +137,7 @@ void dfl_cpu_lmhead_ce(float *loss, int32_t *pred, void *dh_, const void *h_, co
     for (int64_t r0 = 0; r0 < N; r0 += ck.R) {
         int64_t R = N - r0 < ck.R ? N - r0 : ck.R;
         logits(ck.z, h + r0 * H, w, R, H, V);
-#pragma omp parallel for
+#pragma omp parallel for if (R * V > DFL_CPU_PAR_MIN)
         for (int64_t i = 0; i < R; i++) {
             float *z = ck.z + i * V;
             int64_t r = r0 + i;
@@ -182,7 +182,7 @@ void dfl_cpu_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh_, co
         int64_t R = N - r0 < ck.R ? N - r0 : ck.R;
         logits(ck.z, h + r0 * H, w, R, H, V);
         logits(ck.zt, th + r0 * H, w, R, H, V);
-#pragma omp parallel for
+#pragma omp parallel for if (R * V > DFL_CPU_PAR_MIN)
         for (int64_t i = 0; i < R; i++) {
             float *zd = ck.z + i * V;
             const float *zt = ck.zt + i * V;
@@ -226,7 +226,7 @@ void dfl_cpu_lmhead_argmax(int32_t *pred, float *gap, const void *h_, const void
     for (int64_t r0 = 0; r0 < N; r0 += ck.R) {
         int64_t R = N - r0 < ck.R ? N - r0 : ck.R;
         logits(ck.z, h + r0 * H, w, R, H, V);
-#pragma omp parallel for
+#pragma omp parallel for if (R * V > DFL_CPU_PAR_MIN)
         for (int64_t i = 0; i < R; i++) {
             row_top t = top2(ck.z + i * V, V);
             if (pred) pred[r0 + i] = t.arg;

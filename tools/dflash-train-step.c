@@ -48,7 +48,8 @@ static const dfl_opt opts[] = {
      "Options that change the math must be left out or equal the checkpoint's.", NULL},
     {"steps", 'n', DFL_OPT_INT, &steps, "N", "Optimizer steps to make in this run. Required.", "none"},
     {"out", 'o', DFL_OPT_STR, &out_dir, "CKPT",
-     "Write the checkpoint directory here (under a temporary name, renamed when complete). Required.", NULL},
+     "Write the checkpoint directory here (under a temporary name, renamed when complete). An existing CKPT is "
+     "replaced only if it is a checkpoint directory; anything else is refused before training. Required.", NULL},
     {"anchors", 0, DFL_OPT_INT, &anchors, "N", "Blocks per sequence: up to N anchors drawn anew each time a sequence "
      "is used.", "512"},
     {"gamma", 0, DFL_OPT_DOUBLE, &gamma_, "G",

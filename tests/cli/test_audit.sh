@@ -5,11 +5,10 @@
 # write errors, options a mode does not use, bad target configs.
 . "$(dirname "$0")/lib.sh"
 
-MKT=$DFLASH_BUILD/tests/mktarget
-[ -x "$MKT" ] || { fail "setup" "needs $MKT"; exit 1; }
+require_built "$DFLASH_BUILD/tests/mktarget"
 TS="dflash-train-step --threads 1"
 
-"$MKT" -o "$T/target" --vocab 61 --hidden 32 --intermediate 48 --layers 6 --heads 4 --kv-heads 2 --tie no --seed 2 >/dev/null
+tiny_target "$T/target" --layers 6 --tie no --seed 2
 python3 - "$T/data.jsonl" <<'EOF'
 import json, random, sys
 r = random.Random(5)
@@ -18,12 +17,7 @@ with open(sys.argv[1], "w") as f:
         ids = [r.randrange(60) for _ in range(24)]
         f.write(json.dumps({"id": f"s{i}", "input_ids": ids, "loss_mask": [0] * 4 + [1] * 20}) + "\n")
 EOF
-cat >"$T/drafter.json" <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4, "num_target_layers": 6,
- "dflash_config": {"mask_token_id": 60, "target_layer_ids": [1, 3]},
- "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
- "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 61}
-EOF
+drafter_config "$T/drafter.json" block=4 taps="1, 3" layers=1
 check "extract a stream" dflash-extract -t 1 -m "$T/target" -l 1,3 -o "$T/train.dfs" "$T/data.jsonl"
 INIT="$TS --target $T/target --init $T/drafter.json"
 

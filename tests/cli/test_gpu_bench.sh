@@ -51,7 +51,27 @@ if [ -x "$E" ]; then
     done
 fi
 
-for s in tests/gpu/run.sh tests/gpu/model_checks.sh tests/gpu/pack-deps.sh; do
+for s in tests/gpu/run.sh tests/gpu/model_checks.sh tests/gpu/pack-deps.sh tests/gpu/score_trained.sh; do
     check "bash -n $s" bash -n "$here/$s"
 done
 check "python scripts compile" python3 -m py_compile "$here/tests/gpu/compare.py" "$here/tests/gpu/torch_step.py"
+
+# The online scoring benchmark of the GPU run, on the CPU with its smallest
+# knobs: every tool of the recipe runs, and its report rows come out whole.
+if [ -x "$DFLASH_BUILD/tests/mktarget" ]; then
+    BIN=$DFLASH_BIN BUILD=$DFLASH_BUILD DEV=cpu SHAPE=tiny STEPS=2 N_TRAIN=4 NEW=8 N_EVAL=2 EVAL_NEW=8 \
+        bash "$here/tests/gpu/score_trained.sh" >"$T/st.out" 2>"$T/st.err"
+    rc=$?
+    [ $rc -eq 0 ] && pass "score_trained.sh (tiny, cpu): runs" || fail "score_trained.sh (tiny, cpu): runs" "exit $rc: $(tail -5 "$T/st.err")"
+    check "score_trained.sh: three rows, lossless, with numbers" python3 - "$T/st.out" <<'PY'
+import re, sys
+rows = [l.rstrip("\n").split("|") for l in open(sys.argv[1]) if l.startswith("RESULT|")]
+assert len(rows) == 3, rows
+assert re.match(r"[0-9.]+ steps/s$", rows[0][2]), rows[0]
+for r in rows[1:]:
+    assert re.match(r"[0-9.]+ tok/s$", r[2]), r
+    m = re.search(r"plain greedy ([0-9.]+) tok/s; tau ([0-9.]+); speed-up ([0-9.]+); mismatches (\d+)$", r[3])
+    assert m, r
+    assert float(m.group(2)) >= 1 and m.group(4) == "0", r
+PY
+fi

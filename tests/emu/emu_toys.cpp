@@ -99,7 +99,8 @@ __global__ void toy_vector(float *out, const bf16 *in) {
 }
 
 // the 64*8 (x4 for the double buffer) bf16 inputs: row r col c of stage i is
-// i*64 + r + c/8, exact in bf16
+// i*64 + r + c/8 rounded to bf16 (not exact past 8 significant bits; the
+// test's toy_val rounds alike)
 bf16 *toy_rows(int stages) {
     bf16 *p = (bf16 *)malloc((size_t)stages * 512 * sizeof(bf16));
     for (int i = 0; i < stages * 512; i++) p[i] = __float2bfloat16_rn((float)(i / 8) + (float)(i % 8) / 8.0f);

@@ -12,7 +12,10 @@
 #      training step's gradients (bench_train --grad-out), then the tools
 #      that exist (tests/gpu/model_checks.sh)
 #   4. benchmarks: extraction (Qwen3-8B shape), one drafter training step
-#      (MFU), the same step in PyTorch when it is installed; scoring: a hook
+#      (MFU); the tools end to end on a Qwen3-0.6B-shaped target: extraction,
+#      online scoring against plain greedy decoding with an untrained drafter
+#      and with one trained there (tests/gpu/score_trained.sh); then the
+#      training step in PyTorch when it is installed
 #   5. the attention tests under compute-sanitizer memcheck and racecheck,
 #      with the time that is left (the runtime may not support them)
 #   6. report.md: a summary table, then where each raw log is
@@ -236,7 +239,60 @@ if [ "$built" = 1 ]; then
             "$(value "$X" 'step time s') s/step, $(value "$X" 'achieved TFLOP/s') TFLOP/s of $(value "$X" 'model TFLOP per step') TFLOP/step; goal 55 %; phases: fwd $(value "$X" 'phase forward') s, head $(value "$X" 'phase LM head') s, bwd $(value "$X" 'phase backward') s, opt $(value "$X" 'phase optimizer') s; GPU memory peak $peak (predicted ~29 GiB)"
     else row "train-step benchmark" "FAIL" "exit $rc; see bench.log"; fi
     rm -f "$X"
-    # the same step in PyTorch, when it is there and time allows
+    # the real tool end to end (JSONL in, DFS stream out): a Qwen3-0.6B-shaped
+    # target cut to 8 layers (mktarget's host RNG is the slow part), 32 x 2048
+    # tokens, packed 16384 at a time
+    # (the online scoring below reuses that target)
+    W=$TMPD/work && mkdir -p "$W"
+    if [ "$DRY" != 1 ] && [ -x "$B/bin/dflash-extract" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 120 ]; then
+        section "dflash-extract --device cuda end to end" "$BENCH_LOG"
+        BIN="$B/bin" BUILD="$B" SHAPE=gpu TARGET="$W/target" TARGET_ONLY=1 bash tests/gpu/score_trained.sh >>"$BENCH_LOG" 2>&1
+        python3 -c "
+import json, random
+r = random.Random(1)
+with open('$W/in.jsonl', 'w') as f:
+    for i in range(32):
+        f.write(json.dumps({'id': i, 'input_ids': [r.randrange(151000) for _ in range(2048)]}) + '\\n')
+"
+        for z in "" "--byte-shuffle on"; do
+            t0=$(date +%s.%N)
+            if timeout 60 "$B/bin/dflash-extract" -m "$W/target" -d cuda -b 16384 $z -o "$W/out.dfs" "$W/in.jsonl" >>"$BENCH_LOG" 2>&1; then
+                t1=$(date +%s.%N)
+                row "dflash-extract --device cuda ${z:-(no compression)}: 8-layer Qwen3-0.6B shape, 65536 tokens" \
+                    "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.0f tok/s", 65536 / (b - a)}')" \
+                    "whole tool: JSONL parse, load, forward, D2H, $([ -n "$z" ] && echo "shuffle + LZ4, ")write $(du -m "$W/out.dfs" | cut -f1) MB"
+            else
+                row "dflash-extract --device cuda ${z:-}" "FAIL" "see bench.log"
+            fi
+        done
+        rm -f "$W/out.dfs"
+    fi
+
+    # the online scoring loop against plain greedy decoding, both on the GPU,
+    # on the same target: with an untrained drafter (tau near 1: the loop's
+    # cost per cycle), then with one trained here on the target's greedy
+    # continuations (tests/gpu/score_trained.sh: the speed-up itself)
+    if [ -x "$B/bin/dflash-score" ] && [ -x "$B/bin/dflash-train-step" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 90 ]; then
+        section "tests/gpu/score_trained.sh (online scoring)" "$BENCH_LOG"
+        if [ "$DRY" = 1 ]; then
+            knobs=(DEV=cpu SHAPE=tiny STEPS=2 N_TRAIN=8 NEW=16 N_EVAL=2 EVAL_NEW=16)
+        else
+            knobs=(DEV=cuda SHAPE=gpu)
+            [ -f "$W/target/config.json" ] && knobs+=(TARGET="$W/target")
+        fi
+        tt=$(($(left) - 30 > 180 ? 180 : $(left) - 30))
+        env BIN="$B/bin" BUILD="$B" "${knobs[@]}" timeout "$tt" bash tests/gpu/score_trained.sh >"$TMPD/score.log" 2>&1
+        rc=$?
+        cat "$TMPD/score.log" >>"$BENCH_LOG"
+        while IFS='|' read -r _ step result detail; do
+            [ -n "$step" ] && row "$step" "$result" "$detail"
+        done < <(grep '^RESULT|' "$TMPD/score.log")
+        [ $rc -eq 0 ] || row "online scoring (tests/gpu/score_trained.sh)" "FAIL" "exit $rc$([ $rc = 124 ] && echo ": timeout ${tt}s"); see bench.log"
+    fi
+    rm -rf "$W"
+
+    # the training step in PyTorch, when it is there and time allows (after
+    # the tools, whose rows matter more than its compile time)
     if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && [ "$(left)" -gt 60 ]; then
         section "torch_step.py (flex_attention)" "$TORCH_LOG"
         timeout $(($(left) - 10 > 150 ? 150 : $(left) - 10)) python3 tests/gpu/torch_step.py >>"$TORCH_LOG" 2>&1
@@ -252,69 +308,6 @@ if [ "$built" = 1 ]; then
         fi
     else
         row "same step in PyTorch" "skipped" "no CUDA PyTorch, or time budget"
-    fi
-    # the real tool end to end (JSONL in, DFS stream out): a Qwen3-0.6B-shaped
-    # target cut to 8 layers (mktarget's host RNG is the slow part), 32 x 2048
-    # tokens, packed 16384 at a time
-    if [ "$DRY" != 1 ] && [ -x "$B/bin/dflash-extract" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 120 ]; then
-        section "dflash-extract --device cuda end to end" "$BENCH_LOG"
-        X=$(mktemp -d)
-        "$B/tests/mktarget" -o "$X/target" --vocab 151936 --hidden 1024 --intermediate 3072 --layers 8 --heads 16 \
-            --kv-heads 8 --head-dim 128 --tie yes >>"$BENCH_LOG" 2>&1
-        python3 -c "
-import json, random
-r = random.Random(1)
-with open('$X/in.jsonl', 'w') as f:
-    for i in range(32):
-        f.write(json.dumps({'id': i, 'input_ids': [r.randrange(151000) for _ in range(2048)]}) + '\\n')
-"
-        for z in "" "--byte-shuffle on"; do
-            t0=$(date +%s.%N)
-            if timeout 60 "$B/bin/dflash-extract" -m "$X/target" -d cuda -b 16384 $z -o "$X/out.dfs" "$X/in.jsonl" >>"$BENCH_LOG" 2>&1; then
-                t1=$(date +%s.%N)
-                row "dflash-extract --device cuda ${z:-(no compression)}: 8-layer Qwen3-0.6B shape, 65536 tokens" \
-                    "$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.0f tok/s", 65536 / (b - a)}')" \
-                    "whole tool: JSONL parse, load, forward, D2H, $([ -n "$z" ] && echo "shuffle + LZ4, ")write $(du -m "$X/out.dfs" | cut -f1) MB"
-            else
-                row "dflash-extract --device cuda ${z:-}" "FAIL" "see bench.log"
-            fi
-        done
-        rm -rf "$X"
-    fi
-
-    # the online scoring loop against plain greedy decoding, both on the GPU: a
-    # Qwen3-0.6B-shaped target cut to 8 layers and an untrained 1-layer drafter
-    # (tau near 1: this measures the loop's cost per cycle, not a speed-up)
-    if [ "$DRY" != 1 ] && [ -x "$B/bin/dflash-score" ] && [ -x "$B/bin/dflash-train-step" ] && [ "$(left)" -gt 90 ]; then
-        section "dflash-score --device cuda online" "$BENCH_LOG"
-        X=$(mktemp -d)
-        "$B/tests/mktarget" -o "$X/target" --vocab 151936 --hidden 1024 --intermediate 3072 --layers 8 --heads 16 \
-            --kv-heads 8 --head-dim 128 --tie yes >>"$BENCH_LOG" 2>&1
-        cat >"$X/drafter.json" <<'EOF'
-{"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16, "num_target_layers": 8,
- "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 3, 5]},
- "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 1, "num_attention_heads": 16,
- "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "vocab_size": 151936}
-EOF
-        python3 - "$X/prompts.jsonl" <<'PY'
-import json, random, sys
-r = random.Random(2)
-with open(sys.argv[1], "w") as f:
-    for i in range(4):
-        f.write(json.dumps({"id": i, "input_ids": [r.randrange(151000) for _ in range(512)]}) + "\n")
-PY
-        if "$B/bin/dflash-train-step" --target "$X/target" --init "$X/drafter.json" --steps 0 --out "$X/ckpt" >>"$BENCH_LOG" 2>&1 &&
-            timeout 90 "$B/bin/dflash-score" --device cuda --target "$X/target" --drafter "$X/ckpt" --prompts "$X/prompts.jsonl" \
-                --max-new-tokens 256 --ignore-eos >"$X/score.tsv" 2>>"$BENCH_LOG"; then
-            cat "$X/score.tsv" >>"$BENCH_LOG"
-            col() { python3 -c 'import csv, sys; print(list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))[0][sys.argv[2]])' "$X/score.tsv" "$1"; }
-            row "dflash-score --device cuda online: 8-layer Qwen3-0.6B shape, untrained drafter" \
-                "$(col tokens_per_s) tok/s" \
-                "plain greedy $(col greedy_tokens_per_s) tok/s; tau $(col tau_macro); speed-up $(col speedup); mismatches $(col mismatches)"
-        else
-            row "dflash-score --device cuda online" "FAIL" "see bench.log"
-        fi
-        rm -rf "$X"
     fi
 
     # ---- 5. the attention kernels under compute-sanitizer, as time allows ----------------
