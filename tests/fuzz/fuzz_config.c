@@ -18,6 +18,7 @@
  * same values; for the extract tap list, 1 to 64 distinct ids in [0, L).
  */
 #include "common.h"
+#include "fuzz_util.h"
 #include "drafter.h"
 #include "extract.h"
 #include "model_config.h"
@@ -33,72 +34,64 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(c)                                                               \
-    do {                                                                       \
-        if (!(c)) {                                                            \
-            fprintf(stderr, "fuzz_config: invariant failed: %s\n", #c);        \
-            abort();                                                           \
-        }                                                                      \
-    } while (0)
-
 /* a*b+... in int64 without overflow */
 static int64_t mul(int64_t a, int64_t b) {
     int64_t r;
-    CHECK(!__builtin_mul_overflow(a, b, &r));
+    FUZZ_CHECK(!__builtin_mul_overflow(a, b, &r));
     return r;
 }
 static int64_t add(int64_t a, int64_t b) {
     int64_t r;
-    CHECK(!__builtin_add_overflow(a, b, &r));
+    FUZZ_CHECK(!__builtin_add_overflow(a, b, &r));
     return r;
 }
 
 static void check_model(const dfl_model_config *c) {
-    CHECK(c->json && json_is_object(c->json));
-    CHECK(memchr(c->architecture, 0, sizeof c->architecture) && memchr(c->model_type, 0, sizeof c->model_type) &&
+    FUZZ_CHECK(c->json && json_is_object(c->json));
+    FUZZ_CHECK(memchr(c->architecture, 0, sizeof c->architecture) && memchr(c->model_type, 0, sizeof c->model_type) &&
           memchr(c->dtype, 0, sizeof c->dtype));
-    CHECK(strlen(c->digest) == 16);
-    CHECK(c->hidden_size > 0 && c->intermediate_size > 0 && c->num_hidden_layers > 0 && c->num_attention_heads > 0 &&
+    FUZZ_CHECK(strlen(c->digest) == 16);
+    FUZZ_CHECK(c->hidden_size > 0 && c->intermediate_size > 0 && c->num_hidden_layers > 0 && c->num_attention_heads > 0 &&
           c->num_key_value_heads > 0 && c->head_dim > 0 && c->vocab_size > 0);
-    CHECK(c->num_hidden_layers <= INT_MAX); /* target.c keeps it in an int */
-    CHECK(c->head_dim % 2 == 0);
-    CHECK(c->num_attention_heads % c->num_key_value_heads == 0);
+    FUZZ_CHECK(c->num_hidden_layers <= INT_MAX); /* target.c keeps it in an int */
+    FUZZ_CHECK(c->head_dim % 2 == 0);
+    FUZZ_CHECK(c->num_attention_heads % c->num_key_value_heads == 0);
     float eps = (float)c->rms_norm_eps;
-    CHECK(eps > 0 && isfinite(eps));
+    FUZZ_CHECK(eps > 0 && isfinite(eps));
     /* the shapes target.c and drafter.c form, and the whole model */
     int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size, D = c->head_dim;
     int64_t QD = mul(c->num_attention_heads, D), KD = mul(c->num_key_value_heads, D);
     int64_t layer = add(add(add(mul(QD, H), mul(2, mul(KD, H))), mul(H, QD)), add(mul(3, mul(I, H)), add(mul(2, H), mul(2, D))));
     int64_t total = add(add(mul(2, mul(V, H)), H), mul(c->num_hidden_layers, layer));
-    CHECK(mul(total, 4) > 0);
-    CHECK(c->tie_word_embeddings == 0 || c->tie_word_embeddings == 1);
-    CHECK(c->qk_norm == (strcmp(c->architecture, "LlamaForCausalLM") != 0));
-    CHECK(c->n_eos >= 0 && c->n_eos <= 8);
+    FUZZ_CHECK(mul(total, 4) > 0);
+    FUZZ_CHECK(c->tie_word_embeddings == 0 || c->tie_word_embeddings == 1);
+    FUZZ_CHECK(c->qk_norm == (strcmp(c->architecture, "LlamaForCausalLM") != 0));
+    FUZZ_CHECK(c->n_eos >= 0 && c->n_eos <= 8);
     /* RoPE */
-    CHECK(c->rope_type == DFL_ROPE_DEFAULT || c->rope_type == DFL_ROPE_LLAMA3);
+    FUZZ_CHECK(c->rope_type == DFL_ROPE_DEFAULT || c->rope_type == DFL_ROPE_LLAMA3);
     float theta = (float)c->rope_theta;
-    CHECK(theta > 0 && isfinite(theta));
+    FUZZ_CHECK(theta > 0 && isfinite(theta));
     if (c->rope_type == DFL_ROPE_LLAMA3) {
-        CHECK(c->rope_original_max_pos > 0);
-        CHECK((float)c->rope_factor > 0 && isfinite((float)c->rope_factor));
-        CHECK((float)c->rope_low_freq_factor > 0 && (float)c->rope_high_freq_factor > (float)c->rope_low_freq_factor &&
+        FUZZ_CHECK(c->rope_original_max_pos > 0);
+        FUZZ_CHECK((float)c->rope_factor > 0 && isfinite((float)c->rope_factor));
+        FUZZ_CHECK((float)c->rope_low_freq_factor > 0 && (float)c->rope_high_freq_factor > (float)c->rope_low_freq_factor &&
               isfinite((float)c->rope_high_freq_factor));
     }
     if (c->head_dim <= 1 << 16) {
         float *f = malloc((size_t)(c->head_dim / 2) * sizeof *f);
         dfl_rope_inv_freq(c, f);
-        for (int64_t i = 0; i < c->head_dim / 2; i++) CHECK(isfinite(f[i]) && f[i] >= 0);
+        for (int64_t i = 0; i < c->head_dim / 2; i++) FUZZ_CHECK(isfinite(f[i]) && f[i] >= 0);
         free(f);
     }
 }
 
 static void check_same(const dfl_drafter_config *a, const dfl_drafter_config *b) {
-    CHECK(a->H == b->H && a->I == b->I && a->L == b->L && a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D &&
+    FUZZ_CHECK(a->H == b->H && a->I == b->I && a->L == b->L && a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D &&
           a->V == b->V && a->eps == b->eps);
-    CHECK(a->block_size == b->block_size && a->num_target_layers == b->num_target_layers &&
+    FUZZ_CHECK(a->block_size == b->block_size && a->num_target_layers == b->num_target_layers &&
           a->mask_token_id == b->mask_token_id && a->K == b->K);
-    CHECK(!memcmp(a->layer_ids, b->layer_ids, sizeof(int) * (size_t)a->K));
-    CHECK(a->mc.rope_type == b->mc.rope_type && a->mc.rope_theta == b->mc.rope_theta &&
+    FUZZ_CHECK(!memcmp(a->layer_ids, b->layer_ids, sizeof(int) * (size_t)a->K));
+    FUZZ_CHECK(a->mc.rope_type == b->mc.rope_type && a->mc.rope_theta == b->mc.rope_theta &&
           a->mc.rope_factor == b->mc.rope_factor && a->mc.rope_low_freq_factor == b->mc.rope_low_freq_factor &&
           a->mc.rope_high_freq_factor == b->mc.rope_high_freq_factor &&
           a->mc.rope_original_max_pos == b->mc.rope_original_max_pos);
@@ -106,38 +99,38 @@ static void check_same(const dfl_drafter_config *a, const dfl_drafter_config *b)
 
 static void check_drafter(const dfl_drafter_config *c, int roundtrip) {
     check_model(&c->mc);
-    CHECK(c->mc.qk_norm);
-    CHECK(c->H == c->mc.hidden_size && c->L == c->mc.num_hidden_layers && c->V == c->mc.vocab_size);
-    CHECK(c->L >= 1 && c->L <= DFL_DRAFTER_MAX_LAYERS);
-    CHECK(c->block_size >= 2 && c->block_size <= DFL_DRAFTER_MAX_BLOCK);
-    CHECK(c->num_target_layers >= 1);
-    CHECK(c->mask_token_id >= 0 && c->mask_token_id < c->V);
-    CHECK(c->K >= 1 && c->K <= DFL_DRAFTER_MAX_TAPS);
-    for (int i = 0; i < c->K; i++) CHECK(c->layer_ids[i] >= 0 && c->layer_ids[i] < c->num_target_layers);
+    FUZZ_CHECK(c->mc.qk_norm);
+    FUZZ_CHECK(c->H == c->mc.hidden_size && c->L == c->mc.num_hidden_layers && c->V == c->mc.vocab_size);
+    FUZZ_CHECK(c->L >= 1 && c->L <= DFL_DRAFTER_MAX_LAYERS);
+    FUZZ_CHECK(c->block_size >= 2 && c->block_size <= DFL_DRAFTER_MAX_BLOCK);
+    FUZZ_CHECK(c->num_target_layers >= 1);
+    FUZZ_CHECK(c->mask_token_id >= 0 && c->mask_token_id < c->V);
+    FUZZ_CHECK(c->K >= 1 && c->K <= DFL_DRAFTER_MAX_TAPS);
+    for (int i = 0; i < c->K; i++) FUZZ_CHECK(c->layer_ids[i] >= 0 && c->layer_ids[i] < c->num_target_layers);
     /* the parameter table (fc is [H, K*H]) and the flat array's size in bytes */
     int64_t fc = mul(c->H, mul(c->K, c->H));
     (void)fc;
     int n = dfl_drafter_params(c, NULL);
-    CHECK(n == 3 + 11 * (int)c->L);
+    FUZZ_CHECK(n == 3 + 11 * (int)c->L);
     dfl_param_info *info = calloc((size_t)n, sizeof *info);
     dfl_drafter_params(c, info);
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
-        CHECK(info[i].numel > 0 && info[i].offset == total);
+        FUZZ_CHECK(info[i].numel > 0 && info[i].offset == total);
         total = add(total, info[i].numel);
     }
-    CHECK(mul(total, 4) > 0);
+    FUZZ_CHECK(mul(total, 4) > 0);
     free(info);
     if (!roundtrip) return;
     /* what a checkpoint writes must read back as the same drafter */
     json_t *j = dfl_drafter_config_json(c);
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(j);
-    CHECK(text);
+    FUZZ_CHECK(text);
     dfl_drafter_config back;
     int rc = dfl_drafter_config_parse(&back, text, strlen(text), "roundtrip");
     if (rc) fprintf(stderr, "fuzz_config: round trip: %s\n%s\n", dfl_errmsg(), text);
-    CHECK(rc == 0);
+    FUZZ_CHECK(rc == 0);
     check_drafter(&back, 0);
     check_same(c, &back);
     dfl_drafter_config_free(&back);
@@ -145,23 +138,20 @@ static void check_drafter(const dfl_drafter_config *c, int roundtrip) {
 }
 
 static void check_extract_ids(const uint8_t *data, size_t size) {
-    int fd = memfd_create("fuzz_config", 0);
-    if (fd < 0) abort();
-    if (size && write(fd, data, size) != (ssize_t)size) abort();
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int fd = fuzz_memfd("fuzz_config", data, size, path, sizeof path);
     static const int layers[] = {1, 2, 3, 6, 36};
     for (size_t k = 0; k < sizeof layers / sizeof layers[0]; k++) {
         int L = layers[k], ids[DFL_EXTRACT_MAX_TAPS], n = -1;
         int rc = dfl_extract_layer_ids(NULL, path, L, ids, &n);
         if (rc) {
-            CHECK(rc == DFL_EX_DATA);
+            FUZZ_CHECK(rc == DFL_EX_DATA);
             continue;
         }
-        CHECK(n >= 1 && n <= DFL_EXTRACT_MAX_TAPS);
+        FUZZ_CHECK(n >= 1 && n <= DFL_EXTRACT_MAX_TAPS);
         for (int i = 0; i < n; i++) {
-            CHECK(ids[i] >= 0 && ids[i] < L);
-            for (int j = 0; j < i; j++) CHECK(ids[i] != ids[j]);
+            FUZZ_CHECK(ids[i] >= 0 && ids[i] < L);
+            for (int j = 0; j < i; j++) FUZZ_CHECK(ids[i] != ids[j]);
         }
     }
     close(fd);
@@ -173,13 +163,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dfl_model_config mc;
     int rc = dfl_model_config_parse(&mc, text, size, "fuzz", "target");
     if (rc == 0) check_model(&mc);
-    else CHECK(rc == DFL_EX_DATA);
+    else FUZZ_CHECK(rc == DFL_EX_DATA);
     dfl_model_config_free(&mc);
 
     dfl_drafter_config dc;
     rc = dfl_drafter_config_parse(&dc, text, size, "fuzz");
     if (rc == 0) check_drafter(&dc, 1);
-    else CHECK(rc == DFL_EX_DATA);
+    else FUZZ_CHECK(rc == DFL_EX_DATA);
     dfl_drafter_config_free(&dc);
     return 0;
 }

@@ -16,6 +16,7 @@
  * unique, and bf16/f16/f32 tensors convert. A violation abort()s.
  */
 #include "common.h"
+#include "fuzz_util.h"
 #include "dtype.h"
 #include "safetensors.h"
 
@@ -48,21 +49,13 @@ static int piece_cmp(const void *a, const void *b) {
     return x->n < y->n ? -1 : x->n > y->n;
 }
 
-#define CHECK(c)                                                                   \
-    do {                                                                           \
-        if (!(c)) {                                                                \
-            fprintf(stderr, "fuzz_safetensors: invariant failed: %s\n", #c);       \
-            abort();                                                               \
-        }                                                                          \
-    } while (0)
-
 /* The tensors of one written file tile its buffer: sorted by address they
  * are back to back, and together equal the bytes after the header. */
 static void check_file(const dfl_st *st, const written *w) {
-    CHECK(w->len >= 8);
+    FUZZ_CHECK(w->len >= 8);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | w->bytes[i];
-    CHECK(hlen <= DFL_ST_MAX_HEADER && hlen + 8 <= w->len);
+    FUZZ_CHECK(hlen <= DFL_ST_MAX_HEADER && hlen + 8 <= w->len);
     uint64_t buf = w->len - 8 - hlen;
     int n = dfl_st_count(st), k = 0;
     piece *ps = calloc((size_t)n + 1, sizeof *ps);
@@ -76,14 +69,14 @@ static void check_file(const dfl_st *st, const written *w) {
     qsort(ps, (size_t)k, sizeof *ps, piece_cmp);
     uint64_t total = 0;
     for (int i = 0; i < k; i++) {
-        if (i) CHECK(ps[i].p == ps[i - 1].p + ps[i - 1].n);
+        if (i) FUZZ_CHECK(ps[i].p == ps[i - 1].p + ps[i - 1].n);
         total += ps[i].n;
     }
-    CHECK(total == buf);
+    FUZZ_CHECK(total == buf);
     /* The bytes themselves: reading them also proves they are mapped. */
     const uint8_t *want = w->bytes + 8 + hlen;
     for (int i = 0; i < k; i++) {
-        CHECK(memcmp(ps[i].p, want, ps[i].n) == 0);
+        FUZZ_CHECK(memcmp(ps[i].p, want, ps[i].n) == 0);
         want += ps[i].n;
     }
     free(ps);
@@ -93,26 +86,26 @@ static void check_tensors(const dfl_st *st, const written *files, int nfiles) {
     int n = dfl_st_count(st);
     for (int i = 0; i < n; i++) {
         const dfl_st_tensor *t = dfl_st_at(st, i);
-        CHECK(t->name && t->dtype_str && t->file);
-        CHECK(strcmp(t->name, "__metadata__") != 0);
-        CHECK(dfl_st_find(st, t->name) == t); /* names are unique */
-        CHECK(t->ndim >= 0 && t->ndim <= DFL_ST_MAX_DIMS);
+        FUZZ_CHECK(t->name && t->dtype_str && t->file);
+        FUZZ_CHECK(strcmp(t->name, "__metadata__") != 0);
+        FUZZ_CHECK(dfl_st_find(st, t->name) == t); /* names are unique */
+        FUZZ_CHECK(t->ndim >= 0 && t->ndim <= DFL_ST_MAX_DIMS);
         int64_t numel = 1;
         for (int d = 0; d < t->ndim; d++) {
-            CHECK(t->shape[d] >= 0);
-            CHECK(!__builtin_mul_overflow(numel, t->shape[d], &numel));
+            FUZZ_CHECK(t->shape[d] >= 0);
+            FUZZ_CHECK(!__builtin_mul_overflow(numel, t->shape[d], &numel));
         }
-        CHECK(numel == t->numel);
+        FUZZ_CHECK(numel == t->numel);
         if (t->dtype >= 0) {
-            CHECK((uint64_t)numel * dfl_dtype_size((dfl_dtype)t->dtype) == t->nbytes);
-            CHECK(!strcmp(dfl_st_dtype_str((dfl_dtype)t->dtype), t->dtype_str));
+            FUZZ_CHECK((uint64_t)numel * dfl_dtype_size((dfl_dtype)t->dtype) == t->nbytes);
+            FUZZ_CHECK(!strcmp(dfl_st_dtype_str((dfl_dtype)t->dtype), t->dtype_str));
         }
         int known = 0;
         for (int f = 0; f < nfiles; f++) known |= !strcmp(t->file, files[f].path);
-        CHECK(known);
+        FUZZ_CHECK(known);
         if (t->dtype == DFL_BF16 || t->dtype == DFL_F16 || t->dtype == DFL_F32) {
             const dfl_st_tensor *got;
-            CHECK(dfl_st_get(st, t->name, t->ndim, t->shape, &got) == 0 && got == t);
+            FUZZ_CHECK(dfl_st_get(st, t->name, t->ndim, t->shape, &got) == 0 && got == t);
             float *f = malloc((size_t)numel * sizeof *f + 1);
             dfl_st_to_f32(t, f);
             free(f);
@@ -120,17 +113,14 @@ static void check_tensors(const dfl_st *st, const written *files, int nfiles) {
     }
     (void)dfl_st_meta(st, "format");
     const dfl_st_tensor *none;
-    CHECK(dfl_st_get(st, "no such tensor \x01", 0, NULL, &none) == DFL_EX_DATA && !none);
+    FUZZ_CHECK(dfl_st_get(st, "no such tensor \x01", 0, NULL, &none) == DFL_EX_DATA && !none);
 }
 
 /* ---- one file, through a memfd ---- */
 
 static void fuzz_file(const uint8_t *data, size_t size) {
-    int fd = memfd_create("fuzz_st", 0);
-    if (fd < 0) abort();
-    if (size && write(fd, data, size) != (ssize_t)size) abort();
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int fd = fuzz_memfd("fuzz_st", data, size, path, sizeof path);
     dfl_st *st = NULL;
     int rc = dfl_st_open(&st, path);
     if (rc == 0) {
@@ -139,7 +129,7 @@ static void fuzz_file(const uint8_t *data, size_t size) {
         check_file(st, &w);
         dfl_st_close(st);
     } else {
-        CHECK(rc == DFL_EX_DATA && st == NULL);
+        FUZZ_CHECK(rc == DFL_EX_DATA && st == NULL);
     }
     close(fd);
 }
@@ -211,7 +201,7 @@ static void fuzz_dir(const uint8_t *data, size_t size) {
         }
         dfl_st_close(st);
     } else {
-        CHECK((rc == DFL_EX_DATA || rc == DFL_EX_NOINPUT) && st == NULL);
+        FUZZ_CHECK((rc == DFL_EX_DATA || rc == DFL_EX_NOINPUT) && st == NULL);
     }
     for (int k = 0; k < nparts; k++) unlink(paths[k]);
 }

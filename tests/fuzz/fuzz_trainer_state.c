@@ -12,6 +12,7 @@
  * (digits only, below 2^64).
  */
 #include "common.h"
+#include "fuzz_util.h"
 #include "model_config.h"
 #include "trainer.h"
 
@@ -23,14 +24,6 @@
 #include <strings.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(c)                                                                \
-    do {                                                                        \
-        if (!(c)) {                                                             \
-            fprintf(stderr, "fuzz_trainer_state: invariant failed: %s\n", #c);  \
-            abort();                                                            \
-        }                                                                       \
-    } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     json_error_t je;
@@ -50,30 +43,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc = dfl_trainer_restore(&t, j, "fuzz");
     if (rc == 0) {
         json_t *step = json_object_get(j, "step");
-        CHECK(json_is_integer(step) && t.step == json_integer_value(step) && t.step >= 0);
+        FUZZ_CHECK(json_is_integer(step) && t.step == json_integer_value(step) && t.step >= 0);
         uint64_t any = 0;
         for (int i = 0; i < 4; i++) {
             char hex[32];
             snprintf(hex, sizeof hex, "%016" PRIx64, t.rng.s[i]);
             const char *h = json_string_value(json_array_get(json_object_get(j, "rng"), (size_t)i));
-            CHECK(h && !strcasecmp(hex, h));
+            FUZZ_CHECK(h && !strcasecmp(hex, h));
             any |= t.rng.s[i];
         }
-        CHECK(any != 0);
+        FUZZ_CHECK(any != 0);
         const char *seed = json_string_value(json_object_get(j, "seed"));
         if (seed) { /* decimal digits only, read here independently */
             uint64_t v = 0;
-            CHECK(*seed);
+            FUZZ_CHECK(*seed);
             for (const char *c = seed; *c; c++) {
-                CHECK(*c >= '0' && *c <= '9');
-                CHECK(!__builtin_mul_overflow(v, 10, &v) && !__builtin_add_overflow(v, (uint64_t)(*c - '0'), &v));
+                FUZZ_CHECK(*c >= '0' && *c <= '9');
+                FUZZ_CHECK(!__builtin_mul_overflow(v, 10, &v) && !__builtin_add_overflow(v, (uint64_t)(*c - '0'), &v));
             }
-            CHECK(t.seed == v);
+            FUZZ_CHECK(t.seed == v);
         } else {
-            CHECK(t.seed == 7);
+            FUZZ_CHECK(t.seed == 7);
         }
     } else {
-        CHECK(rc == DFL_EX_DATA);
+        FUZZ_CHECK(rc == DFL_EX_DATA);
     }
     json_decref(j);
     return 0;
