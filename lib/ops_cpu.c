@@ -80,9 +80,62 @@ static int blas_int(int64_t n) {
     return (int)n;
 }
 
+/* The sum of one product row: eight lanes over K in steps of 8, the lanes
+ * added in a fixed order, then the tail. dot4 and dot1 do exactly this. */
+static inline __attribute__((always_inline)) float lanes_sum(const v8f *v) {
+    const v8f s = *v; /* by address: a vector argument would change the ABI without AVX */
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* o[i * ldo] (=|+=) x[i * K, :] . wr for i < 4 */
+static inline __attribute__((always_inline)) void dot4(float *o, int64_t ldo, const float *x, const float *wr,
+                                                       int64_t K, int acc) {
+    v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, wv, a;
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        V8_LOAD(wv, wr + k);
+        V8_LOAD(a, x + k), s0 += a * wv;
+        V8_LOAD(a, x + K + k), s1 += a * wv;
+        V8_LOAD(a, x + 2 * K + k), s2 += a * wv;
+        V8_LOAD(a, x + 3 * K + k), s3 += a * wv;
+    }
+    float r[4] = {lanes_sum(&s0), lanes_sum(&s1), lanes_sum(&s2), lanes_sum(&s3)};
+    for (int i = 0; i < 4; i++) {
+        for (int64_t t = k; t < K; t++) r[i] += x[i * K + t] * wr[t];
+        o[i * ldo] = acc ? o[i * ldo] + r[i] : r[i];
+    }
+}
+
+static inline __attribute__((always_inline)) void dot1(float *o, const float *x, const float *wr, int64_t K,
+                                                       int acc) {
+    v8f s = {0}, wv, a;
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        V8_LOAD(wv, wr + k);
+        V8_LOAD(a, x + k), s += a * wv;
+    }
+    float r = lanes_sum(&s);
+    for (int64_t t = k; t < K; t++) r += x[t] * wr[t];
+    *o = acc ? *o + r : r;
+}
+
+SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const float *w, int64_t M, int64_t K,
+                                         int64_t N, int acc) {
+#pragma omp parallel for schedule(static) if (M * N * K > 16 * DFL_CPU_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        const float *wr = w + n * K;
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) dot4(out + m * N + n, N, in + m * K, wr, K, acc);
+        for (; m < M; m++) dot1(out + m * N + n, in + m * K, wr, K, acc);
+    }
+}
+
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta) {
+    DFL_ASSERT(beta == 0.0f || beta == 1.0f);
     if (M == 1)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(N), blas_int(K), 1.0f, w, blas_int(K), in, 1, beta, out, 1);
+    else if (M <= DFL_CPU_FEW_ROWS)
+        gemm_nt_few_rows(out, in, w, M, K, N, beta != 0.0f);
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(M), blas_int(N), blas_int(K), 1.0f, in,
                     blas_int(K), w, blas_int(K), beta, out, blas_int(N));

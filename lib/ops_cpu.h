@@ -13,10 +13,32 @@
 #include <stdint.h>
 #include <string.h>
 
-/* out[M,N] = in[M,K] . w[N,K]^T + beta * out through OpenBLAS. A single row
- * (decoding one token) goes through sgemv: sgemm would repack the whole
- * weight matrix for it on every call. */
+/* out[M,N] = in[M,K] . w[N,K]^T + beta * out (beta 0 or 1). OpenBLAS's
+ * sgemm first copies (packs) the whole weight matrix, which costs more than
+ * the products at a few rows: one row (decoding a token) goes through
+ * sgemv, up to DFL_CPU_FEW_ROWS (verifying a block) through a kernel that
+ * reads each row of w once for all of them, more through sgemm. */
+#define DFL_CPU_FEW_ROWS 16
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta);
+
+/* Kernels compiled twice, for x86-64-v3 (AVX2, FMA) and the baseline, and
+ * picked at load time (an ifunc). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SIMD_CLONES
+#endif
+
+typedef float v8f __attribute__((vector_size(32)));
+
+#define V8_LOAD(v, p) memcpy(&(v), (p), sizeof(v8f))
+#define V8_ADD_STORE(p, v)            \
+    do {                              \
+        v8f t_;                       \
+        memcpy(&t_, (p), sizeof t_);  \
+        t_ += (v);                    \
+        memcpy((p), &t_, sizeof t_);  \
+    } while (0)
 
 /* exp(x) in f32 written so that loops over it vectorize (libm's expf is a
  * call): x = n ln2 + r with n = round(x / ln2) (Cody-Waite two-part ln2),

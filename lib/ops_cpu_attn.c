@@ -42,27 +42,8 @@
 #define QT 16 /* query rows per causal tile */
 #define KT 64 /* keys per key tile (a multiple of 16) */
 
-/* The matrix kernel is compiled twice, for x86-64-v3 (AVX2) and the
- * baseline, and picked at load time (an ifunc). */
-#if defined(__x86_64__) && defined(__GNUC__)
-#define SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define SIMD_CLONES
-#endif
-
 /* ------------------------------------------------------------------------ */
-/* small matrix products                                                     */
-
-typedef float v8f __attribute__((vector_size(32)));
-
-#define V8_LOAD(v, p) memcpy(&(v), (p), sizeof(v8f))
-#define V8_ADD_STORE(p, v)            \
-    do {                              \
-        v8f t_;                       \
-        memcpy(&t_, (p), sizeof t_);  \
-        t_ += (v);                    \
-        memcpy((p), &t_, sizeof t_);  \
-    } while (0)
+/* small matrix products (SIMD_CLONES, v8f: ops_cpu.h)                       */
 
 /* C[4, 16] += A[4, K] . B[K, 16]; A[i, k] at A + i*ai + k*ak, so one
  * kernel serves A and A^T. */

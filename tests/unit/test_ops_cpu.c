@@ -25,6 +25,7 @@
 #include "safetensors.h"
 #include "test.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +221,55 @@ static void test_matmul(void) {
     T_CHECK(out[0] == 0 && out[M * N - 1] == 0);
     ops->free(x), ops->free(w), ops->free(ref), ops->free(out), ops->free(acc), ops->free(dout);
     ops->free(rdin), ops->free(rdw), ops->free(din), ops->free(dw), ops->free(d1), ops->free(d2);
+}
+
+/* dfl_cpu_gemm_nt's three paths (sgemv at 1 row, the few-rows kernel up to
+ * DFL_CPU_FEW_ROWS, sgemm above) against a double-precision sum, across
+ * the kernel's edges: rows in 4s and a remainder, K in 8-lane steps and a
+ * tail, overwrite and accumulate, and a size large enough to run threaded.
+ * The error is measured against the magnitude of the summed terms
+ * (sum |x w| + |out|), not of the result, which cancellation can make
+ * arbitrarily small in a one-element case. */
+static double gemm_nt_err(int64_t M, int64_t K, int64_t N, int beta, dfl_rng *r) {
+    float *x = fbuf(M * K), *w = fbuf(N * K), *out = fbuf(M * N);
+    frand(x, M * K, r, 1.0f), frand(w, N * K, r, 1.0f), frand(out, M * N, r, 1.0f);
+    double *ref = calloc((size_t)(M * N), sizeof *ref), *mag = calloc((size_t)(M * N), sizeof *mag);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double sum = beta ? out[m * N + n] : 0, a = beta ? fabs(out[m * N + n]) : 0;
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)x[m * K + k] * w[n * K + k];
+                sum += p, a += fabs(p);
+            }
+            ref[m * N + n] = sum, mag[m * N + n] = a;
+        }
+    dfl_cpu_gemm_nt(out, x, w, M, K, N, (float)beta);
+    double e2 = 0, m2 = 0;
+    for (int64_t i = 0; i < M * N; i++) e2 += (out[i] - ref[i]) * (out[i] - ref[i]), m2 += mag[i] * mag[i];
+    ops->free(x), ops->free(w), ops->free(out), free(ref), free(mag);
+    return e2 / m2;
+}
+
+static void test_gemm_nt_paths(void) {
+    static const int64_t Ms[] = {1, 2, 3, 4, 5, 8, 15, 16, 17}, Ks[] = {1, 7, 8, 9, 64, 257}, Ns[] = {1, 5, 33};
+    dfl_rng r;
+    dfl_rng_seed(&r, 41);
+    double worst = 0;
+    int cases = 0;
+    for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+        for (size_t b = 0; b < sizeof Ks / sizeof *Ks; b++)
+            for (size_t c = 0; c < sizeof Ns / sizeof *Ns; c++)
+                for (int beta = 0; beta <= 1; beta++) {
+                    double e = gemm_nt_err(Ms[a], Ks[b], Ns[c], beta, &r);
+                    worst = e > worst ? e : worst;
+                    T_CHECKF(e <= NMSE_F32, "gemm_nt M %lld K %lld N %lld beta %d: error %.3e", (long long)Ms[a],
+                             (long long)Ks[b], (long long)Ns[c], beta, e);
+                    cases++;
+                }
+    printf("  gemm_nt, %d shapes           worst error %.2e (<= %.0e)\n", cases, worst, NMSE_F32);
+    double e = gemm_nt_err(16, 1024, 1024, 0, &r); /* threaded */
+    printf("  gemm_nt 16 x 1024 x 1024     error %.2e (<= %.0e)\n", e, NMSE_F32);
+    T_CHECKF(e <= NMSE_F32, "gemm_nt 16 x 1024 x 1024: error %.3e", e);
 }
 
 /* matmul FD: L = sum dout * (x w^T) */
@@ -989,6 +1039,7 @@ int main(void) {
     T_RUN(test_memory_and_conversions);
     T_RUN(test_matmul);
     T_RUN(test_matmul_fd);
+    T_RUN(test_gemm_nt_paths);
     T_RUN(test_rmsnorm);
     T_RUN(test_rmsnorm_fd);
     T_RUN(test_rope);
