@@ -211,29 +211,29 @@ if [ "$built" = 1 ]; then
     # ---- 4. benchmarks ----------------------------------------------------------------------
     BDEV=(--device cuda)
     [ "$DRY" = 1 ] && BDEV=(--device cpu --tiny)
-    section "bench_extract ${BDEV[*]}" "$BENCH_LOG"
-    mem_watch bench_extract
-    timeout 120 "$B/gpu/bench_extract" "${BDEV[@]}" >"$X" 2>&1
-    rc=$?
-    peak=$(mem_peak)
-    cat "$X" >>"$BENCH_LOG"
+    # bench NAME SECONDS [ARGS]: one benchmark binary on BDEV, its output in
+    # $X and bench.log, its exit status in rc, its GPU memory peak in peak
+    bench() {
+        local name=$1 secs=$2
+        shift 2
+        section "$name${*:+ $*} ${BDEV[*]}" "$BENCH_LOG"
+        mem_watch "$name $*"
+        timeout "$secs" "$B/gpu/$name" "$@" "${BDEV[@]}" >"$X" 2>&1
+        rc=$?
+        peak=$(mem_peak)
+        cat "$X" >>"$BENCH_LOG"
+    }
+    bench bench_extract 120
     if [ $rc -eq 0 ]; then
         row "extraction, Qwen3-8B shape (layers 0..33), 8 x 2048 tokens" "$(value "$X" 'tokens/s') tok/s" \
             "$(value "$X" 'achieved TFLOP/s') TFLOP/s, MFU $(value "$X" 'MFU') %; anchor 27K (SGLang), goal 45K; GPU memory peak $peak (predicted ~16 GiB)"
     else row "extraction benchmark" "FAIL" "exit $rc; see bench.log"; fi
     if [ "$(left)" -gt 90 ]; then
-        section "bench_extract --download ${BDEV[*]}" "$BENCH_LOG"
-        timeout 120 "$B/gpu/bench_extract" --download "${BDEV[@]}" >"$X" 2>&1 && \
-            row "extraction incl. D2H of the 5 taps (pageable)" "$(value "$X" 'tokens/s') tok/s" \
-                "non-finite sampled values: $(value "$X" 'non-finite')"
-        cat "$X" >>"$BENCH_LOG"
+        bench bench_extract 120 --download
+        [ $rc -eq 0 ] && row "extraction incl. D2H of the 5 taps (pageable)" "$(value "$X" 'tokens/s') tok/s" \
+            "non-finite sampled values: $(value "$X" 'non-finite')"
     fi
-    section "bench_train ${BDEV[*]}" "$BENCH_LOG"
-    mem_watch bench_train
-    timeout 150 "$B/gpu/bench_train" "${BDEV[@]}" >"$X" 2>&1
-    rc=$?
-    peak=$(mem_peak)
-    cat "$X" >>"$BENCH_LOG"
+    bench bench_train 150
     if [ $rc -eq 0 ]; then
         row "train step, Qwen3-8B drafter, 512 anchors x 16, 3072 tokens" "MFU $(value "$X" 'MFU') %" \
             "$(value "$X" 'step time s') s/step, $(value "$X" 'achieved TFLOP/s') TFLOP/s of $(value "$X" 'model TFLOP per step') TFLOP/step; goal 55 %; phases: fwd $(value "$X" 'phase forward') s, head $(value "$X" 'phase LM head') s, bwd $(value "$X" 'phase backward') s, opt $(value "$X" 'phase optimizer') s; GPU memory peak $peak (predicted ~29 GiB)"
