@@ -93,6 +93,35 @@ struct dfl_ops {
     /* out[T,H] = table[ids[t]] (table: wt [V,H]). */
     void (*embed)(void *out, const int32_t *ids, const void *table, int64_t T, int64_t H);
 
+    /* ---- Qwen3.5 hybrid targets (forward only) ---- */
+    /* out = x * sigmoid(g), elementwise: the gated attention's output gate
+     * (out may alias x). */
+    void (*sigmoid_mul)(void *out, const void *x, const void *g, int64_t n);
+    /* Causal depthwise convolution over time, then SiLU, per sequence of a
+     * packed batch (sequence s: rows [cu[s], cu[s+1]) of in[T,C]):
+     *   out[t,c] = silu(sum_{j<K} w[c,j] * x[t-(K-1)+j, c])
+     * where x[r] = in[r] inside the sequence; before its first row x is 0,
+     * or, when hist (act [K-1, C]; only with nseq == 1) is given,
+     * x[cu[0]-i] = hist[K-1-i] (the raw inputs of the positions before).
+     * w: wt [C, K]; cu: i32 [nseq+1]. out aliases neither in nor hist. */
+    void (*conv1d_silu)(void *out, const void *in, const void *hist, const void *w, const int32_t *cu,
+                        int64_t nseq, int64_t T, int64_t C, int64_t K);
+    /* Gated DeltaNet recurrence over packed sequences. qkv: act [T, 2*Hk*dk
+     * + Hv*dv], per row q | k | v (heads contiguous); ba: act [T, 2*Hv],
+     * per row b | a. Value head j reads key head j / (Hv/Hk). Per row t:
+     *   q = l2norm(q_t) / sqrt(dk), k = l2norm(k_t)  (x / sqrt(sum x^2 + 1e-6))
+     *   beta = sigmoid(b_t[j]), g = -exp(A_log[j]) * softplus(a_t[j] + dt_bias[j])
+     *   S = exp(g) S;  S += k (beta (v_t - S^T k))^T;  out[t, j] = S^T q
+     * with S [dk, dv] in f32, 0 at the start of every sequence; softplus as
+     * torch's (x above 20 passes through). A_log, dt_bias: f32 [Hv].
+     * state: f32 [Hv, dk, dv] or NULL. With it (nseq must be 1) S starts
+     * from *state and the final S is written back. steps: f32 [T, Hv, dk,
+     * dv] or NULL (nseq 1): S after every row, the rollback points of a
+     * speculative block. out: act [T, Hv*dv]. */
+    void (*gated_delta)(void *out, float *state, float *steps, const void *qkv, const void *ba,
+                        const float *A_log, const float *dt_bias, const int32_t *cu, int64_t nseq, int64_t T,
+                        int64_t Hk, int64_t Hv, int64_t dk, int64_t dv);
+
     /* ---- attention (scale 1/sqrt(D); q head h uses kv head h / (Hq/Hkv)) ---- */
     /* Causal self-attention over packed sequences: sequence s holds rows
      * [cu[s], cu[s+1]) of q[T,Hq,D], k,v[T,Hkv,D]; no row sees another

@@ -71,6 +71,14 @@ static inline float dfl_cpu_expf(float x) {
     return x == x ? z : x; /* NaN in, NaN out */
 }
 
+/* ---- Qwen3.5 hybrid ops (ops_cpu_gdn.c) ---- */
+void dfl_cpu_sigmoid_mul(void *out, const void *x, const void *g, int64_t n);
+void dfl_cpu_conv1d_silu(void *out, const void *in, const void *hist, const void *w, const int32_t *cu,
+                         int64_t nseq, int64_t T, int64_t C, int64_t K);
+void dfl_cpu_gated_delta(void *out, float *state, float *steps, const void *qkv, const void *ba,
+                         const float *A_log, const float *dt_bias, const int32_t *cu, int64_t nseq, int64_t T,
+                         int64_t Hk, int64_t Hv, int64_t dk, int64_t dv);
+
 /* ---- attention (ops_cpu_attn.c) ---- */
 void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu,
                          int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
