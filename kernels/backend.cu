@@ -129,6 +129,9 @@ static void fill_table(dfl_ops *t) {
     t->swiglu_bwd = cuda_swiglu_bwd;
     t->add = cuda_add;
     t->embed = cuda_embed;
+    t->sigmoid_mul = cuda_sigmoid_mul;
+    t->conv1d_silu = cuda_conv1d_silu;
+    t->gated_delta = cuda_gated_delta;
     t->attn_causal = cuda_attn_causal;
     t->attn_dflash = cuda_attn_dflash;
     t->attn_dflash_bwd = cuda_attn_dflash_bwd;
@@ -177,6 +180,8 @@ extern "C" int dfl_ops_cuda(int dev, const dfl_ops **out) {
     g_cuda.sync = env_flag("DFLASH_CUDA_SYNC");
     const char *rows = getenv("DFLASH_CUDA_LMHEAD_ROWS");
     g_cuda.lmhead_rows = rows ? atoll(rows) : 0;
+    const char *conv_rows = getenv("DFLASH_CUDA_CONV_ROWS");
+    g_cuda.conv_rows = conv_rows ? atoll(conv_rows) : 0;
     if ((e = cudaStreamCreateWithFlags(&g_cuda.stream, cudaStreamNonBlocking)) != cudaSuccess)
         return dfl_err(DFL_EX_UNAVAIL, "--device cuda:%d: %s", dev, cudaGetErrorString(e));
     cublasStatus_t s = cublasCreate(&g_cuda.blas);

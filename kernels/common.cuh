@@ -91,6 +91,7 @@ struct dfl_cuda_state {
     int simple;           // DFLASH_CUDA_SIMPLE=1: reference kernels for attention
     int sync;             // DFLASH_CUDA_SYNC=1: synchronise after every launch
     int64_t lmhead_rows;  // DFLASH_CUDA_LMHEAD_ROWS=n: rows per LM-head chunk (tests)
+    int64_t conv_rows;    // DFLASH_CUDA_CONV_ROWS=n: rows per conv1d_silu thread (tests)
 };
 extern dfl_cuda_state g_cuda;
 
@@ -162,6 +163,39 @@ __device__ __forceinline__ void store_bf16s(bf16 *p, const float *f) {
 }
 
 // ---------------------------------------------------------------------------
+// elementwise launches (elementwise.cu, gdn.cu)
+
+// blocks of 256 threads for `items` work items, at most 16 per SM (the
+// kernels loop over the rest)
+static inline int elementwise_grid(int64_t items) {
+    int64_t g = CEIL_DIV(items, (int64_t)256);
+    int64_t cap = (int64_t)g_cuda.sm_count * 16;
+    return (int)(g < 1 ? 1 : g < cap ? g : cap);
+}
+
+// p + off, keeping NULL (an output that is not wanted) NULL
+template <typename T>
+static inline T *shift_ptr(T *p, int64_t off) { return p ? p + off : p; }
+
+// Run an elementwise op over [0,n): kernel k8 (8 elements per access) over
+// the body, a multiple of 8, when every pointer is 16-byte aligned (NULL
+// counts as aligned), then k1 over the rest. The kernels take
+// (pointers..., count) with every pointer indexed like [0,n).
+template <typename K8, typename K1, typename... P>
+static void launch_split(int64_t n, K8 k8, K1 k1, P... p) {
+    const bool aligned = (is_aligned(p, 16) && ...);
+    const int64_t body = aligned ? n / 8 * 8 : 0;
+    if (body) {
+        KLAUNCH(k8, elementwise_grid(body / 8), 256, 0)(p..., body);
+        LAUNCH_CHECK();
+    }
+    if (n > body) {
+        KLAUNCH(k1, elementwise_grid(n - body), 256, 0)(shift_ptr(p, body)..., n - body);
+        LAUNCH_CHECK();
+    }
+}
+
+// ---------------------------------------------------------------------------
 // GEMM helpers (matmul.cu), used by the LM-head ops too. Row-major shapes.
 
 // C[M,N] (bf16 or f32, per c_f32) = alpha * A[M,K] · B[N,K]^T + beta * C.
@@ -198,6 +232,13 @@ void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int64_t T, in
 void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n);
 void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
 void cuda_add(void *out, const void *a, const void *b, int64_t n);
+// gdn.cu
+void cuda_sigmoid_mul(void *out, const void *x, const void *g, int64_t n);
+void cuda_conv1d_silu(void *out, const void *in, const void *hist, const void *w, const int32_t *cu, int64_t nseq,
+                      int64_t T, int64_t C, int64_t K);
+void cuda_gated_delta(void *out, float *state, float *steps, const void *qkv, const void *ba, const float *A_log,
+                      const float *dt_bias, const int32_t *cu, int64_t nseq, int64_t T, int64_t Hk, int64_t Hv,
+                      int64_t dk, int64_t dv);
 // embed.cu
 void cuda_embed(void *out, const int32_t *ids, const void *table, int64_t T, int64_t H);
 // attn_causal.cu

@@ -69,34 +69,6 @@ __global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, int64_t n) {
 // ---------------------------------------------------------------------------
 // kernel launchers
 
-static int grid_for(int64_t items) {
-    int64_t g = CEIL_DIV(items, (int64_t)256);
-    int64_t cap = (int64_t)g_cuda.sm_count * 16;
-    return (int)(g < 1 ? 1 : g < cap ? g : cap);
-}
-
-// p + off, keeping NULL (an output that is not wanted) NULL
-template <typename T>
-static T *shift(T *p, int64_t off) { return p ? p + off : p; }
-
-// Run an elementwise op over [0,n): kernel k8 (8 elements per access) over
-// the body, a multiple of 8, when every pointer is 16-byte aligned (NULL
-// counts as aligned), then k1 over the rest. The kernels take
-// (pointers..., count) with every pointer indexed like [0,n).
-template <typename K8, typename K1, typename... P>
-static void launch_split(int64_t n, K8 k8, K1 k1, P... p) {
-    const bool aligned = (is_aligned(p, 16) && ...);
-    const int64_t body = aligned ? n / 8 * 8 : 0;
-    if (body) {
-        KLAUNCH(k8, grid_for(body / 8), 256, 0)(p..., body);
-        LAUNCH_CHECK();
-    }
-    if (n > body) {
-        KLAUNCH(k1, grid_for(n - body), 256, 0)(shift(p, body)..., n - body);
-        LAUNCH_CHECK();
-    }
-}
-
 void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n) {
     CU_ASSERT(out && gate && up && n >= 0);
     launch_split(n, swiglu_kernel<8>, swiglu_kernel<1>, (bf16 *)out, (const bf16 *)gate, (const bf16 *)up);

@@ -28,6 +28,202 @@ static void cuda_unavailable_reported_cleanly(void) {
     T_CHECK(dfl_ops_get("cpu", &o) == 0 && o && !strcmp(o->name, "cpu"));
 }
 
+/* ---- Qwen3.5 hybrid targets: sigmoid_mul, conv1d_silu, gated_delta -------------------
+ * Limits: NMSE_ROUND for every bf16 output (each is one f32 computation
+ * rounded once; the CPU keeps f32), NMSE_F32 for the f32 states of the
+ * delta rule (the same f32 recurrence, sums over dk in another order). */
+
+/* cu of a packed batch: first row `first`, then the lengths */
+static int32_t *gdn_cu(const int32_t *lens, int64_t nseq, int32_t first) {
+    int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
+    cu[0] = first;
+    for (int64_t s = 0; s < nseq; s++) cu[s + 1] = cu[s] + lens[s];
+    return cu;
+}
+
+/* Rows [cu[0], cu[nseq]) of an output of `width` per row by nmse; the rows
+ * before and after (in no sequence) must keep their start values, bit for
+ * bit, and count in neither sum. */
+static void check_seq_rows(const char *what, const ag_pair *p, const int32_t *cu, int64_t nseq, int64_t width,
+                           double limit) {
+    float *r = ag_get(REF, p->r, p->n, p->kind), *d = ag_get(DEV, p->d, p->n, p->kind);
+    const int64_t lo = cu[0] * width, hi = cu[nseq] * width;
+    int finite = 1, kept = 1;
+    for (int64_t i = lo; i < hi; i++) finite &= isfinite(d[i]) != 0;
+    for (int64_t i = 0; i < p->n; i++)
+        if (i < lo || i >= hi) kept &= memcmp(&r[i], &d[i], 4) == 0;
+    double e = t_nmse_f32(d + lo, r + lo, hi - lo);
+    printf("  nmse %-28s %.2e (limit %.0e)\n", what, e, limit);
+    T_CHECKF(finite && e <= limit, "%s: nmse %.3g, limit %.0e%s", what, e, limit, finite ? "" : ", non-finite values");
+    T_CHECKF(kept, "%s: a row outside every sequence was written", what);
+    free(r), free(d);
+}
+
+static void sigmoid_mul_case(int64_t n, int64_t off) {
+    float *hx = ag_randn(n + off, 1), *hg = ag_randn(n + off, 2);
+    ag_pair x = ag_new(hx, n + off, AG_ACT), g = ag_new(hg, n + off, AG_ACT), out = ag_grad(n + off, AG_ACT, 1);
+    REF->sigmoid_mul(AG_VIEW(REF, out.r, off), AG_VIEW(REF, x.r, off), AG_VIEW(REF, g.r, off), n);
+    DEV->sigmoid_mul(AG_VIEW(DEV, out.d, off), AG_VIEW(DEV, x.d, off), AG_VIEW(DEV, g.d, off), n);
+    char what[64];
+    snprintf(what, sizeof what, "sigmoid_mul n %d at +%d", (int)n, (int)off);
+    ag_check(what, &out, NMSE_ROUND);
+    REF->sigmoid_mul(x.r, x.r, g.r, n + off); /* out aliases x */
+    DEV->sigmoid_mul(x.d, x.d, g.d, n + off);
+    ag_check("sigmoid_mul (out = x, aliased)", &x, NMSE_ROUND);
+    ag_free(&x), ag_free(&g), ag_free(&out);
+    free(hx), free(hg);
+}
+
+static void sigmoid_mul_agrees(void) {
+    sigmoid_mul_case(1003, 0); /* vector body and scalar tail */
+    sigmoid_mul_case(1024, 0);
+    sigmoid_mul_case(301, 3); /* a view that is not 16-byte aligned: scalar path */
+}
+
+/* Sequences `lens` from row `first` of T rows (rows outside every sequence
+ * keep the output's random start values on both sides); hist when given
+ * (nseq 1) is random. */
+static void conv_case(const int32_t *lens, int64_t nseq, int32_t first, int64_t T, int64_t C, int64_t K, int hist) {
+    int32_t *cu = gdn_cu(lens, nseq, first);
+    DFL_ASSERT(cu[nseq] <= T);
+    float *hi = ag_randn(T * C, 1), *hw = ag_randn(C * K, 0.5), *hh = hist ? ag_randn((K - 1) * C, 1) : NULL;
+    ag_pair in = ag_new(hi, T * C, AG_ACT), w = ag_new(hw, C * K, AG_ACT), c = ag_new(cu, nseq + 1, AG_I32);
+    ag_pair h = ag_new(hh, hist ? (K - 1) * C : 1, AG_ACT), out = ag_grad(T * C, AG_ACT, 1);
+    REF->conv1d_silu(out.r, in.r, hist ? h.r : NULL, w.r, c.r, nseq, T, C, K);
+    DEV->conv1d_silu(out.d, in.d, hist ? h.d : NULL, w.d, c.d, nseq, T, C, K);
+    char what[96];
+    snprintf(what, sizeof what, "conv1d_silu %d seqs T %d C %d K %d%s", (int)nseq, (int)T, (int)C, (int)K,
+             hist ? " hist" : "");
+    check_seq_rows(what, &out, cu, nseq, C, NMSE_ROUND);
+    ag_free(&in), ag_free(&w), ag_free(&c), ag_free(&h), ag_free(&out);
+    free(cu), free(hi), free(hw), free(hh);
+}
+
+static void conv1d_silu_agrees(void) {
+    /* rows per thread are 8 here (DFLASH_CUDA_CONV_ROWS, main): sequences
+     * of 1 row, sequences and empty ones starting inside a tile, one over
+     * many tiles */
+    const int32_t a[] = {1, 70, 3, 0, 150, 2}, b[] = {9, 1, 30};
+    conv_case(a, 6, 0, 226, 40, 4, 0);  /* 16-byte path, K 4 */
+    conv_case(a, 6, 0, 226, 37, 4, 0);  /* odd C: scalar path */
+    conv_case(b, 3, 5, 47, 64, 7, 0);   /* K 7 (window of 8); rows 0-4 and 45-46 in no sequence */
+    conv_case(b, 3, 0, 40, 21, 3, 0);   /* K 3, scalar */
+    conv_case(b, 3, 0, 40, 16, 1, 0);   /* K 1: no history at all */
+    const int32_t t2[] = {2}, t9[] = {9}, t1[] = {1};
+    conv_case(t2, 1, 0, 2, 40, 4, 1);   /* hist, T shorter than K-1 */
+    conv_case(t9, 1, 0, 9, 40, 4, 1);   /* hist, T longer than K-1 */
+    conv_case(t1, 1, 0, 1, 37, 4, 1);   /* hist, one row, scalar */
+    conv_case(t9, 1, 0, 9, 24, 6, 1);   /* hist, K 6 */
+    if (AG_BIG) { /* a Qwen3.5-27B GDN layer's channels, packed prefill */
+        const int32_t e[] = {2048, 1000, 1};
+        conv_case(e, 3, 0, 3049, 10240, 4, 0);
+    }
+}
+
+/* Inputs of gated_delta with the scales of the brief: q, k, v ~ N(0,1)
+ * before the l2norms, b, a ~ N(0,1) (a shifted by amean: -6 makes slow
+ * decays exp(g) ~ 0.98, long memories; 0 gives exp(g) ~ 0.01-0.5), A_log =
+ * log U(1,16), dt_bias ~ N(0,0.5). */
+typedef struct {
+    ag_pair qkv, ba, A, dt, out;
+} gdn_in;
+
+static gdn_in gdn_inputs(int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, double amean) {
+    const int64_t C = 2 * Hk * dk + Hv * dv;
+    float *hx = ag_randn(T * C, 1), *hba = ag_randn(T * 2 * Hv, 1);
+    float *hA = dfl_malloc((size_t)Hv * 4), *hdt = ag_randn(Hv, 0.5);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < Hv; j++) hba[t * 2 * Hv + Hv + j] = bf16_round(hba[t * 2 * Hv + Hv + j] + (float)amean);
+    for (int64_t j = 0; j < Hv; j++) hA[j] = logf((float)(1.0 + 15.0 * dfl_rng_uniform(&AG_RNG)));
+    gdn_in g = {ag_new(hx, T * C, AG_ACT), ag_new(hba, T * 2 * Hv, AG_ACT), ag_new(hA, Hv, AG_F32),
+                ag_new(hdt, Hv, AG_F32), ag_grad(T * Hv * dv, AG_ACT, 0.3)};
+    free(hx), free(hba), free(hA), free(hdt);
+    return g;
+}
+
+static void gdn_free(gdn_in *g) { ag_free(&g->qkv), ag_free(&g->ba), ag_free(&g->A), ag_free(&g->dt), ag_free(&g->out); }
+
+/* a packed batch, no state */
+static void gdn_case(const int32_t *lens, int64_t nseq, int32_t first, int64_t T, int64_t Hk, int64_t Hv, int64_t dk,
+                     int64_t dv, double amean) {
+    int32_t *cu = gdn_cu(lens, nseq, first);
+    DFL_ASSERT(cu[nseq] <= T);
+    gdn_in g = gdn_inputs(T, Hk, Hv, dk, dv, amean);
+    ag_pair c = ag_new(cu, nseq + 1, AG_I32);
+    REF->gated_delta(g.out.r, NULL, NULL, g.qkv.r, g.ba.r, g.A.r, g.dt.r, c.r, nseq, T, Hk, Hv, dk, dv);
+    DEV->gated_delta(g.out.d, NULL, NULL, g.qkv.d, g.ba.d, g.A.d, g.dt.d, c.d, nseq, T, Hk, Hv, dk, dv);
+    char what[96];
+    snprintf(what, sizeof what, "gated_delta %d seqs Hk %d Hv %d %dx%d a%+.0f", (int)nseq, (int)Hk, (int)Hv, (int)dk,
+             (int)dv, amean);
+    check_seq_rows(what, &g.out, cu, nseq, Hv * dv, NMSE_ROUND);
+    gdn_free(&g), ag_free(&c);
+    free(cu);
+}
+
+/* one sequence of T rows with a start state (or none) and the steps */
+static void gdn_state_case(int64_t T, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, int with_state, double amean) {
+    const int32_t len = (int32_t)T;
+    int32_t *cu = gdn_cu(&len, 1, 0);
+    gdn_in g = gdn_inputs(T, Hk, Hv, dk, dv, amean);
+    ag_pair c = ag_new(cu, 2, AG_I32);
+    float *hs = ag_randn(Hv * dk * dv, 0.5);
+    ag_pair st = ag_new(hs, Hv * dk * dv, AG_F32), steps = ag_grad(T * Hv * dk * dv, AG_F32, 1);
+    REF->gated_delta(g.out.r, with_state ? st.r : NULL, steps.r, g.qkv.r, g.ba.r, g.A.r, g.dt.r, c.r, 1, T, Hk, Hv, dk,
+                     dv);
+    DEV->gated_delta(g.out.d, with_state ? st.d : NULL, steps.d, g.qkv.d, g.ba.d, g.A.d, g.dt.d, c.d, 1, T, Hk, Hv,
+                     dk, dv);
+    char what[96];
+    const char *how = with_state ? "state" : "no state";
+    snprintf(what, sizeof what, "gated_delta T %d %dx%d %s: out", (int)T, (int)dk, (int)dv, how);
+    ag_check(what, &g.out, NMSE_ROUND);
+    snprintf(what, sizeof what, "gated_delta T %d %dx%d %s: steps", (int)T, (int)dk, (int)dv, how);
+    ag_check(what, &steps, NMSE_F32);
+    if (with_state) {
+        snprintf(what, sizeof what, "gated_delta T %d %dx%d: final state", (int)T, (int)dk, (int)dv);
+        ag_check(what, &st, NMSE_F32);
+        /* the last step is the final state, bit for bit */
+        float *fs = ag_get(DEV, st.d, Hv * dk * dv, AG_F32), *fl = ag_get(DEV, steps.d, T * Hv * dk * dv, AG_F32);
+        T_CHECK(memcmp(fs, fl + (T - 1) * Hv * dk * dv, (size_t)(Hv * dk * dv) * 4) == 0);
+        free(fs), free(fl);
+    }
+    /* every step's state, each checked alone: one wrong row cannot hide in the sum */
+    float *r = ag_get(REF, steps.r, T * Hv * dk * dv, AG_F32), *d = ag_get(DEV, steps.d, T * Hv * dk * dv, AG_F32);
+    double worst = 0;
+    for (int64_t t = 0; t < T; t++) {
+        double e = t_nmse_f32(d + t * Hv * dk * dv, r + t * Hv * dk * dv, Hv * dk * dv);
+        worst = e > worst ? e : worst;
+    }
+    printf("  nmse %-28s %.2e (limit %.0e)\n", "  worst single step", worst, NMSE_F32);
+    T_CHECKF(worst <= NMSE_F32, "worst step nmse %.3g", worst);
+    gdn_free(&g), ag_free(&c), ag_free(&st), ag_free(&steps);
+    free(cu), free(hs), free(r), free(d);
+}
+
+static void gated_delta_agrees(void) {
+    /* packed, sequences of 1 row and longer, GQA 3, odd head dims (12 x 20:
+     * 16 lanes' rows, half of them padding; 20 columns over two warps) */
+    const int32_t a[] = {1, 37, 5, 70}, b[] = {33, 1, 17};
+    gdn_case(a, 4, 0, 113, 2, 6, 12, 20, 0);
+    gdn_case(a, 4, 0, 113, 2, 6, 12, 20, -6);
+    gdn_case(b, 3, 3, 56, 1, 2, 64, 21, -6);  /* rows 0-2, 54-55 in no sequence; odd row stride: scalar loads */
+    gdn_case(b, 3, 0, 51, 2, 4, 64, 16, -6);  /* 16-byte loads, R 8 */
+    gdn_case(b, 3, 0, 51, 1, 3, 40, 8, 0);    /* dk 40 of 64 lanes' rows */
+    const int32_t c[] = {1, 40, 9};
+    gdn_case(c, 3, 0, 50, 2, 4, 128, 128, -6); /* the Qwen3.5 head: R 16, 16-byte loads */
+    gdn_case(c, 3, 0, 50, 1, 2, 256, 24, -6);  /* 16 lanes a group */
+    /* one sequence with state and steps (a verify block of 16, or 1) */
+    gdn_state_case(16, 2, 6, 12, 20, 1, -6);
+    gdn_state_case(16, 2, 6, 12, 21, 1, 0);    /* dv odd: scalar f32 state accesses */
+    gdn_state_case(1, 1, 2, 12, 20, 1, -6);
+    gdn_state_case(16, 2, 4, 128, 128, 1, -6); /* 16-byte state accesses */
+    gdn_state_case(9, 2, 4, 128, 128, 0, -6);  /* steps without a start state */
+    if (AG_BIG) { /* Qwen3.5-27B: Hk 16, Hv 48, 128 x 128, a packed prefill and a verify block */
+        const int32_t e[] = {2048, 1000, 1};
+        gdn_case(e, 3, 0, 3049, 16, 48, 128, 128, -6);
+        gdn_state_case(16, 16, 48, 128, 128, 1, -6);
+    }
+}
+
 /* ---- the emulation's own checks (test_ops_cuda_emu only) ------------------------
  * Defined by tests/emu (cuda_emu.cpp, emu_toys.cpp); NULL (weak) in the
  * builds against the real CUDA backend or none, where these tests are
@@ -116,6 +312,32 @@ static bytes schedule_run(void) {
         take(&b, loss, N, AG_F32), take(&b, pred, N, AG_I32), take(&b, dh, N * H, AG_ACT);
         DEV->free(h), DEV->free(th), DEV->free(w), DEV->free(l), DEV->free(loss), DEV->free(pred), DEV->free(dh);
         free(hh), free(ht), free(hw);
+    }
+    /* Gated DeltaNet: the lane-group butterflies of the delta rule (R 2 and
+     * 16, with state and steps), the convolution's tiles, the gate */
+    {
+        const int32_t cu[] = {0, 1, 30, 37};
+        gdn_in g = gdn_inputs(37, 2, 6, 12, 20, -6);
+        void *c = dput(cu, 4, AG_I32);
+        DEV->gated_delta(g.out.d, NULL, NULL, g.qkv.d, g.ba.d, g.A.d, g.dt.d, c, 3, 37, 2, 6, 12, 20);
+        take(&b, g.out.d, 37 * 6 * 20, AG_ACT);
+        gdn_free(&g);
+        const int32_t one[] = {0, 6};
+        g = gdn_inputs(6, 1, 2, 128, 128, -6);
+        float *hs = ag_randn(2 * 128 * 128, 0.5);
+        void *c1 = dput(one, 2, AG_I32), *st = dput(hs, 2 * 128 * 128, AG_F32), *steps = dput(NULL, 6 * 2 * 128 * 128, AG_F32);
+        DEV->gated_delta(g.out.d, st, steps, g.qkv.d, g.ba.d, g.A.d, g.dt.d, c1, 1, 6, 1, 2, 128, 128);
+        take(&b, g.out.d, 6 * 2 * 128, AG_ACT), take(&b, st, 2 * 128 * 128, AG_F32);
+        take(&b, steps, 6 * 2 * 128 * 128, AG_F32);
+        gdn_free(&g);
+        float *hx = ag_randn(37 * 40, 1), *hw = ag_randn(40 * 4, 0.5);
+        void *x = dput(hx, 37 * 40, AG_ACT), *w = dput(hw, 40 * 4, AG_ACT), *out = dput(NULL, 37 * 40, AG_ACT);
+        DEV->conv1d_silu(out, x, NULL, w, c, 3, 37, 40, 4);
+        take(&b, out, 37 * 40, AG_ACT);
+        DEV->sigmoid_mul(out, x, out, 37 * 40);
+        take(&b, out, 37 * 40, AG_ACT);
+        DEV->free(c), DEV->free(c1), DEV->free(st), DEV->free(steps), DEV->free(x), DEV->free(w), DEV->free(out);
+        free(hs), free(hx), free(hw);
     }
     /* sum of squares (block tree reductions) */
     {
@@ -260,6 +482,7 @@ static void emu_launch_checks_abort(void) {
 
 int main(void) {
     setenv("DFLASH_CUDA_LMHEAD_ROWS", "16", 0); /* several LM-head chunks at test sizes */
+    setenv("DFLASH_CUDA_CONV_ROWS", "8", 0);    /* conv1d_silu tiles of 8 rows at test sizes */
     const dfl_ops *cuda = NULL;
     int rc = dfl_ops_get("cuda", &cuda);
     if (rc != 0) {
@@ -276,6 +499,9 @@ int main(void) {
     printf("CUDA backend%s%s\n", simple && strcmp(simple, "0") ? " (simple attention kernels)" : "",
            AG_BIG ? ", with the real-size shapes" : "");
     ops_agree_all(20261130);
+    AG_RUN(sigmoid_mul_agrees);
+    AG_RUN(conv1d_silu_agrees);
+    AG_RUN(gated_delta_agrees);
     if (dfl_emu_set_schedule && dfl_emu_toy && !getenv("DFLASH_TEST_ONLY")) {
         T_RUN(emu_kernels_race_free);
         T_RUN(emu_schedules_give_identical_bits);
