@@ -100,22 +100,36 @@ static void check_kv(const char *name) {
     rows_alloc(&inc, T, L, H);
     int32_t cu[2] = {0, (int32_t)T};
     dfl_target_batch b = {ids, cu, 1};
-    dfl_target_want w = {L, taps, 1, 0, 1, NULL, 0};
+    dfl_target_want w = {L, taps, 1, 0, 1, NULL, 0, 0};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     rows_put(&full, t, &o, 0, T);
 
     /* incremental: prefill 7, then 1, 6 (a verify block), 3, 1, ... with a
-     * wrong block run and cropped away twice on the way */
+     * wrong block run and cropped away twice on the way, and twice a block
+     * accepted in part (its first rows right, the rest wrong, cropped back
+     * into the block: what the speculative loop does; a hybrid target must
+     * restore its recurrent state from the middle of the block) */
     dfl_target_kv *kv = dfl_target_kv_new(t, T + 8);
     const int64_t steps[] = {7, 1, 6, 3, 1, 1, 6, 5, 2, 6, 3};
     int64_t pos = 0;
+    w.may_crop = 1;
     for (size_t s = 0; s < sizeof steps / sizeof steps[0] && pos < T; s++) {
         int64_t n = steps[s] < T - pos ? steps[s] : T - pos;
         if (s == 3 || s == 7) { /* a rejected block: run it, then crop it off */
             T_CHECK(dfl_target_kv_forward(kv, &o, wrong, 6, &w) == 0);
             T_CHECK(dfl_target_kv_len(kv) == pos + 6);
             dfl_target_kv_crop(kv, pos);
+        }
+        if ((s == 2 || s == 8) && n > 1) { /* a block of n right rows, then 6 - n wrong ones */
+            int32_t blk[6];
+            memcpy(blk, ids + pos, (size_t)n * sizeof *blk);
+            memcpy(blk + n, wrong, (size_t)(6 - n) * sizeof *blk);
+            T_CHECK(dfl_target_kv_forward(kv, &o, blk, 6, &w) == 0);
+            rows_put(&inc, t, &o, pos, n);
+            dfl_target_kv_crop(kv, pos + n - 1); /* keep all but the last right row, as after a partial accept */
+            pos += n - 1;
+            n = 1;
         }
         int rc = dfl_target_kv_forward(kv, &o, ids + pos, n, &w);
         T_CHECKF(rc == 0, "%s", dfl_errmsg());
@@ -161,10 +175,11 @@ static void check_kv(const char *name) {
 static void test_kv_qwen3_untied(void) { check_kv("qwen3-untied"); }
 static void test_kv_qwen3_tied(void) { check_kv("qwen3-tied"); }
 static void test_kv_llama3(void) { check_kv("llama3"); }
+static void test_kv_qwen35(void) { check_kv("qwen35"); }
 
 /* ---- drafter context cache ------------------------------------------------------ */
 
-static dfl_drafter *make_drafter(dfl_target *t, int B, uint64_t seed, double scale) {
+static dfl_drafter *make_drafter(dfl_target *t, const char *name, int B, uint64_t seed, double scale) {
     const dfl_model_config *tc = dfl_target_config(t);
     char cfg[1024];
     snprintf(cfg, sizeof cfg,
@@ -194,7 +209,7 @@ static dfl_drafter *make_drafter(dfl_target *t, int B, uint64_t seed, double sca
     dfl_drafter_set_master(d, h);
     free(h);
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/qwen3-untied", FIX);
+    snprintf(dir, sizeof dir, "%s/%s", FIX, name);
     if (dfl_drafter_load_target(d, dir, tc)) {
         fprintf(stderr, "  %s\n", dfl_errmsg());
         dfl_drafter_free(d);
@@ -203,11 +218,11 @@ static dfl_drafter *make_drafter(dfl_target *t, int B, uint64_t seed, double sca
     return d;
 }
 
-/* qwen3-untied in *t and make_drafter(*t, B, seed, scale) in *d; 0, or -1
- * with a failed check and nothing left to free. */
-static int open_pair(dfl_target **t, dfl_drafter **d, int B, uint64_t seed, double scale) {
-    *t = load_target("qwen3-untied");
-    *d = *t ? make_drafter(*t, B, seed, scale) : NULL;
+/* The target `name` in *t and make_drafter(*t, name, B, seed, scale) in *d;
+ * 0, or -1 with a failed check and nothing left to free. */
+static int open_pair(dfl_target **t, dfl_drafter **d, const char *name, int B, uint64_t seed, double scale) {
+    *t = load_target(name);
+    *d = *t ? make_drafter(*t, name, B, seed, scale) : NULL;
     T_CHECK(*d != NULL);
     if (*d) return 0;
     dfl_target_free(*t);
@@ -217,7 +232,7 @@ static int open_pair(dfl_target **t, dfl_drafter **d, int B, uint64_t seed, doub
 static void test_drafter_cache(void) {
     dfl_target *t;
     dfl_drafter *d;
-    if (open_pair(&t, &d, 5, 3, 0.4)) return;
+    if (open_pair(&t, &d, "qwen3-untied", 5, 3, 0.4)) return;
     const dfl_drafter_config *c = &d->cfg;
     const int64_t T = 30, B = c->block_size, H = c->H, KH = c->K * H;
     dfl_rng r;
@@ -344,16 +359,21 @@ static void check_loop(dfl_drafter *d, dfl_target *t, const char *what, double *
     dfl_target_kv_free(kv);
 }
 
-static void test_loop_lossless(void) {
+static void loop_lossless(const char *name) {
     dfl_target *t;
     dfl_drafter *d;
-    if (open_pair(&t, &d, 5, 4, 0.3)) return;
+    if (open_pair(&t, &d, name, 5, 4, 0.3)) return;
     double tau;
-    check_loop(d, t, "random", &tau);
+    check_loop(d, t, name, &tau);
     T_CHECK(tau >= 1.0 && tau <= 5.0);
     dfl_drafter_free(d);
     dfl_target_free(t);
 }
+
+static void test_loop_lossless(void) { loop_lossless("qwen3-untied"); }
+/* The hybrid target: every partly accepted block restores the Gated
+ * DeltaNet state from the middle of the verify forward. */
+static void test_loop_lossless_qwen35(void) { loop_lossless("qwen35"); }
 
 int main(void) {
     /* Hundreds of tiny forwards: on a loaded 2-core machine OpenMP barriers
@@ -362,7 +382,9 @@ int main(void) {
     T_RUN(test_kv_qwen3_untied);
     T_RUN(test_kv_qwen3_tied);
     T_RUN(test_kv_llama3);
+    T_RUN(test_kv_qwen35);
     T_RUN(test_drafter_cache);
     T_RUN(test_loop_lossless);
+    T_RUN(test_loop_lossless_qwen35);
     return t_exit();
 }

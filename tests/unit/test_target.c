@@ -135,7 +135,7 @@ static void check_model(const char *name) {
     int taps[64];
     for (int k = 0; k < L; k++) taps[k] = L - 1 - k; /* reversed: order must follow the request */
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {L, taps, 1, 1, 1, NULL, 0};
+    dfl_target_want w = {L, taps, 1, 1, 1, NULL, 0, 0};
     dfl_target_out o;
     int rc = dfl_target_forward(t, &o, &b, &w);
     T_CHECKF(rc == 0, "%s", dfl_errmsg());
@@ -187,21 +187,26 @@ static void test_qwen3_tied(void) { check_model("qwen3-tied"); }
 static void test_qwen3_untied_new_spelling(void) { check_model("qwen3-untied"); }
 static void test_llama3_rope_scaling(void) { check_model("llama3"); }
 static void test_qwen3_sharded(void) { check_model("qwen3-sharded"); }
+/* Qwen3.5: Gated DeltaNet and gated attention layers, (1 + w) norms,
+ * partial RoPE; as Qwen3_5ForCausalLM and in the released VLM layout
+ * (text_config, model.language_model.*, sharded, no layer_types). */
+static void test_qwen35(void) { check_model("qwen35"); }
+static void test_qwen35_vlm_layout(void) { check_model("qwen35-vlm"); }
 
 /* Packing several samples into one forward gives each sample the states it
  * gets alone. Rows of a packed batch go through the same GEMMs (rows are
  * independent), attention is per sequence, so the result is bitwise equal
  * unless the BLAS picks a different reduction order for a different M. */
-static void test_packing_matches_one_at_a_time(void) {
+static void check_packing(const char *name, int tap0, int tap1, int tap2) {
     expected e;
-    dfl_target *t = open_case(&e, "qwen3-tied", 0, 1);
+    dfl_target *t = open_case(&e, name, 0, 1);
     if (!t) return;
-    int taps[3] = {0, 3, 5};
+    int taps[3] = {tap0, tap1, tap2};
     int64_t T = e.T, H = e.H, K = 3;
     float *packed = dfl_malloc((size_t)(T * K * H) * sizeof(float)), *alone = dfl_malloc((size_t)(T * K * H) * sizeof(float));
     int32_t *pk_ids = dfl_malloc((size_t)T * sizeof(int32_t));
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {3, taps, 0, 0, 1, NULL, 0};
+    dfl_target_want w = {3, taps, 0, 0, 1, NULL, 0, 0};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     dfl_target_taps_to_f32(t, &o, 0, T, packed);
@@ -218,13 +223,19 @@ static void test_packing_matches_one_at_a_time(void) {
     int bitwise = !memcmp(packed, alone, (size_t)(T * K * H) * sizeof(float));
     T_CHECKF(err < 1e-10, "packed vs alone nmse %.3g", err);
     T_CHECK(id_diff == 0);
-    fprintf(stderr, "  packed vs one at a time: %s (nmse %.2e)\n", bitwise ? "bitwise equal" : "not bitwise", err);
+    fprintf(stderr, "  %s packed vs one at a time: %s (nmse %.2e)\n", name, bitwise ? "bitwise equal" : "not bitwise",
+            err);
     free(packed);
     free(alone);
     free(pk_ids);
     dfl_target_free(t);
     free_expected(&e);
 }
+
+static void test_packing_matches_one_at_a_time(void) { check_packing("qwen3-tied", 0, 3, 5); }
+/* The hybrid: the convolution's history and the recurrent state restart at
+ * every sequence of the batch (3 tokens or the whole state would leak). */
+static void test_packing_qwen35(void) { check_packing("qwen35", 0, 3, 6); }
 
 /* A batch longer than the MLP row chunk (4096 rows: 43 sequences of 100)
  * gives the same states as its sequences run alone, each within one chunk. */
@@ -242,7 +253,7 @@ static void test_long_batch_chunks(void) {
     int tap = 2;
     float *packed = dfl_malloc((size_t)(T * H) * sizeof(float)), *alone = dfl_malloc((size_t)(T * H) * sizeof(float));
     dfl_target_batch b = {ids, cu, NS};
-    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0};
+    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0, 0};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     dfl_target_taps_to_f32(t, &o, 0, T, packed);
@@ -268,7 +279,7 @@ static void test_rows(void) {
     const dfl_ops *ops = dfl_target_ops(t);
     int64_t T = e.T, H = e.H;
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {0, NULL, 0, 1, 1, NULL, 0};
+    dfl_target_want w = {0, NULL, 0, 1, 1, NULL, 0, 0};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     float *full = dfl_malloc((size_t)(T * H) * sizeof(float));
@@ -306,7 +317,7 @@ static void test_partial_load_and_bad_requests(void) {
     T_CHECK(dfl_target_loaded_layers(t) == 2);
     int tap = 1, deep = 4, neg = -1;
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0};
+    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0, 0};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     float *got = dfl_malloc((size_t)(e.T * e.H) * sizeof(float));
@@ -471,7 +482,7 @@ static float *all_taps(const char *dir, int64_t *n) {
     if (dfl_target_load(&t, dir, dfl_ops_cpu(), &o) == 0) {
         int taps[6] = {0, 1, 2, 3, 4, 5};
         dfl_target_batch b = {e.ids, e.cu, e.nseq};
-        dfl_target_want w = {6, taps, 0, 0, 0, NULL, 0};
+        dfl_target_want w = {6, taps, 0, 0, 0, NULL, 0, 0};
         dfl_target_out out;
         if (dfl_target_forward(t, &out, &b, &w) == 0) {
             *n = e.T * 6 * e.H;
@@ -584,7 +595,10 @@ int main(void) {
     T_RUN(test_qwen3_untied_new_spelling);
     T_RUN(test_llama3_rope_scaling);
     T_RUN(test_qwen3_sharded);
+    T_RUN(test_qwen35);
+    T_RUN(test_qwen35_vlm_layout);
     T_RUN(test_packing_matches_one_at_a_time);
+    T_RUN(test_packing_qwen35);
     T_RUN(test_long_batch_chunks);
     T_RUN(test_rows);
     T_RUN(test_partial_load_and_bad_requests);
