@@ -146,7 +146,10 @@ static void check_kv(const char *name) {
         compared++;
         mism += inc.argmax[i] != full.argmax[i];
     }
-    T_CHECKF(e_taps < TOL && e_last < TOL, "%s: taps nmse %.3g, last nmse %.3g", name, e_taps, e_last);
+    /* Qwen3.5: rounding differences grow through the DeltaNet's norm (see
+     * test_target.c, HYBRID_TOL) */
+    const double tol = c->hybrid ? 1e-8 : TOL;
+    T_CHECKF(e_taps < tol && e_last < tol, "%s: taps nmse %.3g, last nmse %.3g", name, e_taps, e_last);
     T_CHECKF(mism == 0 && compared > T / 2, "%s: argmax %lld of %lld differ", name, (long long)mism, (long long)compared);
     /* the check is sensitive: rows one position off differ */
     double shifted = t_nmse_f32(inc.last + H, full.last, (T - 1) * H);

@@ -11,6 +11,14 @@
  *                  op, e ~1e-13 after a few layers. 1e-9 leaves room for
  *                  deeper growth and still catches any real slip (a bf16
  *                  cos/sin, a wrong eps, a missing norm weight are >= 1e-7).
+ *   HYBRID_TOL 1e-8 the same for Qwen3.5. Its DeltaNet output goes through
+ *                  an RMSNorm of values of rms ~5e-3, which amplifies
+ *                  rounding: a one-ulp (1e-7 relative) change of the
+ *                  embeddings alone moves the last state by nmse 6e-10,
+ *                  and transformers' chunked form of the recurrence differs
+ *                  from the recurrent one we run by nmse 1e-10 on these
+ *                  models (measured by tests/reference/make_targets.py). A
+ *                  real slip (a wrong decay, gate or norm) costs > 1e-3.
  *   BF16_TOL 1e-5  the same after rounding ours to bf16 (what the stream
  *                  stores): bf16 keeps 8 significant bits, relative rounding
  *                  error <= 2^-9, uniform, so e ~ 2^-18/3 = 1.3e-6 from
@@ -33,6 +41,7 @@
 #include <unistd.h>
 
 #define F32_TOL 1e-9
+#define HYBRID_TOL 1e-8
 #define BF16_TOL 1e-5
 #define WRONG_MIN 1e-3
 #define GAP_MIN 1e-3
@@ -132,6 +141,7 @@ static void check_model(const char *name) {
     int L = (int)e.L;
     int64_t T = e.T, H = e.H;
     T_CHECK(dfl_target_config(t)->num_hidden_layers == L && dfl_target_config(t)->hidden_size == H);
+    const double tol = dfl_target_config(t)->hybrid ? HYBRID_TOL : F32_TOL;
     int taps[64];
     for (int k = 0; k < L; k++) taps[k] = L - 1 - k; /* reversed: order must follow the request */
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
@@ -150,7 +160,7 @@ static void check_model(const char *name) {
         double err_bf = nmse_bf16(col, hf_layer_out(&e, k), T * H);
         double wrong = t_nmse_f32(col, e.hs + k * T * H, T * H); /* HF hidden_states[k]: one too shallow */
         double wrong2 = k + 2 <= L - 1 ? t_nmse_f32(col, e.hs + (k + 2) * T * H, T * H) : 1e30;
-        T_CHECKF(err < F32_TOL, "%s layer %d: f32 nmse %.3g >= %g", name, k, err, F32_TOL);
+        T_CHECKF(err < tol, "%s layer %d: f32 nmse %.3g >= %g", name, k, err, tol);
         T_CHECKF(err_bf < BF16_TOL, "%s layer %d: bf16 nmse %.3g >= %g", name, k, err_bf, BF16_TOL);
         T_CHECKF(wrong > WRONG_MIN && wrong2 > WRONG_MIN, "%s layer %d: an off-by-one tap would pass (%.3g, %.3g)", name,
                  k, wrong, wrong2);
@@ -161,11 +171,11 @@ static void check_model(const char *name) {
     /* The last layer's output is pre-norm; HF's last hidden_states entry is
      * post-norm and must NOT match it. */
     ops->act_to_f32(col, o.last_hidden, T * H);
-    T_CHECK(t_nmse_f32(col, e.prenorm, T * H) < F32_TOL);
+    T_CHECK(t_nmse_f32(col, e.prenorm, T * H) < tol);
     T_CHECK(t_nmse_f32(col, e.hs + L * T * H, T * H) > WRONG_MIN);
     ops->act_to_f32(col, o.normed, T * H);
     double err_norm = t_nmse_f32(col, e.hs + L * T * H, T * H);
-    T_CHECKF(err_norm < F32_TOL, "%s final norm nmse %.3g", name, err_norm);
+    T_CHECKF(err_norm < tol, "%s final norm nmse %.3g", name, err_norm);
     int64_t compared = 0, mism = 0;
     for (int64_t r = 0; r < T; r++) {
         if (e.gap[r] <= GAP_MIN) continue;
@@ -221,7 +231,9 @@ static void check_packing(const char *name, int tap0, int tap1, int tap2) {
     }
     double err = t_nmse_f32(packed, alone, T * K * H);
     int bitwise = !memcmp(packed, alone, (size_t)(T * K * H) * sizeof(float));
-    T_CHECKF(err < 1e-10, "packed vs alone nmse %.3g", err);
+    /* a sequence's leak into the next (conv history, state) costs > 1e-3 */
+    double tol = dfl_target_config(t)->hybrid ? 1e-9 : 1e-10;
+    T_CHECKF(err < tol, "packed vs alone nmse %.3g", err);
     T_CHECK(id_diff == 0);
     fprintf(stderr, "  %s packed vs one at a time: %s (nmse %.2e)\n", name, bitwise ? "bitwise equal" : "not bitwise",
             err);
