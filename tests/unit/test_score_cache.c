@@ -22,6 +22,7 @@
 #include "drafter_infer.h"
 #include "ops.h"
 #include "rng.h"
+#include "safetensors.h"
 #include "score.h"
 #include "target.h"
 #include "test.h"
@@ -302,6 +303,60 @@ static void test_drafter_cache(void) {
     dfl_target_free(t);
 }
 
+/* The drafter's frozen copies of the target's embedding, LM head and final
+ * norm (the KL loss normalises the target's states with it) from the
+ * released Qwen3.5 layout: model.language_model.* names, a (1 + w) norm.
+ * The target's own normed rows and argmax are the oracle. */
+static void test_drafter_target_weights_qwen35_vlm(void) {
+    dfl_target *t;
+    dfl_drafter *d;
+    if (open_pair(&t, &d, "qwen35-vlm", 5, 3, 0.4)) return;
+    const dfl_ops *ops = dfl_target_ops(t);
+    const int64_t H = dfl_target_config(t)->hidden_size, V = dfl_target_config(t)->vocab_size, T = 12;
+    int32_t ids[12], cu[2] = {0, (int32_t)T}, pred[12];
+    for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)((i * 37 + 5) % V);
+    dfl_target_batch b = {ids, cu, 1};
+    dfl_target_want w = {0, NULL, 1, 1, 1, NULL, 0, 0};
+    dfl_target_out o;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
+    float *ref = dfl_malloc((size_t)(T * H) * 4), *got = dfl_malloc((size_t)(T * H) * 4);
+    void *normed = ops->alloc((size_t)(T * H) * (size_t)ops->act_bytes);
+    int32_t *dpred = ops->alloc((size_t)T * 4);
+    ops->act_to_f32(ref, o.normed, T * H);
+    ops->rmsnorm(normed, NULL, o.last_hidden, d->target_norm, T, H, d->target_eps);
+    ops->act_to_f32(got, normed, T * H);
+    double e = t_nmse_f32(got, ref, T * H);
+    T_CHECKF(e < 1e-12, "the drafter's copy of the final norm: nmse %.3g", e);
+    ops->lmhead_argmax(dpred, NULL, normed, d->lm_head, T, H, V);
+    ops->download(pred, dpred, sizeof pred);
+    T_CHECK(!memcmp(pred, o.argmax, sizeof pred));
+    /* the embedding: rows of model.language_model.embed_tokens.weight, read here from the file */
+    dfl_st *st = NULL;
+    const dfl_st_tensor *emb = NULL;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/qwen35-vlm", FIX);
+    T_CHECK(dfl_st_open_dir(&st, dir) == 0 && (emb = dfl_st_find(st, "model.language_model.embed_tokens.weight")));
+    if (emb) {
+        float *all = dfl_malloc((size_t)emb->numel * 4);
+        dfl_st_to_f32(emb, all);
+        ops->upload(dpred, ids, sizeof ids);
+        ops->embed(normed, dpred, d->embed, T, H);
+        ops->act_to_f32(got, normed, T * H);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < T; i++) bad += memcmp(got + i * H, all + (int64_t)ids[i] * H, (size_t)H * 4) != 0;
+        T_CHECKF(bad == 0, "%lld embedding rows differ from the file's", (long long)bad);
+        free(all);
+    }
+    dfl_st_close(st);
+    fprintf(stderr, "  qwen35-vlm: drafter's final norm vs the target's nmse %.2e, argmax equal\n", e);
+    ops->free(normed);
+    ops->free(dpred);
+    free(ref);
+    free(got);
+    dfl_drafter_free(d);
+    dfl_target_free(t);
+}
+
 /* ---- the loop ------------------------------------------------------------------------ */
 
 static void check_loop(dfl_drafter *d, dfl_target *t, const char *what, double *tau) {
@@ -387,6 +442,7 @@ int main(void) {
     T_RUN(test_kv_llama3);
     T_RUN(test_kv_qwen35);
     T_RUN(test_drafter_cache);
+    T_RUN(test_drafter_target_weights_qwen35_vlm);
     T_RUN(test_loop_lossless);
     T_RUN(test_loop_lossless_qwen35);
     return t_exit();
