@@ -476,6 +476,18 @@ static void *load_st_wt(const dfl_ops *ops, const dfl_st_tensor *t) {
     return dst;
 }
 
+/* A (1 + w) norm (Qwen3.5's final norm) as the plain-w weight the ops take. */
+static void *load_st_norm_plus_one(const dfl_ops *ops, const dfl_st_tensor *t) {
+    float *f = dfl_malloc((size_t)t->numel * sizeof *f);
+    dfl_st_to_f32(t, f);
+    for (int64_t i = 0; i < t->numel; i++) f[i] += 1.0f;
+    void *dst = ops->alloc((size_t)t->numel * (size_t)ops->wt_bytes);
+    ops->load_wt(dst, f, DFL_F32, t->numel);
+    ops->sync();
+    free(f);
+    return dst;
+}
+
 int dfl_drafter_load_target(dfl_drafter *d, const char *dir, const dfl_model_config *tcfg) {
     const dfl_drafter_config *c = &d->cfg;
     if (tcfg->hidden_size != c->H)
@@ -492,16 +504,19 @@ int dfl_drafter_load_target(dfl_drafter *d, const char *dir, const dfl_model_con
     if (rc) return rc;
     int64_t shape[2] = {c->V, c->H};
     const dfl_st_tensor *emb, *head = NULL, *norm;
-    rc = dfl_st_get(st, "model.embed_tokens.weight", 2, shape, &emb);
+    char emb_name[96], norm_name[96];
+    snprintf(emb_name, sizeof emb_name, "%sembed_tokens.weight", tcfg->weight_prefix);
+    snprintf(norm_name, sizeof norm_name, "%snorm.weight", tcfg->weight_prefix);
+    rc = dfl_st_get(st, emb_name, 2, shape, &emb);
     if (!rc && !tcfg->tie_word_embeddings) rc = dfl_st_get(st, "lm_head.weight", 2, shape, &head);
-    if (!rc) rc = dfl_st_get(st, "model.norm.weight", 1, shape + 1, &norm);
+    if (!rc) rc = dfl_st_get(st, norm_name, 1, shape + 1, &norm);
     if (rc) {
         dfl_st_close(st);
         return rc;
     }
     d->embed = load_st_wt(d->ops, emb);
     d->lm_head = head ? load_st_wt(d->ops, head) : d->embed;
-    d->target_norm = load_st_wt(d->ops, norm);
+    d->target_norm = tcfg->norm_plus_one ? load_st_norm_plus_one(d->ops, norm) : load_st_wt(d->ops, norm);
     d->target_eps = (float)tcfg->rms_norm_eps;
     dfl_st_close(st);
     return 0;

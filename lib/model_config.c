@@ -63,17 +63,33 @@ static int64_t count_params(const dfl_model_config *c) {
     int64_t QD = pmul(c->num_attention_heads, D), KD = pmul(c->num_key_value_heads, D);
     int64_t attn = padd(pmul(2, pmul(QD, H)), pmul(2, pmul(KD, H)));
     int64_t layer = padd(padd(attn, pmul(3, pmul(I, H))), padd(pmul(2, H), pmul(2, D)));
+    if (c->hybrid) { /* a DeltaNet layer: in_proj_qkv, z, a, b, out_proj, conv; gated q_proj's gate rows */
+        int64_t KD2 = pmul(2, pmul(c->lin_k_heads, c->lin_k_dim)), VD = pmul(c->lin_v_heads, c->lin_v_dim);
+        int64_t lin = padd(pmul(padd(KD2, VD), padd(H, c->lin_conv)), pmul(3, pmul(VD, H)));
+        layer = padd(padd(layer, lin), padd(pmul(QD, H), pmul(2, pmul(c->lin_v_heads, H))));
+    }
     return padd(padd(pmul(2, pmul(c->vocab_size, H)), H), pmul(c->num_hidden_layers, layer));
 }
 
-/* Refuse what the model code would silently get wrong. */
-static int check_supported(const dfl_model_config *c, const json_t *j, const char *path, const char *role) {
-    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "DFlashDraftModel"};
+static int is_qwen35(const char *arch) {
+    return !strcmp(arch, "Qwen3_5ForCausalLM") || !strcmp(arch, "Qwen3_5ForConditionalGeneration");
+}
+
+/* The architectures dflash runs, checked before any size is read. */
+static int check_architecture(const dfl_model_config *c, const char *path, const char *role) {
+    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "DFlashDraftModel", "Qwen3_5ForCausalLM",
+                                  "Qwen3_5ForConditionalGeneration"};
     int known = 0;
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) known |= !strcmp(c->architecture, archs[i]);
     if (!known)
-        return dfl_err(DFL_EX_DATA, "%s: %s architecture \"%s\" is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM%s)",
+        return dfl_err(DFL_EX_DATA, "%s: %s architecture \"%s\" is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM, "
+                       "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration%s)",
                        path, role, c->architecture, !strcmp(role, "drafter") ? ", DFlashDraftModel" : "");
+    return 0;
+}
+
+/* Refuse what the model code would silently get wrong. */
+static int check_supported(const dfl_model_config *c, const json_t *j, const char *path) {
     static const char *off[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
     for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
         int on, rc = get_bool(j, off[i], &on, path);
@@ -86,9 +102,28 @@ static int check_supported(const dfl_model_config *c, const json_t *j, const cha
     json_t *lt = json_object_get(j, "layer_types"), *v;
     size_t i;
     json_array_foreach(lt, i, v) {
-        if (strcmp(json_string_value(v) ? json_string_value(v) : "", "full_attention"))
-            return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only full_attention is supported", path, i,
-                           json_string_value(v) ? json_string_value(v) : "?");
+        const char *ty = json_string_value(v) ? json_string_value(v) : "?";
+        if (strcmp(ty, "full_attention") && (!c->hybrid || strcmp(ty, "linear_attention")))
+            return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only full_attention%s is supported", path, i,
+                           ty, c->hybrid ? " and linear_attention" : "");
+    }
+    if (lt && (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->num_hidden_layers))
+        return dfl_err(DFL_EX_DATA, "%s: \"layer_types\" must list one type for each of the %lld layers", path,
+                       (long long)c->num_hidden_layers);
+    if (c->rotary_dim != c->head_dim && !c->hybrid)
+        return dfl_err(DFL_EX_DATA, "%s: a partial_rotary_factor other than 1 is supported for Qwen3.5 only", path);
+    if (c->rotary_dim < 2 || c->rotary_dim % 2 || c->rotary_dim > c->head_dim)
+        return dfl_err(DFL_EX_DATA, "%s: \"partial_rotary_factor\" gives %lld rotary dims of a %lld-dim head; they must be "
+                       "even and at least 2", path, (long long)c->rotary_dim, (long long)c->head_dim);
+    if (c->hybrid) {
+        if (c->lin_k_heads <= 0 || c->lin_v_heads <= 0 || c->lin_k_dim <= 0 || c->lin_v_dim <= 0 || c->lin_conv <= 0 ||
+            c->full_attention_interval <= 0)
+            return dfl_err(DFL_EX_DATA, "%s: the linear_* sizes and full_attention_interval must be positive", path);
+        if (c->lin_v_heads % c->lin_k_heads)
+            return dfl_err(DFL_EX_DATA, "%s: linear_num_value_heads %lld is not a multiple of linear_num_key_heads %lld",
+                           path, (long long)c->lin_v_heads, (long long)c->lin_k_heads);
+        if (c->lin_conv > 8)
+            return dfl_err(DFL_EX_DATA, "%s: \"linear_conv_kernel_dim\" %lld is more than 8", path, (long long)c->lin_conv);
     }
     if (c->hidden_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 || c->num_key_value_heads <= 0 ||
         c->head_dim <= 0 || c->vocab_size <= 0 || c->intermediate_size <= 0)
@@ -154,6 +189,35 @@ static void parse_token_ids(dfl_model_config *c, const json_t *j) {
     }
 }
 
+/* The Qwen3.5 keys (defaults as transformers' Qwen3_5TextConfig). */
+static int parse_hybrid(dfl_model_config *c, const json_t *tj, const char *path) {
+    int rc = 0, gate = 1; /* Qwen3.5's attention has the output gate unless told otherwise */
+    rc = rc ? rc : get_int(tj, "linear_num_key_heads", 16, &c->lin_k_heads, path);
+    rc = rc ? rc : get_int(tj, "linear_num_value_heads", 32, &c->lin_v_heads, path);
+    rc = rc ? rc : get_int(tj, "linear_key_head_dim", 128, &c->lin_k_dim, path);
+    rc = rc ? rc : get_int(tj, "linear_value_head_dim", 128, &c->lin_v_dim, path);
+    rc = rc ? rc : get_int(tj, "linear_conv_kernel_dim", 4, &c->lin_conv, path);
+    rc = rc ? rc : get_int(tj, "full_attention_interval", 4, &c->full_attention_interval, path);
+    if (!rc && json_object_get(tj, "attn_output_gate")) rc = get_bool(tj, "attn_output_gate", &gate, path);
+    c->attn_output_gate = gate;
+    c->norm_plus_one = 1;
+    return rc;
+}
+
+/* The share of each head RoPE rotates: in rope_parameters (5.x) or beside
+ * it; Qwen3.5 defaults to 0.25, the others to all of it. */
+static int parse_rotary_dim(dfl_model_config *c, const json_t *tj, const char *path) {
+    json_t *rp = json_object_get(tj, "rope_parameters");
+    double f = 1.0;
+    int rc = get_num(tj, "partial_rotary_factor", c->hybrid ? 0.25 : 1.0, &f, path);
+    if (!rc && json_is_object(rp) && json_object_get(rp, "partial_rotary_factor"))
+        rc = get_num(rp, "partial_rotary_factor", 1.0, &f, path);
+    if (rc) return rc;
+    if (!(f > 0 && f <= 1)) return dfl_err(DFL_EX_DATA, "%s: \"partial_rotary_factor\" must be in (0, 1]", path);
+    c->rotary_dim = (int64_t)((double)c->head_dim * f); /* int(head_dim * factor), as transformers */
+    return 0;
+}
+
 int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, const char *path, const char *role) {
     memset(c, 0, sizeof *c);
     json_error_t je;
@@ -167,24 +231,50 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     copy_str(c->architecture, sizeof c->architecture, json_array_get(json_object_get(j, "architectures"), 0));
     copy_str(c->model_type, sizeof c->model_type, json_object_get(j, "model_type"));
     copy_str(c->dtype, sizeof c->dtype, json_object_get(j, "dtype") ? json_object_get(j, "dtype") : json_object_get(j, "torch_dtype"));
-    int rc = 0;
-    rc = rc ? rc : get_int(j, "hidden_size", -2, &c->hidden_size, path);
-    rc = rc ? rc : get_int(j, "intermediate_size", -2, &c->intermediate_size, path);
-    rc = rc ? rc : get_int(j, "num_hidden_layers", -2, &c->num_hidden_layers, path);
-    rc = rc ? rc : get_int(j, "num_attention_heads", -2, &c->num_attention_heads, path);
-    rc = rc ? rc : get_int(j, "num_key_value_heads", c->num_attention_heads, &c->num_key_value_heads, path);
-    rc = rc ? rc : get_int(j, "head_dim", c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0, &c->head_dim, path);
-    rc = rc ? rc : get_int(j, "vocab_size", -2, &c->vocab_size, path);
-    rc = rc ? rc : get_int(j, "max_position_embeddings", 0, &c->max_position_embeddings, path);
-    rc = rc ? rc : get_num(j, "rms_norm_eps", 1e-6, &c->rms_norm_eps, path);
-    rc = rc ? rc : parse_rope(c, j, path);
+    /* The Qwen3.5 checkpoints are VLMs: the language model's settings are
+     * its "text_config", its weights under model.language_model. */
+    int rc = check_architecture(c, path, role);
+    if (rc) return rc;
+    c->hybrid = is_qwen35(c->architecture);
+    const json_t *tj = j;
+    snprintf(c->weight_prefix, sizeof c->weight_prefix, "model.");
+    if (!strcmp(c->architecture, "Qwen3_5ForConditionalGeneration")) {
+        tj = json_object_get(j, "text_config");
+        if (!json_is_object(tj)) return dfl_err(DFL_EX_DATA, "%s: \"text_config\" is missing or not an object", path);
+        snprintf(c->weight_prefix, sizeof c->weight_prefix, "model.language_model.");
+        if (!c->dtype[0]) copy_str(c->dtype, sizeof c->dtype, json_object_get(tj, "dtype"));
+    }
+    rc = rc ? rc : get_int(tj, "hidden_size", -2, &c->hidden_size, path);
+    rc = rc ? rc : get_int(tj, "intermediate_size", -2, &c->intermediate_size, path);
+    rc = rc ? rc : get_int(tj, "num_hidden_layers", -2, &c->num_hidden_layers, path);
+    rc = rc ? rc : get_int(tj, "num_attention_heads", -2, &c->num_attention_heads, path);
+    rc = rc ? rc : get_int(tj, "num_key_value_heads", c->num_attention_heads, &c->num_key_value_heads, path);
+    rc = rc ? rc : get_int(tj, "head_dim", c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0, &c->head_dim, path);
+    rc = rc ? rc : get_int(tj, "vocab_size", -2, &c->vocab_size, path);
+    rc = rc ? rc : get_int(tj, "max_position_embeddings", 0, &c->max_position_embeddings, path);
+    rc = rc ? rc : get_num(tj, "rms_norm_eps", 1e-6, &c->rms_norm_eps, path);
+    rc = rc ? rc : parse_rope(c, tj, path);
+    rc = rc ? rc : parse_rotary_dim(c, tj, path);
+    if (!rc && c->hybrid) rc = parse_hybrid(c, tj, path);
     int tie = 0;
-    rc = rc ? rc : get_bool(j, "tie_word_embeddings", &tie, path);
+    /* the VLM keeps tie_word_embeddings at the top, the text model inside */
+    rc = rc ? rc : get_bool(json_object_get(j, "tie_word_embeddings") ? j : tj, "tie_word_embeddings", &tie, path);
     if (rc) return rc;
     c->tie_word_embeddings = tie;
     c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") != 0;
-    parse_token_ids(c, j);
-    return check_supported(c, j, path, role);
+    parse_token_ids(c, json_object_get(tj, "eos_token_id") ? tj : j);
+    return check_supported(c, tj, path);
+}
+
+int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i) {
+    if (!c->hybrid) return 0;
+    const json_t *j = c->json, *tj = json_object_get(j, "text_config");
+    const json_t *lt = json_object_get(json_is_object(tj) ? tj : j, "layer_types");
+    if (json_is_array(lt)) {
+        const char *ty = json_string_value(json_array_get(lt, (size_t)i));
+        return ty && !strcmp(ty, "linear_attention");
+    }
+    return (i + 1) % c->full_attention_interval != 0;
 }
 
 int dfl_model_config_load(dfl_model_config *c, const char *path, const char *role) {
@@ -213,9 +303,9 @@ void dfl_model_config_free(dfl_model_config *c) {
 }
 
 void dfl_rope_inv_freq(const dfl_model_config *c, float *inv_freq) {
-    int64_t half = c->head_dim / 2;
+    int64_t half = c->head_dim / 2, rot = c->rotary_dim ? c->rotary_dim : c->head_dim;
     float base = (float)c->rope_theta;
-    for (int64_t i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(base, (float)(2 * i) / (float)c->head_dim);
+    for (int64_t i = 0; i < half; i++) inv_freq[i] = 2 * i < rot ? 1.0f / powf(base, (float)(2 * i) / (float)rot) : 0.0f;
     if (c->rope_type != DFL_ROPE_LLAMA3) return;
     /* transformers _compute_llama3_parameters */
     float factor = (float)c->rope_factor, lo = (float)c->rope_low_freq_factor, hi = (float)c->rope_high_freq_factor;

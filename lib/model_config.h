@@ -1,7 +1,10 @@
-/* model_config.h: the Hugging Face config.json of a Qwen3 or Llama model.
+/* model_config.h: the Hugging Face config.json of a Qwen3, Llama or Qwen3.5
+ * model.
  *
- * Both the target (Qwen3ForCausalLM, LlamaForCausalLM) and the drafter (a
- * Qwen3 config with DFlash keys, spec §1.1) are read through this. Both
+ * The target (Qwen3ForCausalLM, LlamaForCausalLM, and the Qwen3.5 hybrids
+ * Qwen3_5ForCausalLM and Qwen3_5ForConditionalGeneration, whose text
+ * settings sit under "text_config") and the drafter (a Qwen3 config with
+ * DFlash keys, spec §1.1) are read through this. Both
  * spellings are accepted: rope_theta + rope_scaling (transformers 4.x) and
  * rope_parameters (5.x); torch_dtype and dtype. Values dflash cannot honour
  * (attention bias, sliding windows, YaRN, another activation) are refused
@@ -31,6 +34,15 @@ typedef struct {
     double  rms_norm_eps;
     int     tie_word_embeddings;
     int     qk_norm;            /* per-head q_norm/k_norm (Qwen3): 1; Llama: 0 */
+    /* Qwen3.5 hybrid (targets-extraction §3): Gated DeltaNet ("linear
+     * attention") layers between gated full-attention layers. */
+    int     hybrid;
+    int     norm_plus_one;      /* RMSNorms scale by (1 + w) (Qwen3.5), not w */
+    int     attn_output_gate;   /* q_proj also yields a sigmoid gate per head */
+    int64_t rotary_dim;         /* dims of each head RoPE rotates (head_dim unless partial) */
+    int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv; /* the DeltaNet layers */
+    int64_t full_attention_interval;
+    char    weight_prefix[32];  /* "model." or "model.language_model." (the VLM layout) */
     /* RoPE */
     dfl_rope_type rope_type;
     double  rope_theta;
@@ -53,8 +65,14 @@ int dfl_model_config_load_dir(dfl_model_config *c, const char *dir, const char *
 int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, const char *path, const char *role);
 void dfl_model_config_free(dfl_model_config *c);
 
+/* Is decoder layer i a Gated DeltaNet ("linear_attention") layer? From
+ * "layer_types", or else every layer but each full_attention_interval-th. */
+int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i);
+
 /* RoPE inverse frequencies, head_dim/2 floats, computed in f32 as
- * transformers does (including the llama3 rescaling). */
+ * transformers does (including the llama3 rescaling). With a partial
+ * rotary_dim, the first rotary_dim/2 are those of a rotary_dim-wide RoPE
+ * and the rest are 0 (no rotation). */
 void dfl_rope_inv_freq(const dfl_model_config *c, float *inv_freq);
 
 /* The reference default tap rule (spec §1.2): n taps spread over [1, L-3],

@@ -466,7 +466,7 @@ int dfl_greedy_generate(dfl_target *t, dfl_target_kv *kv, const int32_t *prompt,
                        (long long)dfl_target_kv_cap(kv), (long long)(n + o->max_new));
     dfl_target_kv_crop(kv, 0);
     const int32_t last = (int32_t)(n - 1), zero = 0;
-    dfl_target_want w = {0, NULL, 0, 0, 1, &last, 1};
+    dfl_target_want w = {0, NULL, 0, 0, 1, &last, 1, 0};
     dfl_target_out out;
     double t0 = dfl_now();
     int rc = dfl_target_kv_forward(kv, &out, prompt, n, &w);
@@ -505,7 +505,7 @@ int dfl_spec_generate(dfl_target *t, dfl_target_kv *kv, dfl_drafter *d, dfl_draf
 
     /* prefill: the first token and the context features of the prompt */
     const int32_t last = (int32_t)(n - 1);
-    dfl_target_want w = {c->K, c->layer_ids, 0, 0, 1, &last, 1};
+    dfl_target_want w = {c->K, c->layer_ids, 0, 0, 1, &last, 1, 0};
     dfl_target_out out;
     double t0 = dfl_now(), tdec = 0;
     int rc = dfl_target_kv_forward(kv, &out, prompt, n, &w);
@@ -517,6 +517,7 @@ int dfl_spec_generate(dfl_target *t, dfl_target_kv *kv, dfl_drafter *d, dfl_draf
     int64_t start = n, nfeat = n, checked = n;
     w.rows = NULL;
     w.nrows = 0;
+    w.may_crop = 1; /* the rejected tail of each block is cropped away */
     while (!rc && start < max_len) {
         int32_t *block = buf + start; /* slot 0: the last committed token */
         int32_t draft[DFL_DRAFTER_MAX_BLOCK];

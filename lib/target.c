@@ -1,4 +1,5 @@
-/* target.c: Qwen3 / Llama forward over packed sequences, through dfl_ops.
+/* target.c: Qwen3 / Llama / Qwen3.5 forward over packed sequences, through
+ * dfl_ops.
  *
  * Per decoder layer (Hugging Face Qwen3DecoderLayer / LlamaDecoderLayer):
  *   h = RMSNorm_in(x)
@@ -10,6 +11,12 @@
  *   h = RMSNorm_post(x)
  *   x = x + Wdown (silu(Wgate h) * (Wup h))
  * The residual additions are folded into the output GEMMs (accumulate = 1).
+ *
+ * Qwen3.5 (targets-extraction §3): RMSNorms scale by (1 + w) (folded into
+ * the weights at load); its attention layers rotate only the first
+ * rotary_dim dims of each head (folded into a head-dim permutation at
+ * load, see xform) and gate the attention output, a = a * sigmoid(h Wg^T);
+ * the others are Gated DeltaNet layers (dfl_target_linear_attn).
  */
 #include "target.h"
 #include "target_internal.h"
@@ -30,12 +37,33 @@ uint64_t dfl_target_weight_bytes(const dfl_target *t) { return t->weight_bytes; 
 
 /* ---- loading ------------------------------------------------------------ */
 
+/* How a checkpoint tensor becomes a compute tensor. Qwen3.5 needs more than
+ * a dtype conversion; every rewrite is exact in f32 (a reordering) except
+ * the (1 + w) of its norms, which rounds once, as transformers' f32 does:
+ *   XF_PLUS_ONE   (1 + w) norms: w + 1
+ *   XF_HEAD_ROWS  rows of per-head projections: head h's rows
+ *                 [h*stride + off, +D) of the source, in the rotary order
+ *                 below when `perm` is set (q_proj's query or gate rows, k_proj)
+ *   XF_NORM_PERM  q_norm / k_norm: the rotary order, and + 1 if plus_one
+ *   XF_F32        a small f32 parameter (A_log, dt_bias) into f32 memory
+ * The rotary order: a partial RoPE (Qwen3.5 rotates the first rotary_dim
+ * dims of each head, pairing (i, i + rotary_dim/2)) becomes the full-width
+ * op's pairing (i, i + D/2) with zero frequencies for the rest, once the
+ * head dims of q and k are permuted alike: dot products q.k, all attention
+ * uses of them, do not change under a common permutation, and v is not
+ * permuted, so the attention output is unchanged. */
+typedef enum { XF_NONE, XF_PLUS_ONE, XF_HEAD_ROWS, XF_NORM_PERM, XF_F32 } xform;
+
 /* One tensor to load: its name, expected shape, and where its pointer goes. */
 typedef struct {
-    char name[96];
+    char name[128];
     int ndim;
-    int64_t shape[2];
-    void **dst;
+    int64_t shape[3];
+    void **dst;        /* set to the start of this tensor's memory ... */
+    int64_t dst_off;   /* ... unless > 0: then written at *dst + dst_off elements (a concatenation) */
+    xform xf;
+    int64_t heads, stride, off, perm, plus_one; /* XF_HEAD_ROWS, XF_NORM_PERM */
+    int64_t out_numel; /* elements written (the source's unless XF_HEAD_ROWS) */
     const dfl_st_tensor *src;
 } wspec;
 
@@ -44,44 +72,116 @@ typedef struct {
     int n, cap;
 } wlist;
 
-static void want_tensor(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, const char *fmt, int layer) {
+static wspec *want(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *name) {
     if (l->n == l->cap) l->v = dfl_realloc(l->v, (size_t)(l->cap = l->cap ? 2 * l->cap : 64) * sizeof *l->v);
     wspec *w = &l->v[l->n++];
     memset(w, 0, sizeof *w);
-    snprintf(w->name, sizeof w->name, fmt, layer);
+    snprintf(w->name, sizeof w->name, "%s", name);
     w->ndim = ndim;
     w->shape[0] = d0;
     w->shape[1] = d1;
+    w->shape[2] = d2;
     w->dst = dst;
+    return w;
+}
+
+/* A tensor of decoder layer i: PREFIX layers.i.SUFFIX. */
+static wspec *want_layer(wlist *l, const dfl_target *t, void **dst, int ndim, int64_t d0, int64_t d1, int64_t d2, int i,
+                         const char *suffix) {
+    char name[128];
+    snprintf(name, sizeof name, "%slayers.%d.%s", t->cfg.weight_prefix, i, suffix);
+    return want(l, dst, ndim, d0, d1, d2, name);
+}
+
+static wspec *want_norm(wlist *l, const dfl_target *t, void **dst, int64_t n, int i, const char *suffix) {
+    wspec *w = want_layer(l, t, dst, 1, n, 0, 0, i, suffix);
+    if (t->cfg.norm_plus_one) w->xf = XF_PLUS_ONE;
+    return w;
+}
+
+/* Rows of head h from [h*stride + off, +D) of a [heads*stride, H] projection. */
+static void want_head_rows(wlist *l, const dfl_target *t, void **dst, int64_t heads, int64_t stride, int64_t off,
+                           int perm, int i, const char *suffix) {
+    const int64_t H = t->cfg.hidden_size, D = t->cfg.head_dim;
+    wspec *w = want_layer(l, t, dst, 2, heads * stride, H, 0, i, suffix);
+    w->xf = XF_HEAD_ROWS;
+    w->heads = heads;
+    w->stride = stride;
+    w->off = off;
+    w->perm = perm;
+    w->out_numel = heads * D * H;
+}
+
+static void plan_attention(dfl_target *t, wlist *l, layer_w *w, int i) {
+    const dfl_model_config *c = &t->cfg;
+    const int64_t H = c->hidden_size, D = c->head_dim, Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
+    const int64_t QD = Hq * D, KD = Hkv * D;
+    const int perm = c->rotary_dim != D;
+    if (c->attn_output_gate) { /* q_proj: per head, D query rows then D gate rows */
+        want_head_rows(l, t, &w->q, Hq, 2 * D, 0, perm, i, "self_attn.q_proj.weight");
+        want_head_rows(l, t, &w->attn_gate, Hq, 2 * D, D, 0, i, "self_attn.q_proj.weight");
+    } else if (perm) {
+        want_head_rows(l, t, &w->q, Hq, D, 0, 1, i, "self_attn.q_proj.weight");
+    } else {
+        want_layer(l, t, &w->q, 2, QD, H, 0, i, "self_attn.q_proj.weight");
+    }
+    if (perm) want_head_rows(l, t, &w->k, Hkv, D, 0, 1, i, "self_attn.k_proj.weight");
+    else want_layer(l, t, &w->k, 2, KD, H, 0, i, "self_attn.k_proj.weight");
+    want_layer(l, t, &w->v, 2, KD, H, 0, i, "self_attn.v_proj.weight");
+    want_layer(l, t, &w->o, 2, H, QD, 0, i, "self_attn.o_proj.weight");
+    if (c->qk_norm) {
+        wspec *qn = want_layer(l, t, &w->q_norm, 1, D, 0, 0, i, "self_attn.q_norm.weight");
+        wspec *kn = want_layer(l, t, &w->k_norm, 1, D, 0, 0, i, "self_attn.k_norm.weight");
+        if (perm || c->norm_plus_one) qn->xf = kn->xf = XF_NORM_PERM;
+        qn->perm = kn->perm = perm;
+        qn->plus_one = kn->plus_one = c->norm_plus_one;
+    }
+}
+
+/* A Gated DeltaNet layer (Qwen3.5 linear_attn; targets-extraction §3.2).
+ * in_proj_b and in_proj_a are loaded as one [2*Hv, H] matrix (b rows, then
+ * a rows), so that one GEMM gives both. */
+static void plan_linear(dfl_target *t, wlist *l, layer_w *w, int i) {
+    const dfl_model_config *c = &t->cfg;
+    const int64_t H = c->hidden_size, Hv = c->lin_v_heads, VD = Hv * c->lin_v_dim;
+    const int64_t C = 2 * c->lin_k_heads * c->lin_k_dim + VD;
+    want_layer(l, t, &w->lin_qkv, 2, C, H, 0, i, "linear_attn.in_proj_qkv.weight");
+    want_layer(l, t, &w->lin_z, 2, VD, H, 0, i, "linear_attn.in_proj_z.weight");
+    want_layer(l, t, &w->lin_ba, 2, Hv, H, 0, i, "linear_attn.in_proj_b.weight");
+    want_layer(l, t, &w->lin_ba, 2, Hv, H, 0, i, "linear_attn.in_proj_a.weight")->dst_off = Hv * H;
+    want_layer(l, t, &w->lin_conv, 3, C, 1, c->lin_conv, i, "linear_attn.conv1d.weight");
+    want_layer(l, t, (void **)&w->dt_bias, 1, Hv, 0, 0, i, "linear_attn.dt_bias")->xf = XF_F32;
+    want_layer(l, t, (void **)&w->A_log, 1, Hv, 0, 0, i, "linear_attn.A_log")->xf = XF_F32;
+    want_layer(l, t, &w->lin_norm, 1, c->lin_v_dim, 0, 0, i, "linear_attn.norm.weight"); /* plain w */
+    want_layer(l, t, &w->lin_out, 2, H, VD, 0, i, "linear_attn.out_proj.weight");
 }
 
 /* The tensors of the model, with the shapes config.json implies. */
 static void plan_weights(dfl_target *t, wlist *l) {
     const dfl_model_config *c = &t->cfg;
-    int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, V = c->vocab_size;
-    int64_t QD = c->num_attention_heads * D, KD = c->num_key_value_heads * D;
-    want_tensor(l, &t->embed, 2, V, H, "model.embed_tokens.weight", 0);
+    const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    char name[128];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", c->weight_prefix);
+    want(l, &t->embed, 2, V, H, 0, name);
     for (int i = 0; i < t->nlayers; i++) {
         layer_w *w = &t->layers[i];
-        want_tensor(l, &w->in_norm, 1, H, 0, "model.layers.%d.input_layernorm.weight", i);
-        want_tensor(l, &w->q, 2, QD, H, "model.layers.%d.self_attn.q_proj.weight", i);
-        want_tensor(l, &w->k, 2, KD, H, "model.layers.%d.self_attn.k_proj.weight", i);
-        want_tensor(l, &w->v, 2, KD, H, "model.layers.%d.self_attn.v_proj.weight", i);
-        want_tensor(l, &w->o, 2, H, QD, "model.layers.%d.self_attn.o_proj.weight", i);
-        if (c->qk_norm) {
-            want_tensor(l, &w->q_norm, 1, D, 0, "model.layers.%d.self_attn.q_norm.weight", i);
-            want_tensor(l, &w->k_norm, 1, D, 0, "model.layers.%d.self_attn.k_norm.weight", i);
-        }
-        want_tensor(l, &w->post_norm, 1, H, 0, "model.layers.%d.post_attention_layernorm.weight", i);
-        want_tensor(l, &w->gate, 2, I, H, "model.layers.%d.mlp.gate_proj.weight", i);
-        want_tensor(l, &w->up, 2, I, H, "model.layers.%d.mlp.up_proj.weight", i);
-        want_tensor(l, &w->down, 2, H, I, "model.layers.%d.mlp.down_proj.weight", i);
+        w->linear = dfl_model_config_linear_layer(c, i);
+        want_norm(l, t, &w->in_norm, H, i, "input_layernorm.weight");
+        if (w->linear) plan_linear(t, l, w, i);
+        else plan_attention(t, l, w, i);
+        want_norm(l, t, &w->post_norm, H, i, "post_attention_layernorm.weight");
+        want_layer(l, t, &w->gate, 2, I, H, 0, i, "mlp.gate_proj.weight");
+        want_layer(l, t, &w->up, 2, I, H, 0, i, "mlp.up_proj.weight");
+        want_layer(l, t, &w->down, 2, H, I, 0, i, "mlp.down_proj.weight");
     }
     if (t->head) {
-        want_tensor(l, &t->final_norm, 1, H, 0, "model.norm.weight", 0);
+        snprintf(name, sizeof name, "%snorm.weight", c->weight_prefix);
+        if (c->norm_plus_one) want(l, &t->final_norm, 1, H, 0, 0, name)->xf = XF_PLUS_ONE;
+        else want(l, &t->final_norm, 1, H, 0, 0, name);
         /* Tied: the LM head is the embedding (HF ties them; a stored
-         * lm_head.weight is then ignored, as HF's tie overrides it). */
-        if (!c->tie_word_embeddings) want_tensor(l, &t->lm_head, 2, V, H, "lm_head.weight", 0);
+         * lm_head.weight is then ignored, as HF's tie overrides it). The
+         * VLM layout keeps lm_head at the top level too. */
+        if (!c->tie_word_embeddings) want(l, &t->lm_head, 2, V, H, 0, "lm_head.weight");
     }
 }
 
@@ -95,7 +195,51 @@ static void release_pages(const void *p, uint64_t n) {
     if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
 }
 
-static void load_one(dfl_target *t, const dfl_st_tensor *s, void *dst) {
+/* The rotary order of head dim n (see xform): the source dim it holds. */
+static int64_t rotary_src_dim(int64_t n, int64_t D, int64_t R) {
+    const int64_t r2 = R / 2, h2 = D / 2;
+    if (n < r2) return n;                               /* rotated, first of each pair */
+    if (n < h2) return R + (n - r2);                    /* passed through, first half */
+    if (n < h2 + r2) return r2 + (n - h2);              /* rotated, second of each pair */
+    return R + (h2 - r2) + (n - h2 - r2);               /* passed through, second half */
+}
+
+/* The rewritten tensor in host f32 (w->out_numel floats). */
+static float *transform(const dfl_target *t, const wspec *w) {
+    const int64_t D = t->cfg.head_dim, R = t->cfg.rotary_dim, n = w->src->numel;
+    float *src = dfl_malloc((size_t)n * sizeof *src);
+    dfl_st_to_f32(w->src, src);
+    if (w->xf == XF_PLUS_ONE || w->xf == XF_F32) {
+        if (w->xf == XF_PLUS_ONE)
+            for (int64_t i = 0; i < n; i++) src[i] += 1.0f;
+        return src;
+    }
+    float *out = dfl_malloc((size_t)w->out_numel * sizeof *out);
+    if (w->xf == XF_NORM_PERM) {
+        for (int64_t d = 0; d < D; d++) out[d] = src[w->perm ? rotary_src_dim(d, D, R) : d] + (w->plus_one ? 1.0f : 0.0f);
+    } else { /* XF_HEAD_ROWS */
+        const int64_t H = t->cfg.hidden_size;
+        for (int64_t h = 0; h < w->heads; h++)
+            for (int64_t d = 0; d < D; d++) {
+                int64_t s = h * w->stride + w->off + (w->perm ? rotary_src_dim(d, D, R) : d);
+                memcpy(out + (h * D + d) * H, src + s * H, (size_t)H * sizeof *out);
+            }
+    }
+    free(src);
+    return out;
+}
+
+static void load_one(dfl_target *t, const wspec *w, void *dst) {
+    const dfl_st_tensor *s = w->src;
+    if (w->xf != XF_NONE) {
+        float *f = transform(t, w);
+        if (w->xf == XF_F32) t->ops->upload(dst, f, (size_t)w->out_numel * sizeof *f);
+        else t->ops->load_wt(dst, f, DFL_F32, w->out_numel);
+        t->ops->sync(); /* f is freed next */
+        free(f);
+        release_pages(s->data, s->nbytes);
+        return;
+    }
     size_t esz = dfl_dtype_size((dfl_dtype)s->dtype);
     const void *src = s->data;
     void *tmp = NULL;
@@ -110,25 +254,58 @@ static void load_one(dfl_target *t, const dfl_st_tensor *s, void *dst) {
 }
 
 static int check_arch(const dfl_model_config *c, const char *path) {
-    if (strcmp(c->architecture, "Qwen3ForCausalLM") && strcmp(c->architecture, "LlamaForCausalLM"))
-        return dfl_err(DFL_EX_DATA, "%s: architecture \"%s\" is not a supported target (Qwen3ForCausalLM, LlamaForCausalLM)",
-                       path, c->architecture);
-    return 0;
+    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3_5ForCausalLM",
+                                  "Qwen3_5ForConditionalGeneration"};
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (!strcmp(c->architecture, archs[i])) return 0;
+    return dfl_err(DFL_EX_DATA, "%s: architecture \"%s\" is not a supported target (Qwen3ForCausalLM, LlamaForCausalLM, "
+                   "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration)", path, c->architecture);
 }
 
 /* num_hidden_layers must be the weights' layer count even when only the
  * first layers are loaded (extraction stops after the deepest tap): it goes
  * into the stream header and the default layer ids. */
 static int check_layer_count(const dfl_st *st, const dfl_model_config *c, const char *path) {
-    char name[96];
+    char name[128];
     int L = (int)c->num_hidden_layers;
-    snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", L - 1);
+    snprintf(name, sizeof name, "%slayers.%d.input_layernorm.weight", c->weight_prefix, L - 1);
     if (!dfl_st_find(st, name))
         return dfl_err(DFL_EX_DATA, "%s: \"num_hidden_layers\" is %d, but the weights have no %s", path, L, name);
-    snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", L);
+    snprintf(name, sizeof name, "%slayers.%d.input_layernorm.weight", c->weight_prefix, L);
     if (dfl_st_find(st, name))
         return dfl_err(DFL_EX_DATA, "%s: \"num_hidden_layers\" is %d, but the weights have %s", path, L, name);
     return 0;
+}
+
+/* Place every tensor: compute weights in one backend allocation, the f32
+ * parameters in another; then convert each into place. */
+static void load_all(dfl_target *t, wlist *l) {
+    const dfl_ops *ops = t->ops;
+    uint64_t nwt = 0, nf32 = 0;
+    for (int i = 0; i < l->n; i++) {
+        wspec *w = &l->v[i];
+        if (!w->out_numel) w->out_numel = w->src->numel;
+        if (w->xf == XF_F32) nf32 += (uint64_t)w->out_numel;
+        else nwt += (uint64_t)w->out_numel;
+    }
+    t->weight_bytes = nwt * (uint64_t)ops->wt_bytes + nf32 * sizeof(float);
+    t->weights = ops->alloc(nwt * (uint64_t)ops->wt_bytes);
+    t->params_f32 = nf32 ? ops->alloc(nf32 * sizeof(float)) : NULL;
+    uint64_t off = 0, off32 = 0;
+    for (int i = 0; i < l->n; i++) {
+        wspec *w = &l->v[i];
+        void *at;
+        if (w->xf == XF_F32) {
+            at = (float *)t->params_f32 + off32;
+            off32 += (uint64_t)w->out_numel;
+        } else {
+            at = DFL_WAT(ops, t->weights, off);
+            off += (uint64_t)w->out_numel;
+        }
+        if (!w->dst_off) *w->dst = at; /* a concatenation's later parts follow its first in memory */
+        else DFL_ASSERT(at == DFL_WAT(ops, *w->dst, w->dst_off));
+        load_one(t, w, at);
+    }
 }
 
 int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const dfl_target_opts *opts) {
@@ -162,28 +339,17 @@ int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const
     wlist l = {0};
     plan_weights(t, &l);
     /* Every name and shape is checked before anything large is allocated. */
-    uint64_t total = 0;
-    for (int i = 0; i < l.n && !rc; i++) {
-        rc = dfl_st_get(st, l.v[i].name, l.v[i].ndim, l.v[i].shape, &l.v[i].src);
-        if (!rc) total += (uint64_t)l.v[i].src->numel;
-    }
+    for (int i = 0; i < l.n && !rc; i++) rc = dfl_st_get(st, l.v[i].name, l.v[i].ndim, l.v[i].shape, &l.v[i].src);
     if (!rc) {
-        t->weight_bytes = total * (uint64_t)ops->wt_bytes;
-        t->weights = ops->alloc(t->weight_bytes);
-        uint64_t off = 0;
-        for (int i = 0; i < l.n; i++) {
-            *l.v[i].dst = DFL_WAT(ops, t->weights, off);
-            load_one(t, l.v[i].src, *l.v[i].dst);
-            off += (uint64_t)l.v[i].src->numel;
-        }
+        load_all(t, &l);
         if (t->head && t->cfg.tie_word_embeddings) t->lm_head = t->embed;
         int64_t half = t->cfg.head_dim / 2;
         float *f = dfl_malloc((size_t)half * sizeof *f);
         dfl_rope_inv_freq(&t->cfg, f);
         t->inv_freq = ops->alloc((size_t)half * sizeof *f);
         ops->upload(t->inv_freq, f, (size_t)half * sizeof *f);
-        free(f);
         ops->sync();
+        free(f);
     }
     free(l.v);
     dfl_st_close(st);
@@ -200,6 +366,7 @@ static void ws_free(const dfl_ops *ops, workspace *w) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->free(bufs[i]);
     dfl_target_head_free(ops, &w->head);
+    dfl_target_lin_free(ops, &w->lin);
     free(w->host_pos);
     free(w->host_scratch);
     memset(w, 0, sizeof *w);
@@ -210,6 +377,7 @@ void dfl_target_free(dfl_target *t) {
     if (t->ops) {
         ws_free(t->ops, &t->ws);
         if (t->weights) t->ops->free(t->weights);
+        if (t->params_f32) t->ops->free(t->params_f32);
         if (t->inv_freq) t->ops->free(t->inv_freq);
     }
     free(t->layers);
@@ -242,6 +410,28 @@ void dfl_target_head_free(const dfl_ops *ops, head_ws *hw) {
     memset(hw, 0, sizeof *hw);
 }
 
+void dfl_target_lin_reserve(const dfl_target *t, lin_ws *lw, int64_t n) {
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    if (!c->hybrid || n <= lw->cap_rows) return;
+    const size_t a = (size_t)ops->act_bytes;
+    const int64_t VD = c->lin_v_heads * c->lin_v_dim, C = 2 * c->lin_k_heads * c->lin_k_dim + VD;
+    lw->raw = dfl_target_regrow(ops, lw->raw, (size_t)(n * C) * a);
+    lw->conv = dfl_target_regrow(ops, lw->conv, (size_t)(n * C) * a);
+    lw->z = dfl_target_regrow(ops, lw->z, (size_t)(n * VD) * a);
+    lw->o = dfl_target_regrow(ops, lw->o, (size_t)(n * VD) * a);
+    lw->ba = dfl_target_regrow(ops, lw->ba, (size_t)(n * 2 * c->lin_v_heads) * a);
+    lw->agate = dfl_target_regrow(ops, lw->agate, (size_t)(n * c->num_attention_heads * c->head_dim) * a);
+    lw->cap_rows = n;
+}
+
+void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw) {
+    void *bufs[] = {lw->raw, lw->conv, lw->z, lw->o, lw->ba, lw->agate};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) ops->free(bufs[i]);
+    memset(lw, 0, sizeof *lw);
+}
+
 static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nrows, int64_t nseq) {
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
@@ -272,6 +462,7 @@ static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nro
         w->cap_taps = ntap_elems;
     }
     dfl_target_head_reserve(t, &w->head, nrows);
+    dfl_target_lin_reserve(t, &w->lin, T);
     if (nseq > w->cap_seq) {
         w->cu = dfl_target_regrow(ops, w->cu, (size_t)(nseq + 1) * sizeof(int32_t));
         w->cap_seq = nseq;
@@ -318,6 +509,29 @@ static int check_want(const dfl_target *t, const dfl_target_want *w, int64_t T, 
     return 0;
 }
 
+/* The Gated DeltaNet mixer (transformers Qwen3_5GatedDeltaNet):
+ *   raw = h Wqkv^T; q|k|v = silu(causal depthwise conv(raw)) per sequence
+ *   z = h Wz^T; b|a = h Wba^T
+ *   o = gated delta rule (q, k, v, b, a)             (ops.h gated_delta)
+ *   o = RMSNorm_w(o) per value head * silu(z)      (norm before gate, plain w)
+ *   x += o Wout^T */
+void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, void *x, const void *h,
+                            const int32_t *cu, int64_t nseq, int64_t n, const void *hist, float *state, float *steps) {
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    const int64_t H = c->hidden_size, Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    const int64_t VD = Hv * dv, C = 2 * Hk * dk + VD;
+    ops->matmul(ws->raw, h, lw->lin_qkv, n, H, C, 0);
+    ops->conv1d_silu(ws->conv, ws->raw, hist, lw->lin_conv, cu, nseq, n, C, c->lin_conv);
+    ops->matmul(ws->z, h, lw->lin_z, n, H, VD, 0);
+    ops->matmul(ws->ba, h, lw->lin_ba, n, H, 2 * Hv, 0);
+    ops->gated_delta(ws->o, state, steps, ws->conv, ws->ba, lw->A_log, lw->dt_bias, cu, nseq, n, Hk, Hv, dk, dv);
+    /* conv is free again and at least [n, VD]: the normed output goes there */
+    ops->rmsnorm(ws->conv, NULL, ws->o, lw->lin_norm, n * Hv, dv, (float)c->rms_norm_eps);
+    ops->swiglu(ws->conv, ws->z, ws->conv, n * VD);          /* silu(z) * normed */
+    ops->matmul(x, ws->conv, lw->lin_out, n, VD, H, 1);      /* x += o Wout^T */
+}
+
 static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t nseq) {
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
@@ -327,20 +541,28 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
     float eps = (float)c->rms_norm_eps;
 
     ops->rmsnorm(w->h, NULL, w->x, lw->in_norm, T, H, eps);
-    if (c->qk_norm) { /* project into ao, then normalise each head into q / k */
-        ops->matmul(w->ao, w->h, lw->q, T, H, Hq * D, 0);
-        ops->rmsnorm(w->q, NULL, w->ao, lw->q_norm, T * Hq, D, eps);
-        ops->matmul(w->ao, w->h, lw->k, T, H, Hkv * D, 0);
-        ops->rmsnorm(w->k, NULL, w->ao, lw->k_norm, T * Hkv, D, eps);
+    if (lw->linear) {
+        dfl_target_linear_attn(t, lw, &w->lin, w->x, w->h, w->cu, nseq, T, NULL, NULL, NULL);
     } else {
-        ops->matmul(w->q, w->h, lw->q, T, H, Hq * D, 0);
-        ops->matmul(w->k, w->h, lw->k, T, H, Hkv * D, 0);
+        if (c->qk_norm) { /* project into ao, then normalise each head into q / k */
+            ops->matmul(w->ao, w->h, lw->q, T, H, Hq * D, 0);
+            ops->rmsnorm(w->q, NULL, w->ao, lw->q_norm, T * Hq, D, eps);
+            ops->matmul(w->ao, w->h, lw->k, T, H, Hkv * D, 0);
+            ops->rmsnorm(w->k, NULL, w->ao, lw->k_norm, T * Hkv, D, eps);
+        } else {
+            ops->matmul(w->q, w->h, lw->q, T, H, Hq * D, 0);
+            ops->matmul(w->k, w->h, lw->k, T, H, Hkv * D, 0);
+        }
+        ops->matmul(w->v, w->h, lw->v, T, H, Hkv * D, 0);
+        ops->rope(w->q, w->pos, t->inv_freq, T, Hq, D, 0);
+        ops->rope(w->k, w->pos, t->inv_freq, T, Hkv, D, 0);
+        ops->attn_causal(w->ao, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D);
+        if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
+            ops->matmul(w->lin.agate, w->h, lw->attn_gate, T, H, Hq * D, 0);
+            ops->sigmoid_mul(w->ao, w->ao, w->lin.agate, T * Hq * D);
+        }
+        ops->matmul(w->x, w->ao, lw->o, T, Hq * D, H, 1);         /* x += attn Wo^T */
     }
-    ops->matmul(w->v, w->h, lw->v, T, H, Hkv * D, 0);
-    ops->rope(w->q, w->pos, t->inv_freq, T, Hq, D, 0);
-    ops->rope(w->k, w->pos, t->inv_freq, T, Hkv, D, 0);
-    ops->attn_causal(w->ao, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D);
-    ops->matmul(w->x, w->ao, lw->o, T, Hq * D, H, 1);         /* x += attn Wo^T */
 
     ops->rmsnorm(w->h, NULL, w->x, lw->post_norm, T, H, eps);
     dfl_target_mlp(t, lw, w->x, w->h, w->gate, w->up, T);

@@ -1,4 +1,5 @@
-/* target.h: the target model (Qwen3, Llama), written once against dfl_ops.
+/* target.h: the target model (Qwen3, Llama, the Qwen3.5 hybrid), written
+ * once against dfl_ops.
  *
  * Loads a Hugging Face model directory (config.json + model.safetensors or a
  * sharded index) and runs the forward pass over a packed batch: several
@@ -78,6 +79,11 @@ typedef struct {
     int        argmax;       /* want argmax ids and gaps at `rows` */
     const int32_t *rows;     /* host [nrows] row indices into the batch; NULL: all T rows */
     int64_t    nrows;
+    /* Cached forwards only: the caller may crop back into these rows (a
+     * speculative block). A hybrid target (Qwen3.5) then keeps its
+     * recurrent state after every row; it can crop only to 0 or into the
+     * last forward made with this set. Other targets ignore it. */
+    int        may_crop;
 } dfl_target_want;
 
 /* Outputs of the last forward, owned by the target and valid until the next

@@ -12,8 +12,24 @@
 #define MLP_ROWS 4096
 
 typedef struct {
+    int linear; /* a Gated DeltaNet layer (Qwen3.5 "linear_attention"); else attention */
     void *in_norm, *q, *k, *v, *o, *q_norm, *k_norm, *post_norm, *gate, *up, *down;
+    void *attn_gate;                  /* gated attention: q_proj's gate rows, wt [Hq*D, H] */
+    /* Gated DeltaNet: wt in_proj_qkv [C, H], in_proj_z [Hv*dv, H], in_proj_b
+     * and in_proj_a as one [2*Hv, H], conv1d [C, K], norm [dv], out_proj
+     * [H, Hv*dv]; f32 A_log, dt_bias [Hv]. C = 2*Hk*dk + Hv*dv. */
+    void *lin_qkv, *lin_z, *lin_ba, *lin_conv, *lin_norm, *lin_out;
+    float *A_log, *dt_bias;
 } layer_w;
+
+/* The buffers of a Gated DeltaNet layer (and the attention gate) for n rows. */
+typedef struct {
+    int64_t cap_rows;
+    void *raw, *conv;                         /* act [n, C]: the projection, after the conv */
+    void *z, *o;                              /* act [n, Hv*dv] */
+    void *ba;                                 /* act [n, 2*Hv] */
+    void *agate;                              /* act [n, Hq*D] */
+} lin_ws;
 
 /* The head's buffers (model.norm and LM head on chosen rows), in both workspaces. */
 typedef struct {
@@ -30,6 +46,7 @@ typedef struct {
     void *gate, *up;                          /* act [min(cap_T, MLP_ROWS), I] */
     void *taps;                               /* act [cap_taps] elements */
     head_ws head;                             /* [nrows] of the largest request */
+    lin_ws lin;                               /* hybrid targets */
     int32_t *ids, *pos;                       /* i32 [cap_T] */
     int32_t *cu;                              /* i32 [cap_seq + 1] */
     int32_t *host_pos;                        /* host [cap_T] */
@@ -43,6 +60,7 @@ struct dfl_target {
     int              nlayers;     /* loaded */
     int              head;        /* model.norm and LM head loaded */
     void            *weights;     /* one backend allocation */
+    void            *params_f32;  /* the f32 parameters (A_log, dt_bias), or NULL */
     uint64_t         weight_bytes;
     void            *embed, *final_norm, *lm_head; /* lm_head may alias embed */
     layer_w         *layers;
@@ -57,6 +75,14 @@ void *dfl_target_regrow(const dfl_ops *ops, void *old, size_t bytes);
 /* Grow hw to hold nrows rows; free its buffers. */
 void dfl_target_head_reserve(const dfl_target *t, head_ws *hw, int64_t nrows);
 void dfl_target_head_free(const dfl_ops *ops, head_ws *hw);
+/* Grow lw to n rows (no-op for a model without hybrid layers); free it. */
+void dfl_target_lin_reserve(const dfl_target *t, lin_ws *lw, int64_t n);
+void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw);
+/* x[n, H] += the Gated DeltaNet layer of h[n, H] (sequences cu, nseq; conv
+ * history, state and steps as the ops conv1d_silu and gated_delta take
+ * them). Leaves the layer's raw projection in ws->raw. */
+void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, void *x, const void *h,
+                            const int32_t *cu, int64_t nseq, int64_t n, const void *hist, float *state, float *steps);
 /* x[n, H] += the MLP of h[n, H] (gate, up: act [min(n, MLP_ROWS), I]). */
 void dfl_target_mlp(const dfl_target *t, const layer_w *lw, void *x, const void *h, void *gate, void *up, int64_t n);
 /* After layer l of a forward of n rows: x [n, H] into each tap slot that

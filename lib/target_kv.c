@@ -1,7 +1,7 @@
 /* target_kv.c: incremental decoding of one sequence with a KV cache.
  *
- * The decoder layer is the one of target.c (Hugging Face Qwen3 / Llama),
- * run on n new rows at positions len .. len+n-1:
+ * The decoder layer is the one of target.c (Hugging Face Qwen3 / Llama /
+ * Qwen3.5), run on n new rows at positions len .. len+n-1:
  *   h = RMSNorm_in(x); q, k, v = projections (Qwen3: q/k norms); RoPE at
  *   the new positions; k, v are written into the cache rows [len, len+n);
  *   a = attention of the new queries over cache rows [0, len+n), causal;
@@ -13,6 +13,14 @@
  * sees cache rows [0, len+i]; that is attn_dflash with blocks of size 1:
  * block i has context rows [0, len+i) and its own row len+i. The op table
  * needs no cache-specific op, and the CUDA table serves both as it is.
+ *
+ * Gated DeltaNet layers (Qwen3.5) keep no keys: their cache is the
+ * recurrent state S (f32 [Hv, dk, dv]) and the last K-1 raw projections
+ * (the convolution's history). Neither can be cut back like a KV cache, so
+ * a forward whose rows the caller may crop back into (want->may_crop: a
+ * speculative block) also keeps S after every row and the history window;
+ * a crop into that forward restores both from there (SGLang keeps the same
+ * per-step states for its Mamba/GDN speculative decoding).
  */
 #include "target.h"
 #include "target_internal.h"
@@ -26,7 +34,15 @@ struct dfl_target_kv {
     dfl_target *t;
     int64_t cap, len;
     int nl;                 /* layers cached (the loaded ones) */
-    void **k, **v;          /* per layer: act [cap, Hkv, D] */
+    void **k, **v;          /* per attention layer: act [cap, Hkv, D] */
+    /* per Gated DeltaNet layer: state S f32 [Hv, dk, dv], conv history act
+     * [K-1, C]; for a crop into the last forward (rb_n rows from rb_start,
+     * rb_n 0 when it kept none): S before and after each row, f32 [rb_n+1,
+     * Hv, dk, dv], and the history window act [K-1 + rb_n, C]. */
+    float **S, **steps;
+    void **hist, **win, *hist_tmp;
+    int64_t rb_cap, rb_start, rb_n;
+    lin_ws lin;
     /* workspace for n new rows, grown as needed */
     int64_t cap_n, cap_taps;
     void *x, *h, *q, *kpre, *ao, *gate, *up, *taps;
@@ -38,6 +54,17 @@ struct dfl_target_kv {
     dfl_block *host_blocks;
 };
 
+/* One Gated DeltaNet layer's state, and its convolution history. */
+static size_t state_bytes(const dfl_model_config *c) {
+    return (size_t)(c->lin_v_heads * c->lin_k_dim * c->lin_v_dim) * sizeof(float);
+}
+static int64_t conv_channels(const dfl_model_config *c) {
+    return 2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim;
+}
+static size_t hist_bytes(const dfl_model_config *c, const dfl_ops *ops) {
+    return (size_t)((c->lin_conv - 1) * conv_channels(c)) * (size_t)ops->act_bytes + 1;
+}
+
 dfl_target_kv *dfl_target_kv_new(dfl_target *t, int64_t cap) {
     DFL_ASSERT(cap >= 1 && cap <= INT32_MAX);
     const dfl_ops *ops = t->ops;
@@ -48,11 +75,21 @@ dfl_target_kv *dfl_target_kv_new(dfl_target *t, int64_t cap) {
     kv->nl = t->nlayers;
     kv->k = dfl_calloc((size_t)kv->nl, sizeof *kv->k);
     kv->v = dfl_calloc((size_t)kv->nl, sizeof *kv->v);
+    kv->S = dfl_calloc((size_t)kv->nl, sizeof *kv->S);
+    kv->steps = dfl_calloc((size_t)kv->nl, sizeof *kv->steps);
+    kv->hist = dfl_calloc((size_t)kv->nl, sizeof *kv->hist);
+    kv->win = dfl_calloc((size_t)kv->nl, sizeof *kv->win);
     size_t bytes = (size_t)(cap * c->num_key_value_heads * c->head_dim) * (size_t)ops->act_bytes;
     for (int l = 0; l < kv->nl; l++) {
-        kv->k[l] = ops->alloc(bytes);
-        kv->v[l] = ops->alloc(bytes);
+        if (t->layers[l].linear) {
+            kv->S[l] = ops->alloc(state_bytes(c));
+            kv->hist[l] = ops->alloc(hist_bytes(c, ops));
+        } else {
+            kv->k[l] = ops->alloc(bytes);
+            kv->v[l] = ops->alloc(bytes);
+        }
     }
+    if (c->hybrid) kv->hist_tmp = ops->alloc(hist_bytes(c, ops));
     kv->cu = ops->alloc(2 * sizeof(int32_t));
     return kv;
 }
@@ -69,11 +106,18 @@ void dfl_target_kv_free(dfl_target_kv *kv) {
     if (!kv) return;
     const dfl_ops *ops = kv->t->ops;
     for (int l = 0; l < kv->nl; l++) {
-        ops->free(kv->k[l]);
-        ops->free(kv->v[l]);
+        void *b[] = {kv->k[l], kv->v[l], kv->S[l], kv->steps[l], kv->hist[l], kv->win[l]};
+        for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+            if (b[i]) ops->free(b[i]);
     }
+    if (kv->hist_tmp) ops->free(kv->hist_tmp);
+    dfl_target_lin_free(ops, &kv->lin);
     free(kv->k);
     free(kv->v);
+    free(kv->S);
+    free(kv->steps);
+    free(kv->hist);
+    free(kv->win);
     free_bufs(ops, kv);
     ops->free(kv->cu);
     free(kv->host_pos);
@@ -84,8 +128,33 @@ void dfl_target_kv_free(dfl_target_kv *kv) {
 int64_t dfl_target_kv_len(const dfl_target_kv *kv) { return kv->len; }
 int64_t dfl_target_kv_cap(const dfl_target_kv *kv) { return kv->cap; }
 
+/* Put the Gated DeltaNet layers back at position len: the empty state, or
+ * the one kept after row len - rb_start - 1 of the last forward. */
+static void restore_linear(dfl_target_kv *kv, int64_t len) {
+    const dfl_target *t = kv->t;
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    const size_t sb = state_bytes(c), hb = hist_bytes(c, ops) - 1;
+    const int64_t m = len - kv->rb_start;
+    if (len > 0)
+        DFL_ASSERT(kv->rb_n > 0 && m >= 0 && m < kv->rb_n &&
+                   "a hybrid target crops only to 0 or into its last forward made with may_crop");
+    for (int l = 0; l < kv->nl; l++) {
+        if (!t->layers[l].linear) continue;
+        if (len == 0) {
+            ops->zero(kv->S[l], sb);
+            ops->zero(kv->hist[l], hb);
+        } else {
+            ops->copy(kv->S[l], (char *)kv->steps[l] + (size_t)m * sb, sb);
+            ops->copy(kv->hist[l], DFL_AT(ops, kv->win[l], m * conv_channels(c)), hb);
+        }
+    }
+    if (len == 0) kv->rb_n = 0;
+}
+
 void dfl_target_kv_crop(dfl_target_kv *kv, int64_t len) {
     DFL_ASSERT(len >= 0 && len <= kv->len);
+    if (len < kv->len && kv->t->cfg.hybrid) restore_linear(kv, len);
     kv->len = len;
 }
 
@@ -117,6 +186,21 @@ static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nro
         kv->cap_taps = tap_elems;
     }
     dfl_target_head_reserve(kv->t, &kv->head, nrows);
+    dfl_target_lin_reserve(kv->t, &kv->lin, n);
+}
+
+/* Room to keep n rows of Gated DeltaNet states for a crop. */
+static void reserve_rollback(dfl_target_kv *kv, int64_t n) {
+    const dfl_ops *ops = kv->t->ops;
+    const dfl_model_config *c = &kv->t->cfg;
+    if (n <= kv->rb_cap) return;
+    for (int l = 0; l < kv->nl; l++) {
+        if (!kv->t->layers[l].linear) continue;
+        kv->steps[l] = dfl_target_regrow(ops, kv->steps[l], (size_t)(n + 1) * state_bytes(c));
+        kv->win[l] = dfl_target_regrow(ops, kv->win[l], (size_t)((c->lin_conv - 1 + n) * conv_channels(c)) *
+                                                            (size_t)ops->act_bytes);
+    }
+    kv->rb_cap = n;
 }
 
 /* The request against what was loaded; *need = layers to run. */
@@ -151,6 +235,33 @@ static int check(const dfl_target_kv *kv, const int32_t *ids, int64_t n, const d
     return 0;
 }
 
+/* A Gated DeltaNet layer on the n new rows: from the cached state and
+ * history, which it advances; with `keep`, also the rollback points. */
+static void linear_step(dfl_target_kv *kv, int l, int64_t n, int keep) {
+    dfl_target *t = kv->t;
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    const int64_t C = conv_channels(c), K1 = c->lin_conv - 1;
+    const size_t sb = state_bytes(c), a = (size_t)ops->act_bytes;
+    if (keep) {
+        ops->copy(kv->win[l], kv->hist[l], (size_t)(K1 * C) * a);
+        ops->copy(kv->steps[l], kv->S[l], sb);
+    }
+    dfl_target_linear_attn(t, &t->layers[l], &kv->lin, kv->x, kv->h, kv->cu, 1, n, kv->hist[l], kv->S[l],
+                           keep ? (float *)((char *)kv->steps[l] + sb) : NULL);
+    if (keep) ops->copy(DFL_AT(ops, kv->win[l], K1 * C), kv->lin.raw, (size_t)(n * C) * a);
+    /* the history is now the last K-1 raw rows of [history; new rows] */
+    if (n >= K1) {
+        ops->copy(kv->hist[l], DFL_AT(ops, kv->lin.raw, (n - K1) * C), (size_t)(K1 * C) * a);
+    } else {
+        ops->copy(kv->hist_tmp, DFL_AT(ops, kv->hist[l], n * C), (size_t)((K1 - n) * C) * a);
+        ops->copy(DFL_AT(ops, kv->hist_tmp, (K1 - n) * C), kv->lin.raw, (size_t)(n * C) * a);
+        void *swap = kv->hist[l];
+        kv->hist[l] = kv->hist_tmp;
+        kv->hist_tmp = swap;
+    }
+}
+
 static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     dfl_target *t = kv->t;
     const dfl_ops *ops = t->ops;
@@ -179,6 +290,10 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
         ops->attn_causal(kv->ao, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D);
     else
         ops->attn_dflash(kv->ao, kv->lse, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D);
+    if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
+        ops->matmul(kv->lin.agate, kv->h, lw->attn_gate, n, H, Hq * D, 0);
+        ops->sigmoid_mul(kv->ao, kv->ao, kv->lin.agate, n * Hq * D);
+    }
     ops->matmul(kv->x, kv->ao, lw->o, n, Hq * D, H, 1);
 
     ops->rmsnorm(kv->h, NULL, kv->x, lw->post_norm, n, H, eps);
@@ -207,11 +322,22 @@ int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t 
     ops->upload(kv->blocks, kv->host_blocks, (size_t)n * sizeof(dfl_block));
     ops->upload(kv->cu, cu, sizeof cu);
 
+    const int keep = c->hybrid && w->may_crop;
+    if (keep) reserve_rollback(kv, n);
     ops->embed(kv->x, kv->ids, t->embed, n, H);
     for (int l = 0; l < need; l++) {
-        layer_step(kv, l, n);
+        if (t->layers[l].linear) {
+            ops->rmsnorm(kv->h, NULL, kv->x, t->layers[l].in_norm, n, H, (float)c->rms_norm_eps);
+            linear_step(kv, l, n, keep);
+            ops->rmsnorm(kv->h, NULL, kv->x, t->layers[l].post_norm, n, H, (float)c->rms_norm_eps);
+            dfl_target_mlp(t, &t->layers[l], kv->x, kv->h, kv->gate, kv->up, n);
+        } else {
+            layer_step(kv, l, n);
+        }
         dfl_target_keep_taps(t, kv->taps, kv->x, w, l, n);
     }
+    kv->rb_start = kv->len;
+    kv->rb_n = keep ? n : 0;
     kv->len += n;
     dfl_target_finish(t, out, &kv->head, kv->x, kv->taps, w, n, nrows);
     return 0;

@@ -16,6 +16,10 @@
 # Knobs: BENCH_SAMPLES (16), BENCH_THREADS (all cores), BENCH_BATCH_TOKENS (4096),
 # BENCH_REPEAT (1): run both that many times, alternating, and keep each
 # one's fastest run (on a shared machine the fastest is the least disturbed).
+# BENCH_ARCH=qwen3.5 (bench_extract_qwen35.sh): the same on a Qwen3.5 hybrid
+# of the same width (9 Gated DeltaNet + 3 gated attention layers, DeltaNet
+# 4/8 heads of 64); transformers then runs its own torch implementation of
+# the DeltaNet (the fla kernels are GPU-only).
 set -u
 . "$(dirname "$0")/lib.sh"
 samples=${BENCH_SAMPLES:-16}
@@ -27,8 +31,15 @@ bench_require bench_extract "python3 cannot import torch and transformers" pytho
 bench_require bench_extract "/usr/bin/time (GNU time) is missing" test -x /usr/bin/time
 bench_workdir extract
 
-"$DFLASH_BUILD/tests/mktarget" -a qwen3 --hidden 768 --layers 12 --heads 12 --kv-heads 4 --head-dim 64 \
-    --intermediate 2048 --vocab 32000 --tie yes --seed 7 -o "$W/model" || exit 1
+arch=${BENCH_ARCH:-qwen3}
+shape="Qwen3-shaped 100M model"
+arch_opts=()
+if [ "$arch" = qwen3.5 ]; then
+    shape="Qwen3.5-shaped hybrid (9 DeltaNet + 3 gated attention layers)"
+    arch_opts=(--linear-k-heads 4 --linear-v-heads 8 --linear-k-dim 64 --linear-v-dim 64)
+fi
+"$DFLASH_BUILD/tests/mktarget" -a "$arch" --hidden 768 --layers 12 --heads 12 --kv-heads 4 --head-dim 64 \
+    --intermediate 2048 --vocab 32000 --tie yes --seed 7 "${arch_opts[@]}" -o "$W/model" || exit 1
 python3 - "$samples" >"$W/in.jsonl" <<'PY'
 import json, random, sys
 r = random.Random(1)
@@ -64,14 +75,14 @@ read -r ours_s ours_kb <"$W/ours.best"
 read -r start_s _ <"$W/start.best"
 read -r causal_s _ torch_wall torch_kb <"$W/causal.best"
 read -r base_s _ _ <"$W/base.best"
-python3 - "$((samples * 512))" "$ours_s" "$start_s" "$ours_kb" "$causal_s" "$base_s" "$torch_kb" "$threads" "$layers" "$repeat" <<'PY'
+python3 - "$((samples * 512))" "$ours_s" "$start_s" "$ours_kb" "$causal_s" "$base_s" "$torch_kb" "$threads" "$layers" "$repeat" "$shape" <<'PY'
 import sys
-tok, ours_s, start_s, ours_kb, causal_s, base_s, tkb, thr, layers, rep = sys.argv[1:]
+tok, ours_s, start_s, ours_kb, causal_s, base_s, tkb, thr, layers, rep, shape = sys.argv[1:]
 tok = int(tok)
 ours_s, start_s, causal_s, base_s = map(float, (ours_s, start_s, causal_s, base_s))
 ours, steady = tok / ours_s, tok / max(ours_s - start_s, 1e-9)
 causal, base = tok / causal_s, tok / base_s
-print(f"bench_extract: Qwen3-shaped 100M model, {tok} tokens in 512-token samples, {thr} threads, layers {layers}, best of {rep}")
+print(f"bench_extract: {shape}, {tok} tokens in 512-token samples, {thr} threads, layers {layers}, best of {rep}")
 print(f"  dflash-extract            {ours:8.1f} tok/s whole process ({ours_s:.2f} s; start-up {start_s:.2f} s; steady {steady:.1f} tok/s)  peak RSS {int(ours_kb)/1024:6.0f} MiB")
 print(f"  transformers CausalLM     {causal:8.1f} tok/s forward loop ({causal_s:.2f} s)  peak RSS {int(tkb)/1024:6.0f} MiB (both loops, one process)")
 print(f"  transformers base model   {base:8.1f} tok/s forward loop ({base_s:.2f} s)")

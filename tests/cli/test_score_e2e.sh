@@ -5,13 +5,16 @@
 # a random one; the online loop must reproduce greedy decoding exactly, and
 # offline scoring at the anchors the loop visited (--anchors-from) must give
 # the same acceptance, cycle for cycle.
+# E2E_TARGET: extra mktarget options for the target (test_score_e2e_qwen35.sh
+# runs all of this on a Qwen3.5 hybrid).
 . "$(dirname "$0")/lib.sh"
 
 require_built "$DFLASH_BUILD/tests/mktarget" "$DFLASH_BIN/dflash-extract" "$DFLASH_BIN/dflash-train-step" \
     "$DFLASH_BIN/dflash-score"
 SC="dflash-score --threads 1"
 B=6
-tiny_target "$T/target" --layers 6 --tie no --seed 2
+# shellcheck disable=SC2086 # E2E_TARGET is a list of options
+tiny_target "$T/target" --layers 6 --tie no --seed 2 ${E2E_TARGET:-}
 drafter_config "$T/drafter.json"
 # prompts: 16 to train on, 6 to test on (lengths 1 .. 23)
 python3 - "$T" <<'EOF'

@@ -1,6 +1,6 @@
 /* fuzz_config: the config.json readers on arbitrary bytes, from memory.
  *
- *   dfl_model_config_parse (role "target"): a Qwen3/Llama config.json
+ *   dfl_model_config_parse (role "target"): a Qwen3/Llama/Qwen3.5 config.json
  *   dfl_drafter_config_parse: a DFlash drafter config.json (z-lab layout)
  *   dfl_extract_layer_ids: dflash-extract --drafter-config (takes a path:
  *     the bytes go to a memfd opened as /proc/self/fd/N), for targets of
@@ -64,6 +64,24 @@ static void check_model(const dfl_model_config *c) {
     int64_t layer = add(add(add(mul(QD, H), mul(2, mul(KD, H))), mul(H, QD)), add(mul(3, mul(I, H)), add(mul(2, H), mul(2, D))));
     int64_t total = add(add(mul(2, mul(V, H)), H), mul(c->num_hidden_layers, layer));
     FUZZ_CHECK(mul(total, 4) > 0);
+    /* partial RoPE and the Qwen3.5 hybrid's DeltaNet shapes */
+    FUZZ_CHECK(c->rotary_dim >= 2 && c->rotary_dim % 2 == 0 && c->rotary_dim <= D);
+    FUZZ_CHECK(c->hybrid || c->rotary_dim == D);
+    if (c->hybrid) {
+        FUZZ_CHECK(c->lin_k_heads > 0 && c->lin_v_heads > 0 && c->lin_k_dim > 0 && c->lin_v_dim > 0);
+        FUZZ_CHECK(c->lin_v_heads % c->lin_k_heads == 0 && c->lin_conv >= 1 && c->lin_conv <= 8);
+        FUZZ_CHECK(c->full_attention_interval > 0 && c->norm_plus_one);
+        int64_t VD = mul(c->lin_v_heads, c->lin_v_dim), C = add(mul(2, mul(c->lin_k_heads, c->lin_k_dim)), VD);
+        int64_t lin = add(add(mul(C, H), mul(3, mul(VD, H))), add(mul(C, c->lin_conv), mul(QD, H)));
+        FUZZ_CHECK(mul(add(mul(c->num_hidden_layers, add(layer, lin)), total), 4) > 0);
+        FUZZ_CHECK(mul(mul(c->lin_v_heads, c->lin_k_dim), c->lin_v_dim) > 0);
+        for (int64_t i = 0; i < c->num_hidden_layers && i < 1000; i++) {
+            int lt = dfl_model_config_linear_layer(c, i);
+            FUZZ_CHECK(lt == 0 || lt == 1);
+        }
+    } else {
+        FUZZ_CHECK(dfl_model_config_linear_layer(c, 0) == 0);
+    }
     FUZZ_CHECK(c->tie_word_embeddings == 0 || c->tie_word_embeddings == 1);
     FUZZ_CHECK(c->qk_norm == (strcmp(c->architecture, "LlamaForCausalLM") != 0));
     FUZZ_CHECK(c->n_eos >= 0 && c->n_eos <= 8);

@@ -14,6 +14,8 @@
 #   train step   3 optimizer steps of a tiny drafter on the CPU-extracted
 #                stream (identical input): the per-step loss and grad norm,
 #                then every tensor of the checkpoints by nmse
+#   qwen3.5      a tiny Qwen3.5 hybrid (mktarget --arch qwen3.5): extraction
+#                as above; the online loop on the device, lossless
 #   scoring      dflash-score with the CPU-trained checkpoint: offline at the
 #                same 8 anchors per record (tau within 0.1, loss 2e-2
 #                relative), online on 4 prompts x 24 tokens (lossless on
@@ -34,6 +36,9 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 result() { echo "RESULT|$1|$2|$3"; }
 CMP="python3 tests/gpu/compare.py"
+# Qwen3.5 states through bf16 activations: the DeltaNet's inputs, output and
+# gated norm round to bf16 (its state stays f32)
+Q35_HIDDEN=2e-3
 
 # ---- one whole training step of the drafter (bench_train --grad-out) ----
 for cfg in tiny small; do
@@ -160,4 +165,41 @@ PY
         result "model: scoring cpu vs $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
     fi
     cat "$T/cmp" 2>/dev/null
+fi
+
+# ---- a Qwen3.5 hybrid target: extraction, and the online loop on the device ----
+# mktarget --arch qwen3.5: Gated DeltaNet layers 0, 1, 3, 4 and gated attention
+# layers 2, 5 (head dim 64: the tensor-core attention; rotary dim 16)
+if "$MKT" -a qwen3.5 -o "$T/t35" --vocab 301 --hidden 128 --intermediate 192 --layers 6 --full-interval 3 \
+    --heads 4 --kv-heads 2 --head-dim 64 --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 32 \
+    --linear-v-dim 48 --tie no --seed 4 >/dev/null; then
+    ok=1
+    for d in cpu "$DEV"; do
+        echo "+ dflash-extract --device $d (qwen3.5)"
+        dflash-extract -m "$T/t35" -l 1,3,4 --with target-ids --with last-hidden --device "$d" \
+            -o "$T/q35-$d.dfs" "$T/data.jsonl" || ok=0
+        dflash-pack --export "$T/q35x-$d" "$T/q35-$d.dfs" || ok=0
+    done
+    if [ $ok = 1 ] && $CMP npy "$T/q35x-cpu" "$T/q35x-$DEV" hidden=$Q35_HIDDEN last_hidden=$Q35_HIDDEN \
+        target_ids=0.98 input_ids=exact >"$T/cmp" 2>&1; then
+        result "model: Qwen3.5 extraction cpu vs $DEV" "ok" "$(grep -m1 'hidden ' "$T/cmp")"
+    else
+        result "model: Qwen3.5 extraction cpu vs $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
+    fi
+    cat "$T/cmp" 2>/dev/null
+    if [ -d "$T/ckpt-cpu" ] && [ -f "$T/prompts.jsonl" ]; then
+        # the drafter trained above fits this target's sizes (it drafts it
+        # badly: what counts is that every cropped block restores the state)
+        echo "+ dflash-score --device $DEV online (qwen3.5)"
+        if dflash-score --device "$DEV" --json --target "$T/t35" --drafter "$T/ckpt-cpu" --prompts "$T/prompts.jsonl" \
+            --max-new-tokens 24 --ignore-eos >"$T/q35-on.json" &&
+            python3 -c "import json, sys; j = json.load(open(sys.argv[1])); print('mismatches %d, tau %.3f' % (j['mismatches'], j['tau_pooled'])); assert j['mismatches'] == 0" \
+                "$T/q35-on.json" >"$T/cmp" 2>&1; then
+            result "model: Qwen3.5 online loop on $DEV" "ok" "$(cat "$T/cmp")"
+        else
+            result "model: Qwen3.5 online loop on $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
+        fi
+    fi
+else
+    result "model: Qwen3.5 extraction cpu vs $DEV" "FAIL" "mktarget --arch qwen3.5 failed"
 fi

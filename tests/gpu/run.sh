@@ -14,7 +14,8 @@
 #   4. benchmarks: extraction (Qwen3-8B shape), one drafter training step
 #      (MFU); the tools end to end on a Qwen3-0.6B-shaped target: extraction,
 #      online scoring against plain greedy decoding with an untrained drafter
-#      and with one trained there (tests/gpu/score_trained.sh); then the
+#      and with one trained there (tests/gpu/score_trained.sh); extraction
+#      of a Qwen3.5 hybrid with Qwen3.5-27B's layer shapes; then the
 #      training step in PyTorch when it is installed
 #   5. the attention tests under compute-sanitizer memcheck and racecheck,
 #      with the time that is left (the runtime may not support them)
@@ -290,6 +291,45 @@ with open('$W/in.jsonl', 'w') as f:
         [ $rc -eq 0 ] || row "online scoring (tests/gpu/score_trained.sh)" "FAIL" "exit $rc$([ $rc = 124 ] && echo ": timeout ${tt}s"); see bench.log"
     fi
     rm -rf "$W"
+
+    # a Qwen3.5 hybrid target: Qwen3.5-27B's layer shapes (hidden 5120, 24/4
+    # heads of 256, DeltaNet 16/48 heads of 128), 4 layers = 3 Gated DeltaNet
+    # + 1 gated attention (the model's 3:1 pattern), vocabulary cut to 32000
+    # (mktarget's host RNG); 16 x 2048 tokens. The whole 64-layer model runs
+    # at about 4/64 of this rate.
+    if [ -x "$B/bin/dflash-extract" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 75 ]; then
+        section "dflash-extract, Qwen3.5-27B layer shapes" "$BENCH_LOG"
+        mkdir -p "$W"
+        if [ "$DRY" = 1 ]; then
+            q35=(--hidden 64 --intermediate 96 --heads 4 --kv-heads 2 --head-dim 32 --linear-k-heads 2
+                 --linear-v-heads 4 --linear-k-dim 16 --linear-v-dim 16 --vocab 300) n35=4 len35=64 d35=cpu
+        else
+            q35=(--hidden 5120 --intermediate 17408 --heads 24 --kv-heads 4 --head-dim 256 --linear-k-heads 16
+                 --linear-v-heads 48 --linear-k-dim 128 --linear-v-dim 128 --vocab 32000) n35=16 len35=2048 d35=cuda
+        fi
+        "$B/tests/mktarget" -a qwen3.5 -o "$W/t35" --layers 4 --tie no --seed 5 "${q35[@]}" >>"$BENCH_LOG" 2>&1
+        python3 -c "
+import json, random
+r = random.Random(2)
+with open('$W/in35.jsonl', 'w') as f:
+    for i in range($n35):
+        f.write(json.dumps({'id': i, 'input_ids': [r.randrange(300) for _ in range($len35)]}) + '\n')
+"
+        mem_watch "qwen3.5 extract"
+        t0=$(date +%s.%N)
+        if timeout 60 "$B/bin/dflash-extract" -m "$W/t35" -d "$d35" -l 0,2,3 -b $((8 * len35)) -o "$W/out35.dfs" \
+            "$W/in35.jsonl" >>"$BENCH_LOG" 2>&1; then
+            t1=$(date +%s.%N)
+            ntok=$((n35 * len35))
+            row "dflash-extract --device $d35: Qwen3.5-27B layer shapes, 3 DeltaNet + 1 gated attention layers, $ntok tokens" \
+                "$(awk -v a="$t0" -v b="$t1" -v n=$ntok 'BEGIN {printf "%.0f tok/s", n / (b - a)}')" \
+                "whole tool (load included), batches of $((8 * len35)) tokens, GPU memory peak $(mem_peak); the 64-layer model: about 1/16 of this"
+        else
+            mem_peak >/dev/null
+            row "dflash-extract --device $d35, Qwen3.5-27B layer shapes" "FAIL" "see bench.log"
+        fi
+        rm -rf "$W"
+    fi
 
     # the training step in PyTorch, when it is there and time allows (after
     # the tools, whose rows matter more than its compile time)

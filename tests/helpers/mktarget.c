@@ -1,5 +1,5 @@
-/* mktarget: write a deterministic random tiny Qwen3 or Llama model directory
- * (config.json + model.safetensors, bf16), with no Python. Used by the tests,
+/* mktarget: write a deterministic random tiny Qwen3, Llama or Qwen3.5 model
+ * directory (config.json + model.safetensors, bf16), with no Python. Used by the tests,
  * the benchmarks and `make demo` wherever a target model is needed.
  *
  * Weights (each tensor from its own stream, seeded by --seed and the tensor
@@ -10,7 +10,10 @@
  *                                              branches adds ~1/(2L) variance,
  *                                              so the stream stays O(1) deep
  *   lm_head (untied)      N(0, 1/H)             unit-variance logits
- *   RMSNorm weights       1 + N(0, 0.1^2)
+ *   RMSNorm weights       1 + N(0, 0.1^2)  (Qwen3.5 stores w of its 1 + w: N(0, 0.1^2))
+ * Qwen3.5's Gated DeltaNet layers: in_proj_qkv, z, a, b N(0, 1/H), conv1d
+ * N(0, 1/K), out_proj as o, norm 1 + N(0, 0.1^2), dt_bias N(0, 0.5^2),
+ * A_log = log(U(1, 16)) (transformers' initialisation);
  * so activations stay well-conditioned through any number of layers and
  * attention is neither uniform nor one-hot.
  */
@@ -33,9 +36,13 @@ static int64_t vocab = 211, hidden = 72, inter = 136, layers = 6, heads = 6, kv_
 static int64_t seed = 1, max_pos = 4096;
 static double theta = 0, eps = 0;
 static int llama3_scaling = 0;
+static int64_t lin_k_heads = 2, lin_v_heads = 4, lin_k_dim = 16, lin_v_dim = 24, conv_k = 4, full_interval = 4;
+static double rotary = 0.25;
 
 static const dfl_opt opts[] = {
-    {"arch", 'a', DFL_OPT_CHOICE, &arch, "qwen3|llama", "Architecture: Qwen3ForCausalLM (q/k norms) or LlamaForCausalLM.", NULL},
+    {"arch", 'a', DFL_OPT_CHOICE, &arch, "qwen3|llama|qwen3.5",
+     "Architecture: Qwen3ForCausalLM (q/k norms), LlamaForCausalLM, or Qwen3_5ForCausalLM (Gated DeltaNet and gated "
+     "attention layers).", NULL},
     {"output", 'o', DFL_OPT_STR, &out_dir, "DIR", "Model directory to write (created; files in it are replaced).", NULL},
     {"vocab", 0, DFL_OPT_INT, &vocab, "N", "vocab_size.", NULL},
     {"hidden", 0, DFL_OPT_INT, &hidden, "N", "hidden_size.", NULL},
@@ -52,13 +59,20 @@ static const dfl_opt opts[] = {
     {"max-position", 0, DFL_OPT_INT, &max_pos, "N", "max_position_embeddings.", NULL},
     {"config-spelling", 0, DFL_OPT_CHOICE, &spelling, "old|new",
      "old: rope_theta, rope_scaling, torch_dtype (transformers 4.x, as released files); new: rope_parameters, dtype (5.x).", NULL},
+    {"linear-k-heads", 0, DFL_OPT_INT, &lin_k_heads, "N", "qwen3.5: linear_num_key_heads.", NULL},
+    {"linear-v-heads", 0, DFL_OPT_INT, &lin_v_heads, "N", "qwen3.5: linear_num_value_heads (a multiple of the key heads).", NULL},
+    {"linear-k-dim", 0, DFL_OPT_INT, &lin_k_dim, "N", "qwen3.5: linear_key_head_dim.", NULL},
+    {"linear-v-dim", 0, DFL_OPT_INT, &lin_v_dim, "N", "qwen3.5: linear_value_head_dim.", NULL},
+    {"conv-kernel", 0, DFL_OPT_INT, &conv_k, "N", "qwen3.5: linear_conv_kernel_dim.", NULL},
+    {"full-interval", 0, DFL_OPT_INT, &full_interval, "N", "qwen3.5: every N-th layer is full attention.", NULL},
+    {"rotary", 0, DFL_OPT_DOUBLE, &rotary, "X", "qwen3.5: partial_rotary_factor.", NULL},
     {"seed", 's', DFL_OPT_INT, &seed, "N", "Random seed.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
 
 static const dfl_cli cli = {
     "mktarget",
-    "write a deterministic random tiny Qwen3/Llama model directory (test helper)",
+    "write a deterministic random tiny Qwen3/Llama/Qwen3.5 model directory (test helper)",
     "[OPTIONS] -o DIR",
     opts,
 };
@@ -66,9 +80,10 @@ static const dfl_cli cli = {
 /* One tensor: name, shape, and how to draw it. */
 typedef struct {
     char name[96];
-    int64_t shape[2];
+    int64_t shape[3];
     int ndim;
     double std, mean;
+    int log_uniform; /* log(U(1, 16)) instead of N(mean, std^2) */
     uint16_t *data;
 } tspec;
 
@@ -88,17 +103,56 @@ static void add(const char *fmt, int layer, int64_t d0, int64_t d1, double mean,
 }
 
 static void fill(tspec *t) {
-    int64_t n = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
     t->data = dfl_malloc((size_t)n * sizeof *t->data);
     dfl_rng r;
     dfl_rng_seed(&r, (uint64_t)seed ^ XXH64(t->name, strlen(t->name), 0));
-    for (int64_t i = 0; i < n; i++) t->data[i] = dfl_f32_to_bf16((float)(t->mean + t->std * dfl_rng_normal(&r)));
+    for (int64_t i = 0; i < n; i++) {
+        double x = t->log_uniform ? log(1 + 15 * dfl_rng_uniform(&r)) : t->mean + t->std * dfl_rng_normal(&r);
+        t->data[i] = dfl_f32_to_bf16((float)x);
+    }
 }
 
-static json_t *make_config(int qwen) {
+/* A Gated DeltaNet layer (transformers Qwen3_5GatedDeltaNet's tensors). */
+static void add_linear_layer(int l, double res) {
+    const int64_t H = hidden, VD = lin_v_heads * lin_v_dim, C = 2 * lin_k_heads * lin_k_dim + VD;
+    const double sh = 1 / sqrt((double)H);
+    add("model.layers.%d.linear_attn.in_proj_qkv.weight", l, C, H, 0, sh);
+    add("model.layers.%d.linear_attn.in_proj_z.weight", l, VD, H, 0, sh);
+    add("model.layers.%d.linear_attn.in_proj_b.weight", l, lin_v_heads, H, 0, sh);
+    add("model.layers.%d.linear_attn.in_proj_a.weight", l, lin_v_heads, H, 0, sh);
+    add("model.layers.%d.linear_attn.conv1d.weight", l, C, 1, 0, 1 / sqrt((double)conv_k));
+    specs[nspecs - 1].ndim = 3;
+    specs[nspecs - 1].shape[2] = conv_k;
+    add("model.layers.%d.linear_attn.dt_bias", l, lin_v_heads, 0, 0, 0.5);
+    add("model.layers.%d.linear_attn.A_log", l, lin_v_heads, 0, 0, 0);
+    specs[nspecs - 1].log_uniform = 1;
+    add("model.layers.%d.linear_attn.norm.weight", l, lin_v_dim, 0, 1, 0.1);
+    add("model.layers.%d.linear_attn.out_proj.weight", l, H, VD, 0, res / sqrt((double)VD));
+}
+
+/* The Qwen3.5 keys, as transformers' Qwen3_5TextConfig writes them. */
+static void hybrid_config(json_t *c) {
+    json_object_set_new(c, "linear_num_key_heads", json_integer(lin_k_heads));
+    json_object_set_new(c, "linear_num_value_heads", json_integer(lin_v_heads));
+    json_object_set_new(c, "linear_key_head_dim", json_integer(lin_k_dim));
+    json_object_set_new(c, "linear_value_head_dim", json_integer(lin_v_dim));
+    json_object_set_new(c, "linear_conv_kernel_dim", json_integer(conv_k));
+    json_t *lt = json_array();
+    for (int64_t i = 0; i < layers; i++)
+        json_array_append_new(lt, json_string((i + 1) % full_interval ? "linear_attention" : "full_attention"));
+    json_object_set_new(c, "layer_types", lt);
+    json_object_set_new(c, "rope_parameters", json_pack("{sssfsf}", "rope_type", "default", "rope_theta", theta,
+                                                        "partial_rotary_factor", rotary));
+    json_object_set_new(c, "dtype", json_string("bfloat16"));
+}
+
+static json_t *make_config(int qwen, int hybrid) {
     json_t *c = json_object();
-    json_object_set_new(c, "architectures", json_pack("[s]", qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
-    json_object_set_new(c, "model_type", json_string(qwen ? "qwen3" : "llama"));
+    json_object_set_new(c, "architectures",
+                        json_pack("[s]", hybrid ? "Qwen3_5ForCausalLM" : qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
+    json_object_set_new(c, "model_type", json_string(hybrid ? "qwen3_5_text" : qwen ? "qwen3" : "llama"));
     json_object_set_new(c, "vocab_size", json_integer(vocab));
     json_object_set_new(c, "hidden_size", json_integer(hidden));
     json_object_set_new(c, "intermediate_size", json_integer(inter));
@@ -116,6 +170,11 @@ static json_t *make_config(int qwen) {
     json_object_set_new(c, "use_cache", json_true());
     json_object_set_new(c, "bos_token_id", json_integer(vocab > 1 ? 1 : 0));
     json_object_set_new(c, "eos_token_id", json_integer(vocab > 2 ? 2 : 0));
+    if (hybrid) {
+        hybrid_config(c);
+        json_object_set_new(c, "transformers_version", json_string("5.24.0"));
+        return c;
+    }
     if (qwen) {
         json_object_set_new(c, "use_sliding_window", json_false());
         json_object_set_new(c, "sliding_window", json_null());
@@ -160,34 +219,44 @@ int main(int argc, char **argv) {
     if (npos) dfl_cli_usage_error(&cli, "unexpected argument '%s'", pos[0]);
     free(pos);
     if (!out_dir) dfl_cli_usage_error(&cli, "-o DIR is required");
-    int qwen = !strcmp(arch, "qwen3");
+    int hybrid = !strcmp(arch, "qwen3.5"), qwen = hybrid || !strcmp(arch, "qwen3");
     if (!head_dim && heads > 0) head_dim = hidden / heads;
-    if (!theta) theta = qwen ? 1e6 : 5e5;
+    if (!theta) theta = hybrid ? 1e7 : qwen ? 1e6 : 5e5;
     if (!eps) eps = qwen ? 1e-6 : 1e-5;
     if (vocab < 1 || hidden < 1 || inter < 1 || layers < 1 || heads < 1 || kv_heads < 1 || head_dim < 2 ||
         head_dim % 2 || heads % kv_heads || max_pos < 4)
         dfl_cli_usage_error(&cli, "sizes must be positive, head_dim even, heads a multiple of kv-heads");
+    if (hybrid && (lin_k_heads < 1 || lin_v_heads < 1 || lin_v_heads % lin_k_heads || lin_k_dim < 1 || lin_v_dim < 1 ||
+                   conv_k < 1 || conv_k > 8 || full_interval < 1 || !(rotary > 0 && rotary <= 1)))
+        dfl_cli_usage_error(&cli, "qwen3.5 sizes must be positive, linear-v-heads a multiple of linear-k-heads, "
+                                  "conv-kernel at most 8, rotary in (0, 1]");
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) dfl_die(cli.prog, DFL_EX_CANTCREAT, "%s: %s", out_dir, strerror(errno));
 
     int64_t H = hidden, I = inter, D = head_dim, QD = heads * D, KD = kv_heads * D;
     double res = 1.0 / sqrt(2.0 * (double)layers);
     add("model.embed_tokens.weight", 0, vocab, H, 0, 1);
+    const double norm_mean = hybrid ? 0 : 1; /* Qwen3.5 norms scale by 1 + w */
     for (int l = 0; l < layers; l++) {
-        add("model.layers.%d.input_layernorm.weight", l, H, 0, 1, 0.1);
-        add("model.layers.%d.self_attn.q_proj.weight", l, QD, H, 0, 1 / sqrt((double)H));
-        add("model.layers.%d.self_attn.k_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
-        add("model.layers.%d.self_attn.v_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
-        add("model.layers.%d.self_attn.o_proj.weight", l, H, QD, 0, res / sqrt((double)QD));
-        if (qwen) {
-            add("model.layers.%d.self_attn.q_norm.weight", l, D, 0, 1, 0.1);
-            add("model.layers.%d.self_attn.k_norm.weight", l, D, 0, 1, 0.1);
+        add("model.layers.%d.input_layernorm.weight", l, H, 0, norm_mean, 0.1);
+        if (hybrid && (l + 1) % full_interval) {
+            add_linear_layer(l, res);
+        } else {
+            /* Qwen3.5's q_proj holds each head's query rows, then its gate rows */
+            add("model.layers.%d.self_attn.q_proj.weight", l, hybrid ? 2 * QD : QD, H, 0, 1 / sqrt((double)H));
+            add("model.layers.%d.self_attn.k_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
+            add("model.layers.%d.self_attn.v_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
+            add("model.layers.%d.self_attn.o_proj.weight", l, H, QD, 0, res / sqrt((double)QD));
+            if (qwen) {
+                add("model.layers.%d.self_attn.q_norm.weight", l, D, 0, norm_mean, 0.1);
+                add("model.layers.%d.self_attn.k_norm.weight", l, D, 0, norm_mean, 0.1);
+            }
         }
-        add("model.layers.%d.post_attention_layernorm.weight", l, H, 0, 1, 0.1);
+        add("model.layers.%d.post_attention_layernorm.weight", l, H, 0, norm_mean, 0.1);
         add("model.layers.%d.mlp.gate_proj.weight", l, I, H, 0, 1 / sqrt((double)H));
         add("model.layers.%d.mlp.up_proj.weight", l, I, H, 0, 1 / sqrt((double)H));
         add("model.layers.%d.mlp.down_proj.weight", l, H, I, 0, res / sqrt((double)I));
     }
-    add("model.norm.weight", 0, H, 0, 1, 0.1);
+    add("model.norm.weight", 0, H, 0, norm_mean, 0.1);
     if (strcmp(tie, "yes")) add("lm_head.weight", 0, vocab, H, 0, 1 / sqrt((double)H));
 
     dfl_st_in *in = dfl_calloc((size_t)nspecs, sizeof *in);
@@ -197,8 +266,7 @@ int main(int argc, char **argv) {
         in[i].name = specs[i].name;
         in[i].dtype = DFL_BF16;
         in[i].ndim = specs[i].ndim;
-        in[i].shape[0] = specs[i].shape[0];
-        in[i].shape[1] = specs[i].shape[1];
+        for (int d = 0; d < 3; d++) in[i].shape[d] = specs[i].shape[d];
         in[i].data = specs[i].data;
     }
     char path[4096];
@@ -207,7 +275,7 @@ int main(int argc, char **argv) {
     int rc = dfl_st_write(path, in, nspecs, meta);
     json_decref(meta);
     if (rc) dfl_die_last(cli.prog);
-    json_t *c = make_config(qwen);
+    json_t *c = make_config(qwen, hybrid);
     snprintf(path, sizeof path, "%s/config.json", out_dir);
     if ((rc = write_config(c, path))) dfl_die_last(cli.prog);
     json_decref(c);

@@ -30,14 +30,59 @@ Models (odd sizes on purpose, not powers of two):
                  no q/k norms, eps 1e-5, untied, 4.x spelling
   qwen3-sharded  small Qwen3 saved with a small max_shard_size (index + shards)
 
+  qwen35         Qwen3.5 dense text model (Qwen3_5ForCausalLM, model_type
+                 qwen3_5_text, keys model.layers.* / model.embed_tokens /
+                 model.norm / lm_head), 8 layers: Gated DeltaNet ("linear_attention")
+                 at 0-2 and 4-6, gated full attention at 3 and 7 (layer_types
+                 written by HF). H 48, I 88, vocab 199, untied; attention 4 q /
+                 2 kv heads, head_dim 32, partial rotary 0.25 (rotary dim 8),
+                 rope theta 1e7, mrope_section [2,1,1] interleaved; GDN 2 key /
+                 4 value heads, dk 16, dv 24 (dk != dv), conv kernel 4.
+                 Samples of 17, 1, 9, 70, 130 tokens (70 and 130 cross HF's
+                 delta-rule chunk of 64).
+  qwen35-vlm     the same weights in the released Qwen3.5 layout:
+                 Qwen3_5ForConditionalGeneration, config model_type qwen3_5 with
+                 text_config (qwen3_5_text, NO layer_types: derive it from
+                 full_attention_interval 4) and a tiny vision_config; keys
+                 model.language_model.*, lm_head.weight, model.visual.* (a
+                 1-block vision tower) and mtp.* (part of an MTP head, not read
+                 by HF); 2 shards + model.safetensors.index.json. reference/
+                 is a copy of qwen35's (transformers reproduces it exactly from
+                 this directory, checked).
+
 Weights: every Linear and the embedding N(0, 0.1^2), every RMSNorm weight
 1 + N(0, 0.2^2) (not ones, so a norm applied with the wrong weight shows).
 With this scale every layer changes the residual stream a lot, so tapping the
 wrong layer is far outside the test thresholds (checked below).
+Qwen3.5 (qwen35, qwen35-vlm), by owning module:
+  Linear / Embedding weights (incl. lm_head, in_proj_*, out_proj)  N(0, 0.1^2)
+  Qwen3_5RMSNorm weights, used as (1 + w): input_layernorm,
+    post_attention_layernorm, model.norm, self_attn.q_norm/k_norm   N(0, 0.2^2)
+  linear_attn.norm (Qwen3_5RMSNormGated, plain w)                   1 + N(0, 0.2^2)
+  linear_attn.conv1d.weight [C, 1, 4]                               N(0, 0.3^2)
+  linear_attn.A_log   log(A), A log-uniform in [0.02, 16] (decay per token
+                      exp(-A softplus(a + dt_bias)) from ~0.99 to ~0, so some
+                      heads carry state across the chunk boundaries)
+  linear_attn.dt_bias                                               N(0, 0.5^2)
+Stored dtypes: qwen35 every tensor BF16 (save_pretrained of the bf16 model:
+HF's Qwen3.5 classes keep nothing in fp32, so A_log and dt_bias are BF16
+too). qwen35-vlm like the released Qwen3.5 files: linear_attn.A_log and
+linear_attn.norm.weight F32 (exactly the bf16 values), all else BF16
+(dt_bias included).
+Extra checks of the Qwen3.5 oracle (printed): HF's interleaved mRoPE with
+text-only positions equals plain 1-D partial RoPE (exact); each GDN layer's
+chunked core (what HF ran) against HF's token-by-token
+torch_recurrent_gated_delta_rule on the same inputs in float32 and float64;
+the whole model with the recurrent core instead of the chunked one; the
+model's own sensitivity to a 1e-7 relative perturbation of its input.
 
-Run: python3 tests/reference/make_targets.py   (torch + transformers, CPU)
+Run: python3 tests/reference/make_targets.py [--only NAME,...]
+     (torch + transformers, CPU; --only qwen35,qwen35-vlm remakes just those)
 """
+import argparse
+import inspect
 import json
+import math
 import os
 import shutil
 import sys
@@ -71,10 +116,10 @@ def old_spelling(cfg):
     return cfg
 
 
-def make_inputs(vocab, seed):
+def make_inputs(vocab, seed, lengths=LENGTHS):
     g = torch.Generator().manual_seed(seed)
     samples = []
-    for i, n in enumerate(LENGTHS):
+    for i, n in enumerate(lengths):
         ids = torch.randint(0, vocab, (n,), generator=g).tolist()
         if n > 2:  # the first and last rows of the vocabulary
             ids[1], ids[2] = 0, vocab - 1
@@ -89,7 +134,9 @@ def nmse(a, b):
     return float(((a - b) ** 2).sum() / (b ** 2).sum())
 
 
-def record(model_dir, samples, ref_dir):
+def record(model_dir, samples, ref_dir, extra_check=None):
+    """HF's states on `samples` into ref_dir; extra_check(model, samples, hs_all)
+    runs further model-specific checks of the oracle before anything is written."""
     model = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager")
     model.eval()
@@ -138,6 +185,8 @@ def record(model_dir, samples, ref_dir):
                 assert torch.allclose(bout.hidden_states[k][i, :n], hs_all[i][k], atol=1e-4, rtol=1e-4), (i, k)
     for h in handles:
         h.remove()
+    if extra_check is not None:
+        extra_check(model, samples, hs_all)
 
     hs = torch.cat(hs_all, dim=1).contiguous()
     # Every layer must move the residual stream far beyond the bf16 test
@@ -195,32 +244,443 @@ def build(name, arch, cfg_kwargs, seed, spelling="old", max_shard_size=None):
     record(d, make_inputs(cfg.vocab_size, seed + 1), os.path.join(d, "reference"))
 
 
+# ---------------------------------------------------------------------------
+# Qwen3.5 hybrid targets: Gated DeltaNet ("linear_attention") layers and
+# gated full-attention layers (see the docstring at the top).
+
+Q35_LENGTHS = [17, 1, 9, 70, 130]  # 70 and 130 cross HF's delta-rule chunk of 64 (1 and 2 boundaries)
+Q35_TOKEN_IDS = dict(vision_start_token_id=193, vision_end_token_id=194, image_token_id=195, video_token_id=196)
+
+
+def q35_text_config():
+    """The text settings, spelled as in Qwen3.5-27B's text_config (research §3.1).
+    rotary dim = int(32 * 0.25) = 8 = 4 frequencies; mrope_section [2, 1, 1]
+    splits those 4 as the real [11, 11, 10] splits its 32 (sum = rotary dim / 2)."""
+    return dict(vocab_size=199, hidden_size=48, intermediate_size=88, num_hidden_layers=8,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=24, linear_conv_kernel_dim=4, full_attention_interval=4,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
+                attention_dropout=0.0, attn_output_gate=True, mamba_ssm_dtype="float32",
+                max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+
+
+def q35_module():
+    import transformers.models.qwen3_5.modeling_qwen3_5 as m
+    return m
+
+
+def q35_init_weights(model, seed):
+    """Random weights far from HF's init (which makes every (1+w) norm and the
+    gated norm an identity): classified by the module that owns each tensor,
+    so a (1+w) norm can never be mistaken for a plain one."""
+    m = q35_module()
+    g = torch.Generator().manual_seed(seed)
+    owner = {}
+    for mname, mod in model.named_modules():
+        for pname, _ in mod.named_parameters(recurse=False):
+            owner[f"{mname}.{pname}" if mname else pname] = mod
+    seen = set()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            mod = owner[name]
+            r = torch.randn(p.shape, generator=g)
+            if isinstance(mod, m.Qwen3_5RMSNorm):          # y = norm(x) * (1 + w)
+                kind, v = "norm1p", 0.2 * r
+            elif isinstance(mod, m.Qwen3_5RMSNormGated):   # y = w * norm(x) * silu(z)
+                kind, v = "gated_norm", 1 + 0.2 * r
+            elif isinstance(mod, torch.nn.Conv1d):         # [C, 1, K], no bias
+                kind, v = "conv", 0.3 * r
+            elif name.endswith("linear_attn.A_log"):
+                # log-uniform A in [0.02, 16]: decays exp(g) from ~0.99 (state
+                # kept past a chunk boundary) to ~0 per token
+                u = torch.rand(p.shape, generator=g)
+                kind, v = "A_log", math.log(0.02) + u * (math.log(16.0) - math.log(0.02))
+            elif name.endswith("linear_attn.dt_bias"):
+                kind, v = "dt_bias", 0.5 * r
+            elif isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)) and name.endswith(".weight"):
+                kind, v = "matrix", 0.1 * r
+            else:
+                raise AssertionError(f"no init rule for {name} ({type(mod).__name__})")
+            p.copy_(v)
+            seen.add(kind)
+    assert seen == {"norm1p", "gated_norm", "conv", "A_log", "dt_bias", "matrix"}, seen
+
+
+def hf_in_float64(fn):
+    """HF's own function run in float64: its source with torch.float32 replaced
+    by torch.float64 (it upcasts everything to float32 first), executed in its
+    module's namespace. Nothing else in the algorithm changes."""
+    m = q35_module()
+    fn = getattr(fn, "__wrapped__", fn)
+    lines = inspect.getsource(fn).splitlines()
+    while lines[0].startswith("@"):
+        lines.pop(0)
+    src = "\n".join(lines)
+    assert src.count("torch.float32") >= 1
+    ns = dict(vars(m))
+    exec(compile(src.replace("torch.float32", "torch.float64"), f"<{fn.__name__} float64>", "exec"), ns)
+    return ns[fn.__name__]
+
+
+def rel_max(a, b):
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+def q35_check_mrope(model):
+    """HF's interleaved mRoPE with the text-only positions Qwen3_5TextModel
+    builds (t = h = w = position) must equal plain 1-D RoPE over the first
+    rotary_dim = 8 dims (rotate_half within those 8, theta 1e7, angles
+    pos * inv_freq in float32); dims 8..31 pass through."""
+    m = q35_module()
+    cfg = model.config
+    D = cfg.head_dim
+    rd = int(D * cfg.rope_parameters["partial_rotary_factor"])
+    theta = cfg.rope_parameters["rope_theta"]
+    T = 300
+    x = torch.zeros(1, T, cfg.hidden_size)
+    p = torch.arange(T)
+    pos = p.view(1, 1, -1).expand(3, 1, -1)  # what Qwen3_5TextModel.forward passes (rows t, h, w)
+    cos, sin = model.model.rotary_emb(x, pos)
+    inv = 1.0 / (theta ** (torch.arange(0, rd, 2, dtype=torch.float) / rd))
+    ang = p.float()[:, None] * inv[None]
+    emb = torch.cat([ang, ang], dim=-1)
+    assert cos.shape == (1, T, rd), cos.shape
+    assert torch.equal(cos[0], emb.cos()) and torch.equal(sin[0], emb.sin())
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, cfg.num_attention_heads, T, D, generator=g)
+    k = torch.randn(1, cfg.num_key_value_heads, T, D, generator=g)
+    qh, kh = m.apply_rotary_pos_emb(q, k, cos, sin)
+
+    def plain(t):
+        r, rest = t[..., :rd], t[..., rd:]
+        half = rd // 2
+        rot = torch.cat([-r[..., half:], r[..., :half]], dim=-1)
+        return torch.cat([r * emb.cos() + rot * emb.sin(), rest], dim=-1)
+
+    assert torch.equal(qh, plain(q)) and torch.equal(kh, plain(k))
+    # Control: positions that differ between sections do change the angles,
+    # so the check above is not vacuous (frequency 1 is h's, 2 is w's here).
+    cos2, _ = model.model.rotary_emb(x, torch.stack([p, 2 * p, 3 * p]).view(3, 1, -1))
+    differ = [i for i in range(rd // 2) if not torch.equal(cos2[0, :, i], emb.cos()[:, i])]
+    assert differ == [1, 2], differ
+    print(f"    mrope: text-only interleaved mRoPE == 1-D RoPE over dims 0..{rd - 1} (theta {theta:g}), "
+          f"exact; control: sections t/h/w = p/2p/3p change frequencies {differ}")
+
+
+def q35_check_gdn(model, samples, hs_all):
+    """Each GDN layer's core as HF ran it (torch_chunk_gated_delta_rule, chunk
+    64, float32) against HF's token-by-token torch_recurrent_gated_delta_rule
+    on the same inputs, in float32 and in float64; then the whole model with
+    the recurrent core in place of the chunked one (what a token-by-token C
+    implementation would get) against the recorded states."""
+    m = q35_module()
+    chunk = m.torch_chunk_gated_delta_rule
+    rec32 = m.torch_recurrent_gated_delta_rule
+    rec64 = hf_in_float64(rec32)
+    calls = []
+
+    def capture(query, key, value, g=None, beta=None, **kw):
+        assert kw.get("use_qk_l2norm_in_kernel") is True and kw.get("initial_state") is None
+        out, state = chunk(query, key, value, g=g, beta=beta, **kw)
+        calls.append([t.detach().clone() for t in (query, key, value, g, beta, out)])
+        return out, state
+
+    def run_all():
+        hs = []
+        with torch.no_grad():
+            for s in samples:
+                o = model(input_ids=torch.tensor([s["input_ids"]]), output_hidden_states=True)
+                hs.append(torch.stack([h[0] for h in o.hidden_states]))
+        return hs
+
+    try:
+        m.torch_chunk_gated_delta_rule = capture
+        again = run_all()
+    finally:
+        m.torch_chunk_gated_delta_rule = chunk
+    ngdn = sum(t == "linear_attention" for t in model.config.layer_types)
+    assert len(calls) == ngdn * len(samples), len(calls)
+    for a, b in zip(again, hs_all):
+        assert torch.equal(a, b)  # the capture changed nothing
+    worst = {"chunk32-rec64": 0.0, "rec32-rec64": 0.0, "chunk32-rec32": 0.0}
+    for q, k, v, g, beta, out in calls:
+        kw = dict(g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+        r32, _ = rec32(q, k, v, **kw)
+        r64, _ = rec64(q.double(), k.double(), v.double(), g=g.double(), beta=beta.double(),
+                       use_qk_l2norm_in_kernel=True)
+        assert r64.dtype == torch.float64
+        worst["chunk32-rec64"] = max(worst["chunk32-rec64"], rel_max(out, r64))
+        worst["rec32-rec64"] = max(worst["rec32-rec64"], rel_max(r32, r64))
+        worst["chunk32-rec32"] = max(worst["chunk32-rec32"], rel_max(out, r32))
+    print("    gdn core, max over %d calls of max|a-b|/max|b|: %s" % (
+        len(calls), ", ".join(f"{k} {v:.2e}" for k, v in worst.items())))
+    assert worst["chunk32-rec64"] < 1e-5 and worst["rec32-rec64"] < 1e-5, worst
+
+    def as_recurrent(impl, dtype):
+        def f(query, key, value, g=None, beta=None, chunk_size=64, **kw):
+            o, st = impl(*(t.to(dtype) for t in (query, key, value)), g=g.to(dtype), beta=beta.to(dtype), **kw)
+            return o.to(query.dtype), st
+        return f
+
+    for label, impl, dt in (("recurrent float32", rec32, torch.float32), ("recurrent float64", rec64, torch.float64)):
+        try:
+            m.torch_chunk_gated_delta_rule = as_recurrent(impl, dt)
+            alt = run_all()
+        finally:
+            m.torch_chunk_gated_delta_rule = chunk
+        hs_a, hs_b = torch.cat(alt, dim=1), torch.cat(hs_all, dim=1)
+        per_layer = [nmse(hs_a[k], hs_b[k]) for k in range(hs_b.shape[0])]
+        print(f"    whole model with the {label} core instead of the chunked one: "
+              f"nmse per hidden state max {max(per_layer):.2e} (last {per_layer[-1]:.2e})")
+        assert max(per_layer) < 1e-9, per_layer
+    # How sensitive the model is to float32 rounding in itself: the same HF
+    # forward on embeddings perturbed by a relative 1e-7 (about one float32 ulp).
+    g = torch.Generator().manual_seed(7)
+    worst = [0.0] * len(hs_all[0])
+    with torch.no_grad():
+        for s, ref in zip(samples, hs_all):
+            e = ref[0][None]
+            o = model(inputs_embeds=e * (1 + 1e-7 * torch.randn(e.shape, generator=g)), output_hidden_states=True)
+            for k, h in enumerate(o.hidden_states):
+                worst[k] = max(worst[k], nmse(h[0], ref[k]))
+    print("    conditioning: embeddings x (1 + 1e-7 N(0,1)) -> nmse per hidden state (max over samples) "
+          + " ".join(f"{w:.1e}" for w in worst))
+
+
+def q35_check(model, samples, hs_all):
+    q35_check_mrope(model)
+    q35_check_gdn(model, samples, hs_all)
+
+
+def q35_dtypes(files):
+    """{dtype: sorted names} over safetensors files, read from their headers."""
+    from safetensors import safe_open
+    out = {}
+    for f in files:
+        with safe_open(f, "pt") as h:
+            for k in h.keys():
+                out.setdefault(h.get_slice(k).get_dtype(), []).append(k)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def dir_size(d):
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
+
+
+def build_qwen35(name, seed):
+    m = q35_module()
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    cfg = transformers.Qwen3_5TextConfig(**q35_text_config())
+    assert cfg.layer_types == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + \
+        ["full_attention"], cfg.layer_types
+    model = m.Qwen3_5ForCausalLM(cfg)
+    q35_init_weights(model, seed)
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(d)
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    assert c["model_type"] == "qwen3_5_text" and c["layer_types"] == cfg.layer_types
+    assert "full_attention_interval" not in c  # HF consumes it; layer_types is what it writes
+    back = transformers.AutoConfig.from_pretrained(d)
+    assert back.rope_parameters == cfg.rope_parameters and back.layer_types == cfg.layer_types
+    dts = q35_dtypes([os.path.join(d, "model.safetensors")])
+    assert list(dts) == ["BF16"], {k: len(v) for k, v in dts.items()}
+    record(d, make_inputs(cfg.vocab_size, seed + 1, Q35_LENGTHS), os.path.join(d, "reference"), q35_check)
+    print(f"    {name}: every tensor BF16; {dir_size(d)} bytes")
+
+
+def q35_vision_config():
+    """A tiny vision tower (1 block, width 16), only so that HF can build and
+    load the whole Qwen3_5ForConditionalGeneration."""
+    return dict(depth=1, hidden_size=16, intermediate_size=24, num_heads=2, in_channels=3, patch_size=2,
+                temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=48, num_position_embeddings=16)
+
+
+def q35_mtp_tensors(cfg, g):
+    """The MTP head's tensor names as in the released Qwen3.5 files (one
+    gated-attention decoder layer plus fc/pre-fc norms); a text-only reader
+    must ignore all of them. Random bf16 values."""
+    H, D, nKV, I = cfg["hidden_size"], cfg["head_dim"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+    shapes = {  # a subset of the real head, enough names to trip a reader that matches suffixes
+        "mtp.fc.weight": (H, 2 * H),
+        "mtp.pre_fc_norm_embedding.weight": (H,),
+        "mtp.pre_fc_norm_hidden.weight": (H,),
+        "mtp.norm.weight": (H,),
+        "mtp.layers.0.input_layernorm.weight": (H,),
+        "mtp.layers.0.post_attention_layernorm.weight": (H,),
+        "mtp.layers.0.self_attn.k_proj.weight": (nKV * D, H),
+        "mtp.layers.0.self_attn.q_norm.weight": (D,),
+        "mtp.layers.0.self_attn.k_norm.weight": (D,),
+        "mtp.layers.0.mlp.down_proj.weight": (H, I),
+    }
+    return {k: (0.1 * torch.randn(s, generator=g)).to(torch.bfloat16) for k, s in shapes.items()}
+
+
+def build_qwen35_vlm(name, src_name, seed):
+    """The weights of fixture src_name in the released Qwen3.5 layout."""
+    from safetensors.torch import load_file
+    m = q35_module()
+    src, d = os.path.join(OUT, src_name), os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    text = load_file(os.path.join(src, "model.safetensors"))
+    tcfg = dict(q35_text_config(), mtp_num_hidden_layers=1)
+    cfg = transformers.Qwen3_5Config(text_config=tcfg, vision_config=q35_vision_config(),
+                                     tie_word_embeddings=False, **Q35_TOKEN_IDS)
+    model = m.Qwen3_5ForConditionalGeneration(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.model.visual.named_parameters():
+            p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    sd = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v.float()
+          for k, v in text.items()}
+    res = model.load_state_dict(sd, strict=False)
+    assert not res.unexpected_keys and all(k.startswith("model.visual.") for k in res.missing_keys), res
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(d, max_shard_size="400KB")
+    index_path = os.path.join(d, "model.safetensors.index.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) == 2, shards
+    assert set(index["weight_map"]) == {k for k in model.state_dict()}, "unexpected key layout"
+    # As the released Qwen3.5 files: linear_attn.A_log and linear_attn.norm.weight
+    # in F32 (exactly the bf16 values; dt_bias and the rest stay BF16); the MTP
+    # head (mtp.*) in the last shard.
+    from safetensors.torch import load_file as lf
+    wmap = {}
+    for i, sh in enumerate(shards):
+        path = os.path.join(d, sh)
+        t = lf(path)
+        for k in t:
+            if k.endswith("linear_attn.A_log") or k.endswith("linear_attn.norm.weight"):
+                t[k] = t[k].float()
+        if i == len(shards) - 1:
+            t.update(q35_mtp_tensors(tcfg, g))
+        save_file(t, path, metadata={"format": "pt"})
+        wmap.update({k: sh for k in t})
+    sizes = {}
+    for sh in shards:
+        for k, v in lf(os.path.join(d, sh)).items():
+            sizes[k] = v.numel() * v.element_size()
+    index["weight_map"] = dict(sorted(wmap.items()))
+    index["metadata"]["total_size"] = sum(sizes.values())
+    if "total_parameters" in index["metadata"]:
+        index["metadata"]["total_parameters"] = sum(
+            v.numel() for sh in shards for v in lf(os.path.join(d, sh)).values())
+    with open(index_path, "w") as f:
+        json.dump(index, f, indent=2)
+        f.write("\n")
+    # The reader must derive layer_types from full_attention_interval here.
+    cpath = os.path.join(d, "config.json")
+    with open(cpath) as f:
+        c = json.load(f)
+    assert c["model_type"] == "qwen3_5" and c["text_config"]["model_type"] == "qwen3_5_text"
+    assert c["architectures"] == ["Qwen3_5ForConditionalGeneration"], c["architectures"]
+    del c["text_config"]["layer_types"]
+    c["text_config"]["full_attention_interval"] = 4
+    with open(cpath, "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+        f.write("\n")
+    shutil.copytree(os.path.join(src, "reference"), os.path.join(d, "reference"))
+    q35_check_vlm(d, src)
+    dts = q35_dtypes([os.path.join(d, sh) for sh in shards])
+    print(f"    {name}: {len(shards)} shards; " + "; ".join(
+        f"{k} {len(v)} tensors" + (f" ({', '.join(sorted(set(n.split('.')[-2] + '.' + n.split('.')[-1] for n in v)))})"
+                                   if k != "BF16" else "") for k, v in dts.items()) + f"; {dir_size(d)} bytes")
+
+
+def q35_check_vlm(d, src):
+    """transformers loads the directory as the VLM and as a text-only causal LM,
+    and both give (a)'s recorded states bit for bit."""
+    from safetensors.torch import load_file
+    ref = load_file(os.path.join(src, "reference", "expected.safetensors"))
+    with open(os.path.join(src, "reference", "inputs.jsonl")) as f:
+        samples = [json.loads(line) for line in f]
+    a_cfg = transformers.AutoConfig.from_pretrained(src)
+    v_cfg = transformers.AutoConfig.from_pretrained(d)
+    assert v_cfg.text_config.layer_types == a_cfg.layer_types, v_cfg.text_config.layer_types
+    vlm, info = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
+        d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    assert all(k.startswith("mtp.") for k in info["unexpected_keys"]), info  # HF drops ignored mtp.* from the list
+    with open(os.path.join(d, "model.safetensors.index.json")) as f:
+        nmtp = sum(k.startswith("mtp.") for k in json.load(f)["weight_map"])
+    assert nmtp > 0
+    txt, tinfo = transformers.AutoModelForCausalLM.from_pretrained(
+        d, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    assert type(txt).__name__ == "Qwen3_5ForCausalLM", type(txt)
+    assert not tinfo["missing_keys"] and not tinfo["mismatched_keys"], tinfo
+    A = vlm.model.language_model.layers[0].linear_attn.A_log
+    assert A.dtype == torch.float32
+    for mdl in (vlm, txt):
+        mdl.eval()
+        hs = []
+        with torch.no_grad():
+            for s in samples:
+                o = mdl(input_ids=torch.tensor([s["input_ids"]]), output_hidden_states=True)
+                hs.append(torch.stack([h[0] for h in o.hidden_states]))
+        hs = torch.cat(hs, dim=1)
+        assert torch.equal(hs, ref["hidden_states"]), (type(mdl).__name__, (hs - ref["hidden_states"]).abs().max())
+    print(f"    {os.path.basename(d)}: Qwen3_5ForConditionalGeneration and AutoModelForCausalLM "
+          f"({type(txt).__name__}) load it (its {nmtp} mtp.* tensors ignored) "
+          f"and reproduce {os.path.basename(src)}'s hidden_states exactly; "
+          f"layer_types derived from full_attention_interval")
+
+
+def build_existing():
+    """The four Qwen3/Llama fixtures, one builder each."""
+    common = dict(hidden_act="silu", max_position_embeddings=256, attention_bias=False,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    return {
+        "qwen3-tied": lambda: build("qwen3-tied", "qwen3", dict(
+            common, vocab_size=211, hidden_size=72, intermediate_size=136,
+            num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=3, head_dim=24,
+            rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=11),
+        "qwen3-untied": lambda: build("qwen3-untied", "qwen3", dict(
+            common, vocab_size=173, hidden_size=48, intermediate_size=88,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), seed=22, spelling="new"),
+        "llama3": lambda: build("llama3", "llama", dict(
+            common, vocab_size=157, hidden_size=64, intermediate_size=112,
+            num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, mlp_bias=False,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 64}), seed=33),
+        "qwen3-sharded": lambda: build("qwen3-sharded", "qwen3", dict(
+            common, vocab_size=97, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=44,
+            max_shard_size="20KB"),
+    }
+
+
 def main():
+    builders = build_existing()
+    builders["qwen35"] = lambda: build_qwen35("qwen35", seed=55)
+    builders["qwen35-vlm"] = lambda: build_qwen35_vlm("qwen35-vlm", "qwen35", seed=66)
+    ap = argparse.ArgumentParser(description="Make the target fixtures under tests/fixtures/targets/.")
+    ap.add_argument("--only", metavar="NAMES",
+                    help="comma-separated fixture names to (re)make, default all: " + ",".join(builders))
+    args = ap.parse_args()
+    names = list(builders) if args.only is None else [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in builders]
+    if unknown or not names:
+        ap.error(f"unknown fixture name(s) {unknown}; known: {','.join(builders)}")
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     os.makedirs(OUT, exist_ok=True)
     print(f"make_targets: torch {torch.__version__}, transformers {transformers.__version__} -> {OUT}")
-    common = dict(hidden_act="silu", max_position_embeddings=256, attention_bias=False,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=None)
-    build("qwen3-tied", "qwen3", dict(common, vocab_size=211, hidden_size=72, intermediate_size=136,
-          num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=3, head_dim=24,
-          rms_norm_eps=1e-6, tie_word_embeddings=True,
-          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=11)
-    build("qwen3-untied", "qwen3", dict(common, vocab_size=173, hidden_size=48, intermediate_size=88,
-          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-          rms_norm_eps=1e-6, tie_word_embeddings=False,
-          rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), seed=22, spelling="new")
-    build("llama3", "llama", dict(common, vocab_size=157, hidden_size=64, intermediate_size=112,
-          num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-          rms_norm_eps=1e-5, tie_word_embeddings=False, mlp_bias=False,
-          rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                           "original_max_position_embeddings": 64}), seed=33)
-    build("qwen3-sharded", "qwen3", dict(common, vocab_size=97, hidden_size=32, intermediate_size=64,
-          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-          rms_norm_eps=1e-6, tie_word_embeddings=True,
-          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=44,
-          max_shard_size="20KB")
+    for n in builders:  # in the table's order: qwen35-vlm reads qwen35's files
+        if n in names:
+            builders[n]()
     return 0
 
 

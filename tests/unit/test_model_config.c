@@ -63,6 +63,62 @@ static void test_refusals(void) {
     }
 }
 
+/* Qwen3.5: the flat text config and the released VLM one (settings under
+ * text_config, weights under model.language_model.), the transformers
+ * defaults (interval-4 layer pattern, 1/4 rotary) and the refusals. */
+#define Q35 "\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":8,\"num_attention_heads\":4," \
+            "\"num_key_value_heads\":2,\"head_dim\":32,\"vocab_size\":100,\"linear_num_key_heads\":2," \
+            "\"linear_key_head_dim\":16,\"linear_value_head_dim\":24"
+#define Q35_V4 ",\"linear_num_value_heads\":4"
+#define Q35_ROPE "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000000,\"mrope_section\":[2,1,1]," \
+                 "\"mrope_interleaved\":true,\"partial_rotary_factor\":0.25}"
+
+static void test_qwen35(void) {
+    dfl_model_config a, b;
+    T_CHECK(parse(&a, "{\"architectures\":[\"Qwen3_5ForCausalLM\"],\"model_type\":\"qwen3_5_text\"," Q35 Q35_V4 "," Q35_ROPE
+                      ",\"layer_types\":[\"linear_attention\",\"full_attention\",\"linear_attention\",\"linear_attention\","
+                      "\"linear_attention\",\"linear_attention\",\"linear_attention\",\"full_attention\"]}") == 0);
+    T_CHECK(a.hybrid && a.norm_plus_one && a.attn_output_gate && a.rotary_dim == 8 && a.lin_k_heads == 2 &&
+            a.lin_v_heads == 4 && a.lin_k_dim == 16 && a.lin_v_dim == 24 && a.lin_conv == 4);
+    T_CHECK(!strcmp(a.weight_prefix, "model."));
+    /* layer_types as written, not the interval rule */
+    T_CHECK(!dfl_model_config_linear_layer(&a, 1) && dfl_model_config_linear_layer(&a, 3) &&
+            !dfl_model_config_linear_layer(&a, 7) && dfl_model_config_linear_layer(&a, 0));
+    float f[16];
+    dfl_rope_inv_freq(&a, f);
+    for (int i = 0; i < 16; i++) { /* 4 frequencies of an 8-wide RoPE, then no rotation */
+        double want = i < 4 ? 1.0 / pow(1e7, 2.0 * i / 8) : 0.0;
+        T_CHECKF(fabs(f[i] - want) <= 1e-6 * want, "i=%d %g vs %g", i, f[i], want);
+    }
+    T_CHECK(parse(&b, "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],\"model_type\":\"qwen3_5\","
+                      "\"tie_word_embeddings\":false,\"vision_config\":{\"depth\":2,\"hidden_size\":16},"
+                      "\"text_config\":{\"model_type\":\"qwen3_5_text\"," Q35 Q35_V4 ",\"rope_parameters\":{\"rope_theta\":10000000},"
+                      "\"eos_token_id\":7,\"dtype\":\"bfloat16\"}}") == 0);
+    T_CHECK(b.hybrid && b.hidden_size == 64 && b.num_hidden_layers == 8 && !strcmp(b.weight_prefix, "model.language_model."));
+    T_CHECK(b.rotary_dim == 8 && b.full_attention_interval == 4 && b.n_eos == 1 && b.eos_token_ids[0] == 7);
+    T_CHECK(!strcmp(b.dtype, "bfloat16"));
+    for (int i = 0; i < 8; i++) /* no layer_types: every 4th layer is full attention */
+        T_CHECKF(dfl_model_config_linear_layer(&b, i) == ((i + 1) % 4 != 0), "layer %d", i);
+    dfl_model_config_free(&a);
+    dfl_model_config_free(&b);
+    static const struct { const char *json, *why; } bad[] = {
+        {"{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35 ",\"layer_types\":[\"linear_attention\"]}", "one type for each"},
+        {"{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35 ",\"linear_num_value_heads\":3}", "linear_num_value_heads"},
+        {"{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35 ",\"partial_rotary_factor\":0.01}", "partial_rotary_factor"},
+        {"{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35 ",\"linear_conv_kernel_dim\":0}", "positive"},
+        {"{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"]," Q35 "}", "text_config"},
+        {"{\"architectures\":[\"Qwen3_5MoeForConditionalGeneration\"],\"text_config\":{" Q35 "}}", "not supported"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"partial_rotary_factor\":0.5}", "Qwen3.5 only"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"layer_types\":[\"linear_attention\"]}", "layer_types"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dfl_model_config c;
+        int rc = parse(&c, bad[i].json);
+        T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), bad[i].why), "case %zu: rc %d, %s", i, rc, dfl_errmsg());
+        dfl_model_config_free(&c);
+    }
+}
+
 static void test_default_layer_ids(void) {
     int ids[5];
     dfl_default_layer_ids(36, 5, ids);
@@ -80,6 +136,7 @@ int main(void) {
     T_RUN(test_both_rope_spellings);
     T_RUN(test_llama3_rope);
     T_RUN(test_refusals);
+    T_RUN(test_qwen35);
     T_RUN(test_default_layer_ids);
     return t_exit();
 }

@@ -35,7 +35,7 @@
 #define FD_TOL 2e-3
 
 static const dfl_ops *ops;
-static dfl_st *fx_dense, *fx_attn, *fx_lm, *fx_adam;
+static dfl_st *fx_dense, *fx_attn, *fx_lm, *fx_adam, *fx_gdn;
 
 /* ------------------------------------------------------------------------ */
 /* fixtures and helpers                                                      */
@@ -1029,6 +1029,130 @@ static void test_thread_count_invariance(void) {
     ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(dout), ops->free(x), ops->free(w), free(c.blocks);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Qwen3.5 hybrid ops, against tests/fixtures/ops/gdn.safetensors
+ * (tests/reference/gdn_reference.py: transformers' own recurrent gated delta
+ * rule and causal_conv1d functions run in float64). Our f32 recurrence is
+ * within ~3e-7 relative of it (nmse ~1e-13); 1e-10 catches any slip (a
+ * state leaking across sequences, a lost l2norm eps, a missed history row
+ * cost > 1e-4, checked by the fixture script's own controls). */
+#define NMSE_GDN 1e-10
+
+static void test_sigmoid_mul(void) {
+    int64_t n;
+    float *x = fx(fx_gdn, "sigmul.x", &n), *g = fx(fx_gdn, "sigmul.g", NULL), *ref = fx(fx_gdn, "sigmul.out", NULL);
+    float *out = fbuf(n);
+    ops->sigmoid_mul(out, x, g, n);
+    CHECK_NMSE("sigmoid_mul", out, ref, n, NMSE_F32);
+    ops->sigmoid_mul(x, x, g, n); /* in place */
+    T_CHECK(!memcmp(x, out, (size_t)n * 4));
+    ops->free(x), ops->free(g), ops->free(ref), ops->free(out);
+}
+
+/* conv1d_silu packed (3 sequences) and with a history (T 2 < K-1 and 9). */
+static void test_conv1d_silu(void) {
+    static const char *cases[] = {"conv", "conv_hist2", "conv_hist9"};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char name[64];
+        const dfl_st_tensor *tin;
+        snprintf(name, sizeof name, "%s.in", cases[c]);
+        tin = fx_find(fx_gdn, name);
+        const int64_t T = tin->shape[0], C = tin->shape[1];
+        int64_t ncu, nw;
+        float *in = fx(fx_gdn, name, NULL);
+        snprintf(name, sizeof name, "%s.w", cases[c]);
+        float *w = fx(fx_gdn, name, &nw);
+        snprintf(name, sizeof name, "%s.cu", cases[c]);
+        int32_t *cu = fxi(fx_gdn, name, &ncu);
+        snprintf(name, sizeof name, "%s.out", cases[c]);
+        float *ref = fx(fx_gdn, name, NULL), *hist = NULL, *out = fbuf(T * C);
+        if (c > 0) {
+            snprintf(name, sizeof name, "%s.hist", cases[c]);
+            hist = fx(fx_gdn, name, NULL);
+        }
+        ops->conv1d_silu(out, in, hist, w, cu, ncu - 1, T, C, nw / C);
+        CHECK_NMSE(cases[c], out, ref, T * C, NMSE_GDN);
+        if (hist) { /* without the history the first K-1 rows must differ */
+            ops->conv1d_silu(out, in, NULL, w, cu, 1, T, C, nw / C);
+            T_CHECK(t_nmse_f32(out, ref, T * C) > 1e-4);
+            ops->free(hist);
+        } else { /* one sequence instead of three: the history leaks, rows differ */
+            int32_t one[2] = {0, (int32_t)T};
+            ops->conv1d_silu(out, in, NULL, w, one, 1, T, C, nw / C);
+            T_CHECK(t_nmse_f32(out, ref, T * C) > 1e-4);
+        }
+        ops->free(in), ops->free(w), ops->free(cu), ops->free(ref), ops->free(out);
+    }
+}
+
+typedef struct {
+    int64_t T, Hk, Hv, dk, dv, nseq;
+    float *qkv, *ba, *A_log, *dt_bias;
+    int32_t *cu;
+} gdn_case;
+
+static void gdn_open(gdn_case *g, const char *pre, const int32_t *sizes) {
+    char name[64];
+    g->Hk = sizes[0], g->Hv = sizes[1], g->dk = sizes[2], g->dv = sizes[3];
+    snprintf(name, sizeof name, "%s.qkv", pre);
+    g->T = fx_find(fx_gdn, name)->shape[0];
+    g->qkv = fx(fx_gdn, name, NULL);
+    snprintf(name, sizeof name, "%s.ba", pre);
+    g->ba = fx(fx_gdn, name, NULL);
+    snprintf(name, sizeof name, "%s.A_log", pre);
+    g->A_log = fx(fx_gdn, name, NULL);
+    snprintf(name, sizeof name, "%s.dt_bias", pre);
+    g->dt_bias = fx(fx_gdn, name, NULL);
+    snprintf(name, sizeof name, "%s.cu", pre);
+    int64_t ncu;
+    g->cu = fxi(fx_gdn, name, &ncu);
+    g->nseq = ncu - 1;
+}
+
+static void gdn_close(gdn_case *g) { ops->free(g->qkv), ops->free(g->ba), ops->free(g->A_log), ops->free(g->dt_bias), ops->free(g->cu); }
+
+/* Packed sequences (7, 1, 70: past HF's 64-row chunk) from zero states; each
+ * sequence alone with a state gives its final state. */
+static void test_gated_delta(void) {
+    int32_t *sizes = fxi(fx_gdn, "gdn.sizes", NULL);
+    gdn_case g;
+    gdn_open(&g, "gdn", sizes);
+    const int64_t VD = g.Hv * g.dv, S = g.Hv * g.dk * g.dv;
+    float *out = fbuf(g.T * VD), *ref = fx(fx_gdn, "gdn.out", NULL), *fin = fx(fx_gdn, "gdn.final", NULL);
+    ops->gated_delta(out, NULL, NULL, g.qkv, g.ba, g.A_log, g.dt_bias, g.cu, g.nseq, g.T, g.Hk, g.Hv, g.dk, g.dv);
+    CHECK_NMSE("gated_delta packed", out, ref, g.T * VD, NMSE_GDN);
+    float *state = fbuf(S);
+    for (int64_t s = 0; s < g.nseq; s++) {
+        const int64_t r0 = g.cu[s], n = g.cu[s + 1] - r0, C = 2 * g.Hk * g.dk + VD;
+        int32_t one[2] = {0, (int32_t)n};
+        memset(state, 0, (size_t)S * 4);
+        ops->gated_delta(out, state, NULL, g.qkv + r0 * C, g.ba + r0 * 2 * g.Hv, g.A_log, g.dt_bias, one, 1, n, g.Hk,
+                         g.Hv, g.dk, g.dv);
+        CHECK_NMSE("  final state of a sequence", state, fin + s * S, S, NMSE_GDN);
+        CHECK_NMSE("  its output alone", out, ref + r0 * VD, n * VD, NMSE_GDN);
+    }
+    /* one sequence instead of three: the state leaks into the next */
+    int32_t all[2] = {0, (int32_t)g.T};
+    ops->gated_delta(out, NULL, NULL, g.qkv, g.ba, g.A_log, g.dt_bias, all, 1, g.T, g.Hk, g.Hv, g.dk, g.dv);
+    T_CHECK(t_nmse_f32(out, ref, g.T * VD) > 1e-4);
+    ops->free(out), ops->free(ref), ops->free(fin), ops->free(state);
+    gdn_close(&g);
+
+    /* from a given state, with the state after every row (rollback points) */
+    gdn_open(&g, "gdn_state", sizes);
+    float *st = fx(fx_gdn, "gdn_state.init", NULL), *steps = fbuf(g.T * S);
+    float *rfin = fx(fx_gdn, "gdn_state.final", NULL), *rsteps = fx(fx_gdn, "gdn_state.steps", NULL);
+    out = fbuf(g.T * VD), ref = fx(fx_gdn, "gdn_state.out", NULL);
+    ops->gated_delta(out, st, steps, g.qkv, g.ba, g.A_log, g.dt_bias, g.cu, 1, g.T, g.Hk, g.Hv, g.dk, g.dv);
+    CHECK_NMSE("gated_delta from a state", out, ref, g.T * VD, NMSE_GDN);
+    CHECK_NMSE("  final state", st, rfin, S, NMSE_GDN);
+    CHECK_NMSE("  state after every row", steps, rsteps, g.T * S, NMSE_GDN);
+    T_CHECK(!memcmp(steps + (g.T - 1) * S, st, (size_t)S * 4));
+    ops->free(st), ops->free(steps), ops->free(rfin), ops->free(rsteps), ops->free(out), ops->free(ref);
+    gdn_close(&g);
+    ops->free(sizes);
+}
+
 int main(void) {
     /* an odd thread count, whatever the environment: uneven splits */
     omp_set_num_threads(3);
@@ -1036,6 +1160,7 @@ int main(void) {
     const dfl_ops *byname = NULL;
     T_CHECK(dfl_ops_get("cpu", &byname) == 0 && byname == ops);
     fx_dense = open_fx("dense"), fx_attn = open_fx("attn"), fx_lm = open_fx("lmhead"), fx_adam = open_fx("adamw");
+    fx_gdn = open_fx("gdn");
     T_RUN(test_memory_and_conversions);
     T_RUN(test_matmul);
     T_RUN(test_matmul_fd);
@@ -1058,8 +1183,11 @@ int main(void) {
     T_RUN(test_lmhead_argmax);
     T_RUN(test_lmhead_memory_bound);
     T_RUN(test_adamw);
+    T_RUN(test_sigmoid_mul);
+    T_RUN(test_conv1d_silu);
+    T_RUN(test_gated_delta);
     T_RUN(test_expf);
     T_RUN(test_thread_count_invariance);
-    dfl_st_close(fx_dense), dfl_st_close(fx_attn), dfl_st_close(fx_lm), dfl_st_close(fx_adam);
+    dfl_st_close(fx_dense), dfl_st_close(fx_attn), dfl_st_close(fx_lm), dfl_st_close(fx_adam), dfl_st_close(fx_gdn);
     return t_exit();
 }

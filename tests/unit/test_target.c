@@ -11,6 +11,14 @@
  *                  op, e ~1e-13 after a few layers. 1e-9 leaves room for
  *                  deeper growth and still catches any real slip (a bf16
  *                  cos/sin, a wrong eps, a missing norm weight are >= 1e-7).
+ *   HYBRID_TOL 1e-8 the same for Qwen3.5. Its DeltaNet output goes through
+ *                  an RMSNorm of values of rms ~5e-3, which amplifies
+ *                  rounding: a one-ulp (1e-7 relative) change of the
+ *                  embeddings alone moves the last state by nmse 6e-10,
+ *                  and transformers' chunked form of the recurrence differs
+ *                  from the recurrent one we run by nmse 1e-10 on these
+ *                  models (measured by tests/reference/make_targets.py). A
+ *                  real slip (a wrong decay, gate or norm) costs > 1e-3.
  *   BF16_TOL 1e-5  the same after rounding ours to bf16 (what the stream
  *                  stores): bf16 keeps 8 significant bits, relative rounding
  *                  error <= 2^-9, uniform, so e ~ 2^-18/3 = 1.3e-6 from
@@ -33,6 +41,7 @@
 #include <unistd.h>
 
 #define F32_TOL 1e-9
+#define HYBRID_TOL 1e-8
 #define BF16_TOL 1e-5
 #define WRONG_MIN 1e-3
 #define GAP_MIN 1e-3
@@ -132,10 +141,11 @@ static void check_model(const char *name) {
     int L = (int)e.L;
     int64_t T = e.T, H = e.H;
     T_CHECK(dfl_target_config(t)->num_hidden_layers == L && dfl_target_config(t)->hidden_size == H);
+    const double tol = dfl_target_config(t)->hybrid ? HYBRID_TOL : F32_TOL;
     int taps[64];
     for (int k = 0; k < L; k++) taps[k] = L - 1 - k; /* reversed: order must follow the request */
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {L, taps, 1, 1, 1, NULL, 0};
+    dfl_target_want w = {L, taps, 1, 1, 1, NULL, 0, 0};
     dfl_target_out o;
     int rc = dfl_target_forward(t, &o, &b, &w);
     T_CHECKF(rc == 0, "%s", dfl_errmsg());
@@ -150,7 +160,7 @@ static void check_model(const char *name) {
         double err_bf = nmse_bf16(col, hf_layer_out(&e, k), T * H);
         double wrong = t_nmse_f32(col, e.hs + k * T * H, T * H); /* HF hidden_states[k]: one too shallow */
         double wrong2 = k + 2 <= L - 1 ? t_nmse_f32(col, e.hs + (k + 2) * T * H, T * H) : 1e30;
-        T_CHECKF(err < F32_TOL, "%s layer %d: f32 nmse %.3g >= %g", name, k, err, F32_TOL);
+        T_CHECKF(err < tol, "%s layer %d: f32 nmse %.3g >= %g", name, k, err, tol);
         T_CHECKF(err_bf < BF16_TOL, "%s layer %d: bf16 nmse %.3g >= %g", name, k, err_bf, BF16_TOL);
         T_CHECKF(wrong > WRONG_MIN && wrong2 > WRONG_MIN, "%s layer %d: an off-by-one tap would pass (%.3g, %.3g)", name,
                  k, wrong, wrong2);
@@ -161,11 +171,11 @@ static void check_model(const char *name) {
     /* The last layer's output is pre-norm; HF's last hidden_states entry is
      * post-norm and must NOT match it. */
     ops->act_to_f32(col, o.last_hidden, T * H);
-    T_CHECK(t_nmse_f32(col, e.prenorm, T * H) < F32_TOL);
+    T_CHECK(t_nmse_f32(col, e.prenorm, T * H) < tol);
     T_CHECK(t_nmse_f32(col, e.hs + L * T * H, T * H) > WRONG_MIN);
     ops->act_to_f32(col, o.normed, T * H);
     double err_norm = t_nmse_f32(col, e.hs + L * T * H, T * H);
-    T_CHECKF(err_norm < F32_TOL, "%s final norm nmse %.3g", name, err_norm);
+    T_CHECKF(err_norm < tol, "%s final norm nmse %.3g", name, err_norm);
     int64_t compared = 0, mism = 0;
     for (int64_t r = 0; r < T; r++) {
         if (e.gap[r] <= GAP_MIN) continue;
@@ -187,21 +197,26 @@ static void test_qwen3_tied(void) { check_model("qwen3-tied"); }
 static void test_qwen3_untied_new_spelling(void) { check_model("qwen3-untied"); }
 static void test_llama3_rope_scaling(void) { check_model("llama3"); }
 static void test_qwen3_sharded(void) { check_model("qwen3-sharded"); }
+/* Qwen3.5: Gated DeltaNet and gated attention layers, (1 + w) norms,
+ * partial RoPE; as Qwen3_5ForCausalLM and in the released VLM layout
+ * (text_config, model.language_model.*, sharded, no layer_types). */
+static void test_qwen35(void) { check_model("qwen35"); }
+static void test_qwen35_vlm_layout(void) { check_model("qwen35-vlm"); }
 
 /* Packing several samples into one forward gives each sample the states it
  * gets alone. Rows of a packed batch go through the same GEMMs (rows are
  * independent), attention is per sequence, so the result is bitwise equal
  * unless the BLAS picks a different reduction order for a different M. */
-static void test_packing_matches_one_at_a_time(void) {
+static void check_packing(const char *name, int tap0, int tap1, int tap2) {
     expected e;
-    dfl_target *t = open_case(&e, "qwen3-tied", 0, 1);
+    dfl_target *t = open_case(&e, name, 0, 1);
     if (!t) return;
-    int taps[3] = {0, 3, 5};
+    int taps[3] = {tap0, tap1, tap2};
     int64_t T = e.T, H = e.H, K = 3;
     float *packed = dfl_malloc((size_t)(T * K * H) * sizeof(float)), *alone = dfl_malloc((size_t)(T * K * H) * sizeof(float));
     int32_t *pk_ids = dfl_malloc((size_t)T * sizeof(int32_t));
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {3, taps, 0, 0, 1, NULL, 0};
+    dfl_target_want w = {3, taps, 0, 0, 1, NULL, 0, 0};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     dfl_target_taps_to_f32(t, &o, 0, T, packed);
@@ -216,15 +231,23 @@ static void test_packing_matches_one_at_a_time(void) {
     }
     double err = t_nmse_f32(packed, alone, T * K * H);
     int bitwise = !memcmp(packed, alone, (size_t)(T * K * H) * sizeof(float));
-    T_CHECKF(err < 1e-10, "packed vs alone nmse %.3g", err);
+    /* a sequence's leak into the next (conv history, state) costs > 1e-3 */
+    double tol = dfl_target_config(t)->hybrid ? 1e-9 : 1e-10;
+    T_CHECKF(err < tol, "packed vs alone nmse %.3g", err);
     T_CHECK(id_diff == 0);
-    fprintf(stderr, "  packed vs one at a time: %s (nmse %.2e)\n", bitwise ? "bitwise equal" : "not bitwise", err);
+    fprintf(stderr, "  %s packed vs one at a time: %s (nmse %.2e)\n", name, bitwise ? "bitwise equal" : "not bitwise",
+            err);
     free(packed);
     free(alone);
     free(pk_ids);
     dfl_target_free(t);
     free_expected(&e);
 }
+
+static void test_packing_matches_one_at_a_time(void) { check_packing("qwen3-tied", 0, 3, 5); }
+/* The hybrid: the convolution's history and the recurrent state restart at
+ * every sequence of the batch (3 tokens or the whole state would leak). */
+static void test_packing_qwen35(void) { check_packing("qwen35", 0, 3, 6); }
 
 /* A batch longer than the MLP row chunk (4096 rows: 43 sequences of 100)
  * gives the same states as its sequences run alone, each within one chunk. */
@@ -242,7 +265,7 @@ static void test_long_batch_chunks(void) {
     int tap = 2;
     float *packed = dfl_malloc((size_t)(T * H) * sizeof(float)), *alone = dfl_malloc((size_t)(T * H) * sizeof(float));
     dfl_target_batch b = {ids, cu, NS};
-    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0};
+    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0, 0};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     dfl_target_taps_to_f32(t, &o, 0, T, packed);
@@ -268,7 +291,7 @@ static void test_rows(void) {
     const dfl_ops *ops = dfl_target_ops(t);
     int64_t T = e.T, H = e.H;
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {0, NULL, 0, 1, 1, NULL, 0};
+    dfl_target_want w = {0, NULL, 0, 1, 1, NULL, 0, 0};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     float *full = dfl_malloc((size_t)(T * H) * sizeof(float));
@@ -306,7 +329,7 @@ static void test_partial_load_and_bad_requests(void) {
     T_CHECK(dfl_target_loaded_layers(t) == 2);
     int tap = 1, deep = 4, neg = -1;
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0};
+    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0, 0};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     float *got = dfl_malloc((size_t)(e.T * e.H) * sizeof(float));
@@ -471,7 +494,7 @@ static float *all_taps(const char *dir, int64_t *n) {
     if (dfl_target_load(&t, dir, dfl_ops_cpu(), &o) == 0) {
         int taps[6] = {0, 1, 2, 3, 4, 5};
         dfl_target_batch b = {e.ids, e.cu, e.nseq};
-        dfl_target_want w = {6, taps, 0, 0, 0, NULL, 0};
+        dfl_target_want w = {6, taps, 0, 0, 0, NULL, 0, 0};
         dfl_target_out out;
         if (dfl_target_forward(t, &out, &b, &w) == 0) {
             *n = e.T * 6 * e.H;
@@ -584,7 +607,10 @@ int main(void) {
     T_RUN(test_qwen3_untied_new_spelling);
     T_RUN(test_llama3_rope_scaling);
     T_RUN(test_qwen3_sharded);
+    T_RUN(test_qwen35);
+    T_RUN(test_qwen35_vlm_layout);
     T_RUN(test_packing_matches_one_at_a_time);
+    T_RUN(test_packing_qwen35);
     T_RUN(test_long_batch_chunks);
     T_RUN(test_rows);
     T_RUN(test_partial_load_and_bad_requests);
