@@ -48,6 +48,11 @@
 // chunks of 64) moves the work into tensor-core products, ~180K flops per
 // (row, head), 0.28 TFLOP per layer, ~1 ms at 300-400 TFLOP/s: ~7x faster
 // prefill, at the price of bf16 (fla) or tf32 intermediates (§3.7).
+// Whatever the batch, one sequence takes ~0.3 us per row (its dependent
+// chain): a lone 32K-token sequence is ~10 ms per layer on 384 warps, where
+// the chunked form would also be parallel inside each chunk. Computing the
+// gates and l2norms once per (row, head) in a pre-pass, instead of in every
+// warp, would save ~25% of the instructions (not done: unmeasured).
 // A verify step (nseq 1, 16 rows, state and steps: W 1, 384 warps) is
 // latency- and store-bound: 16 dependent rows of ~0.3 us, 3 MB of state
 // read and written, 50 MB of steps written (12 us at ~4.3 TB/s): ~15-25 us
