@@ -420,13 +420,14 @@ void dfl_target_lin_reserve(const dfl_target *t, lin_ws *lw, int64_t n) {
     lw->conv = dfl_target_regrow(ops, lw->conv, (size_t)(n * C) * a);
     lw->z = dfl_target_regrow(ops, lw->z, (size_t)(n * VD) * a);
     lw->o = dfl_target_regrow(ops, lw->o, (size_t)(n * VD) * a);
+    lw->y = dfl_target_regrow(ops, lw->y, (size_t)(n * VD) * a);
     lw->ba = dfl_target_regrow(ops, lw->ba, (size_t)(n * 2 * c->lin_v_heads) * a);
     lw->agate = dfl_target_regrow(ops, lw->agate, (size_t)(n * c->num_attention_heads * c->head_dim) * a);
     lw->cap_rows = n;
 }
 
 void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw) {
-    void *bufs[] = {lw->raw, lw->conv, lw->z, lw->o, lw->ba, lw->agate};
+    void *bufs[] = {lw->raw, lw->conv, lw->z, lw->o, lw->y, lw->ba, lw->agate};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->free(bufs[i]);
     memset(lw, 0, sizeof *lw);
@@ -526,10 +527,9 @@ void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, 
     ops->matmul(ws->z, h, lw->lin_z, n, H, VD, 0);
     ops->matmul(ws->ba, h, lw->lin_ba, n, H, 2 * Hv, 0);
     ops->gated_delta(ws->o, state, steps, ws->conv, ws->ba, lw->A_log, lw->dt_bias, cu, nseq, n, Hk, Hv, dk, dv);
-    /* conv is free again and at least [n, VD]: the normed output goes there */
-    ops->rmsnorm(ws->conv, NULL, ws->o, lw->lin_norm, n * Hv, dv, (float)c->rms_norm_eps);
-    ops->swiglu(ws->conv, ws->z, ws->conv, n * VD);          /* silu(z) * normed */
-    ops->matmul(x, ws->conv, lw->lin_out, n, VD, H, 1);      /* x += o Wout^T */
+    ops->rmsnorm(ws->y, NULL, ws->o, lw->lin_norm, n * Hv, dv, (float)c->rms_norm_eps);
+    ops->swiglu(ws->y, ws->z, ws->y, n * VD);                /* silu(z) * normed */
+    ops->matmul(x, ws->y, lw->lin_out, n, VD, H, 1);         /* x += o Wout^T */
 }
 
 static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t nseq) {

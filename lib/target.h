@@ -80,9 +80,10 @@ typedef struct {
     const int32_t *rows;     /* host [nrows] row indices into the batch; NULL: all T rows */
     int64_t    nrows;
     /* Cached forwards only: the caller may crop back into these rows (a
-     * speculative block). A hybrid target (Qwen3.5) then keeps its
-     * recurrent state after every row; it can crop only to 0 or into the
-     * last forward made with this set. Other targets ignore it. */
+     * speculative block). A hybrid target (Qwen3.5) then keeps what it
+     * needs to rebuild its recurrent state at any of them; it can crop only
+     * to 0 or into the last forward made with this set. Other targets
+     * ignore it. */
     int        may_crop;
 } dfl_target_want;
 

@@ -26,7 +26,7 @@ typedef struct {
 typedef struct {
     int64_t cap_rows;
     void *raw, *conv;                         /* act [n, C]: the projection, after the conv */
-    void *z, *o;                              /* act [n, Hv*dv] */
+    void *z, *o, *y;                          /* act [n, Hv*dv]: gate, recurrence output, normed */
     void *ba;                                 /* act [n, 2*Hv] */
     void *agate;                              /* act [n, Hq*D] */
 } lin_ws;
@@ -80,7 +80,8 @@ void dfl_target_lin_reserve(const dfl_target *t, lin_ws *lw, int64_t n);
 void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw);
 /* x[n, H] += the Gated DeltaNet layer of h[n, H] (sequences cu, nseq; conv
  * history, state and steps as the ops conv1d_silu and gated_delta take
- * them). Leaves the layer's raw projection in ws->raw. */
+ * them). Leaves the layer's raw projection in ws->raw and the recurrence's
+ * inputs in ws->conv and ws->ba. */
 void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, void *x, const void *h,
                             const int32_t *cu, int64_t nseq, int64_t n, const void *hist, float *state, float *steps);
 /* x[n, H] += the MLP of h[n, H] (gate, up: act [min(n, MLP_ROWS), I]). */

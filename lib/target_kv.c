@@ -18,9 +18,12 @@
  * recurrent state S (f32 [Hv, dk, dv]) and the last K-1 raw projections
  * (the convolution's history). Neither can be cut back like a KV cache, so
  * a forward whose rows the caller may crop back into (want->may_crop: a
- * speculative block) also keeps S after every row and the history window;
- * a crop into that forward restores both from there (SGLang keeps the same
- * per-step states for its Mamba/GDN speculative decoding).
+ * speculative block) also keeps S from before it, the block's inputs to
+ * the recurrence and the history window; a crop into the block restores S
+ * and re-runs the recurrence over the rows kept. For Qwen3.5-27B and
+ * 16-row blocks that is ~3.7 MiB per DeltaNet layer, where keeping S after
+ * every row (as SGLang does) would take 51 MiB and as many bytes written
+ * per verify step.
  */
 #include "target.h"
 #include "target_internal.h"
@@ -37,10 +40,11 @@ struct dfl_target_kv {
     void **k, **v;          /* per attention layer: act [cap, Hkv, D] */
     /* per Gated DeltaNet layer: state S f32 [Hv, dk, dv], conv history act
      * [K-1, C]; for a crop into the last forward (rb_n rows from rb_start,
-     * rb_n 0 when it kept none): S before and after each row, f32 [rb_n+1,
-     * Hv, dk, dv], and the history window act [K-1 + rb_n, C]. */
-    float **S, **steps;
-    void **hist, **win, *hist_tmp;
+     * rb_n 0 when it kept none): S before it (pre), its rows' inputs to the
+     * recurrence (blk_qkv act [rb_n, C], blk_ba act [rb_n, 2*Hv]) and the
+     * history window (win act [K-1 + rb_n, C]). */
+    float **S, **pre;
+    void **hist, **win, **blk_qkv, **blk_ba, *hist_tmp;
     int64_t rb_cap, rb_start, rb_n;
     lin_ws lin;
     /* workspace for n new rows, grown as needed */
@@ -76,13 +80,16 @@ dfl_target_kv *dfl_target_kv_new(dfl_target *t, int64_t cap) {
     kv->k = dfl_calloc((size_t)kv->nl, sizeof *kv->k);
     kv->v = dfl_calloc((size_t)kv->nl, sizeof *kv->v);
     kv->S = dfl_calloc((size_t)kv->nl, sizeof *kv->S);
-    kv->steps = dfl_calloc((size_t)kv->nl, sizeof *kv->steps);
+    kv->pre = dfl_calloc((size_t)kv->nl, sizeof *kv->pre);
+    kv->blk_qkv = dfl_calloc((size_t)kv->nl, sizeof *kv->blk_qkv);
+    kv->blk_ba = dfl_calloc((size_t)kv->nl, sizeof *kv->blk_ba);
     kv->hist = dfl_calloc((size_t)kv->nl, sizeof *kv->hist);
     kv->win = dfl_calloc((size_t)kv->nl, sizeof *kv->win);
     size_t bytes = (size_t)(cap * c->num_key_value_heads * c->head_dim) * (size_t)ops->act_bytes;
     for (int l = 0; l < kv->nl; l++) {
         if (t->layers[l].linear) {
             kv->S[l] = ops->alloc(state_bytes(c));
+            kv->pre[l] = ops->alloc(state_bytes(c));
             kv->hist[l] = ops->alloc(hist_bytes(c, ops));
         } else {
             kv->k[l] = ops->alloc(bytes);
@@ -106,7 +113,7 @@ void dfl_target_kv_free(dfl_target_kv *kv) {
     if (!kv) return;
     const dfl_ops *ops = kv->t->ops;
     for (int l = 0; l < kv->nl; l++) {
-        void *b[] = {kv->k[l], kv->v[l], kv->S[l], kv->steps[l], kv->hist[l], kv->win[l]};
+        void *b[] = {kv->k[l], kv->v[l], kv->S[l], kv->pre[l], kv->hist[l], kv->win[l], kv->blk_qkv[l], kv->blk_ba[l]};
         for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
             if (b[i]) ops->free(b[i]);
     }
@@ -115,7 +122,9 @@ void dfl_target_kv_free(dfl_target_kv *kv) {
     free(kv->k);
     free(kv->v);
     free(kv->S);
-    free(kv->steps);
+    free(kv->pre);
+    free(kv->blk_qkv);
+    free(kv->blk_ba);
     free(kv->hist);
     free(kv->win);
     free_bufs(ops, kv);
@@ -129,7 +138,8 @@ int64_t dfl_target_kv_len(const dfl_target_kv *kv) { return kv->len; }
 int64_t dfl_target_kv_cap(const dfl_target_kv *kv) { return kv->cap; }
 
 /* Put the Gated DeltaNet layers back at position len: the empty state, or
- * the one kept after row len - rb_start - 1 of the last forward. */
+ * the state before the last forward advanced over its first m = len -
+ * rb_start rows again (the same op on the same inputs). */
 static void restore_linear(dfl_target_kv *kv, int64_t len) {
     const dfl_target *t = kv->t;
     const dfl_ops *ops = t->ops;
@@ -139,15 +149,21 @@ static void restore_linear(dfl_target_kv *kv, int64_t len) {
     if (len > 0)
         DFL_ASSERT(kv->rb_n > 0 && m >= 0 && m < kv->rb_n &&
                    "a hybrid target crops only to 0 or into its last forward made with may_crop");
+    const int32_t cu[2] = {0, (int32_t)m};
+    if (m > 0) ops->upload(kv->cu, cu, sizeof cu); /* every forward uploads its own */
     for (int l = 0; l < kv->nl; l++) {
-        if (!t->layers[l].linear) continue;
+        const layer_w *lw = &t->layers[l];
+        if (!lw->linear) continue;
         if (len == 0) {
             ops->zero(kv->S[l], sb);
             ops->zero(kv->hist[l], hb);
-        } else {
-            ops->copy(kv->S[l], (char *)kv->steps[l] + (size_t)m * sb, sb);
-            ops->copy(kv->hist[l], DFL_AT(ops, kv->win[l], m * conv_channels(c)), hb);
+            continue;
         }
+        ops->copy(kv->S[l], kv->pre[l], sb);
+        if (m > 0)
+            ops->gated_delta(kv->lin.o, kv->S[l], NULL, kv->blk_qkv[l], kv->blk_ba[l], lw->A_log, lw->dt_bias, kv->cu, 1,
+                             m, c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim);
+        ops->copy(kv->hist[l], DFL_AT(ops, kv->win[l], m * conv_channels(c)), hb);
     }
     if (len == 0) kv->rb_n = 0;
 }
@@ -189,16 +205,18 @@ static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nro
     dfl_target_lin_reserve(kv->t, &kv->lin, n);
 }
 
-/* Room to keep n rows of Gated DeltaNet states for a crop. */
+/* Room to keep n rows of Gated DeltaNet inputs for a crop. */
 static void reserve_rollback(dfl_target_kv *kv, int64_t n) {
     const dfl_ops *ops = kv->t->ops;
     const dfl_model_config *c = &kv->t->cfg;
+    const size_t a = (size_t)ops->act_bytes;
+    const int64_t C = conv_channels(c);
     if (n <= kv->rb_cap) return;
     for (int l = 0; l < kv->nl; l++) {
         if (!kv->t->layers[l].linear) continue;
-        kv->steps[l] = dfl_target_regrow(ops, kv->steps[l], (size_t)(n + 1) * state_bytes(c));
-        kv->win[l] = dfl_target_regrow(ops, kv->win[l], (size_t)((c->lin_conv - 1 + n) * conv_channels(c)) *
-                                                            (size_t)ops->act_bytes);
+        kv->win[l] = dfl_target_regrow(ops, kv->win[l], (size_t)((c->lin_conv - 1 + n) * C) * a);
+        kv->blk_qkv[l] = dfl_target_regrow(ops, kv->blk_qkv[l], (size_t)(n * C) * a);
+        kv->blk_ba[l] = dfl_target_regrow(ops, kv->blk_ba[l], (size_t)(n * 2 * c->lin_v_heads) * a);
     }
     kv->rb_cap = n;
 }
@@ -236,7 +254,7 @@ static int check(const dfl_target_kv *kv, const int32_t *ids, int64_t n, const d
 }
 
 /* A Gated DeltaNet layer on the n new rows: from the cached state and
- * history, which it advances; with `keep`, also the rollback points. */
+ * history, which it advances; with `keep`, also what a crop needs. */
 static void linear_step(dfl_target_kv *kv, int l, int64_t n, int keep) {
     dfl_target *t = kv->t;
     const dfl_ops *ops = t->ops;
@@ -245,11 +263,14 @@ static void linear_step(dfl_target_kv *kv, int l, int64_t n, int keep) {
     const size_t sb = state_bytes(c), a = (size_t)ops->act_bytes;
     if (keep) {
         ops->copy(kv->win[l], kv->hist[l], (size_t)(K1 * C) * a);
-        ops->copy(kv->steps[l], kv->S[l], sb);
+        ops->copy(kv->pre[l], kv->S[l], sb);
     }
-    dfl_target_linear_attn(t, &t->layers[l], &kv->lin, kv->x, kv->h, kv->cu, 1, n, kv->hist[l], kv->S[l],
-                           keep ? (float *)((char *)kv->steps[l] + sb) : NULL);
-    if (keep) ops->copy(DFL_AT(ops, kv->win[l], K1 * C), kv->lin.raw, (size_t)(n * C) * a);
+    dfl_target_linear_attn(t, &t->layers[l], &kv->lin, kv->x, kv->h, kv->cu, 1, n, kv->hist[l], kv->S[l], NULL);
+    if (keep) {
+        ops->copy(DFL_AT(ops, kv->win[l], K1 * C), kv->lin.raw, (size_t)(n * C) * a);
+        ops->copy(kv->blk_qkv[l], kv->lin.conv, (size_t)(n * C) * a);
+        ops->copy(kv->blk_ba[l], kv->lin.ba, (size_t)(n * 2 * c->lin_v_heads) * a);
+    }
     /* the history is now the last K-1 raw rows of [history; new rows] */
     if (n >= K1) {
         ops->copy(kv->hist[l], DFL_AT(ops, kv->lin.raw, (n - K1) * C), (size_t)(K1 * C) * a);

@@ -159,17 +159,22 @@ if [ -x "$E" ]; then
         --drafter "$T/good" --prompts "$T/t3.jsonl" --max-new-tokens 16 --ignore-eos --emit "$T/emu-on.jsonl"
     cp "$T/.out" "$T/emu-on.tsv"
     check "  lossless on the CUDA table (0 mismatches)" test "$(col "$T/emu-on.tsv" mismatches)" = 0
-    check "  tau within 0.5 of the CPU's" python3 - "$T/emu-on.jsonl" "$T/on-good.jsonl" \
-        "$(col "$T/emu-on.tsv" tau_macro)" <<'PY'
+    check "cpu: online, the same prompts and length" $SC --target "$T/target" --drafter "$T/good" \
+        --prompts "$T/t3.jsonl" --max-new-tokens 16 --ignore-eos --emit "$T/cpu16-on.jsonl"
+    # Where the greedy outputs agree, the drafter saw the same contexts on
+    # both: its acceptance must agree too (bf16 may flip a near-tie block).
+    # Where they differ (a near-tie of the target's logits turned by bf16
+    # activations: not a limit), the responses go separate ways.
+    check "  tau within 0.5 of the CPU's where the greedy outputs agree" python3 - "$T/emu-on.jsonl" \
+        "$T/cpu16-on.jsonl" <<'PY'
 import json, sys
-a = [json.loads(l) for l in open(sys.argv[1])]
+a = {e["id"]: e for e in map(json.loads, open(sys.argv[1]))}
 b = {e["id"]: e for e in map(json.loads, open(sys.argv[2]))}
-same = sum(x == y for e in a for x, y in zip(e["greedy_ids"], b[e["id"]]["greedy_ids"][:16]))
-n = sum(len(e["greedy_ids"]) for e in a)
-cpu = sum(sum(e["acceptance_lengths"]) / len(e["acceptance_lengths"]) for e in map(lambda e: b[e["id"]], a)) / len(a)
-# not a limit: a near-tie turned by bf16 changes the rest of a response
-print("greedy ids equal to the cpu's %d/%d, tau_macro cuda %.3f (cpu on 30 tokens %.3f)" % (same, n, float(sys.argv[3]), cpu))
-assert abs(float(sys.argv[3]) - cpu) < 0.5
+tau = lambda e: sum(e["acceptance_lengths"]) / len(e["acceptance_lengths"])
+same = [k for k in a if a[k]["greedy_ids"] == b[k]["greedy_ids"]]
+print("greedy outputs equal on %d of %d prompts; tau there: cuda %s, cpu %s" %
+      (len(same), len(a), [round(tau(a[k]), 3) for k in same], [round(tau(b[k]), 3) for k in same]))
+assert same and abs(sum(tau(a[k]) for k in same) - sum(tau(b[k]) for k in same)) / len(same) < 0.5
 PY
     sed 's/^/    /' "$T/.out"
     check "cuda (emulated): offline" "$E" --device cuda --threads 1 --target "$T/target" --drafter "$T/good" \

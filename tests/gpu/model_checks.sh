@@ -37,8 +37,8 @@ trap 'rm -rf "$T"' EXIT
 result() { echo "RESULT|$1|$2|$3"; }
 CMP="python3 tests/gpu/compare.py"
 # Qwen3.5 states through bf16 activations: the DeltaNet's inputs, output and
-# gated norm round to bf16 (its state stays f32)
-Q35_HIDDEN=2e-3
+# gated norm round to bf16 (its state stays f32); the emulation gave 4.5e-5
+Q35_HIDDEN=1e-3
 
 # ---- one whole training step of the drafter (bench_train --grad-out) ----
 for cfg in tiny small; do

@@ -148,7 +148,7 @@ fi
 [ "$DRY" = 1 ] && MAKEARGS+=(NO_CUDA=1)
 if [ -n "$deps" ]; then
     section "make ${MAKEARGS[*]}" "$BUILD_LOG"
-    targets=("$B/tests/test_ops_cuda" "$B/gpu/bench_extract" "$B/gpu/bench_train" all)
+    targets=("$B/tests/test_ops_cuda" "$B/gpu/bench_extract" "$B/gpu/bench_train" "$B/gpu/bench_gdn" all)
     [ -f tests/helpers/mktarget.c ] && targets+=("$B/tests/mktarget")
     if make "${MAKEARGS[@]}" "${targets[@]}" >>"$BUILD_LOG" 2>&1; then
         built=1
@@ -329,6 +329,24 @@ with open('$W/in35.jsonl', 'w') as f:
             row "dflash-extract --device $d35, Qwen3.5-27B layer shapes" "FAIL" "see bench.log"
         fi
         rm -rf "$W"
+    fi
+
+    # the Gated DeltaNet ops of one Qwen3.5-27B layer alone (bench_gdn): a
+    # packed prefill and a verify step, beside their floors
+    if [ -x "$B/gpu/bench_gdn" ] && [ "$(left)" -gt 45 ]; then
+        section "bench_gdn" "$BENCH_LOG"
+        X=$TMPD/gdn.txt
+        if [ "$DRY" = 1 ]; then gdn_args=(--device cpu --tiny --iters 1); else gdn_args=(--device cuda); fi
+        if timeout 30 "$B/gpu/bench_gdn" "${gdn_args[@]}" >"$X" 2>&1; then
+            row "Gated DeltaNet, one Qwen3.5-27B layer: prefill 16 x 2048" \
+                "$(value "$X" "gated_delta ms") ms" \
+                "gated_delta (f32 floor $(value "$X" "f32 floor ms") ms), conv1d_silu $(value "$X" "conv1d_silu ms") ms; predicted 7-10 ms and 0.3-0.5 ms"
+            row "Gated DeltaNet, verify of 16 rows" "$(value "$X" "gated_delta us") us" \
+                "conv1d_silu $(value "$X" "conv1d_silu us") us, byte floor $(value "$X" "byte floor us") us; predicted 5-10 us"
+        else
+            row "bench_gdn" "FAIL" "see bench.log"
+        fi
+        cat "$X" >>"$BENCH_LOG"
     fi
 
     # the training step in PyTorch, when it is there and time allows (after
