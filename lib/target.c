@@ -72,6 +72,8 @@ typedef struct {
     int n, cap;
 } wlist;
 
+/* Add a tensor to the list; the pointer returned is valid until the next
+ * call (the list grows by realloc). */
 static wspec *want(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *name) {
     if (l->n == l->cap) l->v = dfl_realloc(l->v, (size_t)(l->cap = l->cap ? 2 * l->cap : 64) * sizeof *l->v);
     wspec *w = &l->v[l->n++];
@@ -112,6 +114,16 @@ static void want_head_rows(wlist *l, const dfl_target *t, void **dst, int64_t he
     w->out_numel = heads * D * H;
 }
 
+/* q_norm / k_norm: in the rotary order when perm, (1 + w) when the model's
+ * norms are. (The spec is set up before the next want(): that may move the
+ * list.) */
+static void want_norm_perm(wlist *l, const dfl_target *t, void **dst, int perm, int i, const char *suffix) {
+    wspec *w = want_layer(l, t, dst, 1, t->cfg.head_dim, 0, 0, i, suffix);
+    if (perm || t->cfg.norm_plus_one) w->xf = XF_NORM_PERM;
+    w->perm = perm;
+    w->plus_one = t->cfg.norm_plus_one;
+}
+
 static void plan_attention(dfl_target *t, wlist *l, layer_w *w, int i) {
     const dfl_model_config *c = &t->cfg;
     const int64_t H = c->hidden_size, D = c->head_dim, Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
@@ -130,11 +142,8 @@ static void plan_attention(dfl_target *t, wlist *l, layer_w *w, int i) {
     want_layer(l, t, &w->v, 2, KD, H, 0, i, "self_attn.v_proj.weight");
     want_layer(l, t, &w->o, 2, H, QD, 0, i, "self_attn.o_proj.weight");
     if (c->qk_norm) {
-        wspec *qn = want_layer(l, t, &w->q_norm, 1, D, 0, 0, i, "self_attn.q_norm.weight");
-        wspec *kn = want_layer(l, t, &w->k_norm, 1, D, 0, 0, i, "self_attn.k_norm.weight");
-        if (perm || c->norm_plus_one) qn->xf = kn->xf = XF_NORM_PERM;
-        qn->perm = kn->perm = perm;
-        qn->plus_one = kn->plus_one = c->norm_plus_one;
+        want_norm_perm(l, t, &w->q_norm, perm, i, "self_attn.q_norm.weight");
+        want_norm_perm(l, t, &w->k_norm, perm, i, "self_attn.k_norm.weight");
     }
 }
 
