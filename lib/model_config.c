@@ -1,4 +1,4 @@
-/* model_config.c: reading Qwen3/Llama config.json files. */
+/* model_config.c: reading Qwen3, Llama and Qwen3.5 config.json files. */
 #include "model_config.h"
 
 #include "common.h"
