@@ -107,9 +107,16 @@ static int check_supported(const dfl_model_config *c, const json_t *j, const cha
             return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only full_attention%s is supported", path, i,
                            ty, c->hybrid ? " and linear_attention" : "");
     }
-    if (lt && (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->num_hidden_layers))
+    if (lt && !json_is_null(lt) && (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->num_hidden_layers))
         return dfl_err(DFL_EX_DATA, "%s: \"layer_types\" must list one type for each of the %lld layers", path,
                        (long long)c->num_hidden_layers);
+    if (c->hidden_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 || c->num_key_value_heads <= 0 ||
+        c->head_dim <= 0 || c->vocab_size <= 0 || c->intermediate_size <= 0)
+        return dfl_err(DFL_EX_DATA, "%s: sizes must be positive", path);
+    if (c->head_dim % 2) return dfl_err(DFL_EX_DATA, "%s: \"head_dim\" %lld must be even for RoPE", path, (long long)c->head_dim);
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return dfl_err(DFL_EX_DATA, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
+                       (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
     if (c->rotary_dim != c->head_dim && !c->hybrid)
         return dfl_err(DFL_EX_DATA, "%s: a partial_rotary_factor other than 1 is supported for Qwen3.5 only", path);
     if (c->rotary_dim < 2 || c->rotary_dim % 2 || c->rotary_dim > c->head_dim)
@@ -125,13 +132,6 @@ static int check_supported(const dfl_model_config *c, const json_t *j, const cha
         if (c->lin_conv > 8)
             return dfl_err(DFL_EX_DATA, "%s: \"linear_conv_kernel_dim\" %lld is more than 8", path, (long long)c->lin_conv);
     }
-    if (c->hidden_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 || c->num_key_value_heads <= 0 ||
-        c->head_dim <= 0 || c->vocab_size <= 0 || c->intermediate_size <= 0)
-        return dfl_err(DFL_EX_DATA, "%s: sizes must be positive", path);
-    if (c->head_dim % 2) return dfl_err(DFL_EX_DATA, "%s: \"head_dim\" %lld must be even for RoPE", path, (long long)c->head_dim);
-    if (c->num_attention_heads % c->num_key_value_heads)
-        return dfl_err(DFL_EX_DATA, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
-                       (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
     /* the model code computes in f32: the f32 value must be positive and finite */
     float eps = (float)c->rms_norm_eps;
     if (!(eps > 0 && isfinite(eps))) return dfl_err(DFL_EX_DATA, "%s: \"rms_norm_eps\" must be a positive float", path);
@@ -248,8 +248,10 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     rc = rc ? rc : get_int(tj, "intermediate_size", -2, &c->intermediate_size, path);
     rc = rc ? rc : get_int(tj, "num_hidden_layers", -2, &c->num_hidden_layers, path);
     rc = rc ? rc : get_int(tj, "num_attention_heads", -2, &c->num_attention_heads, path);
-    rc = rc ? rc : get_int(tj, "num_key_value_heads", c->num_attention_heads, &c->num_key_value_heads, path);
-    rc = rc ? rc : get_int(tj, "head_dim", c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0, &c->head_dim, path);
+    /* Absent keys: Qwen3_5TextConfig's defaults (4 KV heads, 256-wide heads) */
+    rc = rc ? rc : get_int(tj, "num_key_value_heads", c->hybrid ? 4 : c->num_attention_heads, &c->num_key_value_heads, path);
+    rc = rc ? rc : get_int(tj, "head_dim", c->hybrid ? 256 : c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0,
+                           &c->head_dim, path);
     rc = rc ? rc : get_int(tj, "vocab_size", -2, &c->vocab_size, path);
     rc = rc ? rc : get_int(tj, "max_position_embeddings", 0, &c->max_position_embeddings, path);
     rc = rc ? rc : get_num(tj, "rms_norm_eps", 1e-6, &c->rms_norm_eps, path);
@@ -257,8 +259,9 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     rc = rc ? rc : parse_rotary_dim(c, tj, path);
     if (!rc && c->hybrid) rc = parse_hybrid(c, tj, path);
     int tie = 0;
-    /* the VLM keeps tie_word_embeddings at the top, the text model inside */
-    rc = rc ? rc : get_bool(json_object_get(j, "tie_word_embeddings") ? j : tj, "tie_word_embeddings", &tie, path);
+    /* The VLM's LM head is tied by its top-level key alone (absent: false),
+     * as transformers' Qwen3_5Config; text_config's copy is not read. */
+    rc = rc ? rc : get_bool(j, "tie_word_embeddings", &tie, path);
     if (rc) return rc;
     c->tie_word_embeddings = tie;
     c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") != 0;

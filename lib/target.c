@@ -39,7 +39,10 @@ uint64_t dfl_target_weight_bytes(const dfl_target *t) { return t->weight_bytes; 
 
 /* How a checkpoint tensor becomes a compute tensor. Qwen3.5 needs more than
  * a dtype conversion; every rewrite is exact in f32 (a reordering) except
- * the (1 + w) of its norms, which rounds once, as transformers' f32 does:
+ * the (1 + w) of its norms, which rounds once to the weight dtype: to f32 on
+ * the CPU, as transformers' f32 does, but to bf16 on CUDA, where
+ * transformers keeps 1 + w in f32 even for a bf16 model (up to 2^-9
+ * relative per channel; a bf16 weight op cannot hold it exactly):
  *   XF_PLUS_ONE   (1 + w) norms: w + 1
  *   XF_HEAD_ROWS  rows of per-head projections: head h's rows
  *                 [h*stride + off, +D) of the source, in the rotary order

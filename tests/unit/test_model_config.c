@@ -119,6 +119,37 @@ static void test_qwen35(void) {
     }
 }
 
+/* Keys a Qwen3.5 config may leave out take transformers' values
+ * (Qwen3_5TextConfig / Qwen3_5Config, checked with transformers 5.24):
+ * head_dim 256 and 4 KV heads (not hidden/heads and all heads), layer_types
+ * null = absent, and a VLM's LM head is tied by its top-level key only
+ * (absent: untied, whatever text_config says). A bad size is reported as
+ * such, not as a rotary mismatch. */
+#define Q35_MIN "\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":4,\"num_attention_heads\":8," \
+                "\"vocab_size\":100"
+static void test_qwen35_defaults(void) {
+    dfl_model_config a, b, v;
+    T_CHECK(parse(&a, "{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35_MIN ",\"layer_types\":null}") == 0);
+    T_CHECKF(a.head_dim == 256 && a.num_key_value_heads == 4 && a.rotary_dim == 64, "head_dim %lld, kv heads %lld",
+             (long long)a.head_dim, (long long)a.num_key_value_heads);
+    for (int i = 0; i < 4; i++) T_CHECKF(dfl_model_config_linear_layer(&a, i) == (i != 3), "layer %d", i);
+    T_CHECK(parse(&b, "{\"architectures\":[\"Qwen3ForCausalLM\"]," Q35_MIN "}") == 0);
+    T_CHECK(b.head_dim == 8 && b.num_key_value_heads == 8); /* Qwen3 keeps hidden/heads and all heads */
+    T_CHECK(parse(&v, "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],"
+                      "\"text_config\":{" Q35_MIN ",\"tie_word_embeddings\":true}}") == 0);
+    T_CHECK(v.tie_word_embeddings == 0);
+    dfl_model_config_free(&v);
+    T_CHECK(parse(&v, "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],\"tie_word_embeddings\":true,"
+                      "\"text_config\":{" Q35_MIN ",\"tie_word_embeddings\":false}}") == 0);
+    T_CHECK(v.tie_word_embeddings == 1);
+    dfl_model_config_free(&a);
+    dfl_model_config_free(&b);
+    dfl_model_config_free(&v);
+    int rc = parse(&a, "{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35_MIN ",\"head_dim\":0}");
+    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), "sizes must be positive"), "rc %d, %s", rc, dfl_errmsg());
+    dfl_model_config_free(&a);
+}
+
 static void test_default_layer_ids(void) {
     int ids[5];
     dfl_default_layer_ids(36, 5, ids);
@@ -137,6 +168,7 @@ int main(void) {
     T_RUN(test_llama3_rope);
     T_RUN(test_refusals);
     T_RUN(test_qwen35);
+    T_RUN(test_qwen35_defaults);
     T_RUN(test_default_layer_ids);
     return t_exit();
 }

@@ -368,26 +368,28 @@ static void copy_file(const char *from, const char *to) {
     if (b) fclose(b);
 }
 
-/* The directory tmp/NAME (into d) with qwen3-tied's config.json copied in;
- * returns qwen3-tied's weights opened, to be rewritten there (NULL if they
- * cannot be read). */
-static dfl_st *start_copy(const char *name, char *d, size_t dn) {
+/* The directory tmp/NAME (into d) with fixture FROM's config.json copied
+ * in; returns FROM's weights (all shards) opened, to be rewritten there as
+ * one model.safetensors (NULL if they cannot be read). */
+static dfl_st *start_copy_of(const char *from, const char *name, char *d, size_t dn) {
     char p[600], src[512];
     snprintf(d, dn, "%s/%s", tmp, name);
     mkdir(d, 0777);
-    snprintf(src, sizeof src, "%s/qwen3-tied/config.json", FIX);
+    snprintf(src, sizeof src, "%s/%s/config.json", FIX, from);
     snprintf(p, sizeof p, "%s/config.json", d);
     copy_file(src, p);
-    snprintf(src, sizeof src, "%s/qwen3-tied/model.safetensors", FIX);
+    snprintf(src, sizeof src, "%s/%s", FIX, from);
     dfl_st *st;
-    return dfl_st_open(&st, src) ? NULL : st;
+    return dfl_st_open_dir(&st, src) ? NULL : st;
 }
 
-/* A copy of qwen3-tied in tmp/NAME, with `edit` applied to its tensors:
- * drop (shape NULL) or reshape the tensor named `tensor`. */
-static void make_broken(const char *name, const char *tensor, const int64_t *shape) {
+static dfl_st *start_copy(const char *name, char *d, size_t dn) { return start_copy_of("qwen3-tied", name, d, dn); }
+
+/* A copy of fixture FROM in tmp/NAME, with `edit` applied to its tensors:
+ * drop (shape NULL) or reshape (2-D) the tensor named `tensor`. */
+static void make_broken_of(const char *from, const char *name, const char *tensor, const int64_t *shape) {
     char d[512], p[600];
-    dfl_st *st = start_copy(name, d, sizeof d);
+    dfl_st *st = start_copy_of(from, name, d, sizeof d);
     if (!st) return;
     int n = dfl_st_count(st), k = 0;
     dfl_st_in *in = dfl_calloc((size_t)n, sizeof *in);
@@ -412,6 +414,10 @@ static void make_broken(const char *name, const char *tensor, const int64_t *sha
     free(keep[0]);
     free(in);
     dfl_st_close(st);
+}
+
+static void make_broken(const char *name, const char *tensor, const int64_t *shape) {
+    make_broken_of("qwen3-tied", name, tensor, shape);
 }
 
 static void expect_load_error(const char *name, int code, const char *want) {
@@ -482,22 +488,65 @@ static void test_broken_models(void) {
     expect_load_error("does-not-exist", DFL_EX_NOINPUT, "does-not-exist");
 }
 
+/* Qwen3.5 directories with a DeltaNet tensor missing or misshapen, a layer
+ * kind that disagrees with the weights, layer_types of the wrong length, a
+ * text_config without a size: each refused with exit 65 and a message that
+ * names the tensor or key, both in the flat and the VLM layout. */
+static void test_broken_qwen35(void) {
+    make_broken_of("qwen35", "q35-missing", "model.layers.0.linear_attn.in_proj_a.weight", NULL);
+    expect_load_error("q35-missing", DFL_EX_DATA, "model.layers.0.linear_attn.in_proj_a.weight");
+    int64_t conv2d[2] = {160, 4}; /* [C, K]: the [C, 1, K] of nn.Conv1d without its middle 1 */
+    make_broken_of("qwen35", "q35-conv", "model.layers.1.linear_attn.conv1d.weight", conv2d);
+    expect_load_error("q35-conv", DFL_EX_DATA, "model.layers.1.linear_attn.conv1d.weight");
+    int64_t alog[2] = {4, 1};
+    make_broken_of("qwen35", "q35-alog", "model.layers.2.linear_attn.A_log", alog);
+    expect_load_error("q35-alog", DFL_EX_DATA, "model.layers.2.linear_attn.A_log");
+    int64_t gate[2] = {128, 48}; /* q_proj without its gate rows */
+    make_broken_of("qwen35", "q35-nogate", "model.layers.3.self_attn.q_proj.weight", gate);
+    expect_load_error("q35-nogate", DFL_EX_DATA, "model.layers.3.self_attn.q_proj.weight");
+
+    make_broken_of("qwen35", "q35-kind", NULL, NULL); /* layer 3 declared linear, stored as attention */
+    edit_config("q35-kind", "\"linear_attention\",\n    \"full_attention\"", "\"linear_attention\",\n    \"linear_attention\"");
+    expect_load_error("q35-kind", DFL_EX_DATA, "model.layers.3.linear_attn.");
+    make_broken_of("qwen35", "q35-types", NULL, NULL);
+    edit_config("q35-types", "\"layer_types\": [\n    \"linear_attention\",", "\"layer_types\": [");
+    expect_load_error("q35-types", DFL_EX_DATA, "layer_types");
+
+    make_broken_of("qwen35-vlm", "vlm-missing", "model.language_model.layers.5.linear_attn.dt_bias", NULL);
+    expect_load_error("vlm-missing", DFL_EX_DATA, "model.language_model.layers.5.linear_attn.dt_bias");
+    make_broken_of("qwen35-vlm", "vlm-nosize", NULL, NULL);
+    edit_config("vlm-nosize", "\"hidden_size\": 48,", "");
+    expect_load_error("vlm-nosize", DFL_EX_DATA, "\"hidden_size\" is missing");
+    make_broken_of("qwen35-vlm", "vlm-notext", NULL, NULL);
+    edit_config("vlm-notext", "\"text_config\"", "\"txt_config\"");
+    expect_load_error("vlm-notext", DFL_EX_DATA, "text_config");
+    /* the VLM fixture as one file (index dropped) still loads */
+    char p[600];
+    dfl_target *t = NULL;
+    dfl_target_opts o = {0, 1};
+    make_broken_of("qwen35-vlm", "vlm-one-file", NULL, NULL);
+    snprintf(p, sizeof p, "%s/vlm-one-file", tmp);
+    T_CHECKF(dfl_target_load(&t, p, dfl_ops_cpu(), &o) == 0, "%s", dfl_errmsg());
+    dfl_target_free(t);
+}
+
 /* ---- weight encodings ---------------------------------------------------- */
 
-/* All taps of qwen3-tied's fixture inputs for the model in `dir`, f32. */
-static float *all_taps(const char *dir, int64_t *n) {
+/* All taps of fixture FROM's inputs for the model in `dir`, f32. */
+static float *all_taps_of(const char *from, const char *dir, int64_t *n) {
     expected e;
     float *got = NULL;
-    if (load_expected(&e, "qwen3-tied")) return NULL;
+    if (load_expected(&e, from)) return NULL;
     dfl_target *t = NULL;
     dfl_target_opts o = {0, 0};
     if (dfl_target_load(&t, dir, dfl_ops_cpu(), &o) == 0) {
-        int taps[6] = {0, 1, 2, 3, 4, 5};
+        int taps[64], L = (int)e.L;
+        for (int k = 0; k < L; k++) taps[k] = k;
         dfl_target_batch b = {e.ids, e.cu, e.nseq};
-        dfl_target_want w = {6, taps, 0, 0, 0, NULL, 0, 0};
+        dfl_target_want w = {L, taps, 0, 0, 0, NULL, 0, 0};
         dfl_target_out out;
         if (dfl_target_forward(t, &out, &b, &w) == 0) {
-            *n = e.T * 6 * e.H;
+            *n = e.T * L * e.H;
             got = dfl_malloc((size_t)*n * sizeof *got);
             dfl_target_taps_to_f32(t, &out, 0, e.T, got);
         }
@@ -509,10 +558,12 @@ static float *all_taps(const char *dir, int64_t *n) {
     return got;
 }
 
-/* qwen3-tied rewritten with every tensor in `dtype` (f32, f16) in tmp/NAME. */
-static void make_converted(const char *name, dfl_dtype dtype) {
+static float *all_taps(const char *dir, int64_t *n) { return all_taps_of("qwen3-tied", dir, n); }
+
+/* Fixture FROM rewritten with every tensor in `dtype` (f32, f16) in tmp/NAME. */
+static void make_converted_of(const char *from, const char *name, dfl_dtype dtype) {
     char d[512], p[600];
-    dfl_st *st = start_copy(name, d, sizeof d);
+    dfl_st *st = start_copy_of(from, name, d, sizeof d);
     if (!st) return;
     int n = dfl_st_count(st);
     dfl_st_in *in = dfl_calloc((size_t)n, sizeof *in);
@@ -539,6 +590,8 @@ static void make_converted(const char *name, dfl_dtype dtype) {
     free(in);
     dfl_st_close(st);
 }
+
+static void make_converted(const char *name, dfl_dtype dtype) { make_converted_of("qwen3-tied", name, dtype); }
 
 /* qwen3-tied with a 1-byte tensor first, so every weight is misaligned in
  * the file (other writers do not align); written by hand. */
@@ -594,6 +647,19 @@ static void test_weight_encodings(void) {
     T_CHECKF(e < 1e-8, "f16 weights: nmse %.3g", e);
     fprintf(stderr, "  f16 weights vs bf16: nmse %.2e\n", e);
     free(got);
+    /* Qwen3.5 with every tensor f32 (released checkpoints keep A_log and
+     * the DeltaNet norm in f32): bitwise the same states as bf16, through
+     * every load-time transform ((1 + w), q/gate split, rotary order) */
+    char q35[512];
+    snprintf(q35, sizeof q35, "%s/qwen35", FIX);
+    int64_t n35 = 0, m35 = 0;
+    float *ref35 = all_taps_of("qwen35", q35, &n35);
+    make_converted_of("qwen35", "q35-f32", DFL_F32);
+    snprintf(d, sizeof d, "%s/q35-f32", tmp);
+    got = all_taps_of("qwen35", d, &m35);
+    T_CHECK(ref35 && got && n35 == m35 && !memcmp(got, ref35, (size_t)n35 * sizeof *got));
+    free(got);
+    free(ref35);
     make_unaligned("unaligned");
     snprintf(d, sizeof d, "%s/unaligned", tmp);
     got = all_taps(d, &n);
@@ -616,6 +682,7 @@ int main(void) {
     T_RUN(test_partial_load_and_bad_requests);
     if (!mkdtemp(tmp)) return 1;
     T_RUN(test_broken_models);
+    T_RUN(test_broken_qwen35);
     T_RUN(test_weight_encodings);
     if (t_rm_rf(tmp) != 0) return 1;
     return t_exit();
