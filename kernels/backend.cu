@@ -124,6 +124,7 @@ static void fill_table(dfl_ops *t) {
     t->matmul_bwd = cuda_matmul_bwd;
     t->rmsnorm = cuda_rmsnorm;
     t->rmsnorm_bwd = cuda_rmsnorm_bwd;
+    t->rmsnorm1p = cuda_rmsnorm1p;
     t->rope = cuda_rope;
     t->swiglu = cuda_swiglu;
     t->swiglu_bwd = cuda_swiglu_bwd;

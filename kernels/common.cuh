@@ -224,6 +224,7 @@ void cuda_matmul_bwd(void *din, float *dw, const void *dout, const void *in, con
                      int64_t K, int64_t N);
 // rmsnorm.cu
 void cuda_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
+void cuda_rmsnorm1p(void *out, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
 void cuda_rmsnorm_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd, const void *w,
                       int64_t rows, int64_t dim);
 // rope.cu

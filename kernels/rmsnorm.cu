@@ -1,8 +1,9 @@
 // rmsnorm.cu: RMSNorm forward and backward over rows of `dim`.
-// defines: cuda_rmsnorm, cuda_rmsnorm_bwd
+// defines: cuda_rmsnorm, cuda_rmsnorm_bwd, cuda_rmsnorm1p
 //
 // Forward: one warp per row, f32 sum of squares, rstd saved in f32, one
-// rounding per output (out = in * rstd * w, as the CPU reference).
+// rounding per output (out = in * rstd * (w + w_add), as the CPU reference;
+// w_add is 1 for Qwen3.5's (1 + w) norms, summed in f32).
 // Backward: one warp per row too; every lane owns a fixed set of columns, so
 // the weight gradient is summed without atomics: per warp in shared memory
 // (rows in a fixed order), per block over its warps, then a second kernel
@@ -14,8 +15,8 @@
 
 // Lane `lane` visits columns [c, c+VW) for c = lane*VW, lane*VW + 32*VW, ...
 template <int VW>
-__global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, int64_t rows, int dim,
-                               float eps) {
+__global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, float w_add, int64_t rows,
+                               int dim, float eps) {
     int lane = threadIdx.x % 32;
     int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     if (row >= rows) return;
@@ -36,7 +37,7 @@ __global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf1
         load_bf16s<VW>(f, x + c);
         load_bf16s<VW>(g, w + c);
 #pragma unroll
-        for (int i = 0; i < VW; i++) f[i] = f[i] * r * g[i];
+        for (int i = 0; i < VW; i++) f[i] = f[i] * r * (g[i] + w_add);
         store_bf16s<VW>(y + c, f);
     }
 }
@@ -108,7 +109,8 @@ __global__ void sum_partials_kernel(float *dw, const float *part, int nparts, in
 // ---------------------------------------------------------------------------
 // kernel launchers
 
-void cuda_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps) {
+static void launch_rmsnorm(void *out, float *rstd, const void *in, const void *w, float w_add, int64_t rows,
+                           int64_t dim, float eps) {
     CU_ASSERT(out && in && w && rows >= 0 && dim > 0 && dim <= INT32_MAX);
     if (rows == 0) return;
     const int warps = 8;
@@ -116,11 +118,19 @@ void cuda_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t
     int vec = dim % 8 == 0 && is_aligned(out, 16) && is_aligned(in, 16) && is_aligned(w, 16);
     if (vec)
         KLAUNCH(rmsnorm_kernel<8>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in,
-                                                                  (const bf16 *)w, rows, (int)dim, eps);
+                                                                  (const bf16 *)w, w_add, rows, (int)dim, eps);
     else
         KLAUNCH(rmsnorm_kernel<1>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in,
-                                                                  (const bf16 *)w, rows, (int)dim, eps);
+                                                                  (const bf16 *)w, w_add, rows, (int)dim, eps);
     LAUNCH_CHECK();
+}
+
+void cuda_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps) {
+    launch_rmsnorm(out, rstd, in, w, 0.0f, rows, dim, eps);
+}
+
+void cuda_rmsnorm1p(void *out, const void *in, const void *w, int64_t rows, int64_t dim, float eps) {
+    launch_rmsnorm(out, NULL, in, w, 1.0f, rows, dim, eps);
 }
 
 template <int VW>

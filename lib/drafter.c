@@ -476,18 +476,6 @@ static void *load_st_wt(const dfl_ops *ops, const dfl_st_tensor *t) {
     return dst;
 }
 
-/* A (1 + w) norm (Qwen3.5's final norm) as the plain-w weight the ops take. */
-static void *load_st_norm_plus_one(const dfl_ops *ops, const dfl_st_tensor *t) {
-    float *f = dfl_malloc((size_t)t->numel * sizeof *f);
-    dfl_st_to_f32(t, f);
-    for (int64_t i = 0; i < t->numel; i++) f[i] += 1.0f;
-    void *dst = ops->alloc((size_t)t->numel * (size_t)ops->wt_bytes);
-    ops->load_wt(dst, f, DFL_F32, t->numel);
-    ops->sync();
-    free(f);
-    return dst;
-}
-
 int dfl_drafter_load_target(dfl_drafter *d, const char *dir, const dfl_model_config *tcfg) {
     const dfl_drafter_config *c = &d->cfg;
     if (tcfg->hidden_size != c->H)
@@ -516,7 +504,8 @@ int dfl_drafter_load_target(dfl_drafter *d, const char *dir, const dfl_model_con
     }
     d->embed = load_st_wt(d->ops, emb);
     d->lm_head = head ? load_st_wt(d->ops, head) : d->embed;
-    d->target_norm = tcfg->norm_plus_one ? load_st_norm_plus_one(d->ops, norm) : load_st_wt(d->ops, norm);
+    d->target_norm = load_st_wt(d->ops, norm);
+    d->target_norm_plus_one = tcfg->norm_plus_one; /* Qwen3.5: applied by rmsnorm1p */
     d->target_eps = (float)tcfg->rms_norm_eps;
     dfl_st_close(st);
     return 0;
@@ -596,7 +585,8 @@ void dfl_drafter_loss(dfl_drafter *d, const dfl_drafter_batch *b, int kl, int ba
         DFL_ASSERT(b->target_h && d->target_norm);
         /* the target's distribution: its own final norm, then its LM head */
         ops->load_act(w->th_raw, b->target_h, b->target_h_dtype, Q * H);
-        ops->rmsnorm(w->th, NULL, w->th_raw, d->target_norm, Q, H, d->target_eps);
+        if (d->target_norm_plus_one) ops->rmsnorm1p(w->th, w->th_raw, d->target_norm, Q, H, d->target_eps);
+        else ops->rmsnorm(w->th, NULL, w->th_raw, d->target_norm, Q, H, d->target_eps);
         ops->lmhead_kl(w->loss, w->pred, w->tpred, dh, w->out, w->th, d->lm_head, w->gscale, Q, H, V);
         if (tpred) ops->download(tpred, w->tpred, (size_t)Q * 4);
     } else {

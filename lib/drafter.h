@@ -116,6 +116,7 @@ struct dfl_drafter {
     /* the target's frozen parts */
     void  *embed, *lm_head, *target_norm;   /* wt [V,H], wt [V,H], wt [H] (NULL if absent) */
     float  target_eps;
+    int    target_norm_plus_one; /* Qwen3.5's final norm scales by (1 + w) */
     float *inv_freq;                /* f32 [D/2] */
     struct dfl_drafter_ws *ws;      /* activations, grown as needed */
 };

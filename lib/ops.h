@@ -80,6 +80,11 @@ struct dfl_ops {
     void (*rmsnorm)(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
     void (*rmsnorm_bwd)(void *din, float *dw, const void *dout, const void *in, const float *rstd,
                         const void *w, int64_t rows, int64_t dim);
+    /* The same with a (1 + w) scale (Qwen3.5's norms store w): out = in *
+     * rstd * (1 + w), the sum formed in f32 from the stored w, as
+     * transformers does; forward only. A weight pre-added on the host would
+     * round 1 + w to bf16 on CUDA (up to 2^-8 relative, per channel). */
+    void (*rmsnorm1p)(void *out, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
     /* Rotate x[T, nh, d] in place, NeoX pairing (i, i + d/2): with
      * th = pos[t] * inv_freq[i], x_i' = x_i cos th - x_{i+d/2} sin th and
      * x_{i+d/2}' = x_{i+d/2} cos th + x_i sin th. inverse = 1 rotates by -th

@@ -165,10 +165,9 @@ static void cpu_matmul_bwd(void *din, float *dw, const void *dout, const void *i
 
 /* Per row: rstd = 1/sqrt(mean(x^2) + eps), out = (x * rstd) * w, the order
  * of transformers' Qwen3RMSNorm in f32 (the sum of squares in double). */
-static void cpu_rmsnorm(void *out_, float *rstd, const void *in_, const void *w_, int64_t rows, int64_t dim,
-                        float eps) {
-    float *out = out_;
-    const float *in = in_, *w = w_;
+/* out = (in * rstd) * (w + w_add), w_add 0 (rmsnorm) or 1 (rmsnorm1p). */
+static void rmsnorm_rows(float *out, float *rstd, const float *in, const float *w, float w_add, int64_t rows,
+                         int64_t dim, float eps) {
 #pragma omp parallel for if (rows * dim > DFL_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *x = in + r * dim;
@@ -177,8 +176,16 @@ static void cpu_rmsnorm(void *out_, float *rstd, const void *in_, const void *w_
         for (int64_t i = 0; i < dim; i++) ss += (double)x[i] * x[i];
         float rs = 1.0f / sqrtf((float)(ss / (double)dim) + eps);
         if (rstd) rstd[r] = rs;
-        for (int64_t i = 0; i < dim; i++) y[i] = (x[i] * rs) * w[i];
+        for (int64_t i = 0; i < dim; i++) y[i] = (x[i] * rs) * (w[i] + w_add);
     }
+}
+
+static void cpu_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps) {
+    rmsnorm_rows(out, rstd, in, w, 0.0f, rows, dim, eps);
+}
+
+static void cpu_rmsnorm1p(void *out, const void *in, const void *w, int64_t rows, int64_t dim, float eps) {
+    rmsnorm_rows(out, NULL, in, w, 1.0f, rows, dim, eps);
 }
 
 /* Sums over rows are split into fixed chunks of rows (a function of the
@@ -363,6 +370,7 @@ static const dfl_ops cpu_ops = {
     .matmul_bwd = cpu_matmul_bwd,
     .rmsnorm = cpu_rmsnorm,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rmsnorm1p = cpu_rmsnorm1p,
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
     .swiglu_bwd = cpu_swiglu_bwd,

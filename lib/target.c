@@ -38,16 +38,13 @@ uint64_t dfl_target_weight_bytes(const dfl_target *t) { return t->weight_bytes; 
 /* ---- loading ------------------------------------------------------------ */
 
 /* How a checkpoint tensor becomes a compute tensor. Qwen3.5 needs more than
- * a dtype conversion; every rewrite is exact in f32 (a reordering) except
- * the (1 + w) of its norms, which rounds once to the weight dtype: to f32 on
- * the CPU, as transformers' f32 does, but to bf16 on CUDA, where
- * transformers keeps 1 + w in f32 even for a bf16 model (up to 2^-9
- * relative per channel; a bf16 weight op cannot hold it exactly):
- *   XF_PLUS_ONE   (1 + w) norms: w + 1
+ * a dtype conversion; every rewrite is a reordering (exact). Its (1 + w)
+ * norms keep w as stored: rmsnorm1p forms 1 + w in f32, as transformers
+ * does (a bf16 weight holding 1 + w would round it by up to 2^-8).
  *   XF_HEAD_ROWS  rows of per-head projections: head h's rows
  *                 [h*stride + off, +D) of the source, in the rotary order
  *                 below when `perm` is set (q_proj's query or gate rows, k_proj)
- *   XF_NORM_PERM  q_norm / k_norm: the rotary order, and + 1 if plus_one
+ *   XF_NORM_PERM  q_norm / k_norm: the rotary order
  *   XF_F32        a small f32 parameter (A_log, dt_bias) into f32 memory
  * The rotary order: a partial RoPE (Qwen3.5 rotates the first rotary_dim
  * dims of each head, pairing (i, i + rotary_dim/2)) becomes the full-width
@@ -55,7 +52,7 @@ uint64_t dfl_target_weight_bytes(const dfl_target *t) { return t->weight_bytes; 
  * head dims of q and k are permuted alike: dot products q.k, all attention
  * uses of them, do not change under a common permutation, and v is not
  * permuted, so the attention output is unchanged. */
-typedef enum { XF_NONE, XF_PLUS_ONE, XF_HEAD_ROWS, XF_NORM_PERM, XF_F32 } xform;
+typedef enum { XF_NONE, XF_HEAD_ROWS, XF_NORM_PERM, XF_F32 } xform;
 
 /* One tensor to load: its name, expected shape, and where its pointer goes. */
 typedef struct {
@@ -65,7 +62,7 @@ typedef struct {
     void **dst;        /* set to the start of this tensor's memory ... */
     int64_t dst_off;   /* ... unless > 0: then written at *dst + dst_off elements (a concatenation) */
     xform xf;
-    int64_t heads, stride, off, perm, plus_one; /* XF_HEAD_ROWS, XF_NORM_PERM */
+    int64_t heads, stride, off, perm; /* XF_HEAD_ROWS, XF_NORM_PERM */
     int64_t out_numel; /* elements written (the source's unless XF_HEAD_ROWS) */
     const dfl_st_tensor *src;
 } wspec;
@@ -98,12 +95,6 @@ static wspec *want_layer(wlist *l, const dfl_target *t, void **dst, int ndim, in
     return want(l, dst, ndim, d0, d1, d2, name);
 }
 
-static wspec *want_norm(wlist *l, const dfl_target *t, void **dst, int64_t n, int i, const char *suffix) {
-    wspec *w = want_layer(l, t, dst, 1, n, 0, 0, i, suffix);
-    if (t->cfg.norm_plus_one) w->xf = XF_PLUS_ONE;
-    return w;
-}
-
 /* Rows of head h from [h*stride + off, +D) of a [heads*stride, H] projection. */
 static void want_head_rows(wlist *l, const dfl_target *t, void **dst, int64_t heads, int64_t stride, int64_t off,
                            int perm, int i, const char *suffix) {
@@ -117,14 +108,12 @@ static void want_head_rows(wlist *l, const dfl_target *t, void **dst, int64_t he
     w->out_numel = heads * D * H;
 }
 
-/* q_norm / k_norm: in the rotary order when perm, (1 + w) when the model's
- * norms are. (The spec is set up before the next want(): that may move the
- * list.) */
+/* q_norm / k_norm: in the rotary order when perm. (The spec is set up
+ * before the next want(): that may move the list.) */
 static void want_norm_perm(wlist *l, const dfl_target *t, void **dst, int perm, int i, const char *suffix) {
     wspec *w = want_layer(l, t, dst, 1, t->cfg.head_dim, 0, 0, i, suffix);
-    if (perm || t->cfg.norm_plus_one) w->xf = XF_NORM_PERM;
+    if (perm) w->xf = XF_NORM_PERM;
     w->perm = perm;
-    w->plus_one = t->cfg.norm_plus_one;
 }
 
 static void plan_attention(dfl_target *t, wlist *l, layer_w *w, int i) {
@@ -178,18 +167,17 @@ static void plan_weights(dfl_target *t, wlist *l) {
     for (int i = 0; i < t->nlayers; i++) {
         layer_w *w = &t->layers[i];
         w->linear = dfl_model_config_linear_layer(c, i);
-        want_norm(l, t, &w->in_norm, H, i, "input_layernorm.weight");
+        want_layer(l, t, &w->in_norm, 1, H, 0, 0, i, "input_layernorm.weight");
         if (w->linear) plan_linear(t, l, w, i);
         else plan_attention(t, l, w, i);
-        want_norm(l, t, &w->post_norm, H, i, "post_attention_layernorm.weight");
+        want_layer(l, t, &w->post_norm, 1, H, 0, 0, i, "post_attention_layernorm.weight");
         want_layer(l, t, &w->gate, 2, I, H, 0, i, "mlp.gate_proj.weight");
         want_layer(l, t, &w->up, 2, I, H, 0, i, "mlp.up_proj.weight");
         want_layer(l, t, &w->down, 2, H, I, 0, i, "mlp.down_proj.weight");
     }
     if (t->head) {
         snprintf(name, sizeof name, "%snorm.weight", c->weight_prefix);
-        if (c->norm_plus_one) want(l, &t->final_norm, 1, H, 0, 0, name)->xf = XF_PLUS_ONE;
-        else want(l, &t->final_norm, 1, H, 0, 0, name);
+        want(l, &t->final_norm, 1, H, 0, 0, name);
         /* Tied: the LM head is the embedding (HF ties them; a stored
          * lm_head.weight is then ignored, as HF's tie overrides it). The
          * VLM layout keeps lm_head at the top level too. */
@@ -221,14 +209,10 @@ static float *transform(const dfl_target *t, const wspec *w) {
     const int64_t D = t->cfg.head_dim, R = t->cfg.rotary_dim, n = w->src->numel;
     float *src = dfl_malloc((size_t)n * sizeof *src);
     dfl_st_to_f32(w->src, src);
-    if (w->xf == XF_PLUS_ONE || w->xf == XF_F32) {
-        if (w->xf == XF_PLUS_ONE)
-            for (int64_t i = 0; i < n; i++) src[i] += 1.0f;
-        return src;
-    }
+    if (w->xf == XF_F32) return src;
     float *out = dfl_malloc((size_t)w->out_numel * sizeof *out);
     if (w->xf == XF_NORM_PERM) {
-        for (int64_t d = 0; d < D; d++) out[d] = src[w->perm ? rotary_src_dim(d, D, R) : d] + (w->plus_one ? 1.0f : 0.0f);
+        for (int64_t d = 0; d < D; d++) out[d] = src[rotary_src_dim(d, D, R)];
     } else { /* XF_HEAD_ROWS */
         const int64_t H = t->cfg.hidden_size;
         for (int64_t h = 0; h < w->heads; h++)
@@ -522,6 +506,12 @@ static int check_want(const dfl_target *t, const dfl_target_want *w, int64_t T, 
     return 0;
 }
 
+void dfl_target_norm(const dfl_target *t, void *out, const void *in, const void *w, int64_t rows, int64_t dim) {
+    const float eps = (float)t->cfg.rms_norm_eps;
+    if (t->cfg.norm_plus_one) t->ops->rmsnorm1p(out, in, w, rows, dim, eps);
+    else t->ops->rmsnorm(out, NULL, in, w, rows, dim, eps);
+}
+
 /* The Gated DeltaNet mixer (transformers Qwen3_5GatedDeltaNet):
  *   raw = h Wqkv^T; q|k|v = silu(causal depthwise conv(raw)) per sequence
  *   z = h Wz^T; b|a = h Wba^T
@@ -550,17 +540,16 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
     workspace *w = &t->ws;
     int64_t H = c->hidden_size, D = c->head_dim;
     int64_t Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
-    float eps = (float)c->rms_norm_eps;
 
-    ops->rmsnorm(w->h, NULL, w->x, lw->in_norm, T, H, eps);
+    dfl_target_norm(t, w->h, w->x, lw->in_norm, T, H);
     if (lw->linear) {
         dfl_target_linear_attn(t, lw, &w->lin, w->x, w->h, w->cu, nseq, T, NULL, NULL, NULL);
     } else {
         if (c->qk_norm) { /* project into ao, then normalise each head into q / k */
             ops->matmul(w->ao, w->h, lw->q, T, H, Hq * D, 0);
-            ops->rmsnorm(w->q, NULL, w->ao, lw->q_norm, T * Hq, D, eps);
+            dfl_target_norm(t, w->q, w->ao, lw->q_norm, T * Hq, D);
             ops->matmul(w->ao, w->h, lw->k, T, H, Hkv * D, 0);
-            ops->rmsnorm(w->k, NULL, w->ao, lw->k_norm, T * Hkv, D, eps);
+            dfl_target_norm(t, w->k, w->ao, lw->k_norm, T * Hkv, D);
         } else {
             ops->matmul(w->q, w->h, lw->q, T, H, Hq * D, 0);
             ops->matmul(w->k, w->h, lw->k, T, H, Hkv * D, 0);
@@ -576,7 +565,7 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
         ops->matmul(w->x, w->ao, lw->o, T, Hq * D, H, 1);         /* x += attn Wo^T */
     }
 
-    ops->rmsnorm(w->h, NULL, w->x, lw->post_norm, T, H, eps);
+    dfl_target_norm(t, w->h, w->x, lw->post_norm, T, H);
     dfl_target_mlp(t, lw, w->x, w->h, w->gate, w->up, T);
 }
 
@@ -618,7 +607,7 @@ static void target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const v
         }
         in = sel;
     }
-    ops->rmsnorm(normed, NULL, in, t->final_norm, nrows, H, (float)c->rms_norm_eps);
+    dfl_target_norm(t, normed, in, t->final_norm, nrows, H);
     out->nrows = nrows;
     out->normed = w->normed ? normed : NULL;
     if (w->argmax) {

@@ -75,6 +75,9 @@ void *dfl_target_regrow(const dfl_ops *ops, void *old, size_t bytes);
 /* Grow hw to hold nrows rows; free its buffers. */
 void dfl_target_head_reserve(const dfl_target *t, head_ws *hw, int64_t nrows);
 void dfl_target_head_free(const dfl_ops *ops, head_ws *hw);
+/* out = the model's RMSNorm of in [rows, dim] with weight w: w, or (1 + w)
+ * for Qwen3.5 (ops rmsnorm1p), eps rms_norm_eps. */
+void dfl_target_norm(const dfl_target *t, void *out, const void *in, const void *w, int64_t rows, int64_t dim);
 /* Grow lw to n rows (no-op for a model without hybrid layers); free it. */
 void dfl_target_lin_reserve(const dfl_target *t, lin_ws *lw, int64_t n);
 void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw);

@@ -290,16 +290,15 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     const layer_w *lw = &t->layers[l];
     const int64_t H = c->hidden_size, D = c->head_dim;
     const int64_t Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, KD = Hkv * D;
-    const float eps = (float)c->rms_norm_eps;
     const int64_t len = kv->len, NK = len + n;
     void *kdst = DFL_AT(ops, kv->k[l], len * KD), *vdst = DFL_AT(ops, kv->v[l], len * KD);
 
-    ops->rmsnorm(kv->h, NULL, kv->x, lw->in_norm, n, H, eps);
+    dfl_target_norm(t, kv->h, kv->x, lw->in_norm, n, H);
     if (c->qk_norm) {
         ops->matmul(kv->ao, kv->h, lw->q, n, H, Hq * D, 0);
-        ops->rmsnorm(kv->q, NULL, kv->ao, lw->q_norm, n * Hq, D, eps);
+        dfl_target_norm(t, kv->q, kv->ao, lw->q_norm, n * Hq, D);
         ops->matmul(kv->kpre, kv->h, lw->k, n, H, KD, 0);
-        ops->rmsnorm(kdst, NULL, kv->kpre, lw->k_norm, n * Hkv, D, eps);
+        dfl_target_norm(t, kdst, kv->kpre, lw->k_norm, n * Hkv, D);
     } else {
         ops->matmul(kv->q, kv->h, lw->q, n, H, Hq * D, 0);
         ops->matmul(kdst, kv->h, lw->k, n, H, KD, 0);
@@ -317,7 +316,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     }
     ops->matmul(kv->x, kv->ao, lw->o, n, Hq * D, H, 1);
 
-    ops->rmsnorm(kv->h, NULL, kv->x, lw->post_norm, n, H, eps);
+    dfl_target_norm(t, kv->h, kv->x, lw->post_norm, n, H);
     dfl_target_mlp(t, lw, kv->x, kv->h, kv->gate, kv->up, n);
 }
 
@@ -348,9 +347,9 @@ int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t 
     ops->embed(kv->x, kv->ids, t->embed, n, H);
     for (int l = 0; l < need; l++) {
         if (t->layers[l].linear) {
-            ops->rmsnorm(kv->h, NULL, kv->x, t->layers[l].in_norm, n, H, (float)c->rms_norm_eps);
+            dfl_target_norm(t, kv->h, kv->x, t->layers[l].in_norm, n, H);
             linear_step(kv, l, n, keep);
-            ops->rmsnorm(kv->h, NULL, kv->x, t->layers[l].post_norm, n, H, (float)c->rms_norm_eps);
+            dfl_target_norm(t, kv->h, kv->x, t->layers[l].post_norm, n, H);
             dfl_target_mlp(t, &t->layers[l], kv->x, kv->h, kv->gate, kv->up, n);
         } else {
             layer_step(kv, l, n);

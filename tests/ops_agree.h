@@ -220,6 +220,9 @@ static void rmsnorm_case(int64_t rows, int64_t dim) {
     DEV->rmsnorm(out.d, rstd.d, x.d, w.d, rows, dim, 1e-6f);
     ag_check("rmsnorm out", &out, NMSE_ROUND);
     ag_check("rmsnorm rstd", &rstd, NMSE_F32);
+    REF->rmsnorm1p(out.r, x.r, w.r, rows, dim, 1e-6f); /* Qwen3.5's (1 + w) */
+    DEV->rmsnorm1p(out.d, x.d, w.d, rows, dim, 1e-6f);
+    ag_check("rmsnorm1p out", &out, NMSE_ROUND);
     /* backward, both from the reference's rstd (identical inputs) */
     float *hr = ag_get(REF, rstd.r, rows, AG_F32);
     DEV->upload(rstd.d, hr, (size_t)rows * 4);

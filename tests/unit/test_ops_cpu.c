@@ -307,6 +307,15 @@ static void test_rmsnorm(void) {
     CHECK_NMSE("rmsnorm rstd", rstd, rref, rows, NMSE_F32);
     ops->rmsnorm(out, NULL, x, w, rows, dim, eps[0]); /* rstd may be NULL */
     CHECK_NMSE("rmsnorm out (rstd NULL)", out, ref, rows * dim, NMSE_F32);
+    /* (1 + w) (Qwen3.5): the weight minus one through rmsnorm1p gives the
+     * same bits (1 + (w - 1) is w exactly for these w in [0.5, 2]) */
+    float *wm1 = minus(w, 1.0f, dim), *out1 = fbuf(rows * dim);
+    int exact = 1;
+    for (int64_t i = 0; i < dim; i++) exact &= (wm1[i] + 1.0f) == w[i];
+    ops->rmsnorm1p(out1, x, wm1, rows, dim, eps[0]);
+    T_CHECK(!exact || !memcmp(out1, out, (size_t)(rows * dim) * 4));
+    CHECK_NMSE("rmsnorm1p out", out1, ref, rows * dim, NMSE_F32);
+    ops->free(wm1), ops->free(out1);
 
     float *dout = fx(fx_dense, "rms.dout", NULL), *rdin = fx(fx_dense, "rms.din", NULL),
           *rdw = fx(fx_dense, "rms.dw", NULL);

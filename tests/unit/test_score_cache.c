@@ -323,7 +323,8 @@ static void test_drafter_target_weights_qwen35_vlm(void) {
     void *normed = ops->alloc((size_t)(T * H) * (size_t)ops->act_bytes);
     int32_t *dpred = ops->alloc((size_t)T * 4);
     ops->act_to_f32(ref, o.normed, T * H);
-    ops->rmsnorm(normed, NULL, o.last_hidden, d->target_norm, T, H, d->target_eps);
+    T_CHECK(d->target_norm_plus_one == 1);
+    ops->rmsnorm1p(normed, o.last_hidden, d->target_norm, T, H, d->target_eps);
     ops->act_to_f32(got, normed, T * H);
     double e = t_nmse_f32(got, ref, T * H);
     T_CHECKF(e < 1e-12, "the drafter's copy of the final norm: nmse %.3g", e);
