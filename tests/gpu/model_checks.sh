@@ -74,14 +74,21 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"id": "s%d" % i, "input_ids": ids, "loss_mask": [0] * 8 + [1] * 40}) + "\n")
 PY
 
+# extract_both MODEL PREFIX: taps 1,3,4 + target ids + last hidden of
+# data.jsonl on the CPU and on DEV, into PREFIX{cpu,DEV}.dfs and their
+# exports PREFIX{x-cpu,x-DEV}/; ok=0 when a run fails
+extract_both() {
+    ok=1
+    for d in cpu "$DEV"; do
+        echo "+ dflash-extract --device $d ($1)"
+        dflash-extract -m "$1" -l 1,3,4 --with target-ids --with last-hidden --device "$d" \
+            -o "$2$d.dfs" "$T/data.jsonl" || ok=0
+        dflash-pack --export "$2x-$d" "$2$d.dfs" || ok=0
+    done
+}
+
 # ---- extraction ----
-ok=1
-for d in cpu "$DEV"; do
-    echo "+ dflash-extract --device $d"
-    dflash-extract -m "$T/target" -l 1,3,4 --with target-ids --with last-hidden --device "$d" \
-        -o "$T/$d.dfs" "$T/data.jsonl" || ok=0
-    dflash-pack --export "$T/x-$d" "$T/$d.dfs" || ok=0
-done
+extract_both "$T/target" "$T/"
 if [ $ok = 1 ] && $CMP npy "$T/x-cpu" "$T/x-$DEV" hidden=1e-3 last_hidden=1e-3 target_ids=0.98 input_ids=exact \
     >"$T/cmp" 2>&1; then
     result "model: extraction cpu vs $DEV" "ok" "$(grep -m1 'hidden ' "$T/cmp")"
@@ -173,16 +180,10 @@ fi
 if "$MKT" -a qwen3.5 -o "$T/t35" --vocab 301 --hidden 128 --intermediate 192 --layers 6 --full-interval 3 \
     --heads 4 --kv-heads 2 --head-dim 64 --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 32 \
     --linear-v-dim 48 --tie no --seed 4 >/dev/null; then
-    ok=1
-    for d in cpu "$DEV"; do
-        echo "+ dflash-extract --device $d (qwen3.5)"
-        dflash-extract -m "$T/t35" -l 1,3,4 --with target-ids --with last-hidden --device "$d" \
-            -o "$T/q35-$d.dfs" "$T/data.jsonl" || ok=0
-        dflash-pack --export "$T/q35x-$d" "$T/q35-$d.dfs" || ok=0
-    done
+    extract_both "$T/t35" "$T/q35-"
     # target ids: this random 301-token model has many near-tied logits that
     # bf16 activations turn (the emulation: 97.9 % equal); the states are the check
-    if [ $ok = 1 ] && $CMP npy "$T/q35x-cpu" "$T/q35x-$DEV" hidden=$Q35_HIDDEN last_hidden=$Q35_HIDDEN \
+    if [ $ok = 1 ] && $CMP npy "$T/q35-x-cpu" "$T/q35-x-$DEV" hidden=$Q35_HIDDEN last_hidden=$Q35_HIDDEN \
         target_ids=0.95 input_ids=exact >"$T/cmp" 2>&1; then
         result "model: Qwen3.5 extraction cpu vs $DEV" "ok" "$(grep -m1 'hidden ' "$T/cmp")"
     else
