@@ -11,7 +11,10 @@
 # ratio, and checks nothing: timings never go in tests.
 #
 # Knobs: BENCH_THREADS (all cores), BENCH_STEPS (300 training steps),
-# BENCH_NEW (128 new tokens per prompt).
+# BENCH_NEW (128 new tokens per prompt). BENCH_ARCH=qwen3.5
+# (bench_score_qwen35.sh): a Qwen3.5 hybrid target of the same width (Gated
+# DeltaNet layers 0, 1, 3, 4 with 2/4 heads of 64; gated attention layers
+# 2, 5), whose verify blocks keep and replay the DeltaNet state.
 set -u
 . "$(dirname "$0")/lib.sh"
 export PATH="$DFLASH_BIN:$PATH"
@@ -20,8 +23,11 @@ steps=${BENCH_STEPS:-300}
 new=${BENCH_NEW:-128}
 bench_workdir score
 
-"$DFLASH_BUILD/tests/mktarget" -a qwen3 --hidden 256 --layers 6 --heads 4 --kv-heads 2 --head-dim 64 \
-    --intermediate 768 --vocab 4096 --tie no --seed 7 -o "$W/target" >/dev/null || exit 1
+arch=${BENCH_ARCH:-qwen3}
+arch_opts=()
+[ "$arch" = qwen3.5 ] && arch_opts=(--full-interval 3 --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 64 --linear-v-dim 64)
+"$DFLASH_BUILD/tests/mktarget" -a "$arch" --hidden 256 --layers 6 --heads 4 --kv-heads 2 --head-dim 64 \
+    --intermediate 768 --vocab 4096 --tie no --seed 7 "${arch_opts[@]}" -o "$W/target" >/dev/null || exit 1
 python3 - "$W" <<'PY'
 import json, random, sys
 r = random.Random(1)
@@ -59,11 +65,11 @@ for set in test seen; do
     dflash-score $T1 --json --target "$W/target" --drafter "$W/rand" --drafter "$W/good" --prompts "$W/$set.jsonl" \
         --max-new-tokens "$new" --ignore-eos >"$W/$set.json" || exit 1
 done
-python3 - "$W" "$threads" "$steps" "$((t1 - t0))" "$new" <<'PY'
+python3 - "$W" "$threads" "$steps" "$((t1 - t0))" "$new" "$arch" <<'PY'
 import json, sys
-W, threads, steps, secs, new = sys.argv[1:]
+W, threads, steps, secs, new, arch = sys.argv[1:]
 last = [json.loads(l) for l in open(f"{W}/train.log")][-1]
-print(f"target: mktarget qwen3 hidden 256, 6 layers, vocab 4096; drafter: 2 layers, block 8; {threads} threads, "
+print(f"target: mktarget {arch} hidden 256, 6 layers, vocab 4096; drafter: 2 layers, block 8; {threads} threads, "
       f"{new} new tokens per prompt (eos ignored)")
 print(f"drafter trained {steps} steps in {secs} s on 24 greedy continuations (last step: loss {last['loss']:.3f}, "
       f"offline tau {last['tau']:.3f})")
