@@ -292,6 +292,43 @@ with open('$W/in.jsonl', 'w') as f:
     fi
     rm -rf "$W"
 
+    # the training step in PyTorch, when it is there and time allows (after
+    # the tools, whose rows matter more than its compile time)
+    if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && [ "$(left)" -gt 60 ]; then
+        section "torch_step.py (flex_attention)" "$TORCH_LOG"
+        timeout $(($(left) - 10 > 150 ? 150 : $(left) - 10)) python3 tests/gpu/torch_step.py >>"$TORCH_LOG" 2>&1
+        rc=$?
+        if [ $rc -eq 0 ]; then
+            ts=$(value "$TORCH_LOG" 'torch step time s')
+            ours=$(grep -m1 'step time s' "$BENCH_LOG" | awk '{print $NF}')
+            row "same step in PyTorch ($(value "$TORCH_LOG" 'torch version'), flex_attention)" \
+                "MFU $(value "$TORCH_LOG" 'torch MFU') %" \
+                "$ts s/step; dflash is $(awk -v a="$ts" -v b="$ours" 'BEGIN {if (b > 0) printf "%.2fx", a / b; else print "?"}') as fast"
+        else
+            row "same step in PyTorch" "FAIL/timeout" "exit $rc; see bench.log"
+        fi
+    else
+        row "same step in PyTorch" "skipped" "no CUDA PyTorch, or time budget"
+    fi
+
+    # the Gated DeltaNet ops of one Qwen3.5-27B layer alone (bench_gdn): a
+    # packed prefill and a verify step, beside their floors
+    if [ -x "$B/gpu/bench_gdn" ] && [ "$(left)" -gt 45 ]; then
+        section "bench_gdn" "$BENCH_LOG"
+        X=$TMPD/gdn.txt
+        if [ "$DRY" = 1 ]; then gdn_args=(--device cpu --tiny --iters 1); else gdn_args=(--device cuda); fi
+        if timeout 30 "$B/gpu/bench_gdn" "${gdn_args[@]}" >"$X" 2>&1; then
+            row "Gated DeltaNet, one Qwen3.5-27B layer: prefill 16 x 2048" \
+                "$(value "$X" "gated_delta ms") ms" \
+                "gated_delta (f32 floor $(value "$X" "f32 floor ms") ms), conv1d_silu $(value "$X" "conv1d_silu ms") ms; predicted 7-10 ms and 0.3-0.5 ms"
+            row "Gated DeltaNet, verify of 16 rows" "$(value "$X" "gated_delta us") us" \
+                "conv1d_silu $(value "$X" "conv1d_silu us") us, byte floor $(value "$X" "byte floor us") us; predicted 5-10 us"
+        else
+            row "bench_gdn" "FAIL" "see bench.log"
+        fi
+        cat "$X" >>"$BENCH_LOG"
+    fi
+
     # a Qwen3.5 hybrid target: Qwen3.5-27B's layer shapes (hidden 5120, 24/4
     # heads of 256, DeltaNet 16/48 heads of 128), 4 layers = 3 Gated DeltaNet
     # + 1 gated attention (the model's 3:1 pattern), vocabulary cut to 32000
@@ -329,43 +366,6 @@ with open('$W/in35.jsonl', 'w') as f:
             row "dflash-extract --device $d35, Qwen3.5-27B layer shapes" "FAIL" "see bench.log"
         fi
         rm -rf "$W"
-    fi
-
-    # the Gated DeltaNet ops of one Qwen3.5-27B layer alone (bench_gdn): a
-    # packed prefill and a verify step, beside their floors
-    if [ -x "$B/gpu/bench_gdn" ] && [ "$(left)" -gt 45 ]; then
-        section "bench_gdn" "$BENCH_LOG"
-        X=$TMPD/gdn.txt
-        if [ "$DRY" = 1 ]; then gdn_args=(--device cpu --tiny --iters 1); else gdn_args=(--device cuda); fi
-        if timeout 30 "$B/gpu/bench_gdn" "${gdn_args[@]}" >"$X" 2>&1; then
-            row "Gated DeltaNet, one Qwen3.5-27B layer: prefill 16 x 2048" \
-                "$(value "$X" "gated_delta ms") ms" \
-                "gated_delta (f32 floor $(value "$X" "f32 floor ms") ms), conv1d_silu $(value "$X" "conv1d_silu ms") ms; predicted 7-10 ms and 0.3-0.5 ms"
-            row "Gated DeltaNet, verify of 16 rows" "$(value "$X" "gated_delta us") us" \
-                "conv1d_silu $(value "$X" "conv1d_silu us") us, byte floor $(value "$X" "byte floor us") us; predicted 5-10 us"
-        else
-            row "bench_gdn" "FAIL" "see bench.log"
-        fi
-        cat "$X" >>"$BENCH_LOG"
-    fi
-
-    # the training step in PyTorch, when it is there and time allows (after
-    # the tools, whose rows matter more than its compile time)
-    if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && [ "$(left)" -gt 60 ]; then
-        section "torch_step.py (flex_attention)" "$TORCH_LOG"
-        timeout $(($(left) - 10 > 150 ? 150 : $(left) - 10)) python3 tests/gpu/torch_step.py >>"$TORCH_LOG" 2>&1
-        rc=$?
-        if [ $rc -eq 0 ]; then
-            ts=$(value "$TORCH_LOG" 'torch step time s')
-            ours=$(grep -m1 'step time s' "$BENCH_LOG" | awk '{print $NF}')
-            row "same step in PyTorch ($(value "$TORCH_LOG" 'torch version'), flex_attention)" \
-                "MFU $(value "$TORCH_LOG" 'torch MFU') %" \
-                "$ts s/step; dflash is $(awk -v a="$ts" -v b="$ours" 'BEGIN {if (b > 0) printf "%.2fx", a / b; else print "?"}') as fast"
-        else
-            row "same step in PyTorch" "FAIL/timeout" "exit $rc; see bench.log"
-        fi
-    else
-        row "same step in PyTorch" "skipped" "no CUDA PyTorch, or time budget"
     fi
 
     # ---- 5. the attention kernels under compute-sanitizer, as time allows ----------------
