@@ -364,7 +364,7 @@ with open('$W/in35.jsonl', 'w') as f:
             t2=$(date +%s.%N)
             ntok=$((n35 * len35))
             row "dflash-extract --device $d35: Qwen3.5-27B layer shapes, 3 DeltaNet + 1 gated attention layers, $ntok tokens" \
-                "$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {s = (b - a) - (c - b); printf "%.0f tok/s steady", s > 0 ? n / s : 0}')" \
+                "$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {s = (b - a) - (c - b); printf "%.0f tok/s steady", (s > 0 ? n / s : 0)}')" \
                 "$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {printf "whole tool %.0f tok/s (%.1f s, start-up %.1f s)", n / (b - a), b - a, c - b}'), batches of $((8 * len35)) tokens, GPU memory peak $(mem_peak); the 64-layer model: about 1/16 of the steady rate"
         else
             mem_peak >/dev/null
