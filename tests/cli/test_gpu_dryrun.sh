@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# slow (about 2 minutes on 2 cores: its own NO_CUDA build in build-gpu/)
+# tests/gpu/run.sh is run once per GPU loan, with minutes of device time:
+# a script error there costs the loan. DFLASH_GPU_DRYRUN=1 runs the same
+# script on the CPU with tiny shapes; here it must finish, write its 7 files,
+# fill every row of the report with a result (no FAIL), give the rows the
+# issue needs, and leave nothing behind in the checkout.
+. "$(dirname "$0")/lib.sh"
+cd "$here"
+before=$(git status --porcelain 2>/dev/null)
+check "run.sh dry run finishes" env DFLASH_GPU_DRYRUN=1 OUT="$T/out" bash tests/gpu/run.sh
+R=$T/out/report.md
+check "7 files come back" test "$(find "$T/out" -type f | wc -l)" = 7
+check "the report says finished" grep -q ': finished\.$' "$R"
+check "every row has a result, none failed" python3 - "$R" <<'PY'
+import sys
+rows = [l.split("|")[1:-1] for l in open(sys.argv[1]) if l.startswith("| ") and not l.startswith("| step") and not l.startswith("| ---")]
+assert len(rows) >= 15, len(rows)
+for step, result, _ in rows:
+    assert result.strip(), "empty result: " + step
+    assert "FAIL" not in result, step + ": " + result
+print(len(rows), "rows")
+PY
+for r in "build" "model: extraction cpu vs cpu" "model: Qwen3.5 extraction cpu vs cpu" "model: Qwen3.5 online loop on cpu" \
+    "extraction, Qwen3-8B shape" "train step, Qwen3-8B drafter" "dflash-score cpu online, untrained drafter" \
+    "Gated DeltaNet, one Qwen3.5-27B layer" "dflash-extract --device cpu: Qwen3.5-27B layer shapes"; do
+    check "row: $r" grep -qF "| $r" "$R"
+done
+check "nothing left in the checkout" test "$(git status --porcelain 2>/dev/null)" = "$before"
