@@ -106,6 +106,8 @@ void *cuda_scratch(int slot, size_t bytes);
 __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
 
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -163,39 +165,6 @@ __device__ __forceinline__ void store_bf16s(bf16 *p, const float *f) {
 }
 
 // ---------------------------------------------------------------------------
-// elementwise launches (elementwise.cu, gdn.cu)
-
-// blocks of 256 threads for `items` work items, at most 16 per SM (the
-// kernels loop over the rest)
-static inline int elementwise_grid(int64_t items) {
-    int64_t g = CEIL_DIV(items, (int64_t)256);
-    int64_t cap = (int64_t)g_cuda.sm_count * 16;
-    return (int)(g < 1 ? 1 : g < cap ? g : cap);
-}
-
-// p + off, keeping NULL (an output that is not wanted) NULL
-template <typename T>
-static inline T *shift_ptr(T *p, int64_t off) { return p ? p + off : p; }
-
-// Run an elementwise op over [0,n): kernel k8 (8 elements per access) over
-// the body, a multiple of 8, when every pointer is 16-byte aligned (NULL
-// counts as aligned), then k1 over the rest. The kernels take
-// (pointers..., count) with every pointer indexed like [0,n).
-template <typename K8, typename K1, typename... P>
-static void launch_split(int64_t n, K8 k8, K1 k1, P... p) {
-    const bool aligned = (is_aligned(p, 16) && ...);
-    const int64_t body = aligned ? n / 8 * 8 : 0;
-    if (body) {
-        KLAUNCH(k8, elementwise_grid(body / 8), 256, 0)(p..., body);
-        LAUNCH_CHECK();
-    }
-    if (n > body) {
-        KLAUNCH(k1, elementwise_grid(n - body), 256, 0)(shift_ptr(p, body)..., n - body);
-        LAUNCH_CHECK();
-    }
-}
-
-// ---------------------------------------------------------------------------
 // GEMM helpers (matmul.cu), used by the LM-head ops too. Row-major shapes.
 
 // C[M,N] (bf16 or f32, per c_f32) = alpha * A[M,K] · B[N,K]^T + beta * C.
@@ -233,8 +202,8 @@ void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int64_t T, in
 void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n);
 void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
 void cuda_add(void *out, const void *a, const void *b, int64_t n);
-// gdn.cu
 void cuda_sigmoid_mul(void *out, const void *x, const void *g, int64_t n);
+// gdn.cu
 void cuda_conv1d_silu(void *out, const void *in, const void *hist, const void *w, const int32_t *cu, int64_t nseq,
                       int64_t T, int64_t C, int64_t K);
 void cuda_gated_delta(void *out, float *state, float *steps, const void *qkv, const void *ba, const float *A_log,

@@ -1,5 +1,5 @@
-// elementwise.cu: SwiGLU forward and backward, residual add.
-// defines: cuda_swiglu, cuda_swiglu_bwd, cuda_add
+// elementwise.cu: SwiGLU forward and backward, residual add, sigmoid gate.
+// defines: cuda_swiglu, cuda_swiglu_bwd, cuda_add, cuda_sigmoid_mul
 //
 // Memory-bound: each thread moves 8 bf16 (16 bytes) per access when every
 // pointer is 16-byte aligned, else one element at a time. Math in f32, one
@@ -8,8 +8,6 @@
 
 // ---------------------------------------------------------------------------
 // CUDA kernels
-
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // W elements per step; n is a multiple of W for W = 8 (the tail goes to W = 1)
 template <int W>
@@ -20,7 +18,7 @@ __global__ void swiglu_kernel(bf16 *out, const bf16 *gate, const bf16 *up, int64
         load_bf16s<W>(g, gate + i);
         load_bf16s<W>(u, up + i);
 #pragma unroll
-        for (int k = 0; k < W; k++) o[k] = g[k] * sigmoidf_(g[k]) * u[k];
+        for (int k = 0; k < W; k++) o[k] = g[k] * sigmoid_f(g[k]) * u[k];
         store_bf16s<W>(out + i, o);
     }
 }
@@ -39,7 +37,7 @@ __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, cons
             load_bf16s<W>(acc, dgate + i);
 #pragma unroll
             for (int k = 0; k < W; k++) {
-                float s = sigmoidf_(g[k]);
+                float s = sigmoid_f(g[k]);
                 acc[k] += d[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
             }
             store_bf16s<W>(dgate + i, acc);
@@ -47,27 +45,65 @@ __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, cons
         if (dup) {
             load_bf16s<W>(acc, dup + i);
 #pragma unroll
-            for (int k = 0; k < W; k++) acc[k] += d[k] * g[k] * sigmoidf_(g[k]);
+            for (int k = 0; k < W; k++) acc[k] += d[k] * g[k] * sigmoid_f(g[k]);
             store_bf16s<W>(dup + i, acc);
         }
     }
 }
 
-template <int W>
-__global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, int64_t n) {
+// out = Op(a, b) elementwise
+struct AddOp {
+    __device__ float operator()(float x, float y) const { return x + y; }
+};
+struct SigmoidMulOp { // the gated attention's output gate (Qwen3.5)
+    __device__ float operator()(float x, float g) const { return x * sigmoid_f(g); }
+};
+
+template <int W, class Op>
+__global__ void binary_kernel(bf16 *out, const bf16 *a, const bf16 *b, int64_t n) {
     for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * W; i < n;
          i += (int64_t)gridDim.x * blockDim.x * W) {
         float x[W], y[W];
         load_bf16s<W>(x, a + i);
         load_bf16s<W>(y, b + i);
 #pragma unroll
-        for (int k = 0; k < W; k++) x[k] += y[k];
+        for (int k = 0; k < W; k++) x[k] = Op()(x[k], y[k]);
         store_bf16s<W>(out + i, x);
     }
 }
 
 // ---------------------------------------------------------------------------
 // kernel launchers
+
+// blocks of 256 threads for `items` work items, at most 16 per SM (the
+// kernels loop over the rest)
+static inline int elementwise_grid(int64_t items) {
+    int64_t g = CEIL_DIV(items, (int64_t)256);
+    int64_t cap = (int64_t)g_cuda.sm_count * 16;
+    return (int)(g < 1 ? 1 : g < cap ? g : cap);
+}
+
+// p + off, keeping NULL (an output that is not wanted) NULL
+template <typename T>
+static inline T *shift_ptr(T *p, int64_t off) { return p ? p + off : p; }
+
+// Run an elementwise op over [0,n): kernel k8 (8 elements per access) over
+// the body, a multiple of 8, when every pointer is 16-byte aligned (NULL
+// counts as aligned), then k1 over the rest. The kernels take
+// (pointers..., count) with every pointer indexed like [0,n).
+template <typename K8, typename K1, typename... P>
+static void launch_split(int64_t n, K8 k8, K1 k1, P... p) {
+    const bool aligned = (is_aligned(p, 16) && ...);
+    const int64_t body = aligned ? n / 8 * 8 : 0;
+    if (body) {
+        KLAUNCH(k8, elementwise_grid(body / 8), 256, 0)(p..., body);
+        LAUNCH_CHECK();
+    }
+    if (n > body) {
+        KLAUNCH(k1, elementwise_grid(n - body), 256, 0)(shift_ptr(p, body)..., n - body);
+        LAUNCH_CHECK();
+    }
+}
 
 void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n) {
     CU_ASSERT(out && gate && up && n >= 0);
@@ -83,5 +119,11 @@ void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate,
 
 void cuda_add(void *out, const void *a, const void *b, int64_t n) {
     CU_ASSERT(out && a && b && n >= 0);
-    launch_split(n, add_kernel<8>, add_kernel<1>, (bf16 *)out, (const bf16 *)a, (const bf16 *)b);
+    launch_split(n, binary_kernel<8, AddOp>, binary_kernel<1, AddOp>, (bf16 *)out, (const bf16 *)a, (const bf16 *)b);
+}
+
+void cuda_sigmoid_mul(void *out, const void *x, const void *g, int64_t n) {
+    CU_ASSERT(out && x && g && n >= 0);
+    launch_split(n, binary_kernel<8, SigmoidMulOp>, binary_kernel<1, SigmoidMulOp>, (bf16 *)out, (const bf16 *)x,
+                 (const bf16 *)g);
 }

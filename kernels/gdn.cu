@@ -1,10 +1,8 @@
-// gdn.cu: the ops of the Qwen3.5 hybrid target (lib/ops.h has the
-// contracts, lib/ops_cpu_gdn.c the reference): the gated attention's output
-// gate, the Gated DeltaNet's causal depthwise convolution, and its gated
-// delta rule in the recurrent form.
-// defines: cuda_sigmoid_mul, cuda_conv1d_silu, cuda_gated_delta
-//
-// sigmoid_mul: elementwise, 16-byte accesses (launch_split, common.cuh).
+// gdn.cu: the Gated DeltaNet ops of the Qwen3.5 hybrid target (lib/ops.h
+// has the contracts, lib/ops_cpu_gdn.c the reference): its causal depthwise
+// convolution and its gated delta rule in the recurrent form. (The gated
+// attention's sigmoid_mul is in elementwise.cu.)
+// defines: cuda_conv1d_silu, cuda_gated_delta
 //
 // conv1d_silu: one thread per (tile of rows, 8 channels). The thread keeps
 // the last KMAX input rows of its channels in registers (a window shifted by
@@ -64,23 +62,8 @@
 // ---------------------------------------------------------------------------
 // CUDA kernels
 
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 // torch.nn.functional.softplus (beta 1, threshold 20), as the CPU reference
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-template <int W>
-__global__ void sigmoid_mul_kernel(bf16 *out, const bf16 *x, const bf16 *g, int64_t n) {
-    for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * W; i < n;
-         i += (int64_t)gridDim.x * blockDim.x * W) {
-        float a[W], b[W];
-        load_bf16s<W>(a, x + i);
-        load_bf16s<W>(b, g + i);
-#pragma unroll
-        for (int k = 0; k < W; k++) a[k] *= sigmoid_f(b[k]);
-        store_bf16s<W>(out + i, a);
-    }
-}
 
 // ---- conv1d_silu ----
 
@@ -377,11 +360,6 @@ __global__ void __launch_bounds__(128) gated_delta_kernel(bf16 *out, float *stat
 
 // ---------------------------------------------------------------------------
 // kernel launchers
-
-void cuda_sigmoid_mul(void *out, const void *x, const void *g, int64_t n) {
-    CU_ASSERT(out && x && g && n >= 0);
-    launch_split(n, sigmoid_mul_kernel<8>, sigmoid_mul_kernel<1>, (bf16 *)out, (const bf16 *)x, (const bf16 *)g);
-}
 
 enum { CONV_KMAX = 8 };
 
