@@ -206,11 +206,11 @@ __device__ __forceinline__ void load_qrows(bf16 *s, int nrows, const bf16 *base,
     }
 }
 
-// cp.async BN key rows k0.. of one KV head into s[BN][D+8], zero from kend.
-template <int D>
+// cp.async TN key rows k0.. of one KV head into s[TN][D+8], zero from kend.
+template <int D, int TN = BN>
 __device__ __forceinline__ void load_keys(bf16 *s, const bf16 *base, int64_t k0, int64_t kend, int Hkv, int hkv) {
     constexpr int CPR = D / 8, SD = D + 8;
-    for (int c = threadIdx.x; c < BN * CPR; c += NTHREADS) {
+    for (int c = threadIdx.x; c < TN * CPR; c += NTHREADS) {
         int i = c / CPR, k = c % CPR;
         bool ok = k0 + i < kend;
         const bf16 *g = ok ? base + ((k0 + i) * Hkv + hkv) * (int64_t)D + k * 8 : base;
@@ -219,17 +219,18 @@ __device__ __forceinline__ void load_keys(bf16 *s, const bf16 *base, int64_t k0,
 }
 
 // The keys a CTA visits: segment 0 [s0,e0) then segment 1 [s1,e1) minus
-// segment 0 (the DFlash union); tiles of BN keys, each within one segment.
-struct KeySegs {
+// segment 0 (the DFlash union); tiles of TN keys, each within one segment.
+template <int TN>
+struct KeySegsT {
     int64_t s0, e0, s1, e1;
     int n0, n1;
     __device__ void init(int64_t a0, int64_t b0, int64_t a1, int64_t b1) {
         s0 = a0, e0 = b0 > a0 ? b0 : a0, s1 = a1, e1 = b1 > a1 ? b1 : a1;
-        n0 = (int)((e0 - s0 + BN - 1) / BN);
-        n1 = (int)((e1 - s1 + BN - 1) / BN);
+        n0 = (int)((e0 - s0 + TN - 1) / TN);
+        n1 = (int)((e1 - s1 + TN - 1) / TN);
     }
     __device__ int ntiles() const { return n0 + n1; }
-    __device__ int64_t start(int i) const { return i < n0 ? s0 + (int64_t)i * BN : s1 + (int64_t)(i - n0) * BN; }
+    __device__ int64_t start(int i) const { return i < n0 ? s0 + (int64_t)i * TN : s1 + (int64_t)(i - n0) * TN; }
     __device__ int64_t end(int i) const { return i < n0 ? e0 : e1; }
     // may tile i's key `key` be used (inside its segment, counted once)?
     __device__ bool ok(int i, int64_t key) const {
@@ -237,14 +238,17 @@ struct KeySegs {
     }
 };
 
+// the 64-key tiles of the backward kernels
+using KeySegs = KeySegsT<BN>;
+
 // cp.async key tile i of `segs` from k and v into buffer `buf` of sK and sV
-// ([2][BN][D+8] each).
-template <int D>
-__device__ __forceinline__ void load_kv_tile(bf16 *sK, bf16 *sV, const bf16 *k, const bf16 *v, const KeySegs &segs,
-                                             int i, int buf, int Hkv, int hkv) {
+// ([2][TN][D+8] each).
+template <int D, int TN = BN>
+__device__ __forceinline__ void load_kv_tile(bf16 *sK, bf16 *sV, const bf16 *k, const bf16 *v,
+                                             const KeySegsT<TN> &segs, int i, int buf, int Hkv, int hkv) {
     constexpr int SD = D + 8;
-    load_keys<D>(sK + buf * BN * SD, k, segs.start(i), segs.end(i), Hkv, hkv);
-    load_keys<D>(sV + buf * BN * SD, v, segs.start(i), segs.end(i), Hkv, hkv);
+    load_keys<D, TN>(sK + buf * TN * SD, k, segs.start(i), segs.end(i), Hkv, hkv);
+    load_keys<D, TN>(sV + buf * TN * SD, v, segs.start(i), segs.end(i), Hkv, hkv);
 }
 
 // Exclusive prefix sums out[0..n] (out[n] = total) of val(0..n-1), by one
@@ -297,19 +301,36 @@ __device__ __forceinline__ void block_ranges(const dfl_block &b, int B, int64_t 
 // forward CTA: 64 flattened rows [r0, r0+64) of one KV head, all keys of
 // `segs`; CAUSAL masks key > kbase + row position. Writes out (and lse, the
 // natural-log logsumexp of the scaled scores, when lse != NULL).
+//
+// D = 64, 128: tiles of 64 keys, the warp's Q fragments held in registers
+// for the whole key loop. D = 256 (Qwen3.5's attention): the O accumulator
+// alone is 128 registers a thread, so Q is re-read from shared memory at
+// every tile (64 registers fewer: no spill under the 255 of two CTAs a
+// multiprocessor) and tiles are 32 keys, which keeps the CTA at 99 KiB of
+// shared memory, two a multiprocessor, where 64-key tiles would take 169 KiB
+// and leave one.
+template <int D>
+constexpr int FWD_KEYS = D > 128 ? 32 : BN;
+template <int D>
+constexpr bool FWD_Q_IN_REGS = D <= 128;
+template <int D>
+using FwdSegs = KeySegsT<FWD_KEYS<D>>;
 
 template <int D>
-constexpr size_t fwd_smem_bytes() { return (size_t)(BM + 4 * BN) * (D + 8) * sizeof(bf16); }
+constexpr size_t fwd_smem_bytes() { return (size_t)(BM + 4 * FWD_KEYS<D>) * (D + 8) * sizeof(bf16); }
 
 template <int D, bool CAUSAL>
 __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                               int Hq, int Hkv, int G, int64_t tok0, int rows_total, int r0, int hkv,
-                                              const KeySegs &segs, int64_t kbase, float scale_log2) {
+                                              const FwdSegs<D> &segs, int64_t kbase, float scale_log2) {
     constexpr int SD = D + 8, ND = D / 8, KS = D / 16;
+    constexpr int TN = FWD_KEYS<D>, NB = TN / 8; // keys per tile, 8-key score fragments
+    constexpr bool QREG = FWD_Q_IN_REGS<D>;
     DYN_SMEM(bf16, sQ);
-    bf16 *sK = sQ + BM * SD; // [2][BN][SD]
-    bf16 *sV = sK + 2 * BN * SD;
+    bf16 *sK = sQ + BM * SD; // [2][TN][SD]
+    bf16 *sV = sK + 2 * TN * SD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const bf16 *sQw = sQ + warp * 16 * SD; // this warp's 16 rows
 
     // this thread's two rows: warp*16 + g and +8
     int row[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
@@ -317,34 +338,44 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 
     const int nt = segs.ntiles();
     load_qrows<D>(sQ, BM, q, tok0, r0, rows_total, G, hkv, Hq);
-    if (nt > 0) load_kv_tile<D>(sK, sV, k, v, segs, 0, 0, Hkv, hkv);
+    if (nt > 0) load_kv_tile<D, TN>(sK, sV, k, v, segs, 0, 0, Hkv, hkv);
     cp_async_commit();
 
     float o[ND][4];
     zero_frags<ND>(o);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    uint32_t qf[KS][4];
+    uint32_t qf[QREG ? KS : 1][4];
 
     for (int it = 0; it < nt; it++) {
         const int buf = it & 1;
-        pipeline_step(it + 1 < nt, [&] { load_kv_tile<D>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
-        if (it == 0) {
+        pipeline_step(it + 1 < nt, [&] { load_kv_tile<D, TN>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
+        if constexpr (QREG) {
+            if (it == 0) {
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) load_a<SD>(qf[ks], sQ + warp * 16 * SD, ks);
+                for (int ks = 0; ks < KS; ks++) load_a<SD>(qf[ks], sQw, ks);
+            }
         }
-        const bf16 *kt = sK + buf * BN * SD, *vt = sV + buf * BN * SD;
+        const bf16 *kt = sK + buf * TN * SD, *vt = sV + buf * TN * SD;
         const int64_t k0 = segs.start(it);
 
-        // S = Q K^T for 16 rows x 64 keys
-        float s[8][4];
-        zero_frags<8>(s);
+        // S = Q K^T for 16 rows x TN keys
+        float s[NB][4];
+        zero_frags<NB>(s);
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) mma_tile<8, SD, false>(s, qf[ks], kt, ks);
+        for (int ks = 0; ks < KS; ks++) {
+            if constexpr (QREG) {
+                mma_tile<NB, SD, false>(s, qf[ks], kt, ks);
+            } else {
+                uint32_t a[4];
+                load_a<SD>(a, sQw, ks);
+                mma_tile<NB, SD, false>(s, a, kt, ks);
+            }
+        }
 
         // mask, scale into log2 units, online softmax
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int nb = 0; nb < 8; nb++) {
+        for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int64_t key = k0 + nb * 8 + 2 * c + (e & 1);
@@ -365,7 +396,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
             l[h] *= alpha[h];
         }
 #pragma unroll
-        for (int nb = 0; nb < 8; nb++) {
+        for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 s[nb][e] = exp2f(s[nb][e] - base[e >> 1]);
@@ -382,7 +413,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 
         // O += P V
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
+        for (int kk = 0; kk < NB / 2; kk++) {
             uint32_t a[4];
             c_to_a(a, s[2 * kk], s[2 * kk + 1]);
             mma_tile<ND, SD, true>(o, a, vt, kk);

@@ -2,7 +2,7 @@
 // prefill), GQA, forward only.
 // defines: cuda_attn_causal
 //
-// Fast path (D = 64 or 128, 16-byte aligned rows): flash attention with
+// Fast path (D = 64, 128 or 256, 16-byte aligned rows): flash attention with
 // mma.sync tensor cores (attention.cuh, flash_fwd_cta). Each CTA takes 64
 // rows of one sequence and one KV head, in the (position, head-in-group)
 // order, and visits only the keys up to its last row's position; a row's
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     int rows_total = (cu[s + 1] - cu[s]) * G;
     int r0 = x * BM;
     int rlast = (r0 + BM < rows_total ? r0 + BM : rows_total) - 1;
-    KeySegs segs;
+    FwdSegs<D> segs;
     segs.init(start, start + rlast / G + 1, 0, 0);
     flash_fwd_cta<D, true>(out, NULL, q, k, v, Hq, Hkv, G, start, rows_total, r0, blockIdx.y, segs, start,
                            scale_log2);
@@ -76,6 +76,7 @@ void cuda_attn_causal(void *out, const void *q, const void *k, const void *v, co
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
     if (!g_cuda.simple && aligned && D == 128) launch_causal<128>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
+    else if (!g_cuda.simple && aligned && D == 256) launch_causal<256>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 64) launch_causal<64>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else simple_attn_causal(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv, (int)D);
 }

@@ -6,10 +6,13 @@
 // block really sees: a CTA visits only its block's key ranges, never the
 // whole S×Q rectangle.
 //
-// Forward (fast path: D = 64 or 128, 16-byte aligned): one CTA per (block,
-// KV head, 64 rows of the block's B×G (slot, head-in-group) rows), the
-// flash_fwd_cta of attention.cuh over the block's two key segments; lse
-// saved (natural log, f32).
+// Forward (fast path: D = 64, 128 or 256, 16-byte aligned): one CTA per
+// (block, KV head, 64 rows of the block's B×G (slot, head-in-group) rows),
+// the flash_fwd_cta of attention.cuh over the block's two key segments; lse
+// saved (natural log, f32). D = 256 is the target's verify step (Qwen3.5's
+// attention, blocks of one row, lib/target_kv.c); drafters have D = 128.
+//
+// Backward fast path: D = 64 or 128 (the simple kernels otherwise).
 //
 // Backward, deterministic (no floating-point atomics anywhere):
 //   delta = rowsum(dout ∘ out)                        (f32 scratch)
@@ -47,7 +50,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     int j = nblk - 1 - (int)blockIdx.x; // later anchors see more context: start them first
     int64_t r[4];
     block_ranges(blocks[j], B, NK, r);
-    KeySegs segs;
+    FwdSegs<D> segs;
     segs.init(r[0], r[1], r[2], r[3]);
     flash_fwd_cta<D, false>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM, blockIdx.y, segs,
                             0, scale_log2);
@@ -394,6 +397,7 @@ void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
     if (!g_cuda.simple && aligned && D == 128) launch_fwd<128>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    else if (!g_cuda.simple && aligned && D == 256) launch_fwd<256>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 64) launch_fwd<64>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
 }

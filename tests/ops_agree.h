@@ -341,9 +341,12 @@ static void attn_causal_agrees(void) {
     causal_case(b, 2, 3, 3, 24);  /* simple kernel, G = 1 */
     causal_case(c, 1, 4, 1, 128); /* tensor cores, D = 128 */
     causal_case(d, 4, 6, 2, 64);  /* G = 3: row tiles cut across positions */
+    const int32_t d256[] = {1, 33, 97, 64};
+    causal_case(d256, 4, 6, 1, 256); /* tensor cores, D = 256 (Qwen3.5), 32-key tiles, G = 6 */
     if (AG_BIG) {
-        const int32_t e[] = {2048, 1000, 1};
+        const int32_t e[] = {2048, 1000, 1}, f[] = {2048, 517};
         causal_case(e, 3, 32, 8, 128);
+        causal_case(f, 2, 24, 4, 256); /* Qwen3.5-27B attention heads */
     }
 }
 
@@ -449,7 +452,12 @@ static void attn_dflash_agrees(void) {
     const int32_t ctx_e[] = {150}, anc_e[] = {40};
     dflash_shape e = dflash_layout(ctx_e, 1, anc_e, 4, 2, 2, 64);
     dflash_case("dflash D64 G1 B4 x40", &e);
-    free(a.blocks), free(b.blocks), free(c.blocks), free(d.blocks), free(e.blocks);
+    /* D 256: the forward on tensor cores (32-key tiles, Q re-read from shared
+     * memory), the backward on the simple kernels; G = 6 B = 3 (18 rows) */
+    const int32_t ctx_g[] = {75, 40}, anc_g[] = {3, 2};
+    dflash_shape g = dflash_layout(ctx_g, 2, anc_g, 3, 6, 1, 256);
+    dflash_case("dflash D256 G6 B3", &g);
+    free(a.blocks), free(b.blocks), free(c.blocks), free(d.blocks), free(e.blocks), free(g.blocks);
     if (AG_BIG) { /* Qwen3-8B drafter heads, a 1024-token sample, 64 anchors */
         const int32_t ctx_f[] = {1024}, anc_f[] = {64};
         dflash_shape f = dflash_layout(ctx_f, 1, anc_f, 16, 32, 8, 128);

@@ -176,9 +176,10 @@ fi
 
 # ---- a Qwen3.5 hybrid target: extraction, and the online loop on the device ----
 # mktarget --arch qwen3.5: Gated DeltaNet layers 0, 1, 3, 4 and gated attention
-# layers 2, 5 (head dim 64: the tensor-core attention; rotary dim 16)
+# layers 2, 5 (head dim 256 as in Qwen3.5: the tensor-core attention with
+# 32-key tiles; rotary dim 64)
 if "$MKT" -a qwen3.5 -o "$T/t35" --vocab 301 --hidden 128 --intermediate 192 --layers 6 --full-interval 3 \
-    --heads 4 --kv-heads 2 --head-dim 64 --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 32 \
+    --heads 4 --kv-heads 2 --head-dim 256 --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 32 \
     --linear-v-dim 48 --tie no --seed 4 >/dev/null; then
     extract_both "$T/t35" "$T/q35-"
     # target ids: this random 301-token model has many near-tied logits that

@@ -272,10 +272,10 @@ static bytes schedule_run(void) {
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) DEV->free(bufs[i]);
         free(hq), free(hk), free(hv), free(hd), free(s.blocks);
     }
-    /* causal attention, tensor cores, G = 3 */
-    {
+    /* causal attention, tensor cores, G = 3 (D 64) and G = 6 (D 256) */
+    for (int pass = 0; pass < 2; pass++) {
         const int32_t cu[] = {0, 17, 20, 84, 150};
-        const int64_t T = 150, Hq = 6, Hkv = 2, D = 64;
+        const int64_t T = 150, Hq = 6, Hkv = pass ? 1 : 2, D = pass ? 256 : 64;
         float *hq = ag_randn(T * Hq * D, 1), *hk = ag_randn(T * Hkv * D, 1), *hv = ag_randn(T * Hkv * D, 1);
         void *q = dput(hq, T * Hq * D, AG_ACT), *k = dput(hk, T * Hkv * D, AG_ACT), *v = dput(hv, T * Hkv * D, AG_ACT);
         void *c = dput(cu, 5, AG_I32), *out = dput(NULL, T * Hq * D, AG_ACT);
