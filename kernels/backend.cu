@@ -139,6 +139,7 @@ static void fill_table(dfl_ops *t) {
     t->lmhead_ce = cuda_lmhead_ce;
     t->lmhead_kl = cuda_lmhead_kl;
     t->lmhead_argmax = cuda_lmhead_argmax;
+    t->lmhead_sample = cuda_lmhead_sample;
     t->sumsq = cuda_sumsq;
     t->adamw = cuda_adamw;
 }

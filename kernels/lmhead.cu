@@ -1,10 +1,11 @@
 // lmhead.cu: the frozen LM head fused with its losses, in row chunks so
 // that the logits never exist for all rows at once.
-// defines: cuda_lmhead_ce, cuda_lmhead_kl, cuda_lmhead_argmax
+// defines: cuda_lmhead_ce, cuda_lmhead_kl, cuda_lmhead_argmax, cuda_lmhead_sample
 //
 // Per chunk of R rows:
 //   1. cuBLAS: z[R,V] (f32) = h[R,H] · w[V,H]^T   (for KL also zt from th)
 //   2. one block per row: a single pass of online max / sum-exp / argmax
+//      (sampling: of z * (1/T) + Gumbel noise, lib/sample.h)
 //      (lowest index on ties) / top-2, a fixed-order block reduction
 //      (deterministic), loss and pred; then, with a gradient, a second pass
 //      writes dz[R,V] (bf16) = gscale (softmax - onehot), or gscale (p_d - p_t),
@@ -15,6 +16,7 @@
 // | KL with gradient), R chosen so that this stays under LOGITS_BUDGET
 // (1 GiB): R = 1152 rows for CE and 704 for KL at V = 151936.
 #include "common.cuh"
+#include "sample.h"
 
 #include <math.h>
 
@@ -23,7 +25,7 @@ namespace {
 const size_t LOGITS_BUDGET = (size_t)1 << 30;
 constexpr int ROW_THREADS = 512;
 
-enum { MODE_ARGMAX, MODE_CE, MODE_KL };
+enum { MODE_ARGMAX, MODE_SAMPLE, MODE_CE, MODE_KL };
 
 // Online softmax statistics and top-2 of one row (or part of it).
 struct RowStat {
@@ -103,7 +105,8 @@ __device__ void block_reduce(RowStat &st, RowStat *sh) {
 template <int MODE>
 __global__ void __launch_bounds__(ROW_THREADS)
     lmhead_rows_kernel(bf16 *dz, const float *zd, const float *zt, int V, int64_t row0, float *loss, int32_t *pred,
-                       int32_t *tpred, float *gap, const int32_t *labels, const float *gscale) {
+                       int32_t *tpred, float *gap, const int32_t *labels, const float *gscale, const uint64_t *keys,
+                       float inv_t) {
     __shared__ RowStat sh[ROW_THREADS / 32];
     __shared__ float shk[ROW_THREADS / 32];
     const int64_t r = blockIdx.x, i = row0 + r;
@@ -115,6 +118,7 @@ __global__ void __launch_bounds__(ROW_THREADS)
     float kl = 0.0f; // on the scale of tt.m
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
         float a = z[v];
+        if (MODE == MODE_SAMPLE) a = a * inv_t + dfl_gumbel(keys[i], v);
         st.add(a, v);
         if (MODE == MODE_KL) {
             float b = y[v];
@@ -145,7 +149,7 @@ __global__ void __launch_bounds__(ROW_THREADS)
 
     if (threadIdx.x == 0) {
         if (pred) pred[i] = st.idx;
-        if (MODE == MODE_ARGMAX && gap) gap[i] = st.best - st.second;
+        if ((MODE == MODE_ARGMAX || MODE == MODE_SAMPLE) && gap) gap[i] = st.best - st.second;
         if (MODE == MODE_CE && loss) loss[i] = has_label ? lse - z[lab] : 0.0f;
         if (MODE == MODE_KL) {
             if (tpred) tpred[i] = tt.idx;
@@ -182,7 +186,8 @@ static int64_t chunk_rows(int64_t N, int64_t V, int bytes_per_elem) {
 
 template <int MODE>
 static void lmhead_run(float *loss, int32_t *pred, int32_t *tpred, float *gap, void *dh, const void *h, const void *th,
-                       const void *w, const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V) {
+                       const void *w, const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V,
+                       const uint64_t *keys = NULL, float inv_t = 1.0f) {
     CU_ASSERT(h && w && N >= 0 && H > 0 && V > 0 && V <= INT32_MAX);
     if (N == 0) return;
     const int nlog = MODE == MODE_KL ? 2 : 1;
@@ -197,7 +202,8 @@ static void lmhead_run(float *loss, int32_t *pred, int32_t *tpred, float *gap, v
         gemm_nt(zd, 1, (const bf16 *)h + r0 * H, wb, n, V, H, H, H, V, 1.0f, 0.0f);
         if (MODE == MODE_KL) gemm_nt(zt, 1, (const bf16 *)th + r0 * H, wb, n, V, H, H, H, V, 1.0f, 0.0f);
         KLAUNCH(lmhead_rows_kernel<MODE>, (unsigned)n, ROW_THREADS, 0)(dz, zd, zt, (int)V, r0, loss, pred,
-                                                                                tpred, gap, labels, gscale);
+                                                                                tpred, gap, labels, gscale, keys,
+                                                                                inv_t);
         LAUNCH_CHECK();
         if (dh) gemm_nn((bf16 *)dh + r0 * H, 0, dz, wb, n, H, V, V, H, H, 1.0f, 1.0f);
     }
@@ -216,4 +222,14 @@ void cuda_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh, const 
 
 void cuda_lmhead_argmax(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H, int64_t V) {
     lmhead_run<MODE_ARGMAX>(NULL, pred, NULL, gap, NULL, h, NULL, w, NULL, NULL, N, H, V);
+}
+
+// keys: host [N], staged to the device (N is a verify block: a few rows)
+void cuda_lmhead_sample(int32_t *pred, float *gap, const void *h, const void *w, const uint64_t *keys,
+                        float temperature, int64_t N, int64_t H, int64_t V) {
+    CU_ASSERT(keys && temperature > 0 && isfinite(temperature));
+    if (N <= 0) return;
+    uint64_t *dkeys = (uint64_t *)cuda_scratch(SCRATCH_OP, (size_t)N * sizeof *dkeys);
+    cudaCheck(cudaMemcpyAsync(dkeys, keys, (size_t)N * sizeof *dkeys, cudaMemcpyHostToDevice, g_cuda.stream));
+    lmhead_run<MODE_SAMPLE>(NULL, pred, NULL, gap, NULL, h, NULL, w, NULL, NULL, N, H, V, dkeys, 1.0f / temperature);
 }

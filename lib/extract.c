@@ -203,7 +203,8 @@ static int flush(dfl_target *t, batch *b, rec_bufs *rb, dfs_writer *w, const dfl
     const dfl_ops *ops = dfl_target_ops(t);
     int64_t H = dfl_target_config(t)->hidden_size, K = o->ntaps;
     dfl_target_batch in = {b->ids, b->cu, b->n};
-    dfl_target_want want = {o->ntaps, o->taps, o->with_last_hidden, 0, o->with_target_ids, NULL, 0, 0};
+    dfl_target_want want = {
+        .ntaps = o->ntaps, .taps = o->taps, .last_hidden = o->with_last_hidden, .argmax = o->with_target_ids};
     dfl_target_out out;
     int rc = dfl_target_forward(t, &out, &in, &want);
     if (rc) return rc;

@@ -385,6 +385,7 @@ static const dfl_ops cpu_ops = {
     .lmhead_ce = dfl_cpu_lmhead_ce,
     .lmhead_kl = dfl_cpu_lmhead_kl,
     .lmhead_argmax = dfl_cpu_lmhead_argmax,
+    .lmhead_sample = dfl_cpu_lmhead_sample,
     .sumsq = cpu_sumsq,
     .adamw = cpu_adamw,
 };

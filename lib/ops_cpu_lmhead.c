@@ -1,8 +1,9 @@
 /* ops_cpu_lmhead.c: the frozen LM head on the CPU: cross-entropy, KL to
- * the target's distribution, greedy argmax, each with its logits computed
+ * the target's distribution, greedy argmax, sampling at a temperature (the
+ * Gumbel-max draw of sample.h), each with its logits computed
  * a chunk of rows at a time and never whole.
  *
- * defines: dfl_cpu_lmhead_ce, dfl_cpu_lmhead_kl, dfl_cpu_lmhead_argmax,
+ * defines: dfl_cpu_lmhead_ce, dfl_cpu_lmhead_kl, dfl_cpu_lmhead_argmax, dfl_cpu_lmhead_sample,
  * dfl_cpu_lmhead_chunk_rows
  *
  * h, th [N, H]; w [V, H]. A chunk of R rows has its logits z[R, V] = h . w^T
@@ -22,6 +23,7 @@
 #include "ops_cpu.h"
 
 #include "common.h"
+#include "sample.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -217,21 +219,35 @@ void dfl_cpu_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh_, co
     chunk_free(&ck);
 }
 
-void dfl_cpu_lmhead_argmax(int32_t *pred, float *gap, const void *h_, const void *w_, int64_t N, int64_t H,
-                           int64_t V) {
+/* argmax, or with keys the Gumbel-max draw at temperature 1/inv_t */
+static void top_rows(int32_t *pred, float *gap, const float *h, const float *w, const uint64_t *keys, float inv_t,
+                     int64_t N, int64_t H, int64_t V) {
     if (N <= 0) return;
     DFL_ASSERT(V > 0 && H > 0);
-    const float *h = h_, *w = w_;
     lm_chunk ck = chunk_alloc(N, H, V, 0, 0);
     for (int64_t r0 = 0; r0 < N; r0 += ck.R) {
         int64_t R = N - r0 < ck.R ? N - r0 : ck.R;
         logits(ck.z, h + r0 * H, w, R, H, V);
 #pragma omp parallel for if (R * V > DFL_CPU_PAR_MIN)
         for (int64_t i = 0; i < R; i++) {
-            row_top t = top2(ck.z + i * V, V);
+            float *z = ck.z + i * V;
+            if (keys)
+                for (int64_t c = 0; c < V; c++) z[c] = z[c] * inv_t + dfl_gumbel(keys[r0 + i], c);
+            row_top t = top2(z, V);
             if (pred) pred[r0 + i] = t.arg;
             if (gap) gap[r0 + i] = t.max - t.second;
         }
     }
     chunk_free(&ck);
+}
+
+void dfl_cpu_lmhead_argmax(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H,
+                           int64_t V) {
+    top_rows(pred, gap, h, w, NULL, 1.0f, N, H, V);
+}
+
+void dfl_cpu_lmhead_sample(int32_t *pred, float *gap, const void *h, const void *w, const uint64_t *keys,
+                           float temperature, int64_t N, int64_t H, int64_t V) {
+    DFL_ASSERT(keys && temperature > 0 && isfinite(temperature));
+    top_rows(pred, gap, h, w, keys, 1.0f / temperature, N, H, V);
 }

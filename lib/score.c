@@ -5,6 +5,7 @@
 #include "cli.h"
 #include "common.h"
 #include "rng.h"
+#include "sample.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -457,6 +458,15 @@ static void reset_result(dfl_gen_result *r) {
     r->prefill_s = r->decode_s = 0;
 }
 
+/* Sampling (o->temperature > 0): the keys of rows whose tokens are drawn at
+ * positions pos0, pos0+1, ... into keys[0..n), and into the want. */
+static void sample_rows(dfl_target_want *w, uint64_t *keys, const dfl_gen_opts *o, int64_t pos0, int64_t n) {
+    if (!(o->temperature > 0)) return;
+    for (int64_t i = 0; i < n; i++) keys[i] = dfl_sample_key(o->seq_key, pos0 + i);
+    w->temperature = o->temperature;
+    w->sample_keys = keys;
+}
+
 int dfl_greedy_generate(dfl_target *t, dfl_target_kv *kv, const int32_t *prompt, int64_t n, const dfl_gen_opts *o,
                         dfl_gen_result *r) {
     reset_result(r);
@@ -466,7 +476,9 @@ int dfl_greedy_generate(dfl_target *t, dfl_target_kv *kv, const int32_t *prompt,
                        (long long)dfl_target_kv_cap(kv), (long long)(n + o->max_new));
     dfl_target_kv_crop(kv, 0);
     const int32_t last = (int32_t)(n - 1), zero = 0;
-    dfl_target_want w = {0, NULL, 0, 0, 1, &last, 1, 0};
+    dfl_target_want w = {.argmax = 1, .rows = &last, .nrows = 1};
+    uint64_t key;
+    sample_rows(&w, &key, o, n, 1); /* the prompt's last row draws position n */
     dfl_target_out out;
     double t0 = dfl_now();
     int rc = dfl_target_kv_forward(kv, &out, prompt, n, &w);
@@ -478,6 +490,7 @@ int dfl_greedy_generate(dfl_target *t, dfl_target_kv *kv, const int32_t *prompt,
     r->prefill_s = t1 - t0;
     w.rows = &zero;
     while (r->n < o->max_new && !is_eos(o, tok)) {
+        sample_rows(&w, &key, o, n + r->n, 1); /* the row at n + r->n - 1 draws the next position */
         if ((rc = dfl_target_kv_forward(kv, &out, &tok, 1, &w))) return rc;
         ops->download(&tok, out.argmax, sizeof tok);
         push_id(r, tok);
@@ -505,7 +518,9 @@ int dfl_spec_generate(dfl_target *t, dfl_target_kv *kv, dfl_drafter *d, dfl_draf
 
     /* prefill: the first token and the context features of the prompt */
     const int32_t last = (int32_t)(n - 1);
-    dfl_target_want w = {c->K, c->layer_ids, 0, 0, 1, &last, 1, 0};
+    dfl_target_want w = {.ntaps = c->K, .taps = c->layer_ids, .argmax = 1, .rows = &last, .nrows = 1};
+    uint64_t keys[DFL_DRAFTER_MAX_BLOCK];
+    sample_rows(&w, keys, o, n, 1);
     dfl_target_out out;
     double t0 = dfl_now(), tdec = 0;
     int rc = dfl_target_kv_forward(kv, &out, prompt, n, &w);
@@ -526,6 +541,7 @@ int dfl_spec_generate(dfl_target *t, dfl_target_kv *kv, dfl_drafter *d, dfl_draf
         int32_t blk[DFL_DRAFTER_MAX_BLOCK];
         blk[0] = block[0];
         memcpy(blk + 1, draft, (size_t)(B - 1) * sizeof *blk);
+        sample_rows(&w, keys, o, start + 1, B); /* block row i draws position start+i+1 */
         if ((rc = dfl_target_kv_forward(kv, &out, blk, B, &w))) break;
         ops->download(post, out.argmax, (size_t)B * sizeof *post);
         int64_t a = 0;
@@ -576,7 +592,7 @@ static int emit_line(FILE *f, const char *id, const char *name, int64_t n, const
 int dfl_score_online(dfl_target *t, dfl_drafter *const *d, int nd, dfl_jsonl *in, const dfl_online_opts *o,
                      dfl_score_stats *st) {
     const dfl_model_config *tc = dfl_target_config(t);
-    dfl_gen_opts go = {o->max_new, o->ignore_eos ? 0 : tc->n_eos, tc->eos_token_ids};
+    dfl_gen_opts go = {o->max_new, o->ignore_eos ? 0 : tc->n_eos, tc->eos_token_ids, o->temperature, 0};
     int Bmax = 0;
     for (int i = 0; i < nd; i++) {
         dfl_score_stats_init(&st[i], d[i]->cfg.block_size);
@@ -613,6 +629,7 @@ int dfl_score_online(dfl_target *t, dfl_drafter *const *d, int nd, dfl_jsonl *in
                 dc[i] = dfl_drafter_cache_new(d[i], cap);
             }
         }
+        go.seq_key = dfl_sample_seq_key(o->seed, (uint64_t)prompts);
         if (prompts == 0) { /* warm-up (thread pools, workspaces), untimed and discarded */
             dfl_gen_opts wo = go;
             wo.max_new = o->max_new < 4 * Bmax ? o->max_new : 4 * Bmax;
@@ -699,6 +716,8 @@ json_t *dfl_score_line_json(const dfl_score_line *l, const dfl_score_stats *st) 
         json_object_set_new(j, "greedy_tokens_per_s", num_or_null(gps));
         json_object_set_new(j, "speedup", num_or_null(speedup));
         json_object_set_new(j, "mismatches", json_integer(st->mismatches));
+        json_object_set_new(j, "temperature", json_real(l->temperature));
+        json_object_set_new(j, "seed", int_or_null(l->sample_seed));
     }
     return j;
 }

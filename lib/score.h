@@ -125,6 +125,12 @@ typedef struct {
     int64_t max_new;            /* new tokens (>= 1) */
     int     n_eos;              /* stop tokens (0: none) */
     const int64_t *eos;
+    /* 0: greedy. T > 0: the target's tokens are drawn from softmax(z / T),
+     * the token at position p by the draw dfl_sample_key(seq_key, p)
+     * (sample.h), in plain decoding and in the speculative loop alike. The
+     * draft stays greedy, as in the reference. */
+    float    temperature;
+    uint64_t seq_key;
 } dfl_gen_opts;
 
 typedef struct {
@@ -139,7 +145,8 @@ typedef struct {
 
 void dfl_gen_result_free(dfl_gen_result *r);
 
-/* Greedy decoding of the target (KV cache kv, of the target t). */
+/* Plain decoding of the target (KV cache kv, of the target t): greedy, or
+ * sampled at o->temperature. */
 int dfl_greedy_generate(dfl_target *t, dfl_target_kv *kv, const int32_t *prompt, int64_t n, const dfl_gen_opts *o,
                         dfl_gen_result *r);
 /* The reference speculative loop with drafter d (its context cache dc). The
@@ -150,12 +157,14 @@ int dfl_spec_generate(dfl_target *t, dfl_target_kv *kv, dfl_drafter *d, dfl_draf
 typedef struct {
     int64_t max_new;
     int     ignore_eos;
+    float    temperature;       /* 0: greedy; T > 0: sampled (dfl_gen_opts) */
+    uint64_t seed;              /* prompt i's draws: dfl_sample_seq_key(seed, i), i from 0 */
     int     progress;
     FILE   *emit;               /* JSON lines per prompt and drafter, or NULL */
     const char *const *names;   /* drafter names for the emitted lines */
 } dfl_online_opts;
 
-/* Decode every prompt of `in` greedily and with each drafter; st[i] gets
+/* Decode every prompt of `in` plainly and with each drafter; st[i] gets
  * drafter i's statistics. Returns 0 or an exit code (a bad prompt line:
  * DFL_EX_DATA naming the file and line). */
 int dfl_score_online(dfl_target *t, dfl_drafter *const *d, int nd, dfl_jsonl *in, const dfl_online_opts *o,
@@ -176,6 +185,8 @@ typedef struct {
     int64_t     seed;           /* -1: none */
     /* online settings */
     int64_t     max_new;
+    double      temperature;
+    int64_t     sample_seed;    /* -1: none (temperature 0) */
 } dfl_score_line;
 
 /* The line of one drafter: a JSON object whose keys, in order, are the TSV

@@ -24,6 +24,7 @@
 #include "common.h"
 #include "safetensors.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -483,6 +484,14 @@ static int check_batch(const dfl_target *t, const dfl_target_batch *b, int64_t *
 }
 
 /* Check the request; *need = the number of layers it runs. */
+int dfl_target_check_sampling(const dfl_target_want *w) {
+    if (!(w->temperature >= 0) || isinf(w->temperature))
+        return dfl_err(DFL_EX_USAGE, "target: temperature %g is not a finite number >= 0", (double)w->temperature);
+    if (w->temperature > 0 && (!w->argmax || !w->sample_keys))
+        return dfl_err(DFL_EX_USAGE, "target: sampling at a temperature needs argmax and a key per row");
+    return 0;
+}
+
 static int check_want(const dfl_target *t, const dfl_target_want *w, int64_t T, int *need) {
     int L = (int)t->cfg.num_hidden_layers;
     *need = 0;
@@ -503,7 +512,7 @@ static int check_want(const dfl_target *t, const dfl_target_want *w, int64_t T, 
             if (w->rows[i] < 0 || w->rows[i] >= T)
                 return dfl_err(DFL_EX_USAGE, "target: row %d is outside the batch of %lld rows", (int)w->rows[i], (long long)T);
     }
-    return 0;
+    return dfl_target_check_sampling(w);
 }
 
 void dfl_target_norm(const dfl_target *t, void *out, const void *in, const void *w, int64_t rows, int64_t dim) {
@@ -611,7 +620,10 @@ static void target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const v
     out->nrows = nrows;
     out->normed = w->normed ? normed : NULL;
     if (w->argmax) {
-        ops->lmhead_argmax(pred, gap, normed, t->lm_head, nrows, H, c->vocab_size);
+        if (w->temperature > 0)
+            ops->lmhead_sample(pred, gap, normed, t->lm_head, w->sample_keys, w->temperature, nrows, H, c->vocab_size);
+        else
+            ops->lmhead_argmax(pred, gap, normed, t->lm_head, nrows, H, c->vocab_size);
         out->argmax = pred;
         out->gap = gap;
     }

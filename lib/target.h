@@ -85,6 +85,11 @@ typedef struct {
      * to 0 or into the last forward made with this set. Other targets
      * ignore it. */
     int        may_crop;
+    /* With argmax: 0 for the argmax (greedy), or T > 0 to sample each row
+     * at temperature T, row i by the draw of sample_keys[i] (host [nrows],
+     * sample.h); out->argmax then holds the drawn ids. */
+    float      temperature;
+    const uint64_t *sample_keys;
 } dfl_target_want;
 
 /* Outputs of the last forward, owned by the target and valid until the next
@@ -95,7 +100,7 @@ typedef struct {
     void    *taps;         /* act [ntaps, T, H]: tap j at DFL_AT(ops, taps, j*T*H) */
     void    *last_hidden;  /* act [T, H] */
     void    *normed;       /* act [nrows, H] */
-    int32_t *argmax;       /* i32 [nrows] */
+    int32_t *argmax;       /* i32 [nrows]: argmax, or the drawn ids (temperature) */
     float   *gap;          /* f32 [nrows] */
 } dfl_target_out;
 

@@ -91,6 +91,8 @@ void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, 
 void dfl_target_mlp(const dfl_target *t, const layer_w *lw, void *x, const void *h, void *gate, void *up, int64_t n);
 /* After layer l of a forward of n rows: x [n, H] into each tap slot that
  * asks for layer l (taps: act [ntaps, n, H]). */
+/* The sampling fields of a want (temperature, keys): 0 or DFL_EX_USAGE. */
+int dfl_target_check_sampling(const dfl_target_want *w);
 void dfl_target_keep_taps(const dfl_target *t, void *taps, const void *x, const dfl_target_want *w, int l, int64_t n);
 /* The end of a forward of n rows whose last layer left x: out's taps and
  * last hidden state, the head on nrows rows (if any), then a device sync. */

@@ -250,7 +250,7 @@ static int check(const dfl_target_kv *kv, const int32_t *ids, int64_t n, const d
         for (int64_t i = 0; i < w->nrows; i++)
             if (w->rows[i] < 0 || w->rows[i] >= n)
                 return dfl_err(DFL_EX_USAGE, "target: row %d is outside the %lld new rows", (int)w->rows[i], (long long)n);
-    return 0;
+    return dfl_target_check_sampling(w);
 }
 
 /* A Gated DeltaNet layer on the n new rows: from the cached state and

@@ -35,6 +35,7 @@
 #include "common.h"
 #include "ops.h"
 #include "rng.h"
+#include "sample.h"
 #include "test.h"
 
 #include <math.h>
@@ -569,6 +570,16 @@ static void lmhead_agrees(void) {
     DEV->lmhead_argmax(pred.d, gap.d, c.h.d, c.w.d, 45, 64, 1001);
     lm_check_pred("lmhead_argmax pred", &pred, c.gap);
     ag_check("lmhead_argmax gap", &gap, 1e-6);
+    /* sampling at T = 0.7: the same draw from the same keys on both tables
+     * (near ties of the perturbed scores skipped, as for the argmax) */
+    uint64_t keys[45];
+    for (int i = 0; i < 45; i++) keys[i] = dfl_sample_key(dfl_sample_seq_key(5, 1), 100 + i);
+    REF->lmhead_sample(pred.r, gap.r, c.h.r, c.w.r, keys, 0.7f, 45, 64, 1001);
+    float *sgap = ag_get(REF, gap.r, 45, AG_F32);
+    DEV->lmhead_sample(pred.d, gap.d, c.h.d, c.w.d, keys, 0.7f, 45, 64, 1001);
+    lm_check_pred("lmhead_sample pred", &pred, sgap);
+    ag_check("lmhead_sample gap", &gap, 1e-6);
+    free(sgap);
     ag_free(&pred), ag_free(&gap);
     lm_free(&c);
     if (AG_BIG) lmhead_ce_case(300, 1024, 151936); /* the Qwen3 vocabulary, several chunks */

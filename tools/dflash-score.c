@@ -28,7 +28,7 @@ static const char *labels = NULL;
 static dfl_strlist drafters = {0, NULL};
 #define UNSET INT64_MIN /* an integer option not given (a given negative value is refused, not ignored) */
 static int64_t anchors = UNSET, seed = UNSET, micro_rows = UNSET, max_new = UNSET, threads = 0;
-static double gamma_ = NAN;
+static double gamma_ = NAN, temperature = NAN;
 static int json_out, no_header, ignore_eos, progress;
 
 static const dfl_opt opts[] = {
@@ -44,7 +44,9 @@ static const dfl_opt opts[] = {
     {"anchors", 0, DFL_OPT_INT, &anchors, "N",
      "Offline: draw N anchors per record (without replacement, from the --seed RNG) instead of using every supervised "
      "anchor (a with loss_mask[a] = loss_mask[a+1] = 1). 0 means every one.", "0"},
-    {"seed", 0, DFL_OPT_INT, &seed, "N", "Offline: seed of the RNG that draws --anchors.", "0"},
+    {"seed", 0, DFL_OPT_INT, &seed, "N",
+     "Seed of the RNG that draws --anchors (offline), or the target's tokens at --temperature T > 0 (online; no "
+     "effect at 0).", "0"},
     {"anchors-from", 0, DFL_OPT_STR, &anchors_from_path, "FILE",
      "Offline: score exactly at the anchors of an --emit file of an online run (its \"anchors\" per id; records are "
      "matched by id, and every id of the file must be in the stream).", NULL},
@@ -57,6 +59,12 @@ static const dfl_opt opts[] = {
      "Online: run speculative decoding with the target on these prompts (tokenized JSONL: input_ids; loss_mask is "
      "ignored), beside plain greedy decoding of the target.", NULL},
     {"max-new-tokens", 0, DFL_OPT_INT, &max_new, "N", "Online: tokens to generate per prompt.", "256"},
+    {"temperature", 0, DFL_OPT_DOUBLE, &temperature, "T",
+     "Online: draw the target's tokens from softmax(logits / T) instead of taking the argmax; the draft stays "
+     "greedy and a drafted token is accepted when it equals the target's draw, as in the z-lab reference. The draw "
+     "at each position is fixed by --seed, the prompt's number (from 0) and the position, so plain decoding makes "
+     "the same draws and the speculative output must equal it (mismatches 0), and every drafter meets the same "
+     "draws. 0 is greedy; otherwise T is in [0.001, 1000].", "0"},
     {"ignore-eos", 0, DFL_OPT_FLAG, &ignore_eos, NULL,
      "Online: do not stop at the target's eos ids; every response is --max-new-tokens long.", NULL},
     {"emit", 0, DFL_OPT_STR, &emit_path, "FILE",
@@ -106,17 +114,23 @@ static void check_options(int online, int npos, char **pos) {
     if (threads < 0 || threads > 4096) dfl_cli_usage_error(&cli, "--threads must be in [0, 4096]");
     if (online) {
         if (npos) dfl_cli_usage_error(&cli, "--prompts reads no stream (got '%s')", pos[0]);
-        if (labels || anchors != UNSET || seed != UNSET || anchors_from_path || !isnan(gamma_) || micro_rows != UNSET)
-            dfl_cli_usage_error(&cli, "--labels, --anchors, --seed, --anchors-from, --gamma and --micro-rows are for "
-                                      "the offline mode (a stream), not --prompts");
+        if (labels || anchors != UNSET || anchors_from_path || !isnan(gamma_) || micro_rows != UNSET)
+            dfl_cli_usage_error(&cli, "--labels, --anchors, --anchors-from, --gamma and --micro-rows are for the "
+                                      "offline mode (a stream), not --prompts");
         if (max_new == UNSET) max_new = 256;
         if (max_new < 1 || max_new > (1 << 24)) dfl_cli_usage_error(&cli, "--max-new-tokens must be in [1, 2^24]");
+        if (isnan(temperature)) temperature = 0;
+        if (!(temperature == 0 || (temperature >= 1e-3 && temperature <= 1e3)))
+            dfl_cli_usage_error(&cli, "--temperature must be 0 (greedy) or in [0.001, 1000]");
+        if (seed == UNSET) seed = 0;
+        if (seed < 0) dfl_cli_usage_error(&cli, "--seed must be >= 0");
     } else {
         if (npos > 1) dfl_cli_usage_error(&cli, "one input stream at most (got %d)", npos);
         if ((!npos || !strcmp(pos[0], "-")) && isatty(STDIN_FILENO))
             dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a STREAM or redirect stdin");
-        if (max_new != UNSET || emit_path || ignore_eos)
-            dfl_cli_usage_error(&cli, "--max-new-tokens, --emit and --ignore-eos need --prompts (the online mode)");
+        if (max_new != UNSET || emit_path || ignore_eos || !isnan(temperature))
+            dfl_cli_usage_error(&cli, "--max-new-tokens, --temperature, --emit and --ignore-eos need --prompts (the "
+                                      "online mode)");
         if (anchors_from_path && (anchors != UNSET || seed != UNSET))
             dfl_cli_usage_error(&cli, "give --anchors-from or --anchors/--seed, not both");
         if (anchors == UNSET) anchors = 0;
@@ -179,7 +193,8 @@ int main(int argc, char **argv) {
         steps[i] = ckpt_step(drafters.v[i]);
     }
     json_t **lines = dfl_calloc((size_t)nd, sizeof *lines);
-    dfl_score_line line = {when, NULL, -1, input, online, labels, 0, NULL, -1, max_new};
+    dfl_score_line line = {when, NULL, -1, input, online, labels, 0, NULL, -1, max_new, online ? temperature : 0,
+                           online && temperature > 0 ? seed : -1};
 
     if (online) {
         dfl_target *t;
@@ -189,7 +204,13 @@ int main(int argc, char **argv) {
         if (dfl_jsonl_open(&in, prompts, tcfg.vocab_size)) dfl_die_last(PROG);
         dfl_out *emit = NULL;
         if (emit_path && dfl_out_open(&emit, emit_path, 0)) dfl_die_last(PROG);
-        dfl_online_opts oo = {max_new, ignore_eos, progress, emit ? dfl_out_file(emit) : NULL, drafters.v};
+        dfl_online_opts oo = {.max_new = max_new,
+                              .ignore_eos = ignore_eos,
+                              .temperature = (float)temperature,
+                              .seed = (uint64_t)seed,
+                              .progress = progress,
+                              .emit = emit ? dfl_out_file(emit) : NULL,
+                              .names = drafters.v};
         dfl_score_stats *st = dfl_calloc((size_t)nd, sizeof *st);
         int rc = dfl_score_online(t, d, nd, in, &oo, st);
         if (rc) {

@@ -107,6 +107,48 @@ assert good > rand + 1.0 and good > 2.2, (good, rand)
 EOF
 sed 's/^/    /' "$T/.out"
 
+# ---- sampling at a temperature (--temperature, --seed) -----------------------------------------
+# The target's tokens are drawn (Gumbel-max, keyed by seed, prompt and
+# position); the draft stays greedy. Plain decoding makes the same draws, so
+# the loop must still equal it token for token; the draws must depend on the
+# seed and not on the threads; and at T = 1 this 60-token random target must
+# leave its greedy path.
+check "online at T=1, both drafters in one run" $SC --target "$T/target" --drafter "$T/good" --drafter "$T/rand" \
+    --prompts "$T/test.jsonl" --max-new-tokens 30 --ignore-eos --temperature 1 --seed 11 --emit "$T/t1.jsonl"
+cp "$T/.out" "$T/t1.tsv"
+check "  the TSV says 0 mismatches for both, temperature 1 and seed 11" \
+    test "$(col "$T/t1.tsv" mismatches 1)/$(col "$T/t1.tsv" mismatches 2)/$(col "$T/t1.tsv" temperature)/$(col "$T/t1.tsv" seed)" = "0/0/1.000000/11"
+check "online at T=1 again, 2 threads" dflash-score --threads 2 --target "$T/target" --drafter "$T/good" \
+    --prompts "$T/test.jsonl" --max-new-tokens 30 --ignore-eos --temperature 1 --seed 11 --emit "$T/t1b.jsonl"
+check "online at T=1, seed 12" $SC --target "$T/target" --drafter "$T/good" --prompts "$T/test.jsonl" \
+    --max-new-tokens 30 --ignore-eos --temperature 1 --seed 12 --emit "$T/t1c.jsonl"
+check "  lossless per prompt, same draws for every drafter and thread count, new draws for a new seed" \
+    python3 - "$T/t1.jsonl" "$T/t1b.jsonl" "$T/t1c.jsonl" "$T/on-good.jsonl" <<'EOF'
+import json, sys
+t1, t1b, t1c, greedy = ([json.loads(x) for x in open(p)] for p in sys.argv[1:])
+assert len(t1) == 12 and len(t1b) == 6 and len(t1c) == 6
+for e in t1:
+    assert e["output_ids"] == e["greedy_ids"] and len(e["output_ids"]) == 30, e["id"]
+by = {}
+for e in t1:
+    by.setdefault(e["id"], []).append(e["output_ids"])
+assert all(a == b for a, b in by.values()), "two drafters met different draws"
+assert [e["output_ids"] for e in t1b] == [by[e["id"]][0] for e in t1b], "the draws depend on the threads"
+g = {e["id"]: e["greedy_ids"] for e in greedy}
+off_greedy = sum(by[i][0] != g[i] for i in g)
+new_seed = sum(e["output_ids"] != by[e["id"]][0] for e in t1c)
+print("T=1 leaves the greedy path on %d of 6 prompts; seed 12 draws differently on %d of 6" % (off_greedy, new_seed))
+assert off_greedy >= 4 and new_seed >= 4, (off_greedy, new_seed)
+EOF
+sed 's/^/    /' "$T/.out"
+echo "    online tau_macro at T=1: trained $(col "$T/t1.tsv" tau_macro 1), random $(col "$T/t1.tsv" tau_macro 2)"
+expect_exit 2 "--temperature offline is a usage error" $SC --target "$T/target" --drafter "$T/good" --temperature 1 \
+    "$T/train.dfs"
+expect_exit 2 "--temperature -1 is a usage error" $SC --target "$T/target" --drafter "$T/good" --prompts \
+    "$T/test.jsonl" --temperature -1
+expect_exit 2 "--temperature 1e-4 (below 0.001) is a usage error" $SC --target "$T/target" --drafter "$T/good" \
+    --prompts "$T/test.jsonl" --temperature 1e-4
+
 # ---- offline == online at the anchors the loop visited ---------------------------------------
 # The stream holds prompt + the greedy continuation, B tokens longer than the
 # online run, so every slot the loop verified is a valid offline slot.
@@ -159,6 +201,9 @@ if [ -x "$E" ]; then
         --drafter "$T/good" --prompts "$T/t3.jsonl" --max-new-tokens 16 --ignore-eos --emit "$T/emu-on.jsonl"
     cp "$T/.out" "$T/emu-on.tsv"
     check "  lossless on the CUDA table (0 mismatches)" test "$(col "$T/emu-on.tsv" mismatches)" = 0
+    check "cuda (emulated): online at T=1" "$E" --device cuda --threads 1 --target "$T/target" --drafter "$T/good" \
+        --prompts "$T/t3.jsonl" --max-new-tokens 16 --ignore-eos --temperature 1 --seed 11
+    check "  lossless at T=1 on the CUDA table (0 mismatches)" test "$(col "$T/.out" mismatches)" = 0
     check "cpu: online, the same prompts and length" $SC --target "$T/target" --drafter "$T/good" \
         --prompts "$T/t3.jsonl" --max-new-tokens 16 --ignore-eos --emit "$T/cpu16-on.jsonl"
     # Where the greedy outputs agree, the drafter saw the same contexts on

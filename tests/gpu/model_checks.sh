@@ -19,7 +19,7 @@
 #   scoring      dflash-score with the CPU-trained checkpoint: offline at the
 #                same 8 anchors per record (tau within 0.1, loss 2e-2
 #                relative), online on 4 prompts x 24 tokens (lossless on
-#                the device)
+#                the device, greedy and sampled at temperature 1)
 # Limits: the CUDA backend keeps activations and the residual in bf16, the
 # CPU in f32, so states drift by bf16 roundings over the layers: 1e-3 for
 # hidden states (a wrong kernel gives ~1); training: 2e-2 relative on the
@@ -143,6 +143,10 @@ PY
         dflash-score --device "$d" --json --target "$T/target" --drafter "$T/ckpt-cpu" --prompts "$T/prompts.jsonl" \
             --max-new-tokens 24 --ignore-eos --emit "$T/emit-$d.jsonl" >"$T/on-$d.json" || ok=0
     done
+    # sampled at temperature 1 (the draws keyed by seed, prompt, position):
+    # still lossless against the device's own plain decoding
+    dflash-score --device "$DEV" --json --target "$T/target" --drafter "$T/ckpt-cpu" --prompts "$T/prompts.jsonl" \
+        --max-new-tokens 24 --ignore-eos --temperature 1 --seed 3 >"$T/on-t1.json" || ok=0
     # offline: tau and loss of the same blocks; online: lossless on the
     # device itself (against its own greedy decoding). The CPU's greedy ids
     # are not a limit: a near-tie turned by bf16 activations changes the
@@ -151,7 +155,7 @@ PY
 import json, sys
 T, dev = sys.argv[1:]
 c, g = (json.load(open(f"{T}/off-{d}.json")) for d in ("cpu", dev))
-on = json.load(open(f"{T}/on-{dev}.json"))
+on, t1 = json.load(open(f"{T}/on-{dev}.json")), json.load(open(f"{T}/on-t1.json"))
 ec, eg = ([json.loads(l) for l in open(f"{T}/emit-{d}.jsonl")] for d in ("cpu", dev))
 def common(a, b):
     n = 0
@@ -160,11 +164,12 @@ def common(a, b):
     return n
 prefix = [common(a["greedy_ids"], b["greedy_ids"]) for a, b in zip(ec, eg)]
 dl = abs(g["loss"] / c["loss"] - 1)
-print("offline tau %.4f vs %.4f, loss rel. diff %.2e (limit 2e-2), %d blocks; online: %d mismatches on %s; "
-      "greedy ids the same as the cpu's for the first %s tokens" % (c["tau_pooled"], g["tau_pooled"], dl, c["blocks"],
-                                                                    on["mismatches"], dev, prefix))
+print("offline tau %.4f vs %.4f, loss rel. diff %.2e (limit 2e-2), %d blocks; online: %d mismatches on %s "
+      "(%d at T=1); greedy ids the same as the cpu's for the first %s tokens" %
+      (c["tau_pooled"], g["tau_pooled"], dl, c["blocks"], on["mismatches"], dev, t1["mismatches"], prefix))
 assert c["blocks"] == g["blocks"] and abs(c["tau_pooled"] - g["tau_pooled"]) < 0.1 and dl < 2e-2
 assert on["mismatches"] == 0 and on["records"] == 4
+assert t1["mismatches"] == 0 and t1["records"] == 4 and t1["temperature"] == 1
 PY
     then
         result "model: scoring cpu vs $DEV" "ok" "$(cat "$T/cmp")"

@@ -22,6 +22,7 @@
 #include "ops.h"
 #include "ops_cpu.h"
 #include "rng.h"
+#include "sample.h"
 #include "safetensors.h"
 #include "test.h"
 
@@ -913,6 +914,116 @@ static void test_lmhead_argmax(void) {
     lm_free(&c);
 }
 
+/* Sampling at a temperature: the draws follow softmax(z / T). Oracle: the
+ * softmax computed here in double from the same h and w; 60000 draws of one
+ * row under 60000 keys, a chi-square test over 12 entries (11 degrees of
+ * freedom: mean 11, sd 4.7; the limit 45 is p ~ 1e-5, and the keys are
+ * fixed, so the test is deterministic). A wrong temperature scaling (T for
+ * 1/T, or none) or a noise that is not Gumbel gives thousands. */
+static double sample_chi2(const float *h, const float *h_expect, const float *w, int64_t H, int64_t V, float T,
+                          int64_t N) {
+    float *hs = fbuf(N * H);
+    uint64_t *keys = dfl_malloc((size_t)N * sizeof *keys);
+    int32_t *pred = dfl_malloc((size_t)N * sizeof *pred);
+    for (int64_t i = 0; i < N; i++) {
+        memcpy(hs + i * H, h, (size_t)H * 4);
+        keys[i] = dfl_sample_key(dfl_sample_seq_key(42, 0), i);
+    }
+    ops->lmhead_sample(pred, NULL, hs, w, keys, T, N, H, V);
+    double z[64], p[64], zmax = -INFINITY, sum = 0, chi2 = 0;
+    int64_t count[64] = {0};
+    for (int64_t v = 0; v < V; v++) {
+        z[v] = 0;
+        for (int64_t j = 0; j < H; j++) z[v] += (double)h_expect[j] * w[v * H + j];
+        z[v] /= T;
+        zmax = fmax(zmax, z[v]);
+    }
+    for (int64_t v = 0; v < V; v++) sum += p[v] = exp(z[v] - zmax);
+    for (int64_t i = 0; i < N; i++) {
+        T_CHECK(pred[i] >= 0 && pred[i] < V);
+        if (pred[i] >= 0 && pred[i] < V) count[pred[i]]++;
+    }
+    for (int64_t v = 0; v < V; v++) {
+        double e = (double)N * p[v] / sum;
+        T_CHECKF(e >= 20, "expected count %g of entry %lld is too small for the test", e, (long long)v);
+        chi2 += (count[v] - e) * (count[v] - e) / e;
+    }
+    ops->free(hs), free(keys), free(pred);
+    return chi2;
+}
+
+static void test_lmhead_sample(void) {
+    const int64_t H = 4, V = 12, N = 60000;
+    float *w = fbuf(V * H), h[4] = {1.0f, -0.5f, 0.25f, 0.75f};
+    dfl_rng r;
+    dfl_rng_seed(&r, 21);
+    frand(w, V * H, &r, 0.4f);
+    const float temps[3] = {1.0f, 0.5f, 2.0f};
+    for (int k = 0; k < 3; k++) {
+        double chi2 = sample_chi2(h, h, w, H, V, temps[k], N);
+        printf("  sample T=%.1f: chi-square %.1f over %lld entries\n", temps[k], chi2, (long long)V);
+        T_CHECKF(chi2 < 45, "T=%g: chi-square %g", temps[k], chi2);
+    }
+    /* the test has power: draws at T = 0.5 (logits doubled) against T = 1 */
+    float h2[4];
+    for (int j = 0; j < 4; j++) h2[j] = 2 * h[j];
+    double wrong = sample_chi2(h2, h, w, H, V, 1.0f, N);
+    printf("  sample T=0.5 against the T=1 distribution: chi-square %.0f\n", wrong);
+    T_CHECKF(wrong > 1000, "chi-square %g", wrong);
+    ops->free(w);
+
+    /* the noise itself: standard Gumbel (mean 0.5772, variance pi^2/6),
+     * finite and inside [-2.81, 16.64] */
+    double m = 0, m2 = 0, lo = INFINITY, hi = -INFINITY;
+    const int64_t M = 1000000;
+    for (int64_t i = 0; i < M; i++) {
+        double g = dfl_gumbel(dfl_sample_key(7, i / 1000), i % 1000);
+        m += g, m2 += g * g, lo = fmin(lo, g), hi = fmax(hi, g);
+    }
+    m /= M, m2 = m2 / M - m * m;
+    printf("  gumbel: mean %.4f variance %.4f range [%.2f, %.2f]\n", m, m2, lo, hi);
+    T_CHECKF(fabs(m - 0.5772157) < 0.005 && fabs(m2 - 1.6449341) < 0.01, "mean %g variance %g", m, m2);
+    T_CHECKF(isfinite(lo) && isfinite(hi) && lo >= -2.82 && hi <= 16.64, "range [%g, %g]", lo, hi);
+
+    /* the op is argmax(z / T + g) row by row, keyed per row, whatever the
+     * chunking; a tiny temperature gives the argmax where it is clear */
+    lm_ctx c = lm_fixture();
+    uint64_t *keys = dfl_malloc((size_t)c.N * sizeof *keys);
+    for (int64_t i = 0; i < c.N; i++) keys[i] = dfl_sample_key(3, 1000 + i);
+    float *gap = fbuf(c.N), *agap = fbuf(c.N);
+    int32_t *apred = dfl_malloc((size_t)c.N * 4);
+    ops->lmhead_argmax(apred, agap, c.h, c.w, c.N, c.H, c.V);
+    int64_t chunks[3] = {0, 4, 100};
+    for (int ci = 0; ci < 3; ci++) {
+        dfl_cpu_lmhead_rows_override = chunks[ci];
+        ops->lmhead_sample(c.pred, gap, c.h, c.w, keys, 0.8f, c.N, c.H, c.V);
+        int bad = 0, used = 0;
+        for (int64_t i = 0; i < c.N; i++) {
+            double best = -INFINITY, second = -INFINITY;
+            int32_t arg = -1;
+            for (int64_t v = 0; v < c.V; v++) {
+                double z = 0;
+                for (int64_t j = 0; j < c.H; j++) z += (double)c.h[i * c.H + j] * c.w[v * c.H + j];
+                double s = z / 0.8 + dfl_gumbel(keys[i], v);
+                if (s > best) second = best, best = s, arg = (int32_t)v;
+                else if (s > second) second = s;
+            }
+            if (best - second < 1e-4) continue;
+            used++;
+            bad += c.pred[i] != arg || fabs(gap[i] - (best - second)) > 1e-4 * (1 + fabs(best));
+        }
+        T_CHECKF(bad == 0 && used > c.N / 2, "chunk rows %lld: %d of %d draws differ", (long long)chunks[ci], bad, used);
+    }
+    dfl_cpu_lmhead_rows_override = 0;
+    ops->lmhead_sample(c.pred, NULL, c.h, c.w, keys, 1e-3f, c.N, c.H, c.V);
+    int clear = 0, same = 0;
+    for (int64_t i = 0; i < c.N; i++)
+        if (agap[i] > 0.05f) clear++, same += c.pred[i] == apred[i];
+    T_CHECKF(clear > 0 && same == clear, "T=0.001: %d of %d clear argmaxes drawn", same, clear);
+    free(keys), free(apred), ops->free(gap), ops->free(agap);
+    lm_free(&c);
+}
+
 /* The logits buffers are chunk_rows(V) x V floats: bounded by
  * DFL_CPU_LMHEAD_FLOATS (or one row), and a function of V alone, not N. */
 static void test_lmhead_memory_bound(void) {
@@ -1190,6 +1301,7 @@ int main(void) {
     T_RUN(test_lmhead_kl);
     T_RUN(test_lmhead_fd);
     T_RUN(test_lmhead_argmax);
+    T_RUN(test_lmhead_sample);
     T_RUN(test_lmhead_memory_bound);
     T_RUN(test_adamw);
     T_RUN(test_sigmoid_mul);

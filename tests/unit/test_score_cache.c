@@ -101,7 +101,7 @@ static void check_kv(const char *name) {
     rows_alloc(&inc, T, L, H);
     int32_t cu[2] = {0, (int32_t)T};
     dfl_target_batch b = {ids, cu, 1};
-    dfl_target_want w = {L, taps, 1, 0, 1, NULL, 0, 0};
+    dfl_target_want w = {.ntaps = L, .taps = taps, .last_hidden = 1, .argmax = 1};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     rows_put(&full, t, &o, 0, T);
@@ -316,7 +316,7 @@ static void test_drafter_target_weights_qwen35_vlm(void) {
     int32_t ids[12], cu[2] = {0, (int32_t)T}, pred[12];
     for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)((i * 37 + 5) % V);
     dfl_target_batch b = {ids, cu, 1};
-    dfl_target_want w = {0, NULL, 1, 1, 1, NULL, 0, 0};
+    dfl_target_want w = {.last_hidden = 1, .normed = 1, .argmax = 1};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     float *ref = dfl_malloc((size_t)(T * H) * 4), *got = dfl_malloc((size_t)(T * H) * 4);
@@ -376,7 +376,7 @@ static void check_loop(dfl_drafter *d, dfl_target *t, const char *what, double *
         for (int64_t i = 0; i < lens[p]; i++) prompt[i] = (int32_t)dfl_rng_below(&r, (uint64_t)tc->vocab_size - 1);
         for (int eos = 0; eos < 2; eos++) {
             /* with eos: stop at the target's own greedy token number 7, so both must stop there */
-            dfl_gen_opts go = {40, 0, NULL};
+            dfl_gen_opts go = {.max_new = 40};
             T_CHECK(dfl_greedy_generate(t, kv, prompt, lens[p], &go, &g) == 0);
             int64_t stop_tok = g.n > 7 ? g.ids[7] : -1;
             if (eos) {

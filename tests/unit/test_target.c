@@ -145,7 +145,7 @@ static void check_model(const char *name) {
     int taps[64];
     for (int k = 0; k < L; k++) taps[k] = L - 1 - k; /* reversed: order must follow the request */
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {L, taps, 1, 1, 1, NULL, 0, 0};
+    dfl_target_want w = {.ntaps = L, .taps = taps, .last_hidden = 1, .normed = 1, .argmax = 1};
     dfl_target_out o;
     int rc = dfl_target_forward(t, &o, &b, &w);
     T_CHECKF(rc == 0, "%s", dfl_errmsg());
@@ -216,7 +216,7 @@ static void check_packing(const char *name, int tap0, int tap1, int tap2) {
     float *packed = dfl_malloc((size_t)(T * K * H) * sizeof(float)), *alone = dfl_malloc((size_t)(T * K * H) * sizeof(float));
     int32_t *pk_ids = dfl_malloc((size_t)T * sizeof(int32_t));
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {3, taps, 0, 0, 1, NULL, 0, 0};
+    dfl_target_want w = {.ntaps = 3, .taps = taps, .argmax = 1};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     dfl_target_taps_to_f32(t, &o, 0, T, packed);
@@ -265,7 +265,7 @@ static void test_long_batch_chunks(void) {
     int tap = 2;
     float *packed = dfl_malloc((size_t)(T * H) * sizeof(float)), *alone = dfl_malloc((size_t)(T * H) * sizeof(float));
     dfl_target_batch b = {ids, cu, NS};
-    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0, 0};
+    dfl_target_want w = {.ntaps = 1, .taps = &tap};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     dfl_target_taps_to_f32(t, &o, 0, T, packed);
@@ -291,7 +291,7 @@ static void test_rows(void) {
     const dfl_ops *ops = dfl_target_ops(t);
     int64_t T = e.T, H = e.H;
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {0, NULL, 0, 1, 1, NULL, 0, 0};
+    dfl_target_want w = {.normed = 1, .argmax = 1};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     float *full = dfl_malloc((size_t)(T * H) * sizeof(float));
@@ -329,7 +329,7 @@ static void test_partial_load_and_bad_requests(void) {
     T_CHECK(dfl_target_loaded_layers(t) == 2);
     int tap = 1, deep = 4, neg = -1;
     dfl_target_batch b = {e.ids, e.cu, e.nseq};
-    dfl_target_want w = {1, &tap, 0, 0, 0, NULL, 0, 0};
+    dfl_target_want w = {.ntaps = 1, .taps = &tap};
     dfl_target_out o;
     T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
     float *got = dfl_malloc((size_t)(e.T * e.H) * sizeof(float));
@@ -543,7 +543,7 @@ static float *all_taps_of(const char *from, const char *dir, int64_t *n) {
         int taps[64], L = (int)e.L;
         for (int k = 0; k < L; k++) taps[k] = k;
         dfl_target_batch b = {e.ids, e.cu, e.nseq};
-        dfl_target_want w = {L, taps, 0, 0, 0, NULL, 0, 0};
+        dfl_target_want w = {.ntaps = L, .taps = taps};
         dfl_target_out out;
         if (dfl_target_forward(t, &out, &b, &w) == 0) {
             *n = e.T * L * e.H;
