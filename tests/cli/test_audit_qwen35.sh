@@ -56,3 +56,24 @@ expect_exit 65 "dflash-score, weights of another shape: 65 before allocating" \
 expect_exit 65 "dflash-score, drafter for another vocabulary: 65 before allocating" \
     dflash-score --threads 1 --target "$T/q35" --drafter "$T/bigV" "$T/train.dfs"
 [ ! -e "$T/no" ] && pass "no checkpoint from a refused one" || fail "no checkpoint from a refused one"
+
+# ---- dflash-extract --drafter-config: a drafter for another target is refused --------------
+# It checked num_target_layers only: a drafter of another hidden size or
+# vocabulary got a stream (hours of extraction) that train-step then refused.
+drafter_config "$T/d_h.json" block=4 taps="1, 3, 6" layers=1 target_layers=8 hidden=64
+drafter_config "$T/d_v.json" block=4 taps="1, 3, 6" layers=1 target_layers=8 vocab=70
+expect_exit 65 "extract --drafter-config of another hidden size: 65" \
+    dflash-extract -t 1 -m "$T/q35" --drafter-config "$T/d_h.json" -o "$T/e.dfs" "$T/data.jsonl"
+grep -q "d_h.json: hidden_size is 64 but the target's is 32" "$T/.err" &&
+    pass "extract --drafter-config of another hidden size: the file and the field are named" ||
+    fail "extract --drafter-config of another hidden size: message" "$(cat "$T/.err")"
+expect_exit 65 "extract --drafter-config of another vocabulary: 65" \
+    dflash-extract -t 1 -m "$T/q35" --drafter-config "$T/d_v.json" -o "$T/e.dfs" "$T/data.jsonl"
+grep -q "d_v.json: vocab_size is 70 but the target's is 61" "$T/.err" &&
+    pass "extract --drafter-config of another vocabulary: the file and the field are named" ||
+    fail "extract --drafter-config of another vocabulary: message" "$(cat "$T/.err")"
+[ ! -e "$T/e.dfs" ] && pass "extract --drafter-config for another target: no stream" || fail "extract --drafter-config for another target: no stream"
+check "extract --drafter-config of this target" \
+    dflash-extract -t 1 -m "$T/q35" --drafter-config "$T/drafter.json" -o "$T/e.dfs" "$T/data.jsonl"
+dflash-pack --inspect "$T/e.dfs" | head -1 | grep -q '"layer_ids":\[1,3,6\]' &&
+    pass "extract --drafter-config: its layer ids" || fail "extract --drafter-config: its layer ids"
