@@ -77,3 +77,15 @@ check "extract --drafter-config of this target" \
     dflash-extract -t 1 -m "$T/q35" --drafter-config "$T/drafter.json" -o "$T/e.dfs" "$T/data.jsonl"
 dflash-pack --inspect "$T/e.dfs" | head -1 | grep -q '"layer_ids":\[1,3,6\]' &&
     pass "extract --drafter-config: its layer ids" || fail "extract --drafter-config: its layer ids"
+
+# ---- a sharded VLM checkpoint whose layer_types disagree with its weights ------------------
+# The missing tensor was reported in the first shard opened (model-00002-of-00002),
+# a file that has nothing to do with it: it is missing from the index.
+VLM=$FIX/targets/qwen35-vlm
+cp -r "$VLM" "$T/vlm" && rm -rf "$T/vlm/reference"
+edit_json "$T/vlm/config.json" "d['text_config']['layer_types'] = ['linear_attention'] * 4 + ['full_attention'] * 4"
+expect_exit 65 "VLM, layer_types against the weights: 65" \
+    dflash-extract -t 1 -m "$T/vlm" -l 6 -o "$T/vlm.dfs" "$T/data.jsonl"
+grep -q "vlm/model.safetensors.index.json: tensor 'model.language_model.layers.3.linear_attn.in_proj_qkv.weight' is missing" "$T/.err" &&
+    pass "VLM, a tensor missing from the shards: the index is named" || fail "VLM, missing tensor: message" "$(cat "$T/.err")"
+[ ! -e "$T/vlm.dfs" ] && pass "VLM, layer_types against the weights: no stream" || fail "VLM, layer_types against the weights: no stream"
