@@ -89,3 +89,14 @@ expect_exit 65 "VLM, layer_types against the weights: 65" \
 grep -q "vlm/model.safetensors.index.json: tensor 'model.language_model.layers.3.linear_attn.in_proj_qkv.weight' is missing" "$T/.err" &&
     pass "VLM, a tensor missing from the shards: the index is named" || fail "VLM, missing tensor: message" "$(cat "$T/.err")"
 [ ! -e "$T/vlm.dfs" ] && pass "VLM, layer_types against the weights: no stream" || fail "VLM, layer_types against the weights: no stream"
+
+# ---- pipelines/Makefile's drafter config from a released (VLM) Qwen3.5 config.json ---------
+# Its sizes are in text_config: the jq recipe failed ("null (null) and null
+# (null) cannot be divided") where README step 2 says the Makefile makes it.
+(cd "$T" && make -s -f "$here/pipelines/Makefile" TARGET="$VLM" OUT=mk LAYERS=1,3,6 MASK_TOKEN=198 DRAFT_LAYERS=1 \
+    BLOCK=4 mk/drafter.json) >"$T/.out" 2>&1 && pass "pipelines/Makefile drafter.json from a VLM target" ||
+    fail "pipelines/Makefile drafter.json from a VLM target" "$(cat "$T/.out")"
+jq -e '.hidden_size == 48 and .intermediate_size == 88 and .head_dim == 32 and .vocab_size == 199 and
+       .num_target_layers == 8 and .rope_theta == 10000000 and .max_position_embeddings == 256' "$T/mk/drafter.json" >/dev/null 2>&1 &&
+    pass "pipelines/Makefile drafter.json: the text model's sizes" || fail "pipelines/Makefile drafter.json: sizes" "$(cat "$T/mk/drafter.json" 2>&1)"
+check "a drafter from that config on the VLM target" $TS --target "$VLM" --init "$T/mk/drafter.json" --steps 0 --out "$T/mkck"
