@@ -100,3 +100,9 @@ jq -e '.hidden_size == 48 and .intermediate_size == 88 and .head_dim == 32 and .
        .num_target_layers == 8 and .rope_theta == 10000000 and .max_position_embeddings == 256' "$T/mk/drafter.json" >/dev/null 2>&1 &&
     pass "pipelines/Makefile drafter.json: the text model's sizes" || fail "pipelines/Makefile drafter.json: sizes" "$(cat "$T/mk/drafter.json" 2>&1)"
 check "a drafter from that config on the VLM target" $TS --target "$VLM" --init "$T/mk/drafter.json" --steps 0 --out "$T/mkck"
+
+# ---- layer_types holding a non-string: named as such (it read '"?"', as if the file said so) --
+cp -r "$T/q35" "$T/lt" && edit_json "$T/lt/config.json" "d['layer_types'][2] = 3"
+expect_exit 65 "layer_types[2] not a string: 65" dflash-extract -t 1 -m "$T/lt" -l 1 -o "$T/lt.dfs" "$T/data.jsonl"
+grep -q 'lt/config.json: "layer_types"\[2\] is not a string' "$T/.err" && pass "layer_types[2] not a string: message" ||
+    fail "layer_types[2] not a string: message" "$(cat "$T/.err")"
