@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *model_dir = NULL, *out_path = "-", *layers = NULL, *drafter_cfg = NULL, *device = "cpu";
 static dfl_strlist with = {0, NULL};
@@ -61,6 +62,11 @@ int main(int argc, char **argv) {
     free(pos);
     if (!model_dir) dfl_cli_usage_error(&cli, "--model DIR is required");
     if (layers && drafter_cfg) dfl_cli_usage_error(&cli, "give --layers or --drafter-config, not both");
+    /* -o INPUT would replace the samples with their hidden states */
+    struct stat si, so;
+    if (strcmp(in_path, "-") && strcmp(out_path, "-") && stat(in_path, &si) == 0 && stat(out_path, &so) == 0 &&
+        S_ISREG(si.st_mode) && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+        dfl_cli_usage_error(&cli, "-o %s is the input file", out_path);
     if (batch_tokens < 1 || batch_tokens > INT32_MAX) dfl_cli_usage_error(&cli, "--batch-tokens must be in [1, 2^31)");
     if (threads < 0 || threads > 4096) dfl_cli_usage_error(&cli, "--threads must be in [0, 4096]");
     int want_ids = 0, want_last = 0;

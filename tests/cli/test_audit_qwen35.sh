@@ -106,3 +106,18 @@ cp -r "$T/q35" "$T/lt" && edit_json "$T/lt/config.json" "d['layer_types'][2] = 3
 expect_exit 65 "layer_types[2] not a string: 65" dflash-extract -t 1 -m "$T/lt" -l 1 -o "$T/lt.dfs" "$T/data.jsonl"
 grep -q 'lt/config.json: "layer_types"\[2\] is not a string' "$T/.err" && pass "layer_types[2] not a string: message" ||
     fail "layer_types[2] not a string: message" "$(cat "$T/.err")"
+
+# ---- outputs: a directory is refused before the work, the input is never the output --------
+# -o DIR failed at the rename, after the whole extraction (and --split had
+# already put its other parts in place); -o INPUT replaced the samples.
+mkdir -p "$T/adir" "$T/sp-val.dfs"
+expect_exit 73 "extract -o DIR: 73" dflash-extract -t 1 -m "$T/q35" -l 1 -o "$T/adir" "$T/data.jsonl"
+grep -q "adir: is a directory" "$T/.err" && ! grep -q "rename" "$T/.err" && pass "extract -o DIR: refused before the extraction" ||
+    fail "extract -o DIR: refused before the extraction" "$(cat "$T/.err")"
+expect_exit 73 "pack --split with a part that is a directory: 73" \
+    dflash-pack --split train=0.5,val=0.5 -o "$T/sp-%s.dfs" "$T/train.dfs"
+[ ! -e "$T/sp-train.dfs" ] && pass "pack --split: no part written when another cannot be" ||
+    fail "pack --split: no part written when another cannot be"
+cp "$T/data.jsonl" "$T/in.jsonl"
+expect_exit 2 "extract -o INPUT: 2" dflash-extract -t 1 -m "$T/q35" -l 1 -o "$T/in.jsonl" "$T/in.jsonl"
+cmp -s "$T/in.jsonl" "$T/data.jsonl" && pass "extract -o INPUT: the samples are kept" || fail "extract -o INPUT: the samples are kept"
