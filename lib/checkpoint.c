@@ -194,11 +194,12 @@ int dfl_ckpt_load_weights(const char *dir, dfl_drafter *d) {
     return rc;
 }
 
+static const char *const state_names[3] = {"master", "adam_m", "adam_v"};
+
 /* The trainer state of DIR for a drafter of nparams parameters: the JSON
  * (its "format" checked) in *state and trainer_state.safetensors in *st,
- * whose "master", "adam_m" and "adam_v" (tensor[i] for names[i]) are F32
- * [nparams]. Reads headers only. On error nothing is left open. */
-static const char *const state_names[3] = {"master", "adam_m", "adam_v"};
+ * whose tensors state_names[i] (in tensor[i]) are F32 [nparams]. Reads
+ * headers only. On error nothing is left open. */
 
 static int open_state(const char *dir, int64_t nparams, json_t **state, dfl_st **st, const dfl_st_tensor *tensor[3]) {
     char path[4200];
