@@ -124,20 +124,18 @@ static int foreign_tensor(const char *name) {
     return 0;
 }
 
-int dfl_ckpt_load_weights(const char *dir, dfl_drafter *d) {
-    char path[4200];
-    join(path, sizeof path, dir, "model.safetensors");
-    dfl_st *st;
-    int rc = dfl_st_open(&st, path);
-    if (rc) return rc;
-    float *master = dfl_malloc((size_t)d->nparams * 4);
-    uint8_t *seen = dfl_calloc((size_t)d->ntensors, 1);
+/* model.safetensors's tensors against the drafter's (info[n]): each present
+ * once with its shape, none unknown. Reads the header only; with `master`
+ * ([nparams] f32) also converts the weights into it. */
+static int match_weights(const dfl_st *st, const char *path, const dfl_param_info *info, int n, float *master) {
+    int rc = 0;
+    uint8_t *seen = dfl_calloc((size_t)n, 1);
     for (int i = 0; i < dfl_st_count(st) && !rc; i++) {
         const dfl_st_tensor *t = dfl_st_at(st, i);
         const char *name = strncmp(t->name, "model.", 6) ? t->name : t->name + 6;
         int k = -1;
-        for (int j = 0; j < d->ntensors; j++)
-            if (!strcmp(d->info[j].name, name)) k = j;
+        for (int j = 0; j < n; j++)
+            if (!strcmp(info[j].name, name)) k = j;
         if (k < 0) {
             if (!foreign_tensor(name)) rc = dfl_err(DFL_EX_DATA, "%s: tensor \"%s\" is not a drafter tensor", path, t->name);
             continue;
@@ -147,23 +145,66 @@ int dfl_ckpt_load_weights(const char *dir, dfl_drafter *d) {
             break;
         }
         const dfl_st_tensor *got;
-        rc = dfl_st_get(st, t->name, d->info[k].ndim, d->info[k].shape, &got);
+        rc = dfl_st_get(st, t->name, info[k].ndim, info[k].shape, &got);
         if (rc) break;
-        dfl_st_to_f32(got, master + d->info[k].offset);
+        if (master) dfl_st_to_f32(got, master + info[k].offset);
         seen[k] = 1;
     }
-    for (int j = 0; j < d->ntensors && !rc; j++)
-        if (!seen[j]) rc = dfl_err(DFL_EX_DATA, "%s: tensor \"%s\" is missing", path, d->info[j].name);
-    if (!rc) dfl_drafter_set_master(d, master);
+    for (int j = 0; j < n && !rc; j++)
+        if (!seen[j]) rc = dfl_err(DFL_EX_DATA, "%s: tensor \"%s\" is missing", path, info[j].name);
     free(seen);
+    return rc;
+}
+
+/* The drafter's tensor table for config c (info[*n], owned by the caller). */
+static dfl_param_info *param_table(const dfl_drafter_config *c, int *n, int64_t *nparams) {
+    *n = dfl_drafter_params(c, NULL);
+    dfl_param_info *info = dfl_calloc((size_t)*n, sizeof *info);
+    dfl_drafter_params(c, info);
+    *nparams = info[*n - 1].offset + info[*n - 1].numel;
+    return info;
+}
+
+int dfl_ckpt_check_weights(const char *dir, const dfl_drafter_config *c) {
+    char path[4200];
+    join(path, sizeof path, dir, "model.safetensors");
+    dfl_st *st;
+    int rc = dfl_st_open(&st, path);
+    if (rc) return rc;
+    int n;
+    int64_t np;
+    dfl_param_info *info = param_table(c, &n, &np);
+    rc = match_weights(st, path, info, n, NULL);
+    free(info);
+    dfl_st_close(st);
+    return rc;
+}
+
+int dfl_ckpt_load_weights(const char *dir, dfl_drafter *d) {
+    char path[4200];
+    join(path, sizeof path, dir, "model.safetensors");
+    dfl_st *st;
+    int rc = dfl_st_open(&st, path);
+    if (rc) return rc;
+    float *master = dfl_malloc((size_t)d->nparams * 4);
+    rc = match_weights(st, path, d->info, d->ntensors, master);
+    if (!rc) dfl_drafter_set_master(d, master);
     free(master);
     dfl_st_close(st);
     return rc;
 }
 
-int dfl_ckpt_load_state(const char *dir, dfl_drafter *d, json_t **state) {
+static const char *const state_names[3] = {"master", "adam_m", "adam_v"};
+
+/* The trainer state of DIR for a drafter of nparams parameters: the JSON
+ * (its "format" checked) in *state and trainer_state.safetensors in *st,
+ * whose tensors state_names[i] (in tensor[i]) are F32 [nparams]. Reads
+ * headers only. On error nothing is left open. */
+
+static int open_state(const char *dir, int64_t nparams, json_t **state, dfl_st **st, const dfl_st_tensor *tensor[3]) {
     char path[4200];
     *state = NULL;
+    *st = NULL;
     join(path, sizeof path, dir, "trainer_state.json");
     json_error_t je;
     json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
@@ -178,31 +219,49 @@ int dfl_ckpt_load_state(const char *dir, dfl_drafter *d, json_t **state) {
         return dfl_err(DFL_EX_DATA, "%s: \"format\" is not \"%s\"", path, STATE_FORMAT);
     }
     join(path, sizeof path, dir, "trainer_state.safetensors");
-    dfl_st *st;
-    int rc = dfl_st_open(&st, path);
+    int rc = dfl_st_open(st, path);
+    int64_t shape[1] = {nparams};
+    for (int i = 0; i < 3 && !rc; i++) {
+        rc = dfl_st_get(*st, state_names[i], 1, shape, &tensor[i]);
+        if (!rc && tensor[i]->dtype != DFL_F32) rc = dfl_err(DFL_EX_DATA, "%s: tensor \"%s\" is not F32", path, state_names[i]);
+    }
     if (rc) {
+        if (*st) dfl_st_close(*st);
+        *st = NULL;
         json_decref(j);
         return rc;
     }
-    const char *names[3] = {"master", "adam_m", "adam_v"};
+    *state = j;
+    return 0;
+}
+
+int dfl_ckpt_check_state(const char *dir, const dfl_drafter_config *c) {
+    int n;
+    int64_t np;
+    free(param_table(c, &n, &np));
+    json_t *j;
+    dfl_st *st;
+    const dfl_st_tensor *t[3];
+    int rc = open_state(dir, np, &j, &st, t);
+    if (rc) return rc;
+    dfl_st_close(st);
+    json_decref(j);
+    return 0;
+}
+
+int dfl_ckpt_load_state(const char *dir, dfl_drafter *d, json_t **state) {
+    dfl_st *st;
+    const dfl_st_tensor *t[3];
+    int rc = open_state(dir, d->nparams, state, &st, t);
+    if (rc) return rc;
     float *dst[3] = {d->master, d->m, d->v};
-    int64_t shape[1] = {d->nparams};
-    for (int i = 0; i < 3 && !rc; i++) {
-        const dfl_st_tensor *t;
-        rc = dfl_st_get(st, names[i], 1, shape, &t);
-        if (!rc && t->dtype != DFL_F32) rc = dfl_err(DFL_EX_DATA, "%s: tensor \"%s\" is not F32", path, names[i]);
-        if (rc) break;
+    for (int i = 0; i < 3; i++) {
         float *host = dfl_malloc((size_t)d->nparams * 4);
-        memcpy(host, t->data, (size_t)d->nparams * 4);
+        memcpy(host, t[i]->data, (size_t)d->nparams * 4);
         d->ops->upload(dst[i], host, (size_t)d->nparams * 4);
         free(host);
     }
     dfl_st_close(st);
-    if (rc) {
-        json_decref(j);
-        return rc;
-    }
     dfl_drafter_sync_weights(d);
-    *state = j;
     return 0;
 }

@@ -37,6 +37,14 @@ int dfl_ckpt_has_state(const char *dir);
  * Every tensor must be present with its shape; unknown tensors are refused. */
 int dfl_ckpt_load_weights(const char *dir, dfl_drafter *d);
 
+/* Before the drafter is allocated: does DIR's model.safetensors (or its
+ * trainer state: trainer_state.json's format, trainer_state.safetensors's
+ * shapes) fit a drafter of config c? Reads headers only, so a checkpoint
+ * that disagrees costs no allocation the size of the model. 0 or an exit
+ * code naming the file and the tensor. */
+int dfl_ckpt_check_weights(const char *dir, const dfl_drafter_config *c);
+int dfl_ckpt_check_state(const char *dir, const dfl_drafter_config *c);
+
 /* Load the trainer state: master weights and AdamW moments into d, and the
  * JSON (returned in *state, owned by the caller). */
 int dfl_ckpt_load_state(const char *dir, dfl_drafter *d, json_t **state);

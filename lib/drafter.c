@@ -476,8 +476,7 @@ static void *load_st_wt(const dfl_ops *ops, const dfl_st_tensor *t) {
     return dst;
 }
 
-int dfl_drafter_load_target(dfl_drafter *d, const char *dir, const dfl_model_config *tcfg) {
-    const dfl_drafter_config *c = &d->cfg;
+int dfl_drafter_check_target(const dfl_drafter_config *c, const dfl_model_config *tcfg, const char *dir) {
     if (tcfg->hidden_size != c->H)
         return dfl_err(DFL_EX_DATA, "%s: target hidden_size %lld differs from the drafter's hidden_size %lld", dir,
                        (long long)tcfg->hidden_size, (long long)c->H);
@@ -487,8 +486,15 @@ int dfl_drafter_load_target(dfl_drafter *d, const char *dir, const dfl_model_con
     if (tcfg->num_hidden_layers != c->num_target_layers)
         return dfl_err(DFL_EX_DATA, "%s: target num_hidden_layers %lld differs from the drafter's num_target_layers %d",
                        dir, (long long)tcfg->num_hidden_layers, c->num_target_layers);
+    return 0;
+}
+
+int dfl_drafter_load_target(dfl_drafter *d, const char *dir, const dfl_model_config *tcfg) {
+    const dfl_drafter_config *c = &d->cfg;
+    int rc = dfl_drafter_check_target(c, tcfg, dir);
+    if (rc) return rc;
     dfl_st *st;
-    int rc = dfl_st_open_dir(&st, dir);
+    rc = dfl_st_open_dir(&st, dir);
     if (rc) return rc;
     int64_t shape[2] = {c->V, c->H};
     const dfl_st_tensor *emb, *head = NULL, *norm;

@@ -144,6 +144,11 @@ void dfl_drafter_sync_weights(dfl_drafter *d);
  * `tcfg`. Checks the shapes against the drafter (hidden size, vocabulary,
  * mask id inside the table). Returns 0 or an exit code. */
 int dfl_drafter_load_target(dfl_drafter *d, const char *dir, const dfl_model_config *tcfg);
+/* Does config c fit the target of directory dir (hidden_size, vocab_size,
+ * num_target_layers)? 0 or DFL_EX_DATA. dfl_drafter_load_target checks it
+ * too; call it first to refuse a drafter for another target before
+ * allocating it. */
+int dfl_drafter_check_target(const dfl_drafter_config *c, const dfl_model_config *tcfg, const char *dir);
 /* Same from host f32 arrays (tests). target_norm may be NULL. */
 void dfl_drafter_set_target(dfl_drafter *d, const float *embed, const float *lm_head, const float *target_norm,
                             float target_eps);

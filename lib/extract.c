@@ -75,6 +75,22 @@ static int from_drafter(const char *path, int L, int *ids, int *n) {
     return rc;
 }
 
+int dfl_extract_check_drafter(const char *path, int64_t hidden_size, int64_t vocab_size) {
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, NULL);
+    if (!j) return dfl_err(DFL_EX_DATA, "%s: not JSON", path); /* read once already by dfl_extract_layer_ids */
+    const char *keys[2] = {"hidden_size", "vocab_size"};
+    const int64_t want[2] = {hidden_size, vocab_size};
+    int rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        json_t *v = json_object_get(j, keys[i]);
+        if (json_is_integer(v) && json_integer_value(v) != want[i])
+            rc = dfl_err(DFL_EX_DATA, "%s: %s is %lld but the target's is %lld (a drafter for another target)", path,
+                         keys[i], (long long)json_integer_value(v), (long long)want[i]);
+    }
+    json_decref(j);
+    return rc;
+}
+
 /* The stream stores each tapped layer once (dfs_hs_meta refuses repeats). */
 static int find_repeat(const int *ids, int n) {
     for (int i = 0; i < n; i++)

@@ -53,6 +53,13 @@ typedef struct {
  * Returns 0, DFL_EX_USAGE (bad list, id out of range) or the config's error. */
 int dfl_extract_layer_ids(const char *list, const char *drafter_config, int num_layers, int *ids, int *n);
 
+/* A drafter config.json (--drafter-config) against the target: its
+ * hidden_size and vocab_size, where given, must be the target's (the drafter
+ * reads the target's states and shares its embedding and LM head), so that no
+ * stream is extracted for a drafter dflash-train-step would refuse.
+ * Returns 0 or DFL_EX_DATA naming the file and the field. */
+int dfl_extract_check_drafter(const char *drafter_config, int64_t hidden_size, int64_t vocab_size);
+
 /* The stream header's meta map for this target and request (dfs_hs_meta). */
 json_t *dfl_extract_meta(const dfl_target *t, const dfl_extract_opts *o);
 

@@ -102,10 +102,11 @@ static int check_supported(const dfl_model_config *c, const json_t *j, const cha
     json_t *lt = json_object_get(j, "layer_types"), *v;
     size_t i;
     json_array_foreach(lt, i, v) {
-        const char *ty = json_string_value(v) ? json_string_value(v) : "?";
+        const char *ty = json_string_value(v);
+        if (!ty) return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is not a string", path, i);
         if (strcmp(ty, "full_attention") && (!c->hybrid || strcmp(ty, "linear_attention")))
-            return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only full_attention%s is supported", path, i,
-                           ty, c->hybrid ? " and linear_attention" : "");
+            return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only %s supported", path, i, ty,
+                           c->hybrid ? "full_attention and linear_attention are" : "full_attention is");
     }
     if (lt && !json_is_null(lt) && (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->num_hidden_layers))
         return dfl_err(DFL_EX_DATA, "%s: \"layer_types\" must list one type for each of the %lld layers", path,

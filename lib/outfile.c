@@ -112,6 +112,8 @@ int dfl_out_open(dfl_out **out, const char *path, int binary) {
     /* An existing device or FIFO (-o /dev/null) is written in place: a rename
      * over it would replace the device with a regular file. */
     struct stat st;
+    /* refused now, not by the rename once the work is done */
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return dfl_err(DFL_EX_CANTCREAT, "%s: is a directory", path);
     if (stat(path, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
         FILE *f = fopen(path, "wb");
         if (!f) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot open: %s", path, strerror(errno));

@@ -21,6 +21,7 @@ typedef struct {
 } st_file;
 
 struct dfl_st {
+    char          *index;       /* model.safetensors.index.json of a sharded model, or NULL */
     int            nfiles;
     st_file       *files;
     int            n;
@@ -222,6 +223,7 @@ static int open_index(dfl_st *st, const char *dir, const char *index_path) {
     json_t *idx = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
     if (!idx) return dfl_err(DFL_EX_DATA, "%s: %s (line %d)", index_path, je.text, je.line);
     json_t *wm = json_object_get(idx, "weight_map");
+    st->index = dfl_strdup(index_path);
     int rc = 0;
     if (!json_is_object(wm)) rc = dfl_err(DFL_EX_DATA, "%s: no \"weight_map\" object", index_path);
     const char *name;
@@ -285,6 +287,7 @@ void dfl_st_close(dfl_st *st) {
     }
     free(st->files);
     free(st->t);
+    free(st->index);
     free(st);
 }
 
@@ -306,7 +309,8 @@ static void shape_str(char *buf, size_t n, int nd, const int64_t *s) {
 int dfl_st_get(const dfl_st *st, const char *name, int ndim, const int64_t *shape, const dfl_st_tensor **out) {
     const dfl_st_tensor *t = dfl_st_find(st, name);
     *out = NULL;
-    const char *where = st->nfiles ? st->files[0].path : "safetensors";
+    /* a sharded model's tensor missing from every shard: the index is the table of contents */
+    const char *where = st->index ? st->index : st->nfiles ? st->files[0].path : "safetensors";
     if (!t) return dfl_err(DFL_EX_DATA, "%s: tensor '%s' is missing", where, name);
     if (t->dtype != DFL_BF16 && t->dtype != DFL_F16 && t->dtype != DFL_F32)
         return dfl_err(DFL_EX_DATA, "%s: tensor '%s' has dtype %s; expected BF16, F16 or F32", t->file, name, t->dtype_str);

@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *model_dir = NULL, *out_path = "-", *layers = NULL, *drafter_cfg = NULL, *device = "cpu";
 static dfl_strlist with = {0, NULL};
@@ -28,7 +29,8 @@ static const dfl_opt opts[] = {
      "(Hugging Face hidden_states[k+1]; for the last layer, before the final norm).",
      "the reference rule for 5 draft layers, e.g. 1,9,17,25,33 for 36 layers"},
     {"drafter-config", 0, DFL_OPT_STR, &drafter_cfg, "FILE",
-     "Take the layer ids from a drafter's config.json (dflash_config.target_layer_ids).", NULL},
+     "Take the layer ids from a drafter's config.json (dflash_config.target_layer_ids); its num_target_layers, "
+     "hidden_size and vocab_size, where given, must be the target's.", NULL},
     {"with", 'w', DFL_OPT_LIST, &with, "WHAT",
      "Also write per sample: target-ids (the target's greedy next token at every position, i32 [T]) or last-hidden "
      "(output of the last layer before the final norm, bf16 [T, H]).", NULL},
@@ -60,6 +62,11 @@ int main(int argc, char **argv) {
     free(pos);
     if (!model_dir) dfl_cli_usage_error(&cli, "--model DIR is required");
     if (layers && drafter_cfg) dfl_cli_usage_error(&cli, "give --layers or --drafter-config, not both");
+    /* -o INPUT would replace the samples with their hidden states */
+    struct stat si, so;
+    if (strcmp(in_path, "-") && strcmp(out_path, "-") && stat(in_path, &si) == 0 && stat(out_path, &so) == 0 &&
+        S_ISREG(si.st_mode) && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+        dfl_cli_usage_error(&cli, "-o %s is the input file", out_path);
     if (batch_tokens < 1 || batch_tokens > INT32_MAX) dfl_cli_usage_error(&cli, "--batch-tokens must be in [1, 2^31)");
     if (threads < 0 || threads > 4096) dfl_cli_usage_error(&cli, "--threads must be in [0, 4096]");
     int want_ids = 0, want_last = 0;
@@ -78,9 +85,10 @@ int main(int argc, char **argv) {
     dfl_model_config cfg;
     if (dfl_model_config_load_dir(&cfg, model_dir, "target")) dfl_die_last(cli.prog);
     int L = (int)cfg.num_hidden_layers, taps[DFL_EXTRACT_MAX_TAPS], ntaps = 0;
-    dfl_model_config_free(&cfg);
     int rc = dfl_extract_layer_ids(layers, drafter_cfg, L, taps, &ntaps);
     if (rc == DFL_EX_USAGE) dfl_cli_usage_error(&cli, "%s", dfl_errmsg());
+    if (!rc && drafter_cfg) rc = dfl_extract_check_drafter(drafter_cfg, cfg.hidden_size, cfg.vocab_size);
+    dfl_model_config_free(&cfg);
     if (rc) dfl_die_last(cli.prog);
 
     int deepest = 0;

@@ -147,9 +147,14 @@ static void check_options(int online, int npos, char **pos) {
 static dfl_drafter *load_drafter(const dfl_ops *ops, const char *dir, const dfl_model_config *tcfg) {
     dfl_drafter_config c;
     if (dfl_ckpt_load_config(dir, &c)) dfl_die_last(PROG);
+    /* a drafter made for another target is named as such, and both checks
+     * read headers only: a mismatch costs no allocation the size of the model */
+    if (dfl_drafter_check_target(&c, tcfg, target_dir) || dfl_ckpt_check_weights(dir, &c)) {
+        fprintf(stderr, "%s: %s: %s\n", PROG, dir, dfl_errmsg());
+        exit(dfl_errcode());
+    }
     dfl_drafter *d = dfl_drafter_new_frozen(ops, &c);
     dfl_drafter_config_free(&c);
-    /* the target's parts first: a drafter made for another target is named as such */
     if (dfl_drafter_load_target(d, target_dir, tcfg) || dfl_ckpt_load_weights(dir, d)) {
         fprintf(stderr, "%s: %s: %s\n", PROG, dir, dfl_errmsg());
         exit(dfl_errcode());

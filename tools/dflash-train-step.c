@@ -222,6 +222,12 @@ int main(int argc, char **argv) {
     dfl_drafter_config dcfg;
     int rc = init_cfg ? dfl_drafter_config_load(&dcfg, init_cfg) : dfl_ckpt_load_config(init_from ? init_from : resume, &dcfg);
     if (rc) dfl_die_last(PROG);
+    /* A drafter for another target, or a checkpoint whose tensors do not
+     * fit its config, is refused from the headers, before the model, its
+     * gradients and AdamW moments are allocated. */
+    if (dfl_drafter_check_target(&dcfg, &tcfg, target_dir) || (init_from && dfl_ckpt_check_weights(init_from, &dcfg)) ||
+        (resume && dfl_ckpt_check_state(resume, &dcfg)))
+        dfl_die_last(PROG);
     json_t *state = NULL;
     dfl_drafter *d = dfl_drafter_new(ops, &dcfg);
     if (resume) {
