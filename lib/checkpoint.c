@@ -200,7 +200,6 @@ static const char *const state_names[3] = {"master", "adam_m", "adam_v"};
  * (its "format" checked) in *state and trainer_state.safetensors in *st,
  * whose tensors state_names[i] (in tensor[i]) are F32 [nparams]. Reads
  * headers only. On error nothing is left open. */
-
 static int open_state(const char *dir, int64_t nparams, json_t **state, dfl_st **st, const dfl_st_tensor *tensor[3]) {
     char path[4200];
     *state = NULL;
