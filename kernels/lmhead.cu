@@ -5,12 +5,13 @@
 // Per chunk of R rows:
 //   1. cuBLAS: z[R,V] (f32) = h[R,H] · w[V,H]^T   (for KL also zt from th)
 //   2. one block per row: a single pass of online max / sum-exp / argmax
-//      (sampling: of z * (1/T) + Gumbel noise, lib/sample.h)
 //      (lowest index on ties) / top-2, a fixed-order block reduction
-//      (deterministic), loss and pred; then, with a gradient, a second pass
-//      writes dz[R,V] (bf16) = gscale (softmax - onehot), or gscale (p_d - p_t),
-//      zero on rows without a gradient (gscale 0; CE: no label); a NULL
-//      gscale means 1 for every row, as on the CPU
+//      (deterministic), loss and pred (sampling at temperature T: the
+//      argmax of z * (1/T) + Gumbel noise, lib/sample.h); then, with a
+//      gradient, a second pass writes dz[R,V] (bf16) = gscale (softmax -
+//      onehot), or gscale (p_d - p_t), zero on rows without a gradient
+//      (gscale 0; CE: no label); a NULL gscale means 1 for every row, as
+//      on the CPU
 //   3. cuBLAS: dh[R,H] += dz · w
 // Memory bound: the chunk buffers take R·V·(4 | 6 | 10) bytes (argmax | CE
 // | KL with gradient), R chosen so that this stays under LOGITS_BUDGET
