@@ -86,8 +86,12 @@ static const dfl_cli cli = {
     opts,
 };
 
-/* The step of a checkpoint's trainer state; -1 for a released checkpoint. */
-static int64_t ckpt_step(const char *dir) {
+/* The step of a checkpoint's trainer state; -1 for a released checkpoint.
+ * A drafter trained against a target whose config.json differs from
+ * --target's (the sizes agree, or loading it would have failed) is scored,
+ * since that can be the experiment (another revision of the target), but
+ * not silently: a warning names both configs' digests. */
+static int64_t ckpt_step(const char *dir, const dfl_model_config *tcfg) {
     if (!dfl_ckpt_has_state(dir)) return -1;
     char path[4200];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
@@ -96,6 +100,10 @@ static int64_t ckpt_step(const char *dir) {
     json_t *s = json_object_get(j, "step");
     if (!j || !json_is_integer(s) || json_integer_value(s) < 0)
         dfl_die(PROG, DFL_EX_DATA, "%s: \"step\" is missing or not a count", path);
+    const char *dig = json_string_value(json_object_get(json_object_get(j, "target"), "config_digest"));
+    if (dig && strcmp(dig, tcfg->digest))
+        fprintf(stderr, "%s: warning: %s was trained against another target config.json (digest %s; %s/config.json: %s)\n",
+                PROG, dir, dig, target_dir, tcfg->digest);
     int64_t step = json_integer_value(s);
     json_decref(j);
     return step;
@@ -195,7 +203,7 @@ int main(int argc, char **argv) {
     int64_t *steps = dfl_calloc((size_t)nd, sizeof *steps);
     for (int i = 0; i < nd; i++) {
         d[i] = load_drafter(ops, drafters.v[i], &tcfg);
-        steps[i] = ckpt_step(drafters.v[i]);
+        steps[i] = ckpt_step(drafters.v[i], &tcfg);
     }
     json_t **lines = dfl_calloc((size_t)nd, sizeof *lines);
     dfl_score_line line = {when, NULL, -1, input, online, labels, 0, NULL, -1, max_new, online ? temperature : 0,

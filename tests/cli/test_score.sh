@@ -166,3 +166,25 @@ expect_exit 2 "--emit without --prompts" $SC --target "$T/target" --drafter "$T/
 check "--help" $SC --help
 keep
 check "  ... lists the options" grep -q -- "--anchors-from" "$T/out.txt"
+
+# ---- a drafter trained against another target config.json: scored, with a warning ------------
+mkdir -p "$T/target2"
+cp "$T/target/"* "$T/target2/"
+printf '\n' >>"$T/target2/config.json" # the same model, other bytes: another digest
+check "online against the drafter's own target" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/prompts.jsonl" \
+    --max-new-tokens 4
+keep
+check "  ... no warning" sh -c "! grep -q warning '$T/err.txt'"
+check "online against a target with another config.json" $SC --target "$T/target2" --drafter "$T/d1" \
+    --prompts "$T/prompts.jsonl" --max-new-tokens 4
+keep
+check "  ... a warning naming the drafter and both digests" python3 - "$T/err.txt" "$T/d1" "$T/target/config.json" \
+    "$T/target2/config.json" <<'EOF'
+import json, sys
+err, d1, c1, c2 = sys.argv[1:]
+text = open(err).read()
+dig = json.load(open(d1 + "/trainer_state.json"))["target"]["config_digest"]
+assert "warning" in text and d1 in text and dig in text and c2 in text, text
+assert text.count("\n") == 1, text
+EOF
+check "  ... and the result line" test -s "$T/out.txt"
