@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# slow (about 30 s): the whole-model checks of tests/gpu/model_checks.sh,
+# slow (about 2 min): the whole-model checks of tests/gpu/model_checks.sh,
 # --device cpu against --device cuda, run here with the CUDA kernels
 # compiled for the CPU against the emulation in tests/emu: the model code
 # (dflash-extract, dflash-train-step, a drafter step's gradients) through
