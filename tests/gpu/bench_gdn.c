@@ -6,13 +6,18 @@
  * gated_delta from a state, as lib/target_kv.c runs it; a crop into the
  * block runs gated_delta again over the rows kept).
  *
+ * Also the causal attention of the model's full-attention layers over the
+ * same prefill (24 query and 4 KV heads of 256): its FLOP rate, and alone
+ * with --attn-only (run.sh runs that again with DFLASH_CUDA_SIMPLE=1: the
+ * tensor-core kernel against the simple one it replaced at head dim 256).
+ *
  * Floors printed beside the times (kernels/gdn.cu explains the design and
  * the prediction, ~7-10 ms per prefill layer and ~15-25 us per verify):
  * the recurrence's 4 dk dv f32 operations per (row, value head) at the
  * CUDA cores' 33.5 T FMA/s, and each op's bytes (inputs read once, outputs
  * written once) at 4.3 TB/s.
  *
- *   bench_gdn [--device cuda] [--seqs 16] [--seq 2048] [--block 16] [--iters 5] [--tiny] */
+ *   bench_gdn [--device cuda] [--seqs 16] [--seq 2048] [--block 16] [--iters 5] [--tiny] [--attn-only] */
 #include "bench_util.h"
 #include "cli.h"
 #include "outfile.h"
@@ -80,6 +85,24 @@ static void layer_free(gdn_layer *g) {
         if (p[i]) OPS->free(p[i]);
 }
 
+/* causal attention over nseq packed sequences of len rows */
+typedef struct {
+    int64_t nseq, T, Hq, Hkv, D;
+    void *q, *k, *v, *out;
+    int32_t *cu;
+} attn_layer;
+
+static void run_attn(void *p) {
+    attn_layer *a = p;
+    OPS->attn_causal(a->out, a->q, a->k, a->v, a->cu, a->nseq, a->T, a->Hq, a->Hkv, a->D);
+}
+
+/* model FLOPs of causal attention: 4 D Hq per (row, key it sees) */
+static double attn_flops(const attn_layer *a) {
+    double len = (double)(a->T / a->nseq);
+    return 4.0 * (double)a->D * (double)a->Hq * (double)a->nseq * len * (len + 1) / 2;
+}
+
 /* non-finite values among the first n act values of p (a check that the
  * timed calls computed something) */
 static int64_t nonfinite(const void *p, int64_t n) {
@@ -94,7 +117,7 @@ static int64_t nonfinite(const void *p, int64_t n) {
 int main(int argc, char **argv) {
     const char *device = "cuda";
     int64_t nseq = 16, seq = 2048, block = 16, iters = 5;
-    int tiny = 0;
+    int tiny = 0, attn_only = 0;
     const dfl_opt opts[] = {
         {"device", 0, DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N", NULL},
         {"seqs", 0, DFL_OPT_INT, &nseq, "N", "sequences packed into the prefill", NULL},
@@ -102,6 +125,7 @@ int main(int argc, char **argv) {
         {"block", 0, DFL_OPT_INT, &block, "B", "rows of the verify step", NULL},
         {"iters", 0, DFL_OPT_INT, &iters, "N", "timed calls of each op (after one warm-up call)", NULL},
         {"tiny", 0, DFL_OPT_FLAG, &tiny, NULL, "tiny shapes: a smoke test of this program", NULL},
+        {"attn-only", 0, DFL_OPT_FLAG, &attn_only, NULL, "time the attention alone", NULL},
         {0},
     };
     const dfl_cli cli = {"bench_gdn", "time the Gated DeltaNet ops of a Qwen3.5-27B layer", "[OPTIONS]", opts};
@@ -114,6 +138,24 @@ int main(int argc, char **argv) {
     if (tiny) Hk = 2, Hv = 6, dk = 16, dv = 24, nseq = 3, seq = 40, block = 4;
     pool_init(44);
     const double fma_rate = 33.5e12, bw = 4.3e12;
+
+    /* the full-attention layer: Qwen3.5-27B's heads at every size (tiny: 6/1) */
+    attn_layer a = {.nseq = nseq, .T = nseq * seq, .Hq = tiny ? 6 : 24, .Hkv = tiny ? 1 : 4, .D = 256};
+    int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
+    for (int64_t s = 0; s <= nseq; s++) cu[s] = (int32_t)(s * seq);
+    a.cu = i32_put(cu, nseq + 1);
+    free(cu);
+    a.q = act_rand(a.T * a.Hq * a.D, POOL_ACT), a.out = act_new(a.T * a.Hq * a.D);
+    a.k = act_rand(a.T * a.Hkv * a.D, POOL_ACT), a.v = act_rand(a.T * a.Hkv * a.D, POOL_ACT);
+    double ta = time_calls(run_attn, &a, iters);
+    printf("attention: %lld x %lld tokens, causal, %lld/%lld heads of %lld\n", (long long)nseq, (long long)seq,
+           (long long)a.Hq, (long long)a.Hkv, (long long)a.D);
+    print_kv("attn_causal ms", "%.3f", ta * 1e3);
+    print_kv("  TFLOP/s", "%.1f", attn_flops(&a) / ta / 1e12);
+    print_kv("  non-finite outputs", "%.0f", (double)nonfinite(a.out, a.T * a.Hq * a.D));
+    void *ap[] = {a.q, a.k, a.v, a.out, a.cu};
+    for (size_t i = 0; i < sizeof ap / sizeof ap[0]; i++) OPS->free(ap[i]);
+    if (attn_only) return dfl_close_stdout();
 
     gdn_layer p = layer_new(nseq, seq, Hk, Hv, dk, dv, 0);
     const double steps = (double)p.T * (double)Hv;

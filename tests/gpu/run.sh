@@ -323,6 +323,18 @@ with open('$W/in.jsonl', 'w') as f:
                 "gated_delta (f32 floor $(value "$X" "f32 floor ms") ms), conv1d_silu $(value "$X" "conv1d_silu ms") ms; predicted 7-10 ms and 0.3-0.5 ms"
             row "Gated DeltaNet, verify of 16 rows" "$(value "$X" "gated_delta us") us" \
                 "conv1d_silu $(value "$X" "conv1d_silu us") us, byte floor $(value "$X" "byte floor us") us; predicted 5-10 us"
+            # the same attention on the simple CUDA-core kernel that served
+            # head dim 256 before the tensor-core path: the ratio
+            Y=$TMPD/attn-simple.txt
+            simple="not run (time budget)"
+            if [ "$(left)" -gt 40 ] && DFLASH_CUDA_SIMPLE=1 timeout 30 "$B/gpu/bench_gdn" "${gdn_args[@]}" --attn-only \
+                >"$Y" 2>&1; then
+                simple="$(value "$Y" "attn_causal ms") ms on the simple kernel"
+                cat "$Y" >>"$BENCH_LOG"
+            fi
+            row "Qwen3.5-27B attention layer: causal prefill 16 x 2048, 24/4 heads of 256" \
+                "$(value "$X" "attn_causal ms") ms" \
+                "$(value "$X" "TFLOP/s") TFLOP/s on tensor cores; $simple; predicted 3-4 ms (~40 ms or worse simple)"
         else
             row "bench_gdn" "FAIL" "see bench.log"
         fi
