@@ -6,11 +6,13 @@
  * The noise is a pure function of a 64-bit key and the vocabulary index, so
  * a draw depends on nothing else: not the batch it runs in, the backend, the
  * thread count or the order of evaluation. dflash-score keys each draw by
- * (seed, prompt number, position of the token drawn): the speculative loop
+ * (seed, prompt id, position of the token drawn): the speculative loop
  * verifying a block and plain decoding producing one token at a time then
  * make the same draw for the same position, so at T > 0 as at T = 0 the
  * speculative output equals plain decoding's token for token (the lossless
- * check), and every drafter scored on a prompt sees the same draws.
+ * check), and every drafter scored on a prompt sees the same draws. The
+ * sequence number dflash-score gives is a hash of the prompt's id, so a
+ * prompt draws the same tokens in any shard or order of the prompts file.
  *
  * The uniform has 23 random bits, u = (k + 1/2) 2^-23, so that u and 1 - u
  * are exact in f32 and -log(-log u) is finite: g lies in [-2.81, 16.64]

@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #define MAX_SEQ_TOKENS (INT64_C(1) << 24)
 
@@ -629,7 +630,7 @@ int dfl_score_online(dfl_target *t, dfl_drafter *const *d, int nd, dfl_jsonl *in
                 dc[i] = dfl_drafter_cache_new(d[i], cap);
             }
         }
-        go.seq_key = dfl_sample_seq_key(o->seed, (uint64_t)prompts);
+        go.seq_key = dfl_sample_seq_key(o->seed, XXH64(s.id, strlen(s.id), 0)); /* by id: shards draw alike */
         if (prompts == 0) { /* warm-up (thread pools, workspaces), untimed and discarded */
             dfl_gen_opts wo = go;
             wo.max_new = o->max_new < 4 * Bmax ? o->max_new : 4 * Bmax;

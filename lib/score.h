@@ -158,7 +158,7 @@ typedef struct {
     int64_t max_new;
     int     ignore_eos;
     float    temperature;       /* 0: greedy; T > 0: sampled (dfl_gen_opts) */
-    uint64_t seed;              /* prompt i's draws: dfl_sample_seq_key(seed, i), i from 0 */
+    uint64_t seed;              /* a prompt's draws: dfl_sample_seq_key(seed, XXH64 of its id) */
     int     progress;
     FILE   *emit;               /* JSON lines per prompt and drafter, or NULL */
     const char *const *names;   /* drafter names for the emitted lines */

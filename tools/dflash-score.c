@@ -62,7 +62,7 @@ static const dfl_opt opts[] = {
     {"temperature", 0, DFL_OPT_DOUBLE, &temperature, "T",
      "Online: draw the target's tokens from softmax(logits / T) instead of taking the argmax; the draft stays "
      "greedy and a drafted token is accepted when it equals the target's draw, as in the z-lab reference. The draw "
-     "at each position is fixed by --seed, the prompt's number (from 0) and the position, so plain decoding makes "
+     "at each position is fixed by --seed, the prompt's id and the position, so plain decoding makes "
      "the same draws and the speculative output must equal it (mismatches 0), and every drafter meets the same "
      "draws. 0 is greedy; otherwise T is in [0.001, 1000].", "0"},
     {"ignore-eos", 0, DFL_OPT_FLAG, &ignore_eos, NULL,

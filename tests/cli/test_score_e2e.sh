@@ -122,11 +122,14 @@ check "online at T=1 again, 2 threads" dflash-score --threads 2 --target "$T/tar
     --prompts "$T/test.jsonl" --max-new-tokens 30 --ignore-eos --temperature 1 --seed 11 --emit "$T/t1b.jsonl"
 check "online at T=1, seed 12" $SC --target "$T/target" --drafter "$T/good" --prompts "$T/test.jsonl" \
     --max-new-tokens 30 --ignore-eos --temperature 1 --seed 12 --emit "$T/t1c.jsonl"
-check "  lossless per prompt, same draws for every drafter and thread count, new draws for a new seed" \
-    python3 - "$T/t1.jsonl" "$T/t1b.jsonl" "$T/t1c.jsonl" "$T/on-good.jsonl" <<'EOF'
+awk 'NR % 2 == 1' "$T/test.jsonl" | tac >"$T/shard.jsonl" # prompts 4, 2, 0: a shard, reordered
+check "online at T=1, seed 11, a reordered shard of the prompts" $SC --target "$T/target" --drafter "$T/good" \
+    --prompts "$T/shard.jsonl" --max-new-tokens 30 --ignore-eos --temperature 1 --seed 11 --emit "$T/t1d.jsonl"
+check "  lossless per prompt, same draws for every drafter, thread count and shard, new draws for a new seed" \
+    python3 - "$T/t1.jsonl" "$T/t1b.jsonl" "$T/t1c.jsonl" "$T/on-good.jsonl" "$T/t1d.jsonl" <<'EOF'
 import json, sys
-t1, t1b, t1c, greedy = ([json.loads(x) for x in open(p)] for p in sys.argv[1:])
-assert len(t1) == 12 and len(t1b) == 6 and len(t1c) == 6
+t1, t1b, t1c, greedy, t1d = ([json.loads(x) for x in open(p)] for p in sys.argv[1:])
+assert len(t1) == 12 and len(t1b) == 6 and len(t1c) == 6 and len(t1d) == 3
 for e in t1:
     assert e["output_ids"] == e["greedy_ids"] and len(e["output_ids"]) == 30, e["id"]
 by = {}
@@ -134,6 +137,8 @@ for e in t1:
     by.setdefault(e["id"], []).append(e["output_ids"])
 assert all(a == b for a, b in by.values()), "two drafters met different draws"
 assert [e["output_ids"] for e in t1b] == [by[e["id"]][0] for e in t1b], "the draws depend on the threads"
+assert [e["id"] for e in t1d] == ["test4", "test2", "test0"], [e["id"] for e in t1d]
+assert [e["output_ids"] for e in t1d] == [by[e["id"]][0] for e in t1d], "the draws depend on the prompt's place"
 g = {e["id"]: e["greedy_ids"] for e in greedy}
 off_greedy = sum(by[i][0] != g[i] for i in g)
 new_seed = sum(e["output_ids"] != by[e["id"]][0] for e in t1c)
