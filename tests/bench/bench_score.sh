@@ -6,12 +6,16 @@
 # (mktarget: hidden 256, 6 layers, 4/2 heads of 64, intermediate 768, vocab
 # 4096); the drafter (2 layers, block 8, taps 1,3,4) is trained briefly by
 # dflash-train-step on the target's own greedy continuations of the training
-# prompts, then decodes held-out prompts and the training prompts. Prints
-# tau (z-lab macro and pooled), decode tokens/s of both loops and their
-# ratio, and checks nothing: timings never go in tests.
+# prompts, then decodes held-out prompts and the training prompts, greedily,
+# and the training prompts sampled at the temperatures BENCH_TEMPS (0.02
+# and 1: this random target's logits are flat, a few tenths apart, so at 1
+# its draws are noise that no drafter predicts, and the draft is accepted
+# only at low temperatures). Prints tau (z-lab macro and pooled), decode
+# tokens/s of both loops and their ratio, and checks nothing: timings never
+# go in tests.
 #
 # Knobs: BENCH_THREADS (all cores), BENCH_STEPS (300 training steps),
-# BENCH_NEW (128 new tokens per prompt). BENCH_ARCH=qwen3.5
+# BENCH_NEW (128 new tokens per prompt), BENCH_TEMPS ("0.02 1"). BENCH_ARCH=qwen3.5
 # (bench_score_qwen35.sh): a Qwen3.5 hybrid target of the same width (Gated
 # DeltaNet layers 0, 1, 3, 4 with 2/4 heads of 64; gated attention layers
 # 2, 5), whose verify blocks keep and replay the DeltaNet state.
@@ -21,6 +25,7 @@ export PATH="$DFLASH_BIN:$PATH"
 threads=${BENCH_THREADS:-$(nproc)}
 steps=${BENCH_STEPS:-300}
 new=${BENCH_NEW:-128}
+temps=${BENCH_TEMPS:-0.02 1}
 bench_workdir score
 
 arch=${BENCH_ARCH:-qwen3}
@@ -65,9 +70,15 @@ for set in test seen; do
     dflash-score $T1 --json --target "$W/target" --drafter "$W/rand" --drafter "$W/good" --prompts "$W/$set.jsonl" \
         --max-new-tokens "$new" --ignore-eos >"$W/$set.json" || exit 1
 done
-python3 - "$W" "$threads" "$steps" "$((t1 - t0))" "$new" "$arch" <<'PY'
+# sampled (the draft greedy, as in z-lab's benchmark): plain decoding samples
+# too, so "greedy tok/s" there is plain sampling's
+for temp in $temps; do
+    dflash-score $T1 --json --target "$W/target" --drafter "$W/rand" --drafter "$W/good" --prompts "$W/seen.jsonl" \
+        --max-new-tokens "$new" --ignore-eos --temperature "$temp" --seed 0 >"$W/seen-t$temp.json" || exit 1
+done
+python3 - "$W" "$threads" "$steps" "$((t1 - t0))" "$new" "$arch" "$temps" <<'PY'
 import json, sys
-W, threads, steps, secs, new, arch = sys.argv[1:]
+W, threads, steps, secs, new, arch, temps = sys.argv[1:]
 last = [json.loads(l) for l in open(f"{W}/train.log")][-1]
 print(f"target: mktarget {arch} hidden 256, 6 layers, vocab 4096; drafter: 2 layers, block 8; {threads} threads, "
       f"{new} new tokens per prompt (eos ignored)")
@@ -75,7 +86,8 @@ print(f"drafter trained {steps} steps in {secs} s on 24 greedy continuations (la
       f"offline tau {last['tau']:.3f})")
 print(f"{'prompts':<22}{'drafter':<9}{'tau_macro':>10}{'tau_pooled':>11}{'spec tok/s':>12}{'greedy tok/s':>14}"
       f"{'tok/s ratio':>12}{'speedup':>9}{'mismatches':>11}")
-for name, what in (("test", "8 held-out"), ("seen", "8 trained-on")):
+sets = [("test", "8 held-out"), ("seen", "8 trained-on")] + [(f"seen-t{x}", f"8 trained-on, T={x}") for x in temps.split()]
+for name, what in sets:
     for r in (json.loads(l) for l in open(f"{W}/{name}.json")):
         d = r["drafter"].rsplit("/", 1)[-1]
         ratio = r["tokens_per_s"] / r["greedy_tokens_per_s"]
