@@ -307,7 +307,7 @@ __device__ __forceinline__ void block_ranges(const dfl_block &b, int B, int64_t 
 // alone is 128 registers a thread, so Q is re-read from shared memory at
 // every tile (64 registers fewer: no spill under the 255 of two CTAs a
 // multiprocessor) and tiles are 32 keys, which keeps the CTA at 99 KiB of
-// shared memory, two a multiprocessor, where 64-key tiles would take 169 KiB
+// shared memory, two a multiprocessor, where 64-key tiles would take 165 KiB
 // and leave one.
 template <int D>
 constexpr int FWD_KEYS = D > 128 ? 32 : BN;
