@@ -12,7 +12,8 @@
  * speculative output equals plain decoding's token for token (the lossless
  * check), and every drafter scored on a prompt sees the same draws. The
  * sequence number dflash-score gives is a hash of the prompt's id, so a
- * prompt draws the same tokens in any shard or order of the prompts file.
+ * prompt with an id draws the same tokens in any shard or order of the
+ * prompts file (one without is named by its line number).
  *
  * The uniform has 23 random bits, u = (k + 1/2) 2^-23, so that u and 1 - u
  * are exact in f32 and -log(-log u) is finite: g lies in [-2.81, 16.64]
