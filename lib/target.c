@@ -485,8 +485,9 @@ static int check_batch(const dfl_target *t, const dfl_target_batch *b, int64_t *
 
 /* Check the request; *need = the number of layers it runs. */
 int dfl_target_check_sampling(const dfl_target_want *w) {
-    if (!(w->temperature >= 0) || isinf(w->temperature))
-        return dfl_err(DFL_EX_USAGE, "target: temperature %g is not a finite number >= 0", (double)w->temperature);
+    if (!(w->temperature >= 0) || isinf(w->temperature) || (w->temperature > 0 && isinf(1.0f / w->temperature)))
+        return dfl_err(DFL_EX_USAGE, "target: temperature %g is not 0 or a finite number whose inverse is finite",
+                       (double)w->temperature);
     if (w->temperature > 0 && (!w->argmax || !w->sample_keys))
         return dfl_err(DFL_EX_USAGE, "target: sampling at a temperature needs argmax and a key per row");
     return 0;

@@ -309,6 +309,18 @@ static void test_rows(void) {
         T_CHECK(!memcmp(sel + i * H, full + (int64_t)rows[i] * H, (size_t)H * sizeof(float)));
         T_CHECK(o.argmax[i] == ids[rows[i]]);
     }
+    /* sampled rows: the same rows drawn with their keys; bad sampling
+     * requests refused (no keys, a temperature whose inverse overflows) */
+    uint64_t keys[7] = {1, 2, 3, 4, 5, 6, 7};
+    w.temperature = 0.5f, w.sample_keys = keys;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0 && o.nrows == n);
+    w.sample_keys = NULL;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == DFL_EX_USAGE);
+    w.sample_keys = keys, w.temperature = 1e-45f;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == DFL_EX_USAGE);
+    w.temperature = -1.0f;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == DFL_EX_USAGE);
+    w.temperature = 0, w.sample_keys = NULL;
     int32_t bad_row = (int32_t)T;
     w.rows = &bad_row;
     w.nrows = 1;
