@@ -57,7 +57,7 @@ static const dfl_opt opts[] = {
      "Offline: rows (context + block) per drafter forward; memory grows with N.", "8192"},
     {"prompts", 0, DFL_OPT_STR, &prompts, "FILE",
      "Online: run speculative decoding with the target on these prompts (tokenized JSONL: input_ids; loss_mask is "
-     "ignored), beside plain greedy decoding of the target.", NULL},
+     "ignored), beside plain decoding of the target (greedy, or sampled at --temperature).", NULL},
     {"max-new-tokens", 0, DFL_OPT_INT, &max_new, "N", "Online: tokens to generate per prompt.", "256"},
     {"temperature", 0, DFL_OPT_DOUBLE, &temperature, "T",
      "Online: draw the target's tokens from softmax(logits / T) instead of taking the argmax; the draft stays "
@@ -102,7 +102,8 @@ static int64_t ckpt_step(const char *dir, const dfl_model_config *tcfg) {
         dfl_die(PROG, DFL_EX_DATA, "%s: \"step\" is missing or not a count", path);
     const char *dig = json_string_value(json_object_get(json_object_get(j, "target"), "config_digest"));
     if (dig && strcmp(dig, tcfg->digest))
-        fprintf(stderr, "%s: warning: %s was trained against another target config.json (digest %s; %s/config.json: %s)\n",
+        fprintf(stderr, "%s: warning: %s was trained against another target config.json (digest %s; "
+                        "%s/config.json: %s)\n",
                 PROG, dir, dig, target_dir, tcfg->digest);
     int64_t step = json_integer_value(s);
     json_decref(j);
