@@ -227,7 +227,7 @@ void cuda_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh, const 
                     const void *w, const float *gscale, int64_t N, int64_t H, int64_t V);
 void cuda_lmhead_argmax(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H, int64_t V);
 void cuda_lmhead_sample(int32_t *pred, float *gap, const void *h, const void *w, const uint64_t *keys,
-                        float temperature, int64_t N, int64_t H, int64_t V);
+                        const dfl_sampling *s, int64_t N, int64_t H, int64_t V);
 // adamw.cu
 double cuda_sumsq(const float *x, int64_t n);
 void cuda_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,

@@ -7,7 +7,9 @@
 //   2. one block per row: a single pass of online max / sum-exp / argmax
 //      (lowest index on ties) / top-2, a fixed-order block reduction
 //      (deterministic), loss and pred (sampling at temperature T: the
-//      argmax of z * (1/T) + Gumbel noise, lib/sample.h); then, with a
+//      argmax of z * (1/T) + Gumbel noise over the tokens top-k and top-p
+//      keep, their cut found first by exact integer binary searches,
+//      lib/sample.h); then, with a
 //      gradient, a second pass writes dz[R,V] (bf16) = gscale (softmax -
 //      onehot), or gscale (p_d - p_t), zero on rows without a gradient
 //      (gscale 0; CE: no label); a NULL gscale means 1 for every row, as
@@ -95,6 +97,72 @@ __device__ void block_reduce(RowStat &st, RowStat *sh) {
     for (int w = 1; w < nw; w++) combine(st, sh[w]);
 }
 
+// Block sum of exact integers (any order gives the same total); every
+// thread gets it. sh: ROW_THREADS / 32 slots.
+__device__ uint64_t block_sum_u64(uint64_t x, uint64_t *sh) {
+    for (int o = 16; o > 0; o >>= 1) { // as two 32-bit shuffles
+        uint32_t lo = __shfl_xor_sync(0xffffffffu, (uint32_t)x, o), hi = __shfl_xor_sync(0xffffffffu, (uint32_t)(x >> 32), o);
+        x += (uint64_t)hi << 32 | lo;
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) sh[warp] = x;
+    __syncthreads();
+    uint64_t t = 0;
+    for (int w = 0; w < nw; w++) t += sh[w];
+    return t;
+}
+
+__device__ float block_max(float x, float *sh) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) sh[warp] = x;
+    __syncthreads();
+    float m = sh[0];
+    for (int w = 1; w < nw; w++) m = fmaxf(m, sh[w]);
+    return m;
+}
+
+// The largest key u >= lo with F(u) >= target, F(u) = the sum over tokens
+// with key(s) >= u of 1 (by_mass false) or their top-p mass: a binary search
+// over the 32-bit keys, one exact block sum a step (lib/sample.h; the CPU
+// gets the same u by a radix descent).
+__device__ uint32_t cut_search(const float *z, int V, float inv_t, float mx, bool by_mass, uint32_t lo,
+                               uint64_t target, uint64_t *sh) {
+    uint32_t hi = 0xFFFFFFFFu;
+    while (lo < hi) {
+        const uint32_t mid = lo + (uint32_t)(((uint64_t)hi - lo + 1) / 2);
+        uint64_t f = 0;
+        for (int v = threadIdx.x; v < V; v += blockDim.x) {
+            const float s = z[v] * inv_t;
+            if (dfl_float_key(s) >= mid) f += by_mass ? dfl_top_p_mass(s, mx) : 1;
+        }
+        if (block_sum_u64(f, sh) >= target) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// The cut of sample.h for one row (tokens with key >= it are kept).
+__device__ uint32_t sample_cut(const float *z, int V, const dfl_sampling &sp, float inv_t, uint64_t *shu, float *shf) {
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, z[v] * inv_t);
+    mx = block_max(mx, shf);
+    uint32_t cut = 0;
+    if (sp.top_k > 0 && sp.top_k < V) cut = cut_search(z, V, inv_t, mx, false, 0, (uint64_t)sp.top_k, shu);
+    if (sp.top_p > 0 && sp.top_p < 1) {
+        uint64_t q = 0;
+        for (int v = threadIdx.x; v < V; v += blockDim.x) {
+            const float s = z[v] * inv_t;
+            if (dfl_float_key(s) >= cut) q += dfl_top_p_mass(s, mx);
+        }
+        const uint64_t Q = block_sum_u64(q, shu);
+        cut = cut_search(z, V, inv_t, mx, true, cut, dfl_top_p_target(sp.top_p, Q), shu);
+    }
+    return cut;
+}
+
 } // namespace
 
 // ---------------------------------------------------------------------------
@@ -107,11 +175,15 @@ template <int MODE>
 __global__ void __launch_bounds__(ROW_THREADS)
     lmhead_rows_kernel(bf16 *dz, const float *zd, const float *zt, int V, int64_t row0, float *loss, int32_t *pred,
                        int32_t *tpred, float *gap, const int32_t *labels, const float *gscale, const uint64_t *keys,
-                       float inv_t) {
+                       dfl_sampling sp) {
     __shared__ RowStat sh[ROW_THREADS / 32];
     __shared__ float shk[ROW_THREADS / 32];
+    __shared__ uint64_t shu[ROW_THREADS / 32];
     const int64_t r = blockIdx.x, i = row0 + r;
     const float *z = zd + r * V, *y = MODE == MODE_KL ? zt + r * V : NULL;
+    const float inv_t = MODE == MODE_SAMPLE ? 1.0f / sp.temperature : 1.0f;
+    const bool filter = MODE == MODE_SAMPLE && dfl_sampling_filters(&sp);
+    const uint32_t cut = filter ? sample_cut(z, V, sp, inv_t, shu, shk) : 0;
 
     RowStat st, tt;
     st.init();
@@ -119,7 +191,10 @@ __global__ void __launch_bounds__(ROW_THREADS)
     float kl = 0.0f; // on the scale of tt.m
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
         float a = z[v];
-        if (MODE == MODE_SAMPLE) a = a * inv_t + dfl_gumbel(keys[i], v);
+        if (MODE == MODE_SAMPLE) {
+            const float s = a * inv_t;
+            a = !filter || dfl_float_key(s) >= cut ? s + dfl_gumbel(keys[i], v) : -INFINITY;
+        }
         st.add(a, v);
         if (MODE == MODE_KL) {
             float b = y[v];
@@ -188,7 +263,7 @@ static int64_t chunk_rows(int64_t N, int64_t V, int bytes_per_elem) {
 template <int MODE>
 static void lmhead_run(float *loss, int32_t *pred, int32_t *tpred, float *gap, void *dh, const void *h, const void *th,
                        const void *w, const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V,
-                       const uint64_t *keys = NULL, float inv_t = 1.0f) {
+                       const uint64_t *keys = NULL, dfl_sampling sp = dfl_sampling{1.0f, 0, 0.0f}) {
     CU_ASSERT(h && w && N >= 0 && H > 0 && V > 0 && V <= INT32_MAX);
     if (N == 0) return;
     const int nlog = MODE == MODE_KL ? 2 : 1;
@@ -204,7 +279,7 @@ static void lmhead_run(float *loss, int32_t *pred, int32_t *tpred, float *gap, v
         if (MODE == MODE_KL) gemm_nt(zt, 1, (const bf16 *)th + r0 * H, wb, n, V, H, H, H, V, 1.0f, 0.0f);
         KLAUNCH(lmhead_rows_kernel<MODE>, (unsigned)n, ROW_THREADS, 0)(dz, zd, zt, (int)V, r0, loss, pred,
                                                                                 tpred, gap, labels, gscale, keys,
-                                                                                inv_t);
+                                                                                sp);
         LAUNCH_CHECK();
         if (dh) gemm_nn((bf16 *)dh + r0 * H, 0, dz, wb, n, H, V, V, H, H, 1.0f, 1.0f);
     }
@@ -227,10 +302,10 @@ void cuda_lmhead_argmax(int32_t *pred, float *gap, const void *h, const void *w,
 
 // keys: host [N], staged to the device (N is a verify block: a few rows)
 void cuda_lmhead_sample(int32_t *pred, float *gap, const void *h, const void *w, const uint64_t *keys,
-                        float temperature, int64_t N, int64_t H, int64_t V) {
-    CU_ASSERT(keys && temperature > 0 && isfinite(temperature));
+                        const dfl_sampling *s, int64_t N, int64_t H, int64_t V) {
+    CU_ASSERT(keys && s && s->temperature > 0 && isfinite(1.0f / s->temperature));
     if (N <= 0) return;
     uint64_t *dkeys = (uint64_t *)cuda_scratch(SCRATCH_OP, (size_t)N * sizeof *dkeys);
     cudaCheck(cudaMemcpyAsync(dkeys, keys, (size_t)N * sizeof *dkeys, cudaMemcpyHostToDevice, g_cuda.stream));
-    lmhead_run<MODE_SAMPLE>(NULL, pred, NULL, gap, NULL, h, NULL, w, NULL, NULL, N, H, V, dkeys, 1.0f / temperature);
+    lmhead_run<MODE_SAMPLE>(NULL, pred, NULL, gap, NULL, h, NULL, w, NULL, NULL, N, H, V, dkeys, *s);
 }

@@ -27,6 +27,7 @@
 #define DFLASH_OPS_H
 
 #include "dtype.h"
+#include "sample.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -162,12 +163,14 @@ struct dfl_ops {
     /* pred[i] = argmax_v h_i · w_v (lowest index on ties); gap[i] (f32, may be
      * NULL) = top-1 minus top-2 logit, to tell near-ties apart in tests. */
     void (*lmhead_argmax)(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H, int64_t V);
-    /* Sampling at temperature T > 0 (sample.h): pred[i] = argmax_v
-     * (z_iv * (1/T) + dfl_gumbel(keys[i], v)) (lowest index on ties), a draw
-     * from softmax(z_i / T) fixed by the row's key; gap[i] (may be NULL) =
-     * top-1 minus top-2 of those perturbed scores. keys: host u64 [N]. */
+    /* Sampling (sample.h) at s->temperature T > 0: pred[i] = argmax_v
+     * (z_iv * (1/T) + dfl_gumbel(keys[i], v)) (lowest index on ties) over
+     * the tokens s->top_k and s->top_p keep (all when off), a draw from
+     * softmax(z_i / T) restricted to them, fixed by the row's key; gap[i]
+     * (may be NULL) = top-1 minus top-2 of those perturbed scores (-inf
+     * beyond the kept). keys: host u64 [N]; s: host. */
     void (*lmhead_sample)(int32_t *pred, float *gap, const void *h, const void *w, const uint64_t *keys,
-                          float temperature, int64_t N, int64_t H, int64_t V);
+                          const dfl_sampling *s, int64_t N, int64_t H, int64_t V);
 
     /* ---- optimizer (all f32) ---- */
     double (*sumsq)(const float *x, int64_t n);

@@ -104,7 +104,7 @@ void dfl_cpu_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh, con
                        const void *w, const float *gscale, int64_t N, int64_t H, int64_t V);
 void dfl_cpu_lmhead_argmax(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H, int64_t V);
 void dfl_cpu_lmhead_sample(int32_t *pred, float *gap, const void *h, const void *w, const uint64_t *keys,
-                           float temperature, int64_t N, int64_t H, int64_t V);
+                           const dfl_sampling *s, int64_t N, int64_t H, int64_t V);
 
 /* Rows of logits held at once for a vocabulary of V: the logits buffers are
  * rows x V floats, at most DFL_CPU_LMHEAD_FLOATS (+ one row when V alone

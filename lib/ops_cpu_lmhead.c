@@ -219,20 +219,68 @@ void dfl_cpu_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh_, co
     chunk_free(&ck);
 }
 
-/* argmax, or with keys the Gumbel-max draw at temperature 1/inv_t */
-static void top_rows(int32_t *pred, float *gap, const float *h, const float *w, const uint64_t *keys, float inv_t,
-                     int64_t N, int64_t H, int64_t V) {
+/* The largest u with F(u) >= target, F(u) = sum of w[v] (1 when w is NULL)
+ * over v with key[v] >= u (and >= floor): a radix descent over the key's
+ * four bytes, from the top bin of each down, carrying the sum above. */
+static uint32_t cut_select(const uint32_t *key, const uint64_t *w, int64_t V, uint32_t floor, uint64_t target) {
+    uint32_t prefix = 0;
+    uint64_t above = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        uint64_t hist[256] = {0};
+        const uint32_t hi = shift == 24 ? 0 : ~0u << (shift + 8); /* the bytes fixed so far */
+        for (int64_t v = 0; v < V; v++)
+            if (key[v] >= floor && (key[v] & hi) == prefix) hist[(key[v] >> shift) & 255] += w ? w[v] : 1;
+        int b = 255;
+        for (; b > 0 && above + hist[b] < target; b--) above += hist[b];
+        prefix |= (uint32_t)b << shift;
+    }
+    return prefix;
+}
+
+/* The cut of sample.h for one row of scaled logits s[V]: tokens with
+ * key >= the result are kept. key[V], mass[V]: scratch. */
+static uint32_t sample_cut(const float *s, int64_t V, const dfl_sampling *sp, uint32_t *key, uint64_t *mass) {
+    float mx = s[0];
+    for (int64_t v = 0; v < V; v++) key[v] = dfl_float_key(s[v]), mx = fmaxf(mx, s[v]);
+    uint32_t cut = 0;
+    if (sp->top_k > 0 && sp->top_k < V) cut = cut_select(key, NULL, V, 0, (uint64_t)sp->top_k);
+    if (sp->top_p > 0 && sp->top_p < 1) {
+        uint64_t Q = 0;
+        for (int64_t v = 0; v < V; v++) {
+            mass[v] = dfl_top_p_mass(s[v], mx);
+            if (key[v] >= cut) Q += mass[v];
+        }
+        cut = cut_select(key, mass, V, cut, dfl_top_p_target(sp->top_p, Q));
+    }
+    return cut;
+}
+
+/* argmax, or with keys the Gumbel-max draw of sp (top-k, top-p) */
+static void top_rows(int32_t *pred, float *gap, const float *h, const float *w, const uint64_t *keys,
+                     const dfl_sampling *sp, int64_t N, int64_t H, int64_t V) {
     if (N <= 0) return;
     DFL_ASSERT(V > 0 && H > 0);
     lm_chunk ck = chunk_alloc(N, H, V, 0, 0);
+    const float inv_t = keys ? 1.0f / sp->temperature : 1.0f;
+    const int filter = keys && dfl_sampling_filters(sp);
     for (int64_t r0 = 0; r0 < N; r0 += ck.R) {
         int64_t R = N - r0 < ck.R ? N - r0 : ck.R;
         logits(ck.z, h + r0 * H, w, R, H, V);
 #pragma omp parallel for if (R * V > DFL_CPU_PAR_MIN)
         for (int64_t i = 0; i < R; i++) {
             float *z = ck.z + i * V;
-            if (keys)
-                for (int64_t c = 0; c < V; c++) z[c] = z[c] * inv_t + dfl_gumbel(keys[r0 + i], c);
+            if (keys) {
+                for (int64_t c = 0; c < V; c++) z[c] *= inv_t;
+                uint32_t cut = 0, *key = NULL;
+                uint64_t *mass = NULL;
+                if (filter) {
+                    key = dfl_malloc((size_t)V * sizeof *key), mass = dfl_malloc((size_t)V * sizeof *mass);
+                    cut = sample_cut(z, V, sp, key, mass);
+                }
+                for (int64_t c = 0; c < V; c++)
+                    z[c] = !filter || key[c] >= cut ? z[c] + dfl_gumbel(keys[r0 + i], c) : -INFINITY;
+                free(key), free(mass);
+            }
             row_top t = top2(z, V);
             if (pred) pred[r0 + i] = t.arg;
             if (gap) gap[r0 + i] = t.max - t.second;
@@ -243,11 +291,11 @@ static void top_rows(int32_t *pred, float *gap, const float *h, const float *w, 
 
 void dfl_cpu_lmhead_argmax(int32_t *pred, float *gap, const void *h, const void *w, int64_t N, int64_t H,
                            int64_t V) {
-    top_rows(pred, gap, h, w, NULL, 1.0f, N, H, V);
+    top_rows(pred, gap, h, w, NULL, NULL, N, H, V);
 }
 
 void dfl_cpu_lmhead_sample(int32_t *pred, float *gap, const void *h, const void *w, const uint64_t *keys,
-                           float temperature, int64_t N, int64_t H, int64_t V) {
-    DFL_ASSERT(keys && temperature > 0 && isfinite(temperature));
-    top_rows(pred, gap, h, w, keys, 1.0f / temperature, N, H, V);
+                           const dfl_sampling *s, int64_t N, int64_t H, int64_t V) {
+    DFL_ASSERT(keys && s && s->temperature > 0 && isfinite(1.0f / s->temperature));
+    top_rows(pred, gap, h, w, keys, s, N, H, V);
 }

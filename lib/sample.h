@@ -57,4 +57,49 @@ DFL_HOST_DEVICE static inline float dfl_gumbel(uint64_t key, int64_t v) {
     return -logf(-logf(u));
 }
 
+/* ---- top-k and top-p (nucleus) filtering ----------------------------------
+ *
+ * With the scaled logits s_v = z_v (1/T), a row keeps the tokens whose
+ * s_v is at least a cut, and draws among them (Gumbel-max over the kept):
+ *   top-k (k >= 1): the cut is the k-th largest s;
+ *   top-p (0 < p < 1), within the top-k set: the cut is the largest value u
+ *   such that the tokens with s >= u hold at least p of the top-k set's
+ *   softmax mass.
+ * Tokens tied with the cut are all kept (transformers' sort would break the
+ * tie by index). The mass is counted in fixed point, exp(s - max) 2^32
+ * truncated, so that every sum is an exact integer: the cut is the same
+ * whatever the order of summation, on any thread count or backend. Both
+ * cuts are "the largest u with F(u) >= target" for a non-increasing F(u) =
+ * sum over v with key(s_v) >= u of a weight (1, or the mass), on the
+ * order-preserving integer key of the float. */
+typedef struct {
+    float   temperature; /* > 0 */
+    int32_t top_k;       /* 0: off */
+    float   top_p;       /* 0 or 1: off */
+} dfl_sampling;
+
+DFL_HOST_DEVICE static inline int dfl_sampling_filters(const dfl_sampling *s) {
+    return s->top_k > 0 || (s->top_p > 0 && s->top_p < 1);
+}
+
+/* A finite float's order-preserving key: x < y exactly when key(x) < key(y). */
+DFL_HOST_DEVICE static inline uint32_t dfl_float_key(float x) {
+    union {
+        float f;
+        uint32_t u;
+    } b = {x};
+    return (b.u & 0x80000000u) ? ~b.u : (b.u | 0x80000000u);
+}
+
+/* A token's top-p mass in fixed point: exp(s - max) 2^32, truncated. */
+DFL_HOST_DEVICE static inline uint64_t dfl_top_p_mass(float s, float max) {
+    return (uint64_t)(expf(s - max) * 4294967296.0f);
+}
+
+/* The top-p target: p of the top-k set's mass Q, rounded up (at least 1). */
+DFL_HOST_DEVICE static inline uint64_t dfl_top_p_target(float p, uint64_t Q) {
+    uint64_t t = (uint64_t)ceil((double)p * (double)Q);
+    return t ? t : 1;
+}
+
 #endif

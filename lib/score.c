@@ -466,6 +466,8 @@ static void sample_rows(dfl_target_want *w, uint64_t *keys, const dfl_gen_opts *
     for (int64_t i = 0; i < n; i++) keys[i] = dfl_sample_key(o->seq_key, pos0 + i);
     w->temperature = o->temperature;
     w->sample_keys = keys;
+    w->top_k = o->top_k;
+    w->top_p = o->top_p;
 }
 
 int dfl_greedy_generate(dfl_target *t, dfl_target_kv *kv, const int32_t *prompt, int64_t n, const dfl_gen_opts *o,
@@ -593,7 +595,8 @@ static int emit_line(FILE *f, const char *id, const char *name, int64_t n, const
 int dfl_score_online(dfl_target *t, dfl_drafter *const *d, int nd, dfl_jsonl *in, const dfl_online_opts *o,
                      dfl_score_stats *st) {
     const dfl_model_config *tc = dfl_target_config(t);
-    dfl_gen_opts go = {o->max_new, o->ignore_eos ? 0 : tc->n_eos, tc->eos_token_ids, o->temperature, 0};
+    dfl_gen_opts go = {o->max_new, o->ignore_eos ? 0 : tc->n_eos, tc->eos_token_ids, o->temperature, 0, o->top_k,
+                       o->top_p};
     int Bmax = 0;
     for (int i = 0; i < nd; i++) {
         dfl_score_stats_init(&st[i], d[i]->cfg.block_size);
@@ -719,6 +722,8 @@ json_t *dfl_score_line_json(const dfl_score_line *l, const dfl_score_stats *st) 
         json_object_set_new(j, "mismatches", json_integer(st->mismatches));
         json_object_set_new(j, "temperature", json_real(l->temperature));
         json_object_set_new(j, "seed", int_or_null(l->sample_seed));
+        json_object_set_new(j, "top_k", int_or_null(l->top_k));
+        json_object_set_new(j, "top_p", num_or_null(l->top_p));
     }
     return j;
 }

@@ -131,6 +131,8 @@ typedef struct {
      * draft stays greedy, as in the reference. */
     float    temperature;
     uint64_t seq_key;
+    int32_t  top_k;             /* sampling among the top k (0: off) */
+    float    top_p;             /* and the top-p nucleus of those (0: off) */
 } dfl_gen_opts;
 
 typedef struct {
@@ -159,6 +161,8 @@ typedef struct {
     int     ignore_eos;
     float    temperature;       /* 0: greedy; T > 0: sampled (dfl_gen_opts) */
     uint64_t seed;              /* a prompt's draws: dfl_sample_seq_key(seed, XXH64 of its id) */
+    int32_t  top_k;             /* 0: off */
+    float    top_p;             /* 0: off */
     int     progress;
     FILE   *emit;               /* JSON lines per prompt and drafter, or NULL */
     const char *const *names;   /* drafter names for the emitted lines */
@@ -187,6 +191,8 @@ typedef struct {
     int64_t     max_new;
     double      temperature;
     int64_t     sample_seed;    /* -1: none (temperature 0) */
+    int64_t     top_k;          /* -1: none */
+    double      top_p;          /* NaN: none */
 } dfl_score_line;
 
 /* The line of one drafter: a JSON object whose keys, in order, are the TSV

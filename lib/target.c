@@ -490,6 +490,9 @@ int dfl_target_check_sampling(const dfl_target_want *w) {
                        (double)w->temperature);
     if (w->temperature > 0 && (!w->argmax || !w->sample_keys))
         return dfl_err(DFL_EX_USAGE, "target: sampling at a temperature needs argmax and a key per row");
+    if (w->top_k < 0 || !(w->top_p >= 0 && w->top_p <= 1) || ((w->top_k || w->top_p) && !(w->temperature > 0)))
+        return dfl_err(DFL_EX_USAGE, "target: top_k %d, top_p %g: need top_k >= 0, top_p in [0, 1] and a temperature",
+                       (int)w->top_k, (double)w->top_p);
     return 0;
 }
 
@@ -621,8 +624,9 @@ static void target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const v
     out->nrows = nrows;
     out->normed = w->normed ? normed : NULL;
     if (w->argmax) {
+        dfl_sampling s = {w->temperature, w->top_k, w->top_p};
         if (w->temperature > 0)
-            ops->lmhead_sample(pred, gap, normed, t->lm_head, w->sample_keys, w->temperature, nrows, H, c->vocab_size);
+            ops->lmhead_sample(pred, gap, normed, t->lm_head, w->sample_keys, &s, nrows, H, c->vocab_size);
         else
             ops->lmhead_argmax(pred, gap, normed, t->lm_head, nrows, H, c->vocab_size);
         out->argmax = pred;

@@ -87,9 +87,12 @@ typedef struct {
     int        may_crop;
     /* With argmax: 0 for the argmax (greedy), or T > 0 to sample each row
      * at temperature T, row i by the draw of sample_keys[i] (host [nrows],
-     * sample.h); out->argmax then holds the drawn ids. */
+     * sample.h), among the tokens top_k and top_p keep (0: off); out->argmax
+     * then holds the drawn ids. */
     float      temperature;
     const uint64_t *sample_keys;
+    int32_t    top_k;
+    float      top_p;
 } dfl_target_want;
 
 /* Outputs of the last forward, owned by the target and valid until the next

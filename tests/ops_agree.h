@@ -574,12 +574,47 @@ static void lmhead_agrees(void) {
      * (near ties of the perturbed scores skipped, as for the argmax) */
     uint64_t keys[45];
     for (int i = 0; i < 45; i++) keys[i] = dfl_sample_key(dfl_sample_seq_key(5, 1), 100 + i);
-    REF->lmhead_sample(pred.r, gap.r, c.h.r, c.w.r, keys, 0.7f, 45, 64, 1001);
-    float *sgap = ag_get(REF, gap.r, 45, AG_F32);
-    DEV->lmhead_sample(pred.d, gap.d, c.h.d, c.w.d, keys, 0.7f, 45, 64, 1001);
-    lm_check_pred("lmhead_sample pred", &pred, sgap);
-    ag_check("lmhead_sample gap", &gap, 1e-6);
-    free(sgap);
+    /* and among the top 40, top-p 0.9: where one token is kept its gap is
+     * inf, so the gaps are compared only unfiltered; the draws always */
+    const dfl_sampling how[2] = {{0.7f, 0, 0}, {2.0f, 40, 0.9f}};
+    for (int k = 0; k < 2; k++) {
+        REF->lmhead_sample(pred.r, gap.r, c.h.r, c.w.r, keys, &how[k], 45, 64, 1001);
+        float *sgap = ag_get(REF, gap.r, 45, AG_F32);
+        DEV->lmhead_sample(pred.d, gap.d, c.h.d, c.w.d, keys, &how[k], 45, 64, 1001);
+        lm_check_pred(k ? "lmhead_sample pred, top-k/p" : "lmhead_sample pred", &pred, sgap);
+        if (!k) ag_check("lmhead_sample gap", &gap, 1e-6);
+        int several = 0; /* rows where the filter kept more than one token */
+        for (int i = 0; i < 45; i++) several += isfinite(sgap[i]);
+        T_CHECKF(several >= 40, "only %d of 45 rows drew among several tokens", several);
+        free(sgap);
+    }
+    /* the top-k cut exactly, on both tables: at T = 1000 the draw is near
+     * uniform over the kept, so each row's draw must be among its top k by
+     * logit (computed here in double) and, for k = 1, the argmax itself */
+    float *hh = ag_get(REF, c.h.r, 45 * 64, AG_ACT), *hw = ag_get(REF, c.w.r, 1001 * 64, AG_ACT);
+    int32_t dp[45];
+    for (int k = 1; k <= 3; k += 2) {
+        const dfl_sampling flat = {1000.0f, k, 0};
+        int outside = 0, distinct = 0, seen[1001] = {0};
+        DEV->lmhead_sample(pred.d, NULL, c.h.d, c.w.d, keys, &flat, 45, 64, 1001);
+        DEV->download(dp, pred.d, sizeof dp);
+        for (int i = 0; i < 45; i++) {
+            double zd = 0, above = 0;
+            for (int j = 0; j < 64; j++) zd += (double)hh[i * 64 + j] * hw[dp[i] * 64 + j];
+            for (int v = 0; v < 1001; v++) { /* tokens of higher logit than the draw */
+                double z = 0;
+                for (int j = 0; j < 64; j++) z += (double)hh[i * 64 + j] * hw[v * 64 + j];
+                above += z > zd;
+            }
+            outside += above >= k;
+            distinct += !seen[dp[i]]++;
+        }
+        printf("  lmhead_sample top-k %d at T=1000: %d of 45 draws outside the top k, %d distinct\n", k, outside,
+               distinct);
+        T_CHECKF(outside == 0 && (k == 1 || distinct > 45 / 2), "top-k %d: %d draws outside, %d distinct", k, outside,
+                 distinct);
+    }
+    free(hh), free(hw);
     ag_free(&pred), ag_free(&gap);
     lm_free(&c);
     if (AG_BIG) lmhead_ce_case(300, 1024, 151936); /* the Qwen3 vocabulary, several chunks */

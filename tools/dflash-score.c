@@ -27,8 +27,8 @@ static const char *target_dir, *prompts, *emit_path, *anchors_from_path, *device
 static const char *labels = NULL;
 static dfl_strlist drafters = {0, NULL};
 #define UNSET INT64_MIN /* an integer option not given (a given negative value is refused, not ignored) */
-static int64_t anchors = UNSET, seed = UNSET, micro_rows = UNSET, max_new = UNSET, threads = 0;
-static double gamma_ = NAN, temperature = NAN;
+static int64_t anchors = UNSET, seed = UNSET, micro_rows = UNSET, max_new = UNSET, threads = 0, top_k = UNSET;
+static double gamma_ = NAN, temperature = NAN, top_p = NAN;
 static int json_out, no_header, ignore_eos, progress;
 
 static const dfl_opt opts[] = {
@@ -65,6 +65,11 @@ static const dfl_opt opts[] = {
      "at each position is fixed by --seed, the prompt's id and the position, so plain decoding makes "
      "the same draws and the speculative output must equal it (mismatches 0), and every drafter meets the same "
      "draws. 0 is greedy; otherwise T is in [0.001, 1000].", "0"},
+    {"top-k", 0, DFL_OPT_INT, &top_k, "K",
+     "Online, with --temperature: draw among the K tokens of highest logit (those tied with the K-th too).", "off"},
+    {"top-p", 0, DFL_OPT_DOUBLE, &top_p, "P",
+     "Online, with --temperature: draw among the fewest highest tokens that hold at least P of the probability "
+     "(after --top-k, as transformers orders them; ties with the last one kept). P in (0, 1].", "off"},
     {"ignore-eos", 0, DFL_OPT_FLAG, &ignore_eos, NULL,
      "Online: do not stop at the target's eos ids; every response is --max-new-tokens long.", NULL},
     {"emit", 0, DFL_OPT_STR, &emit_path, "FILE",
@@ -133,13 +138,17 @@ static void check_options(int online, int npos, char **pos) {
             dfl_cli_usage_error(&cli, "--temperature must be 0 (greedy) or in [0.001, 1000]");
         if (seed == UNSET) seed = 0;
         if (seed < 0) dfl_cli_usage_error(&cli, "--seed must be >= 0");
+        if ((top_k != UNSET || !isnan(top_p)) && temperature == 0)
+            dfl_cli_usage_error(&cli, "--top-k and --top-p need --temperature > 0 (greedy takes the argmax)");
+        if (top_k != UNSET && (top_k < 1 || top_k > INT32_MAX)) dfl_cli_usage_error(&cli, "--top-k must be >= 1");
+        if (!isnan(top_p) && !(top_p > 0 && top_p <= 1)) dfl_cli_usage_error(&cli, "--top-p must be in (0, 1]");
     } else {
         if (npos > 1) dfl_cli_usage_error(&cli, "one input stream at most (got %d)", npos);
         if ((!npos || !strcmp(pos[0], "-")) && isatty(STDIN_FILENO))
             dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a STREAM or redirect stdin");
-        if (max_new != UNSET || emit_path || ignore_eos || !isnan(temperature))
-            dfl_cli_usage_error(&cli, "--max-new-tokens, --temperature, --emit and --ignore-eos need --prompts (the "
-                                      "online mode)");
+        if (max_new != UNSET || emit_path || ignore_eos || !isnan(temperature) || top_k != UNSET || !isnan(top_p))
+            dfl_cli_usage_error(&cli, "--max-new-tokens, --temperature, --top-k, --top-p, --emit and --ignore-eos need "
+                                      "--prompts (the online mode)");
         if (anchors_from_path && (anchors != UNSET || seed != UNSET))
             dfl_cli_usage_error(&cli, "give --anchors-from or --anchors/--seed, not both");
         if (anchors == UNSET) anchors = 0;
@@ -208,7 +217,7 @@ int main(int argc, char **argv) {
     }
     json_t **lines = dfl_calloc((size_t)nd, sizeof *lines);
     dfl_score_line line = {when, NULL, -1, input, online, labels, 0, NULL, -1, max_new, online ? temperature : 0,
-                           online && temperature > 0 ? seed : -1};
+                           online && temperature > 0 ? seed : -1, top_k != UNSET ? top_k : -1, top_p};
 
     if (online) {
         dfl_target *t;
@@ -222,6 +231,8 @@ int main(int argc, char **argv) {
                               .ignore_eos = ignore_eos,
                               .temperature = (float)temperature,
                               .seed = (uint64_t)seed,
+                              .top_k = top_k != UNSET ? (int32_t)top_k : 0,
+                              .top_p = isnan(top_p) ? 0.0f : (float)top_p,
                               .progress = progress,
                               .emit = emit ? dfl_out_file(emit) : NULL,
                               .names = drafters.v};

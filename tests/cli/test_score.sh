@@ -105,7 +105,7 @@ import csv, json, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 assert len(rows) == 1 and list(rows[0]) == ["time", "mode", "drafter", "step", "input", "records", "blocks", "tokens",
     "tau_macro", "tau_pooled", "accept_k", "hist", "block_size", "max_new_tokens", "tokens_per_s",
-    "greedy_tokens_per_s", "speedup", "mismatches", "temperature", "seed"], list(rows[0])
+    "greedy_tokens_per_s", "speedup", "mismatches", "temperature", "seed", "top_k", "top_p"], list(rows[0])
 r = rows[0]
 assert r["mode"] == "online" and r["records"] == "3" and r["mismatches"] == "0" and r["max_new_tokens"] == "9"
 E = [json.loads(x) for x in open(sys.argv[2])]

@@ -147,6 +147,30 @@ assert off_greedy >= 4 and new_seed >= 4, (off_greedy, new_seed)
 EOF
 sed 's/^/    /' "$T/.out"
 echo "    online tau_macro at T=1: trained $(col "$T/t1.tsv" tau_macro 1), random $(col "$T/t1.tsv" tau_macro 2)"
+# Qwen's recommended sampling (T 0.6, top-k 20, top-p 0.95): still lossless
+check "online at T=0.6, top-k 20, top-p 0.95, both drafters" $SC --target "$T/target" --drafter "$T/good" \
+    --drafter "$T/rand" --prompts "$T/test.jsonl" --max-new-tokens 30 --ignore-eos --temperature 0.6 --top-k 20 \
+    --top-p 0.95 --seed 11 --emit "$T/tkp.jsonl"
+cp "$T/.out" "$T/tkp.tsv"
+check "  0 mismatches for both, top_k 20 and top_p 0.95 in the line" \
+    test "$(col "$T/tkp.tsv" mismatches 1)/$(col "$T/tkp.tsv" mismatches 2)/$(col "$T/tkp.tsv" top_k)/$(col "$T/tkp.tsv" top_p)" = "0/0/20/0.950000"
+check "  lossless per prompt; the filters change the draws of T=0.6 alone" $SC --target "$T/target" \
+    --drafter "$T/good" --prompts "$T/test.jsonl" --max-new-tokens 30 --ignore-eos --temperature 0.6 --seed 11 \
+    --emit "$T/t06.jsonl"
+check "  ... compared" python3 - "$T/tkp.jsonl" "$T/t06.jsonl" <<'EOF'
+import json, sys
+tkp, t06 = ([json.loads(x) for x in open(p)] for p in sys.argv[1:])
+assert all(e["output_ids"] == e["greedy_ids"] for e in tkp)
+plain = {e["id"]: e["output_ids"] for e in t06}
+changed = sum(e["output_ids"] != plain[e["id"]] for e in tkp if "good" in e["drafter"])
+print("top-k 20 / top-p 0.95 change the T=0.6 draws on %d of 6 prompts" % changed)
+assert changed >= 3, changed
+EOF
+sed 's/^/    /' "$T/.out"
+expect_exit 2 "--top-k without --temperature is a usage error" $SC --target "$T/target" --drafter "$T/good" \
+    --prompts "$T/test.jsonl" --top-k 20
+expect_exit 2 "--top-p 0 is a usage error" $SC --target "$T/target" --drafter "$T/good" --prompts "$T/test.jsonl" \
+    --temperature 1 --top-p 0
 expect_exit 2 "--temperature offline is a usage error" $SC --target "$T/target" --drafter "$T/good" --temperature 1 \
     "$T/train.dfs"
 expect_exit 2 "--temperature -1 is a usage error" $SC --target "$T/target" --drafter "$T/good" --prompts \
@@ -206,8 +230,9 @@ if [ -x "$E" ]; then
         --drafter "$T/good" --prompts "$T/t3.jsonl" --max-new-tokens 16 --ignore-eos --emit "$T/emu-on.jsonl"
     cp "$T/.out" "$T/emu-on.tsv"
     check "  lossless on the CUDA table (0 mismatches)" test "$(col "$T/emu-on.tsv" mismatches)" = 0
-    check "cuda (emulated): online at T=1" "$E" --device cuda --threads 1 --target "$T/target" --drafter "$T/good" \
-        --prompts "$T/t3.jsonl" --max-new-tokens 16 --ignore-eos --temperature 1 --seed 11
+    check "cuda (emulated): online at T=1, top-k 20, top-p 0.9" "$E" --device cuda --threads 1 --target "$T/target" \
+        --drafter "$T/good" --prompts "$T/t3.jsonl" --max-new-tokens 16 --ignore-eos --temperature 1 --top-k 20 \
+        --top-p 0.9 --seed 11
     check "  lossless at T=1 on the CUDA table (0 mismatches)" test "$(col "$T/.out" mismatches)" = 0
     check "cpu: online, the same prompts and length" $SC --target "$T/target" --drafter "$T/good" \
         --prompts "$T/t3.jsonl" --max-new-tokens 16 --ignore-eos --emit "$T/cpu16-on.jsonl"

@@ -19,7 +19,8 @@
 #   scoring      dflash-score with the CPU-trained checkpoint: offline at the
 #                same 8 anchors per record (tau within 0.1, loss 2e-2
 #                relative), online on 4 prompts x 24 tokens (lossless on
-#                the device; and 4 x 8 tokens sampled at temperature 1)
+#                the device; and 4 x 8 tokens sampled at temperature 1,
+#                top-k 50, top-p 0.95)
 # Limits: the CUDA backend keeps activations and the residual in bf16, the
 # CPU in f32, so states drift by bf16 roundings over the layers: 1e-3 for
 # hidden states (a wrong kernel gives ~1); training: 2e-2 relative on the
@@ -143,11 +144,12 @@ PY
         dflash-score --device "$d" --json --target "$T/target" --drafter "$T/ckpt-cpu" --prompts "$T/prompts.jsonl" \
             --max-new-tokens 24 --ignore-eos --emit "$T/emit-$d.jsonl" >"$T/on-$d.json" || ok=0
     done
-    # sampled at temperature 1 (the draws keyed by seed, prompt, position):
-    # still lossless against the device's own plain decoding (8 tokens: the
+    # sampled at temperature 1 among the top 50, top-p 0.95 (the draws keyed
+    # by seed, prompt, position; the cut by exact integer sums): still
+    # lossless against the device's own plain decoding (8 tokens: the
     # emulated run of tests/cli/test_cuda_emu_model.sh takes ~1.5 s a token)
     dflash-score --device "$DEV" --json --target "$T/target" --drafter "$T/ckpt-cpu" --prompts "$T/prompts.jsonl" \
-        --max-new-tokens 8 --ignore-eos --temperature 1 --seed 3 >"$T/on-t1.json" || ok=0
+        --max-new-tokens 8 --ignore-eos --temperature 1 --top-k 50 --top-p 0.95 --seed 3 >"$T/on-t1.json" || ok=0
     # offline: tau and loss of the same blocks; online: lossless on the
     # device itself (against its own greedy decoding). The CPU's greedy ids
     # are not a limit: a near-tie turned by bf16 activations changes the

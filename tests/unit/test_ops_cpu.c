@@ -914,14 +914,21 @@ static void test_lmhead_argmax(void) {
     lm_free(&c);
 }
 
-/* Sampling at a temperature: the draws follow softmax(z / T). Oracle: the
- * softmax computed here in double from the same h and w; 60000 draws of one
- * row under 60000 keys, a chi-square test over 12 entries (11 degrees of
+/* Sampling at a temperature: the draws follow softmax(z / T), restricted to
+ * the tokens top-k and top-p keep. Oracle: the softmax computed here in
+ * double from the same h and w, the kept set by sorting (ties with the cut
+ * kept); 60000 draws of one row under 60000 keys, no draw outside the kept
+ * set, and a chi-square test over the kept entries (at most 11 degrees of
  * freedom: mean 11, sd 4.7; the limit 45 is p ~ 1e-5, and the keys are
  * fixed, so the test is deterministic). A wrong temperature scaling (T for
  * 1/T, or none) or a noise that is not Gumbel gives thousands. */
-static double sample_chi2(const float *h, const float *h_expect, const float *w, int64_t H, int64_t V, float T,
-                          int64_t N) {
+static int cmp_desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static double sample_chi2(const float *h, const float *h_expect, const float *w, int64_t H, int64_t V,
+                          const dfl_sampling *sp, int64_t N, int *nkept) {
     float *hs = fbuf(N * H);
     uint64_t *keys = dfl_malloc((size_t)N * sizeof *keys);
     int32_t *pred = dfl_malloc((size_t)N * sizeof *pred);
@@ -929,21 +936,39 @@ static double sample_chi2(const float *h, const float *h_expect, const float *w,
         memcpy(hs + i * H, h, (size_t)H * 4);
         keys[i] = dfl_sample_key(dfl_sample_seq_key(42, 0), i);
     }
-    ops->lmhead_sample(pred, NULL, hs, w, keys, T, N, H, V);
-    double z[64], p[64], zmax = -INFINITY, sum = 0, chi2 = 0;
+    ops->lmhead_sample(pred, NULL, hs, w, keys, sp, N, H, V);
+    double z[64], p[64], sorted[64], zmax = -INFINITY, sum = 0, chi2 = 0, cut = -INFINITY;
     int64_t count[64] = {0};
     for (int64_t v = 0; v < V; v++) {
         z[v] = 0;
         for (int64_t j = 0; j < H; j++) z[v] += (double)h_expect[j] * w[v * H + j];
-        z[v] /= T;
+        z[v] /= sp->temperature;
         zmax = fmax(zmax, z[v]);
+        sorted[v] = z[v];
     }
-    for (int64_t v = 0; v < V; v++) sum += p[v] = exp(z[v] - zmax);
+    qsort(sorted, (size_t)V, sizeof *sorted, cmp_desc);
+    int64_t kept = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
+    cut = sorted[kept - 1];
+    if (sp->top_p > 0 && sp->top_p < 1) { /* the fewest highest reaching top_p of the top-k mass */
+        double total = 0, acc = 0;
+        for (int64_t i = 0; i < kept; i++) total += exp(sorted[i] - zmax);
+        int64_t n = 0;
+        while (acc < sp->top_p * total) acc += exp(sorted[n++] - zmax);
+        T_CHECKF(fabs(acc - sp->top_p * total) > 1e-4 * total && fabs(acc - exp(sorted[n - 1] - zmax) -
+                 sp->top_p * total) > 1e-4 * total, "top_p %g lands on a boundary: pick another", (double)sp->top_p);
+        cut = sorted[n - 1];
+    }
+    *nkept = 0;
+    for (int64_t v = 0; v < V; v++) sum += p[v] = z[v] >= cut ? exp(z[v] - zmax) : 0, *nkept += z[v] >= cut;
     for (int64_t i = 0; i < N; i++) {
         T_CHECK(pred[i] >= 0 && pred[i] < V);
         if (pred[i] >= 0 && pred[i] < V) count[pred[i]]++;
     }
     for (int64_t v = 0; v < V; v++) {
+        if (p[v] == 0) {
+            T_CHECKF(count[v] == 0, "%lld draws of entry %lld, which the filter drops", (long long)count[v], (long long)v);
+            continue;
+        }
         double e = (double)N * p[v] / sum;
         T_CHECKF(e >= 20, "expected count %g of entry %lld is too small for the test", e, (long long)v);
         chi2 += (count[v] - e) * (count[v] - e) / e;
@@ -958,16 +983,23 @@ static void test_lmhead_sample(void) {
     dfl_rng r;
     dfl_rng_seed(&r, 21);
     frand(w, V * H, &r, 0.4f);
-    const float temps[3] = {1.0f, 0.5f, 2.0f};
-    for (int k = 0; k < 3; k++) {
-        double chi2 = sample_chi2(h, h, w, H, V, temps[k], N);
-        printf("  sample T=%.1f: chi-square %.1f over %lld entries\n", temps[k], chi2, (long long)V);
-        T_CHECKF(chi2 < 45, "T=%g: chi-square %g", temps[k], chi2);
+    /* temperatures; then top-k alone, top-p alone, both (kept: 5, 4 and 3 of 12) */
+    const dfl_sampling cases[6] = {{1.0f, 0, 0}, {0.5f, 0, 0}, {2.0f, 0, 0}, {1.0f, 5, 0}, {1.0f, 0, 0.4f},
+                                   {0.7f, 8, 0.45f}};
+    for (int k = 0; k < 6; k++) {
+        int kept;
+        double chi2 = sample_chi2(h, h, w, H, V, &cases[k], N, &kept);
+        printf("  sample T=%.1f top-k %d top-p %.2f: %d kept, chi-square %.1f\n", cases[k].temperature,
+               cases[k].top_k, cases[k].top_p, kept, chi2);
+        int filtered = dfl_sampling_filters(&cases[k]);
+        T_CHECKF(chi2 < 45 && (filtered ? kept >= 3 && kept < V : kept == V), "case %d: %d kept, chi-square %g", k,
+                 kept, chi2);
     }
     /* the test has power: draws at T = 0.5 (logits doubled) against T = 1 */
     float h2[4];
     for (int j = 0; j < 4; j++) h2[j] = 2 * h[j];
-    double wrong = sample_chi2(h2, h, w, H, V, 1.0f, N);
+    int kept;
+    double wrong = sample_chi2(h2, h, w, H, V, &cases[0], N, &kept);
     printf("  sample T=0.5 against the T=1 distribution: chi-square %.0f\n", wrong);
     T_CHECKF(wrong > 1000, "chi-square %g", wrong);
     ops->free(w);
@@ -996,7 +1028,8 @@ static void test_lmhead_sample(void) {
     int64_t chunks[3] = {0, 4, 100};
     for (int ci = 0; ci < 3; ci++) {
         dfl_cpu_lmhead_rows_override = chunks[ci];
-        ops->lmhead_sample(c.pred, gap, c.h, c.w, keys, 0.8f, c.N, c.H, c.V);
+        const dfl_sampling s08 = {0.8f, 0, 0};
+        ops->lmhead_sample(c.pred, gap, c.h, c.w, keys, &s08, c.N, c.H, c.V);
         int bad = 0, used = 0;
         for (int64_t i = 0; i < c.N; i++) {
             double best = -INFINITY, second = -INFINITY;
@@ -1015,7 +1048,8 @@ static void test_lmhead_sample(void) {
         T_CHECKF(bad == 0 && used > c.N / 2, "chunk rows %lld: %d of %d draws differ", (long long)chunks[ci], bad, used);
     }
     dfl_cpu_lmhead_rows_override = 0;
-    ops->lmhead_sample(c.pred, NULL, c.h, c.w, keys, 1e-3f, c.N, c.H, c.V);
+    const dfl_sampling cold = {1e-3f, 0, 0};
+    ops->lmhead_sample(c.pred, NULL, c.h, c.w, keys, &cold, c.N, c.H, c.V);
     int clear = 0, same = 0;
     for (int64_t i = 0; i < c.N; i++)
         if (agap[i] > 0.05f) clear++, same += c.pred[i] == apred[i];

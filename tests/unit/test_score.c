@@ -199,7 +199,7 @@ static void test_lines(void) {
     dfl_score_block(&st, 0, NULL);
     dfl_score_block(&st, 1, NULL);
     dfl_score_record(&st, 2, 3);
-    dfl_score_line l = {"2025-01-02T03:04:05Z", "ck\tpt", 17, "val.dfs", 0, "data", 7, "all", -1, 0, 0, -1};
+    dfl_score_line l = {"2025-01-02T03:04:05Z", "ck\tpt", 17, "val.dfs", 0, "data", 7, "all", -1, 0, 0, -1, -1, NAN};
     json_t *j = dfl_score_line_json(&l, &st);
     const char *want = "time mode drafter step input records blocks tokens tau_macro tau_pooled loss accuracy accept_k "
                        "accuracy_k hist block_size labels gamma anchors seed";
@@ -223,15 +223,17 @@ static void test_lines(void) {
     json_object_foreach(j, key, v) snprintf(keys + strlen(keys), sizeof keys - strlen(keys), "%s%s", keys[0] ? " " : "", key);
     T_CHECKF(!strcmp(keys, "time mode drafter step input records blocks tokens tau_macro tau_pooled accept_k hist "
                            "block_size max_new_tokens tokens_per_s greedy_tokens_per_s speedup mismatches "
-                           "temperature seed"),
+                           "temperature seed top_k top_p"),
              "online columns: %s", keys);
     T_CHECK(json_is_null(json_object_get(j, "step")));
-    T_CHECK(json_real_value(json_object_get(j, "temperature")) == 0 && json_is_null(json_object_get(j, "seed")));
+    T_CHECK(json_real_value(json_object_get(j, "temperature")) == 0 && json_is_null(json_object_get(j, "seed")) &&
+            json_is_null(json_object_get(j, "top_k")) && json_is_null(json_object_get(j, "top_p")));
     json_decref(j);
-    l.temperature = 0.7, l.sample_seed = 5; /* sampled: its temperature and seed */
+    l.temperature = 0.7, l.sample_seed = 5, l.top_k = 20, l.top_p = 0.95; /* sampled: its settings */
     j = dfl_score_line_json(&l, &st);
     T_CHECK(fabs(json_real_value(json_object_get(j, "temperature")) - 0.7) < 1e-12 &&
-            json_integer_value(json_object_get(j, "seed")) == 5);
+            json_integer_value(json_object_get(j, "seed")) == 5 && json_integer_value(json_object_get(j, "top_k")) == 20 &&
+            fabs(json_real_value(json_object_get(j, "top_p")) - 0.95) < 1e-12);
     json_decref(j);
 }
 
