@@ -82,19 +82,31 @@ __device__ RowStat shfl_stat(const RowStat &a, int o) {
 // scale of the target's running max mt.
 __device__ float scale_kl(float a, float m, float M) { return m == -INFINITY ? 0.0f : a * expf(m - M); }
 
-// Block reduction in a fixed order: lanes by xor-shuffle, then warp 0 over
-// the warps' results in warp order. Every thread gets the total.
+// After a reduction within each warp (every lane holding its warp's
+// result): the warps' results combined in warp order, the same total for
+// every thread. sh: one slot a warp; the leading barrier lets it be reused.
+template <typename T, typename F>
+__device__ T across_warps(T v, T *sh, F combine2) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    T t = sh[0];
+    for (int w = 1; w < nw; w++) t = combine2(t, sh[w]);
+    return t;
+}
+
+// Block reduction in a fixed order: lanes by xor-shuffle, then the warps'
+// results in warp order. Every thread gets the total.
 __device__ void block_reduce(RowStat &st, RowStat *sh) {
     for (int o = 16; o > 0; o >>= 1) {
         RowStat b = shfl_stat(st, o);
         combine(st, b);
     }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-    __syncthreads();
-    if (lane == 0) sh[warp] = st;
-    __syncthreads();
-    st = sh[0];
-    for (int w = 1; w < nw; w++) combine(st, sh[w]);
+    st = across_warps(st, sh, [](RowStat a, const RowStat &b) {
+        combine(a, b);
+        return a;
+    });
 }
 
 // Block sum of exact integers (any order gives the same total); every
@@ -104,24 +116,11 @@ __device__ uint64_t block_sum_u64(uint64_t x, uint64_t *sh) {
         uint32_t lo = __shfl_xor_sync(0xffffffffu, (uint32_t)x, o), hi = __shfl_xor_sync(0xffffffffu, (uint32_t)(x >> 32), o);
         x += (uint64_t)hi << 32 | lo;
     }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-    __syncthreads();
-    if (lane == 0) sh[warp] = x;
-    __syncthreads();
-    uint64_t t = 0;
-    for (int w = 0; w < nw; w++) t += sh[w];
-    return t;
+    return across_warps(x, sh, [](uint64_t a, uint64_t b) { return a + b; });
 }
 
 __device__ float block_max(float x, float *sh) {
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-    __syncthreads();
-    if (lane == 0) sh[warp] = x;
-    __syncthreads();
-    float m = sh[0];
-    for (int w = 1; w < nw; w++) m = fmaxf(m, sh[w]);
-    return m;
+    return across_warps(warp_max(x), sh, [](float a, float b) { return fmaxf(a, b); });
 }
 
 // The largest key u >= lo with F(u) >= target, F(u) = the sum over tokens

@@ -48,14 +48,20 @@ static void run_delta(void *p) {
                      g->Hv, g->dk, g->dv);
 }
 
+/* device cu of nseq packed sequences of len rows each */
+static int32_t *cu_even(int64_t nseq, int64_t len) {
+    int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
+    for (int64_t s = 0; s <= nseq; s++) cu[s] = (int32_t)(s * len);
+    int32_t *d = i32_put(cu, nseq + 1);
+    free(cu);
+    return d;
+}
+
 /* buffers for nseq sequences of `len` rows; verify: one sequence with a
  * history and a start state */
 static gdn_layer layer_new(int64_t nseq, int64_t len, int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, int verify) {
     gdn_layer g = {.nseq = nseq, .T = nseq * len, .Hk = Hk, .Hv = Hv, .dk = dk, .dv = dv, .C = 2 * Hk * dk + Hv * dv, .K = 4};
-    int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
-    for (int64_t s = 0; s <= nseq; s++) cu[s] = (int32_t)(s * len);
-    g.cu = i32_put(cu, nseq + 1);
-    free(cu);
+    g.cu = cu_even(nseq, len);
     g.x = act_rand(g.T * g.C, POOL_ACT);
     g.qkv = act_new(g.T * g.C);
     g.ba = act_rand(g.T * 2 * Hv, POOL_ACT);
@@ -141,10 +147,7 @@ int main(int argc, char **argv) {
 
     /* the full-attention layer: Qwen3.5-27B's heads at every size (tiny: 6/1) */
     attn_layer a = {.nseq = nseq, .T = nseq * seq, .Hq = tiny ? 6 : 24, .Hkv = tiny ? 1 : 4, .D = 256};
-    int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
-    for (int64_t s = 0; s <= nseq; s++) cu[s] = (int32_t)(s * seq);
-    a.cu = i32_put(cu, nseq + 1);
-    free(cu);
+    a.cu = cu_even(nseq, seq);
     a.q = act_rand(a.T * a.Hq * a.D, POOL_ACT), a.out = act_new(a.T * a.Hq * a.D);
     a.k = act_rand(a.T * a.Hkv * a.D, POOL_ACT), a.v = act_rand(a.T * a.Hkv * a.D, POOL_ACT);
     double ta = time_calls(run_attn, &a, iters);
