@@ -128,6 +128,32 @@ struct dfl_ops {
                         const float *A_log, const float *dt_bias, const int32_t *cu, int64_t nseq, int64_t T,
                         int64_t Hk, int64_t Hv, int64_t dk, int64_t dv);
 
+    /* ---- mixture of experts (Qwen3-MoE, Qwen3.5-MoE targets; forward only) ---- */
+    /* Route T tokens over E experts, k of them each (1 <= k <= E). With
+     * p = softmax(logits[t]) in f32 (logits: act [T, E]), token t's experts
+     * are its k largest p in descending order (the lower expert id first
+     * among equal p); their weights are those p, divided by the sum of the
+     * k when norm is set. The T*k (token, slot) pairs are then listed by
+     * expert, in (token, slot) order inside an expert:
+     *   offsets  host i64 [E+1]: expert e's pairs are listed at
+     *            [offsets[e], offsets[e+1]); offsets[E] = T*k
+     *   rows     i32 [T*k]: the token of listed pair i
+     *   pos      i32 [T*k]: where pair (t, j) is listed, at index t*k + j
+     *   wts      f32 [T*k]: pair (t, j)'s weight, at index t*k + j
+     * The listing depends on nothing but the inputs (no atomics' order).
+     * On CUDA the offsets are read back: one host synchronisation. */
+    void (*moe_route)(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts, const void *logits, int64_t T,
+                      int64_t E, int64_t k, int norm);
+    /* out[i] = in[rows[i]] for i < n: rows of H elements (act). */
+    void (*gather_rows)(void *out, const void *in, const int32_t *rows, int64_t n, int64_t H);
+    /* x[t] += sum_j wts[t*k+j] * y[pos[t*k+j]]  (j = 0 .. k-1), plus, when
+     * shared is not NULL, sigmoid(sgate[t]) * shared[t] (the shared
+     * expert, Qwen3.5-MoE); summed in f32 in that order and rounded into x
+     * once. x, shared: act [T, H]; y: act [T*k, H] (the experts' outputs
+     * in listed order); sgate: act [T]. */
+    void (*moe_combine)(void *x, const void *y, const int32_t *pos, const float *wts, const void *shared,
+                        const void *sgate, int64_t T, int64_t k, int64_t H);
+
     /* ---- attention (scale 1/sqrt(D); q head h uses kv head h / (Hq/Hkv)) ---- */
     /* Causal self-attention over packed sequences: sequence s holds rows
      * [cu[s], cu[s+1]) of q[T,Hq,D], k,v[T,Hkv,D]; no row sees another

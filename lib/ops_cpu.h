@@ -79,6 +79,13 @@ void dfl_cpu_gated_delta(void *out, float *state, float *steps, const void *qkv,
                          const float *A_log, const float *dt_bias, const int32_t *cu, int64_t nseq, int64_t T,
                          int64_t Hk, int64_t Hv, int64_t dk, int64_t dv);
 
+/* ---- mixture of experts (ops_cpu_moe.c) ---- */
+void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts, const void *logits, int64_t T,
+                       int64_t E, int64_t k, int norm);
+void dfl_cpu_gather_rows(void *out, const void *in, const int32_t *rows, int64_t n, int64_t H);
+void dfl_cpu_moe_combine(void *x, const void *y, const int32_t *pos, const float *wts, const void *shared,
+                         const void *sgate, int64_t T, int64_t k, int64_t H);
+
 /* ---- attention (ops_cpu_attn.c) ---- */
 void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu,
                          int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
