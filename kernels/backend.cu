@@ -133,6 +133,9 @@ static void fill_table(dfl_ops *t) {
     t->sigmoid_mul = cuda_sigmoid_mul;
     t->conv1d_silu = cuda_conv1d_silu;
     t->gated_delta = cuda_gated_delta;
+    t->moe_route = cuda_moe_route;
+    t->gather_rows = cuda_gather_rows;
+    t->moe_combine = cuda_moe_combine;
     t->attn_causal = cuda_attn_causal;
     t->attn_dflash = cuda_attn_dflash;
     t->attn_dflash_bwd = cuda_attn_dflash_bwd;

@@ -209,6 +209,12 @@ void cuda_conv1d_silu(void *out, const void *in, const void *hist, const void *w
 void cuda_gated_delta(void *out, float *state, float *steps, const void *qkv, const void *ba, const float *A_log,
                       const float *dt_bias, const int32_t *cu, int64_t nseq, int64_t T, int64_t Hk, int64_t Hv,
                       int64_t dk, int64_t dv);
+// moe.cu
+void cuda_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts, const void *logits, int64_t T,
+                    int64_t E, int64_t k, int norm);
+void cuda_gather_rows(void *out, const void *in, const int32_t *rows, int64_t n, int64_t H);
+void cuda_moe_combine(void *x, const void *y, const int32_t *pos, const float *wts, const void *shared,
+                      const void *sgate, int64_t T, int64_t k, int64_t H);
 // embed.cu
 void cuda_embed(void *out, const int32_t *ids, const void *table, int64_t T, int64_t H);
 // attn_causal.cu

@@ -683,6 +683,230 @@ static void adamw_agrees(void) {
     free(p), free(g), free(m), free(v);
 }
 
+/* ---- mixture of experts ----------------------------------------------------------- */
+/* moe_route: the listing (offsets, rows, pos) and so the experts chosen
+ * must equal the CPU's bit for bit; the weights are f32 by NMSE_F32 (the
+ * same f32 formulas; expf may differ by an ulp). Both backends are also
+ * checked against a plain oracle: each token's experts by a sort on
+ * (logit descending, id ascending) (for these logits p rises strictly with
+ * the logit: no underflow, bf16 steps far above an f32 ulp, equal logits
+ * give equal p), the weights by a softmax in double, and the listing by
+ * its definition. gather_rows is exact; moe_combine is one f32 sum rounded
+ * once (NMSE_ROUND), into an x that starts from random values. */
+
+/* Router logits [T, E] as bf16 values. tied: drawn from five values, so
+ * most rows hold runs of equal p inside the top k and across its cut, where
+ * the lower expert id must win; else normal (scale 2). */
+static float *moe_logits(int64_t T, int64_t E, int tied) {
+    float *l = ag_randn(T * E, 2);
+    if (tied)
+        for (int64_t i = 0; i < T * E; i++) l[i] = 0.5f * (float)dfl_rng_below(&AG_RNG, 5) - 1.0f;
+    return l;
+}
+
+static const float *moe_sort_row; /* the row qsort compares in */
+static int moe_by_logit(const void *a, const void *b) {
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (moe_sort_row[i] != moe_sort_row[j]) return moe_sort_row[i] > moe_sort_row[j] ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+/* the oracle: ids[t, j] of every token by the sort, w[t, j] in double */
+static void moe_oracle(int32_t *ids, float *w, const float *logits, int64_t T, int64_t E, int64_t k, int norm) {
+    int32_t *order = dfl_malloc((size_t)E * 4);
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        for (int64_t e = 0; e < E; e++) order[e] = (int32_t)e;
+        moe_sort_row = l;
+        qsort(order, (size_t)E, 4, moe_by_logit);
+        double sum = 0, kept = 0;
+        for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - l[order[0]]);
+        for (int64_t j = 0; j < k; j++) kept += exp((double)l[order[j]] - l[order[0]]) / sum;
+        for (int64_t j = 0; j < k; j++) {
+            ids[t * k + j] = order[j];
+            w[t * k + j] = (float)(exp((double)l[order[j]] - l[order[0]]) / sum / (norm ? kept : 1.0));
+        }
+    }
+    free(order);
+}
+
+/* Problems with one backend's listing, by its definition: offsets rise from
+ * 0 to T*k; pair (t, j) is listed at pos[t*k+j] with rows[] = t, inside the
+ * range of expert ids[t*k+j]; within an expert the tokens rise (stable in
+ * (token, slot) order; a token picks an expert at most once). */
+static int moe_listing_bad(const int64_t *off, const int32_t *rows, const int32_t *pos, const int32_t *ids,
+                           int64_t T, int64_t E, int64_t k) {
+    int bad = off[0] != 0 || off[E] != T * k;
+    for (int64_t e = 0; e < E; e++) bad += off[e + 1] < off[e];
+    if (bad) return bad;
+    for (int64_t i = 0; i < T * k; i++) {
+        const int32_t p = pos[i], e = ids[i];
+        if (p < off[e] || p >= off[e + 1] || rows[p] != i / k) bad++;
+    }
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t p = off[e] + 1; p < off[e + 1]; p++) bad += rows[p] <= rows[p - 1];
+    return bad;
+}
+
+/* one backend's route outputs, downloaded */
+typedef struct {
+    int64_t *off;
+    int32_t *rows, *pos;
+    float *w;
+} moe_routed;
+
+static moe_routed moe_run_route(const dfl_ops *o, const void *logits, int64_t T, int64_t E, int64_t k, int norm) {
+    const int64_t n = T * k;
+    moe_routed r = {dfl_malloc((size_t)(E + 1) * 8), dfl_malloc((size_t)(n ? n : 1) * 4),
+                    dfl_malloc((size_t)(n ? n : 1) * 4), NULL};
+    memset(r.off, 0x55, (size_t)(E + 1) * 8); /* every offset must be written */
+    void *rows = o->alloc((size_t)(n ? n : 1) * 4), *pos = o->alloc((size_t)(n ? n : 1) * 4);
+    void *w = o->alloc((size_t)(n ? n : 1) * 4);
+    o->moe_route(r.off, rows, pos, w, logits, T, E, k, norm);
+    o->download(r.rows, rows, (size_t)n * 4);
+    o->download(r.pos, pos, (size_t)n * 4);
+    r.w = ag_get(o, w, n, AG_F32);
+    o->free(rows), o->free(pos), o->free(w);
+    return r;
+}
+
+static void moe_routed_free(moe_routed *r) { free(r->off), free(r->rows), free(r->pos), free(r->w); }
+
+static void moe_route_case(int64_t T, int64_t E, int64_t k, int norm, int tied) {
+    const int64_t n = T * k;
+    float *hl = moe_logits(T, E, tied);
+    ag_pair lg = ag_new(hl, T * E, AG_ACT);
+    moe_routed r = moe_run_route(REF, lg.r, T, E, k, norm), d = moe_run_route(DEV, lg.d, T, E, k, norm);
+    int32_t *ids = dfl_malloc((size_t)(n ? n : 1) * 4);
+    float *w = dfl_malloc((size_t)(n ? n : 1) * 4);
+    moe_oracle(ids, w, hl, T, E, k, norm);
+    char what[96];
+    snprintf(what, sizeof what, "moe_route T %d E %d k %d%s%s", (int)T, (int)E, (int)k, norm ? " norm" : "",
+             tied ? " tied" : "");
+    /* the CPU and the device against the oracle's experts and listing */
+    int bad_r = moe_listing_bad(r.off, r.rows, r.pos, ids, T, E, k);
+    int bad_d = moe_listing_bad(d.off, d.rows, d.pos, ids, T, E, k);
+    T_CHECKF(bad_r == 0, "%s: CPU: %d pairs not where the oracle's experts put them", what, bad_r);
+    T_CHECKF(bad_d == 0, "%s: device: %d pairs not where the oracle's experts put them", what, bad_d);
+    /* the device against the CPU: the listing bit for bit */
+    T_CHECKF(memcmp(r.off, d.off, (size_t)(E + 1) * 8) == 0, "%s: offsets differ", what);
+    T_CHECKF(memcmp(r.rows, d.rows, (size_t)n * 4) == 0 && memcmp(r.pos, d.pos, (size_t)n * 4) == 0,
+             "%s: rows or pos differ", what);
+    int finite = 1, same = 0;
+    for (int64_t i = 0; i < n; i++) {
+        finite &= isfinite(d.w[i]) != 0;
+        same += memcmp(&d.w[i], &r.w[i], 4) == 0;
+    }
+    double e = t_nmse_f32(d.w, r.w, n), eo = t_nmse_f32(r.w, w, n);
+    printf("  nmse %-40s wts %.2e (limit %.0e), %d of %d equal bits; CPU vs double %.2e\n", what, e, NMSE_F32,
+           same, (int)n, eo);
+    T_CHECKF(finite && e <= NMSE_F32, "%s: wts nmse %.3g%s", what, e, finite ? "" : ", non-finite values");
+    T_CHECKF(eo <= NMSE_F32, "%s: CPU wts against the double softmax: nmse %.3g", what, eo);
+    ag_free(&lg);
+    moe_routed_free(&r), moe_routed_free(&d);
+    free(hl), free(ids), free(w);
+}
+
+/* NaN and infinite logits: the p of such a row are all NaN (the CPU's
+ * formulas), and both backends then take experts 0..k-1 with NaN weights;
+ * the other rows are unaffected. */
+static void moe_route_nonfinite(void) {
+    const int64_t T = 5, E = 12, k = 3;
+    float *hl = moe_logits(T, E, 0);
+    hl[1 * E + 7] = NAN;       /* row 1: one NaN */
+    hl[2 * E + 0] = NAN;       /* row 2: NaN first (the CPU's max is NaN) */
+    hl[3 * E + 9] = INFINITY;  /* row 3: +inf - +inf */
+    for (int64_t e = 0; e < E; e++) hl[4 * E + e] = -INFINITY; /* row 4: all -inf */
+    ag_pair lg = ag_new(hl, T * E, AG_ACT);
+    for (int norm = 0; norm < 2; norm++) {
+        moe_routed r = moe_run_route(REF, lg.r, T, E, k, norm), d = moe_run_route(DEV, lg.d, T, E, k, norm);
+        T_CHECK(memcmp(r.off, d.off, (size_t)(E + 1) * 8) == 0);
+        T_CHECK(memcmp(r.rows, d.rows, (size_t)(T * k) * 4) == 0 && memcmp(r.pos, d.pos, (size_t)(T * k) * 4) == 0);
+        int32_t ids[15];
+        float w[15];
+        moe_oracle(ids, w, hl, 1, E, k, norm); /* row 0 is finite */
+        for (int64_t t = 1; t < T; t++)
+            for (int64_t j = 0; j < k; j++) ids[t * k + j] = (int32_t)j;
+        T_CHECK(moe_listing_bad(r.off, r.rows, r.pos, ids, T, E, k) == 0);
+        T_CHECK(moe_listing_bad(d.off, d.rows, d.pos, ids, T, E, k) == 0);
+        int nan_ok = 1;
+        for (int64_t i = k; i < T * k; i++) nan_ok &= isnan(r.w[i]) && isnan(d.w[i]);
+        T_CHECKF(nan_ok, "norm %d: the weights of the non-finite rows are not NaN on both", norm);
+        T_CHECK(t_nmse_f32(d.w, r.w, k) <= NMSE_F32 && t_nmse_f32(r.w, w, k) <= NMSE_F32);
+        moe_routed_free(&r), moe_routed_free(&d);
+    }
+    ag_free(&lg);
+    free(hl);
+}
+
+static void moe_route_agrees(void) {
+    moe_route_case(0, 8, 2, 1, 0);     /* no tokens: offsets all 0 */
+    moe_route_case(1, 8, 1, 0, 0);
+    moe_route_case(1, 8, 8, 1, 1);     /* k = E */
+    moe_route_case(37, 60, 2, 0, 0);
+    moe_route_case(37, 60, 8, 1, 1);
+    moe_route_case(64, 8, 2, 1, 1);
+    moe_route_case(300, 128, 8, 1, 0); /* Qwen3-30B-A3B; 2400 pairs: three chunks of the listing */
+    moe_route_case(300, 128, 8, 0, 1);
+    moe_route_case(257, 256, 8, 1, 0); /* Qwen3.5-35B-A3B */
+    moe_route_case(129, 512, 10, 1, 1); /* Qwen3.5-397B */
+    moe_route_case(129, 512, 10, 0, 0);
+    moe_route_case(1500, 60, 1, 0, 1); /* one expert a token, two chunks */
+    moe_route_nonfinite();
+    if (AG_BIG) moe_route_case(16384, 512, 10, 1, 0); /* a long prefill: 163840 pairs */
+}
+
+/* n rows of H from a table of V rows (views at element offset `off`) */
+static void gather_rows_case(int64_t n, int64_t H, int64_t V, int64_t off) {
+    float *hin = ag_randn(V * H + off, 1);
+    int32_t *rows = dfl_malloc((size_t)(n ? n : 1) * 4);
+    for (int64_t i = 0; i < n; i++) rows[i] = (int32_t)dfl_rng_below(&AG_RNG, (uint64_t)V);
+    ag_pair in = ag_new(hin, V * H + off, AG_ACT), r = ag_new(rows, n, AG_I32), out = ag_new(NULL, n * H + off, AG_ACT);
+    REF->gather_rows(AG_VIEW(REF, out.r, off), AG_VIEW(REF, in.r, off), r.r, n, H);
+    DEV->gather_rows(AG_VIEW(DEV, out.d, off), AG_VIEW(DEV, in.d, off), r.d, n, H);
+    char what[64];
+    snprintf(what, sizeof what, "gather_rows n %d H %d at +%d", (int)n, (int)H, (int)off);
+    ag_check(what, &out, 0.0); /* a gather of bf16 values: exact */
+    ag_free(&in), ag_free(&r), ag_free(&out);
+    free(hin), free(rows);
+}
+
+static void gather_rows_agrees(void) {
+    gather_rows_case(0, 64, 5, 0);
+    gather_rows_case(296, 64, 37, 0); /* 16-byte path, rows repeated */
+    gather_rows_case(101, 37, 20, 0); /* odd H: scalar */
+    gather_rows_case(50, 64, 20, 3);  /* views not 16-byte aligned: scalar */
+}
+
+/* x[T, H] += the k listed expert rows of a CPU routing (E experts),
+ * weighted, and the gated shared expert when `shared` */
+static void moe_combine_case(int64_t T, int64_t E, int64_t k, int64_t H, int shared) {
+    const int64_t n = T * k;
+    float *hl = moe_logits(T, E, 0);
+    ag_pair lg = ag_new(hl, T * E, AG_ACT);
+    moe_routed rt = moe_run_route(REF, lg.r, T, E, k, 1);
+    float *hy = ag_randn(n * H, 1), *hs = ag_randn(T * H, 1), *hg = ag_randn(T, 2);
+    ag_pair pos = ag_new(rt.pos, n, AG_I32), w = ag_new(rt.w, n, AG_F32), y = ag_new(hy, n * H, AG_ACT);
+    ag_pair sh = ag_new(hs, T * H, AG_ACT), sg = ag_new(hg, T, AG_ACT), x = ag_grad(T * H, AG_ACT, 1.0);
+    REF->moe_combine(x.r, y.r, pos.r, w.r, shared ? sh.r : NULL, shared ? sg.r : NULL, T, k, H);
+    DEV->moe_combine(x.d, y.d, pos.d, w.d, shared ? sh.d : NULL, shared ? sg.d : NULL, T, k, H);
+    char what[64];
+    snprintf(what, sizeof what, "moe_combine T %d k %d H %d%s", (int)T, (int)k, (int)H, shared ? " shared" : "");
+    ag_check(what, &x, NMSE_ROUND);
+    ag_free(&lg), ag_free(&pos), ag_free(&w), ag_free(&y), ag_free(&sh), ag_free(&sg), ag_free(&x);
+    moe_routed_free(&rt);
+    free(hl), free(hy), free(hs), free(hg);
+}
+
+static void moe_combine_agrees(void) {
+    moe_combine_case(0, 8, 2, 64, 1);
+    moe_combine_case(1, 8, 2, 64, 0);
+    moe_combine_case(37, 60, 8, 64, 0);  /* 16-byte path */
+    moe_combine_case(37, 60, 8, 64, 1);
+    moe_combine_case(45, 128, 8, 37, 1); /* odd H: scalar */
+    moe_combine_case(20, 512, 10, 1040, 1); /* H over the threads of a block */
+}
+
 /* ---- all ------------------------------------------------------------------------- */
 
 /* DFLASH_TEST_ONLY=word runs only the tests whose name contains it (the
@@ -708,6 +932,9 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(lmhead_agrees);
     AG_RUN(views_agree);
     AG_RUN(adamw_agrees);
+    AG_RUN(moe_route_agrees);
+    AG_RUN(gather_rows_agrees);
+    AG_RUN(moe_combine_agrees);
 }
 
 #endif
