@@ -339,6 +339,26 @@ static bytes schedule_run(void) {
         DEV->free(c), DEV->free(c1), DEV->free(st), DEV->free(steps), DEV->free(x), DEV->free(w), DEV->free(out);
         free(hs), free(hx), free(hw);
     }
+    /* mixture of experts: the routing's warp argmax, the listing's
+     * per-warp counters (1500 pairs: two chunks), gather, combine */
+    {
+        const int64_t T = 150, E = 60, k = 10, H = 48, n = T * k;
+        float *hl = moe_logits(T, E, 1), *hx = ag_randn(T * H, 1), *hs = ag_randn(T * H, 1), *hg = ag_randn(T, 2);
+        void *lg = dput(hl, T * E, AG_ACT), *x = dput(hx, T * H, AG_ACT), *sh = dput(hs, T * H, AG_ACT);
+        void *sg = dput(hg, T, AG_ACT), *rows = dput(NULL, n, AG_I32), *pos = dput(NULL, n, AG_I32);
+        void *w = dput(NULL, n, AG_F32), *y = dput(NULL, n * H, AG_ACT);
+        int64_t off[61];
+        DEV->moe_route(off, rows, pos, w, lg, T, E, k, 1);
+        DEV->gather_rows(y, x, rows, n, H);
+        DEV->moe_combine(x, y, pos, w, sh, sg, T, k, H);
+        take(&b, rows, n, AG_I32), take(&b, pos, n, AG_I32), take(&b, w, n, AG_F32), take(&b, x, T * H, AG_ACT);
+        b.p = dfl_realloc(b.p, b.n + sizeof off);
+        memcpy(b.p + b.n, off, sizeof off);
+        b.n += sizeof off;
+        DEV->free(lg), DEV->free(x), DEV->free(sh), DEV->free(sg), DEV->free(rows), DEV->free(pos), DEV->free(w);
+        DEV->free(y);
+        free(hl), free(hx), free(hs), free(hg);
+    }
     /* sum of squares (block tree reductions) */
     {
         float *hx = ag_randn(5000, 1);
