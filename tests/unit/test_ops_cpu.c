@@ -1307,6 +1307,129 @@ static void test_gated_delta(void) {
     ops->free(sizes);
 }
 
+/* ------------------------------------------------------------------------ */
+/* mixture of experts: routing against a hand-worked case and a sorting     */
+/* oracle, the combine against its formula in double                        */
+
+/* Three tokens, four experts, k 2, worked by hand: token 0 takes 3 then 2;
+ * token 1 ties three ways at 1 and takes 0, 1 (lower ids first); token 2
+ * ties at 5 and takes 0, 2. Listed by expert: e0: (1,0) (2,0); e1: (1,1);
+ * e2: (0,1) (2,1); e3: (0,0). */
+static void test_moe_route_by_hand(void) {
+    const float logits[12] = {0, 1, 2, 3, 1, 1, 0, 1, 5, -1, 5, 5};
+    const int64_t want_off[5] = {0, 2, 3, 5, 6};
+    const int32_t want_rows[6] = {1, 2, 1, 0, 2, 0}, want_pos[6] = {5, 3, 0, 2, 1, 4};
+    const int32_t ids[6] = {3, 2, 0, 1, 0, 2};
+    for (int norm = 0; norm < 2; norm++) {
+        int64_t off[5];
+        int32_t rows[6], pos[6];
+        float w[6], want_w[6];
+        ops->moe_route(off, rows, pos, w, logits, 3, 4, 2, norm);
+        T_CHECK(!memcmp(off, want_off, sizeof off));
+        T_CHECK(!memcmp(rows, want_rows, sizeof rows));
+        T_CHECK(!memcmp(pos, want_pos, sizeof pos));
+        for (int t = 0; t < 3; t++) {
+            double sum = 0;
+            for (int e = 0; e < 4; e++) sum += exp((double)logits[t * 4 + e]);
+            double p0 = exp((double)logits[t * 4 + ids[2 * t]]) / sum, p1 = exp((double)logits[t * 4 + ids[2 * t + 1]]) / sum;
+            want_w[2 * t] = (float)(norm ? p0 / (p0 + p1) : p0);
+            want_w[2 * t + 1] = (float)(norm ? p1 / (p0 + p1) : p1);
+        }
+        CHECK_NMSE(norm ? "moe_route weights, norm" : "moe_route weights", w, want_w, 6, NMSE_F32);
+        if (norm) T_CHECK(w[2] == 0.5f && w[3] == 0.5f && w[4] == 0.5f && w[5] == 0.5f); /* equal p */
+    }
+}
+
+static const float *moe_row; /* the row moe_by_logit compares in */
+static int moe_by_logit(const void *a, const void *b) {
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (moe_row[i] != moe_row[j]) return moe_row[i] > moe_row[j] ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+/* Random logits on a grid of 1/64 in [-4, 4] (many equal values, and p
+ * rising strictly with the logit otherwise): each token's experts by a sort
+ * on (logit descending, id ascending), weights by a softmax in double, the
+ * listing by a stable sort of the (token, slot) pairs on the expert. With
+ * T*E over the parallel threshold, on 1 and 3 threads. */
+static void test_moe_route_oracle(void) {
+    const int64_t T = 700, E = 128, k = 8, n = T * k;
+    dfl_rng r;
+    dfl_rng_seed(&r, 31);
+    float *logits = fbuf(T * E), *w = fbuf(n), *want_w = fbuf(n), *w1 = fbuf(n);
+    for (int64_t i = 0; i < T * E; i++) logits[i] = (float)((int)dfl_rng_below(&r, 513) - 256) / 64.0f;
+    int32_t *ids = dfl_malloc((size_t)n * 4), *order = dfl_malloc((size_t)E * 4);
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        for (int64_t e = 0; e < E; e++) order[e] = (int32_t)e;
+        moe_row = l;
+        qsort(order, (size_t)E, 4, moe_by_logit);
+        double sum = 0, kept = 0;
+        for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - l[order[0]]);
+        for (int64_t j = 0; j < k; j++) kept += exp((double)l[order[j]] - l[order[0]]) / sum;
+        for (int64_t j = 0; j < k; j++) {
+            ids[t * k + j] = order[j];
+            want_w[t * k + j] = (float)(exp((double)l[order[j]] - l[order[0]]) / sum / kept);
+        }
+    }
+    /* the listing: pairs sorted by expert, stable (insertion sort of indices) */
+    int32_t *want_rows = dfl_malloc((size_t)n * 4), *want_pos = dfl_malloc((size_t)n * 4), *lst = dfl_malloc((size_t)n * 4);
+    int64_t *want_off = dfl_calloc((size_t)E + 1, 8);
+    int64_t m = 0;
+    for (int64_t e = 0; e < E; e++) {
+        want_off[e] = m;
+        for (int64_t i = 0; i < n; i++)
+            if (ids[i] == e) lst[m++] = (int32_t)i;
+    }
+    want_off[E] = m;
+    T_CHECK(m == n);
+    for (int64_t p = 0; p < n; p++) want_rows[p] = lst[p] / (int32_t)k, want_pos[lst[p]] = (int32_t)p;
+    int64_t *off = dfl_malloc((size_t)(E + 1) * 8);
+    int32_t *rows = dfl_malloc((size_t)n * 4), *pos = dfl_malloc((size_t)n * 4);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        omp_set_num_threads(threads);
+        ops->moe_route(off, rows, pos, threads == 1 ? w1 : w, logits, T, E, k, 1);
+        T_CHECKF(!memcmp(off, want_off, (size_t)(E + 1) * 8), "%d threads: offsets", threads);
+        T_CHECKF(!memcmp(rows, want_rows, (size_t)n * 4), "%d threads: rows", threads);
+        T_CHECKF(!memcmp(pos, want_pos, (size_t)n * 4), "%d threads: pos", threads);
+    }
+    omp_set_num_threads(3);
+    CHECK_NMSE("moe_route weights (oracle)", w, want_w, n, NMSE_F32);
+    T_CHECK(!memcmp(w, w1, (size_t)n * 4));
+    ops->free(logits), ops->free(w), ops->free(want_w), ops->free(w1);
+    free(ids), free(order), free(want_rows), free(want_pos), free(lst), free(want_off), free(off), free(rows), free(pos);
+}
+
+/* gather_rows copies rows; moe_combine against its formula in double, with
+ * and without the shared expert, onto x's start values */
+static void test_moe_gather_combine(void) {
+    const int64_t T = 5, k = 3, H = 7, n = T * k;
+    dfl_rng r;
+    dfl_rng_seed(&r, 32);
+    float *in = fbuf(T * H), *y = fbuf(n * H), *sh = fbuf(T * H), *sg = fbuf(T), *wts = fbuf(n), *x = fbuf(T * H);
+    float *x0 = fbuf(T * H), *want = fbuf(T * H);
+    frand(in, T * H, &r, 1), frand(sh, T * H, &r, 1), frand(sg, T, &r, 2), frand(wts, n, &r, 0.3f), frand(x0, T * H, &r, 1);
+    int32_t rows[15], pos[15];
+    for (int64_t i = 0; i < n; i++) rows[i] = (int32_t)((i * 7 + 3) % T), pos[i] = (int32_t)((i * 4 + 1) % n);
+    ops->gather_rows(y, in, rows, n, H);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = 0; c < H; c++) T_CHECK(y[i * H + c] == in[rows[i] * H + c]);
+    for (int shared = 0; shared < 2; shared++) {
+        memcpy(x, x0, (size_t)(T * H) * 4);
+        ops->moe_combine(x, y, pos, wts, shared ? sh : NULL, shared ? sg : NULL, T, k, H);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t c = 0; c < H; c++) {
+                double acc = x0[t * H + c];
+                for (int64_t j = 0; j < k; j++) acc += (double)wts[t * k + j] * y[pos[t * k + j] * H + c];
+                if (shared) acc += sh[t * H + c] / (1.0 + exp(-(double)sg[t]));
+                want[t * H + c] = (float)acc;
+            }
+        CHECK_NMSE(shared ? "moe_combine, shared expert" : "moe_combine", x, want, T * H, NMSE_F32);
+    }
+    ops->free(in), ops->free(y), ops->free(sh), ops->free(sg), ops->free(wts), ops->free(x), ops->free(x0);
+    ops->free(want);
+}
+
 int main(void) {
     /* an odd thread count, whatever the environment: uneven splits */
     omp_set_num_threads(3);
@@ -1341,6 +1464,9 @@ int main(void) {
     T_RUN(test_sigmoid_mul);
     T_RUN(test_conv1d_silu);
     T_RUN(test_gated_delta);
+    T_RUN(test_moe_route_by_hand);
+    T_RUN(test_moe_route_oracle);
+    T_RUN(test_moe_gather_combine);
     T_RUN(test_expf);
     T_RUN(test_thread_count_invariance);
     dfl_st_close(fx_dense), dfl_st_close(fx_attn), dfl_st_close(fx_lm), dfl_st_close(fx_adam), dfl_st_close(fx_gdn);
