@@ -248,6 +248,13 @@ int warps_for(int64_t per_warp) {
     return (int)(w < 1 ? 1 : w > MAX_WARPS ? MAX_WARPS : w);
 }
 
+// pairs per chunk of the count kernel: a multiple of 32, at least
+// CHUNK_MIN, and few enough chunks (<= MAX_CHUNKS) for a short scan
+int64_t listing_chunk(int64_t n) {
+    int64_t c = CEIL_DIV(n, MAX_CHUNKS);
+    return CEIL_DIV(c > CHUNK_MIN ? c : CHUNK_MIN, (int64_t)32) * 32;
+}
+
 // a grid-stride kernel's blocks: one per item, at most 16 per SM
 int capped_grid(int64_t items) {
     int64_t cap = (int64_t)g_cuda.sm_count * 16;
@@ -268,7 +275,7 @@ void cuda_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts, c
         return;
     }
     CU_ASSERT(rows && pos && wts && logits);
-    const int64_t chunk = CEIL_DIV(CEIL_DIV(n, MAX_CHUNKS) > CHUNK_MIN ? CEIL_DIV(n, MAX_CHUNKS) : CHUNK_MIN, 32) * 32;
+    const int64_t chunk = listing_chunk(n);
     const int64_t nchunks = CEIL_DIV(n, chunk);
     // scratch: ids [n] i32, hist [nchunks, E] i32, offs [E+1] i64 (8-byte aligned)
     const size_t ids_bytes = (size_t)n * 4, hist_bytes = (size_t)(nchunks * E) * 4;

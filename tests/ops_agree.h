@@ -852,6 +852,7 @@ static void moe_route_agrees(void) {
     moe_route_case(129, 512, 10, 1, 1); /* Qwen3.5-397B */
     moe_route_case(129, 512, 10, 0, 0);
     moe_route_case(1500, 60, 1, 0, 1); /* one expert a token, two chunks */
+    moe_route_case(2100, 60, 4, 1, 0); /* nine chunks: two blocks of the listing's count */
     moe_route_nonfinite();
     if (AG_BIG) moe_route_case(16384, 512, 10, 1, 0); /* a long prefill: 163840 pairs */
 }
