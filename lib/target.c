@@ -623,18 +623,25 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
     dfl_target_mlp(t, lw, &w->mlp, w->x, w->h, T);
 }
 
+int64_t dfl_target_moe_rows(const dfl_model_config *c) {
+    return c->experts_per_tok > 0 && MOE_PAIRS / c->experts_per_tok > 0 ? MOE_PAIRS / c->experts_per_tok : 1;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 void dfl_target_mlp_reserve(const dfl_target *t, mlp_ws *mw, int64_t n) {
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
-    const int64_t rows = n < MLP_ROWS ? n : MLP_ROWS;
+    const int64_t E = c->num_experts;
+    const int64_t rows = min64(n, E ? dfl_target_moe_rows(c) : MLP_ROWS);
     if (rows <= mw->cap_rows) return;
     const size_t a = (size_t)ops->act_bytes;
-    const int64_t H = c->hidden_size, E = c->num_experts, k = c->experts_per_tok;
-    int64_t width = c->intermediate_size;
-    if (c->moe_intermediate_size > width) width = c->moe_intermediate_size;
-    if (c->shared_expert_intermediate_size > width) width = c->shared_expert_intermediate_size;
-    mw->gate = dfl_target_regrow(ops, mw->gate, (size_t)(rows * width) * a);
-    mw->up = dfl_target_regrow(ops, mw->up, (size_t)(rows * width) * a);
+    const int64_t H = c->hidden_size, k = c->experts_per_tok, dense = min64(n, MLP_ROWS) * c->intermediate_size;
+    int64_t width = c->moe_intermediate_size > c->shared_expert_intermediate_size ? c->moe_intermediate_size
+                                                                                 : c->shared_expert_intermediate_size;
+    int64_t scratch = rows * width > dense ? rows * width : dense; /* an expert has at most `rows` rows */
+    mw->gate = dfl_target_regrow(ops, mw->gate, (size_t)scratch * a);
+    mw->up = dfl_target_regrow(ops, mw->up, (size_t)scratch * a);
     if (E) {
         mw->logits = dfl_target_regrow(ops, mw->logits, (size_t)(rows * E) * a);
         mw->rows = dfl_target_regrow(ops, mw->rows, (size_t)(rows * k) * sizeof(int32_t));
@@ -669,7 +676,7 @@ static void swiglu_mlp(const dfl_ops *ops, void *out, int accumulate, const void
     ops->matmul(out, gate, wd, m, I, H, accumulate);
 }
 
-/* x[m, H] += the mixture of experts of h[m, H] (m <= MLP_ROWS): route, list
+/* x[m, H] += the mixture of experts of h[m, H] (m <= moe rows): route, list
  * each expert's rows together, run each expert on its rows, then add each
  * token's k outputs by their weights (and the gated shared expert). */
 static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x, const void *h, int64_t m) {
@@ -699,8 +706,9 @@ static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x,
 void dfl_target_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x, const void *h, int64_t n) {
     const dfl_ops *ops = t->ops;
     const int64_t H = t->cfg.hidden_size, I = t->cfg.intermediate_size;
-    for (int64_t r0 = 0; r0 < n; r0 += MLP_ROWS) {
-        int64_t m = n - r0 < MLP_ROWS ? n - r0 : MLP_ROWS;
+    const int64_t chunk = lw->moe ? dfl_target_moe_rows(&t->cfg) : MLP_ROWS;
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+        int64_t m = min64(n - r0, chunk);
         void *xr = DFL_AT(ops, x, r0 * H);
         const void *hr = DFL_AT(ops, h, r0 * H);
         if (lw->moe) moe_mlp(t, lw, mw, xr, hr, m);

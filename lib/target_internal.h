@@ -10,6 +10,10 @@
 /* Rows per MLP chunk: large enough for full-speed GEMMs, small enough that
  * the [rows, intermediate] buffers stay modest for any sequence length. */
 #define MLP_ROWS 4096
+/* (token, expert) pairs per chunk of a sparse MLP: each expert's product
+ * gets rows / E * k of them, so the chunks are longer than dense ones
+ * (8192 tokens at 8 experts a token: 512 rows an expert of 128). */
+#define MOE_PAIRS 65536
 
 typedef struct {
     int linear; /* a Gated DeltaNet layer (Qwen3.5 "linear_attention"); else attention */
@@ -32,7 +36,7 @@ typedef struct {
 /* The MLP's buffers for chunks of at most MLP_ROWS rows (in both
  * workspaces). */
 typedef struct {
-    int64_t cap_rows;
+    int64_t cap_rows;         /* tokens of a chunk: MLP_ROWS dense, dfl_target_moe_rows sparse, or fewer */
     void *gate, *up;          /* act [cap_rows, the widest of I, Im, Is] */
     /* sparse layers (ops moe_route, gather_rows, moe_combine) */
     void *logits;             /* act [cap_rows, E] */
@@ -108,7 +112,9 @@ void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw);
  * inputs in ws->conv and ws->ba. */
 void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, void *x, const void *h,
                             const int32_t *cu, int64_t nseq, int64_t n, const void *hist, float *state, float *steps);
-/* Grow mw for forwards of n rows (it holds min(n, MLP_ROWS)); free it. */
+/* Tokens per chunk of a sparse MLP: MOE_PAIRS / k. */
+int64_t dfl_target_moe_rows(const dfl_model_config *c);
+/* Grow mw for forwards of n rows (it holds min(n, a chunk)); free it. */
 void dfl_target_mlp_reserve(const dfl_target *t, mlp_ws *mw, int64_t n);
 void dfl_target_mlp_free(const dfl_ops *ops, mlp_ws *mw);
 /* x[n, H] += the MLP of h[n, H], dense or sparse, in chunks of MLP_ROWS
