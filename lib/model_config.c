@@ -259,7 +259,10 @@ static int parse_hybrid(dfl_model_config *c, const json_t *tj, const char *path)
 static int parse_moe(dfl_model_config *c, const json_t *tj, const char *path) {
     int rc = 0;
     const int q35 = c->hybrid;
-    rc = rc ? rc : get_int(tj, "num_experts", q35 ? 256 : 128, &c->num_experts, path);
+    /* transformers 5 writes "num_local_experts" (its attribute map reads
+     * either); the released files say "num_experts" */
+    const char *ne = json_object_get(tj, "num_experts") ? "num_experts" : "num_local_experts";
+    rc = rc ? rc : get_int(tj, ne, q35 ? 256 : 128, &c->num_experts, path);
     rc = rc ? rc : get_int(tj, "num_experts_per_tok", 8, &c->experts_per_tok, path);
     rc = rc ? rc : get_int(tj, "moe_intermediate_size", q35 ? 512 : 768, &c->moe_intermediate_size, path);
     rc = rc ? rc : get_int(tj, "decoder_sparse_step", 1, &c->decoder_sparse_step, path);

@@ -171,6 +171,11 @@ static void test_moe(void) {
     T_CHECK(d.num_experts == 128 && d.experts_per_tok == 8 && d.moe_intermediate_size == 768 && !d.norm_topk_prob &&
             d.decoder_sparse_step == 1);
     for (int i = 0; i < 6; i++) T_CHECKF(dfl_model_config_moe_layer(&d, i), "layer %d", i);
+    dfl_model_config_free(&d);
+    /* transformers 5's spelling of the expert count */
+    T_CHECK(parse(&d, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,"
+                      "\"num_local_experts\":12}") == 0);
+    T_CHECK(d.num_experts == 12);
     /* Qwen3.5-MoE: no intermediate_size; a shared expert; every layer sparse */
     T_CHECK(parse(&v, "{\"architectures\":[\"Qwen3_5MoeForConditionalGeneration\"],\"model_type\":\"qwen3_5_moe\","
                       "\"text_config\":{" MOE_BASE ",\"num_experts\":8,\"num_experts_per_tok\":3,"
