@@ -1,4 +1,5 @@
-/* model_config.c: reading Qwen3, Llama and Qwen3.5 config.json files. */
+/* model_config.c: reading Qwen3, Llama and Qwen3.5 config.json files (dense
+ * and mixture-of-experts). */
 #include "model_config.h"
 
 #include "common.h"
@@ -68,32 +69,77 @@ static int64_t count_params(const dfl_model_config *c) {
         int64_t lin = padd(pmul(padd(KD2, VD), padd(H, c->lin_conv)), pmul(3, pmul(VD, H)));
         layer = padd(padd(layer, lin), padd(pmul(QD, H), pmul(2, pmul(c->lin_v_heads, H))));
     }
+    if (c->num_experts) { /* the experts, the router, the shared expert and its gate */
+        int64_t expert = padd(pmul(3, pmul(c->moe_intermediate_size, H)), H);
+        layer = padd(layer, padd(pmul(c->num_experts, expert), pmul(3, pmul(c->shared_expert_intermediate_size, H))));
+        layer = padd(layer, H);
+    }
     return padd(padd(pmul(2, pmul(c->vocab_size, H)), H), pmul(c->num_hidden_layers, layer));
 }
 
 static int is_qwen35(const char *arch) {
-    return !strcmp(arch, "Qwen3_5ForCausalLM") || !strcmp(arch, "Qwen3_5ForConditionalGeneration");
+    return !strcmp(arch, "Qwen3_5ForCausalLM") || !strcmp(arch, "Qwen3_5ForConditionalGeneration") ||
+           !strcmp(arch, "Qwen3_5MoeForCausalLM") || !strcmp(arch, "Qwen3_5MoeForConditionalGeneration");
+}
+
+/* The released VLM layouts: text settings under text_config, weights under
+ * model.language_model. */
+static int is_vlm(const char *arch) {
+    return !strcmp(arch, "Qwen3_5ForConditionalGeneration") || !strcmp(arch, "Qwen3_5MoeForConditionalGeneration");
+}
+
+static int is_moe(const char *arch) {
+    return !strcmp(arch, "Qwen3MoeForCausalLM") || !strcmp(arch, "Qwen3_5MoeForCausalLM") ||
+           !strcmp(arch, "Qwen3_5MoeForConditionalGeneration");
 }
 
 /* The architectures dflash runs, checked before any size is read. */
 static int check_architecture(const dfl_model_config *c, const char *path, const char *role) {
     static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "DFlashDraftModel", "Qwen3_5ForCausalLM",
-                                  "Qwen3_5ForConditionalGeneration"};
+                                  "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
+                                  "Qwen3_5MoeForConditionalGeneration"};
     int known = 0;
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) known |= !strcmp(c->architecture, archs[i]);
     if (!known)
         return dfl_err(DFL_EX_DATA, "%s: %s architecture \"%s\" is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM, "
-                       "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration%s)",
+                       "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, "
+                       "Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration%s)",
                        path, role, c->architecture, !strcmp(role, "drafter") ? ", DFlashDraftModel" : "");
     return 0;
 }
 
+/* The expert sizes; and a dense MLP's width wherever a layer has one. */
+static int check_moe(const dfl_model_config *c, const json_t *tj, const char *path) {
+    if (!c->num_experts) return 0;
+    if (c->num_experts < 0 || c->experts_per_tok < 1 || c->experts_per_tok > c->num_experts)
+        return dfl_err(DFL_EX_DATA, "%s: \"num_experts_per_tok\" must be between 1 and \"num_experts\"", path);
+    if (c->num_experts > 65536)
+        return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" %lld is more than 65536", path, (long long)c->num_experts);
+    if (c->moe_intermediate_size <= 0 || c->shared_expert_intermediate_size < 0 || c->decoder_sparse_step < 1)
+        return dfl_err(DFL_EX_DATA, "%s: \"moe_intermediate_size\" and \"decoder_sparse_step\" must be positive", path);
+    json_t *only = json_object_get(tj, "mlp_only_layers"), *v;
+    size_t i;
+    if (only && !json_is_null(only) && !json_is_array(only))
+        return dfl_err(DFL_EX_DATA, "%s: \"mlp_only_layers\" is not a list", path);
+    json_array_foreach(only, i, v) {
+        if (!json_is_integer(v))
+            return dfl_err(DFL_EX_DATA, "%s: \"mlp_only_layers\"[%zu] is not an integer", path, i);
+    }
+    for (int64_t l = 0; l < c->num_hidden_layers; l++)
+        if (!dfl_model_config_moe_layer(c, l) && c->intermediate_size <= 0)
+            return dfl_err(DFL_EX_DATA, "%s: layer %lld has a dense MLP but \"intermediate_size\" is missing", path,
+                           (long long)l);
+    return 0;
+}
+
 /* Refuse what the model code would silently get wrong. */
-static int check_supported(const dfl_model_config *c, const json_t *j, const char *path) {
+static int check_supported(const dfl_model_config *c, const json_t *tj, const char *path) {
+    const json_t *j = tj;
+    int rc;
     static const char *off[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
     for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
-        int on, rc = get_bool(j, off[i], &on, path);
-        if (rc) return rc;
+        int on;
+        if ((rc = get_bool(j, off[i], &on, path))) return rc;
         if (on) return dfl_err(DFL_EX_DATA, "%s: \"%s\": true is not supported", path, off[i]);
     }
     json_t *act = json_object_get(j, "hidden_act");
@@ -112,8 +158,9 @@ static int check_supported(const dfl_model_config *c, const json_t *j, const cha
         return dfl_err(DFL_EX_DATA, "%s: \"layer_types\" must list one type for each of the %lld layers", path,
                        (long long)c->num_hidden_layers);
     if (c->hidden_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 || c->num_key_value_heads <= 0 ||
-        c->head_dim <= 0 || c->vocab_size <= 0 || c->intermediate_size <= 0)
+        c->head_dim <= 0 || c->vocab_size <= 0 || c->intermediate_size < 0 || (c->intermediate_size == 0 && !c->num_experts))
         return dfl_err(DFL_EX_DATA, "%s: sizes must be positive", path);
+    if ((rc = check_moe(c, tj, path))) return rc;
     if (c->head_dim % 2) return dfl_err(DFL_EX_DATA, "%s: \"head_dim\" %lld must be even for RoPE", path, (long long)c->head_dim);
     if (c->num_attention_heads % c->num_key_value_heads)
         return dfl_err(DFL_EX_DATA, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
@@ -205,6 +252,31 @@ static int parse_hybrid(dfl_model_config *c, const json_t *tj, const char *path)
     return rc;
 }
 
+/* The mixture-of-experts keys (defaults as transformers' Qwen3MoeConfig and
+ * Qwen3_5MoeTextConfig). Qwen3.5-MoE always renormalises the k weights and
+ * always has a shared expert; Qwen3-MoE renormalises by norm_topk_prob
+ * (default false) and has no shared expert. */
+static int parse_moe(dfl_model_config *c, const json_t *tj, const char *path) {
+    int rc = 0;
+    const int q35 = c->hybrid;
+    /* transformers 5 writes "num_local_experts" (its attribute map reads
+     * either); the released files say "num_experts" */
+    const char *ne = json_object_get(tj, "num_experts") ? "num_experts" : "num_local_experts";
+    rc = rc ? rc : get_int(tj, ne, q35 ? 256 : 128, &c->num_experts, path);
+    rc = rc ? rc : get_int(tj, "num_experts_per_tok", 8, &c->experts_per_tok, path);
+    rc = rc ? rc : get_int(tj, "moe_intermediate_size", q35 ? 512 : 768, &c->moe_intermediate_size, path);
+    rc = rc ? rc : get_int(tj, "decoder_sparse_step", 1, &c->decoder_sparse_step, path);
+    if (q35) {
+        rc = rc ? rc : get_int(tj, "shared_expert_intermediate_size", 512, &c->shared_expert_intermediate_size, path);
+        c->norm_topk_prob = 1;
+    } else {
+        rc = rc ? rc : get_bool(tj, "norm_topk_prob", &c->norm_topk_prob, path);
+    }
+    if (!rc && c->num_experts == 0)
+        return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" is 0 in a mixture-of-experts architecture", path);
+    return rc;
+}
+
 /* The share of each head RoPE rotates: in rope_parameters (5.x) or beside
  * it; Qwen3.5 defaults to 0.25, the others to all of it. */
 static int parse_rotary_dim(dfl_model_config *c, const json_t *tj, const char *path) {
@@ -239,14 +311,15 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     c->hybrid = is_qwen35(c->architecture);
     const json_t *tj = j;
     snprintf(c->weight_prefix, sizeof c->weight_prefix, "model.");
-    if (!strcmp(c->architecture, "Qwen3_5ForConditionalGeneration")) {
+    if (is_vlm(c->architecture)) {
         tj = json_object_get(j, "text_config");
         if (!json_is_object(tj)) return dfl_err(DFL_EX_DATA, "%s: \"text_config\" is missing or not an object", path);
         snprintf(c->weight_prefix, sizeof c->weight_prefix, "model.language_model.");
         if (!c->dtype[0]) copy_str(c->dtype, sizeof c->dtype, json_object_get(tj, "dtype"));
     }
     rc = rc ? rc : get_int(tj, "hidden_size", -2, &c->hidden_size, path);
-    rc = rc ? rc : get_int(tj, "intermediate_size", -2, &c->intermediate_size, path);
+    /* Qwen3.5-MoE has no dense MLP, and no intermediate_size */
+    rc = rc ? rc : get_int(tj, "intermediate_size", is_moe(c->architecture) ? 0 : -2, &c->intermediate_size, path);
     rc = rc ? rc : get_int(tj, "num_hidden_layers", -2, &c->num_hidden_layers, path);
     rc = rc ? rc : get_int(tj, "num_attention_heads", -2, &c->num_attention_heads, path);
     /* Absent keys: Qwen3_5TextConfig's defaults (4 KV heads, 256-wide heads) */
@@ -259,6 +332,7 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     rc = rc ? rc : parse_rope(c, tj, path);
     rc = rc ? rc : parse_rotary_dim(c, tj, path);
     if (!rc && c->hybrid) rc = parse_hybrid(c, tj, path);
+    if (!rc && is_moe(c->architecture)) rc = parse_moe(c, tj, path);
     int tie = 0;
     /* The VLM's LM head is tied by its top-level key alone (absent: false),
      * as transformers' Qwen3_5Config; text_config's copy is not read. */
@@ -279,6 +353,17 @@ int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i) {
         return ty && !strcmp(ty, "linear_attention");
     }
     return (i + 1) % c->full_attention_interval != 0;
+}
+
+int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i) {
+    if (!c->num_experts) return 0;
+    if (c->hybrid) return 1;
+    const json_t *only = json_object_get(c->json, "mlp_only_layers"), *v;
+    size_t k;
+    json_array_foreach(only, k, v) {
+        if (json_is_integer(v) && json_integer_value(v) == i) return 0;
+    }
+    return (i + 1) % c->decoder_sparse_step == 0;
 }
 
 int dfl_model_config_load(dfl_model_config *c, const char *path, const char *role) {

@@ -1,5 +1,5 @@
 /* model_config.h: the Hugging Face config.json of a Qwen3, Llama or Qwen3.5
- * model.
+ * model, dense or mixture of experts (Qwen3-MoE, Qwen3.5-MoE).
  *
  * The target (Qwen3ForCausalLM, LlamaForCausalLM, and the Qwen3.5 hybrids
  * Qwen3_5ForCausalLM and Qwen3_5ForConditionalGeneration, whose text
@@ -43,6 +43,14 @@ typedef struct {
     int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv; /* the DeltaNet layers */
     int64_t full_attention_interval;
     char    weight_prefix[32];  /* "model." or "model.language_model." (the VLM layout) */
+    /* Mixture of experts (Qwen3-MoE, Qwen3.5-MoE; 0 experts: dense). A
+     * sparse layer routes each token to experts_per_tok of num_experts
+     * SwiGLU experts of width moe_intermediate_size (plus, Qwen3.5-MoE, a
+     * shared expert of width shared_expert_intermediate_size, gated by a
+     * sigmoid); dfl_model_config_moe_layer says which layers are sparse. */
+    int64_t num_experts, experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size;
+    int64_t decoder_sparse_step;
+    int     norm_topk_prob;     /* the k routing weights are divided by their sum */
     /* RoPE */
     dfl_rope_type rope_type;
     double  rope_theta;
@@ -68,6 +76,11 @@ void dfl_model_config_free(dfl_model_config *c);
 /* Is decoder layer i a Gated DeltaNet ("linear_attention") layer? From
  * "layer_types", or else every layer but each full_attention_interval-th. */
 int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i);
+
+/* Is decoder layer i's MLP a mixture of experts? Qwen3-MoE: unless listed
+ * in "mlp_only_layers", every decoder_sparse_step-th layer (transformers'
+ * Qwen3MoeDecoderLayer); Qwen3.5-MoE: every layer. */
+int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i);
 
 /* RoPE inverse frequencies, head_dim/2 floats, computed in f32 as
  * transformers does (including the llama3 rescaling). With a partial

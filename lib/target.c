@@ -158,8 +158,43 @@ static void plan_linear(dfl_target *t, wlist *l, layer_w *w, int i) {
     want_layer(l, t, &w->lin_out, 2, H, VD, 0, i, "linear_attn.out_proj.weight");
 }
 
+/* A sparse MLP (targets-extraction: Qwen3-MoE, Qwen3.5-MoE). The experts
+ * come one tensor each (mlp.experts.E.gate_proj.weight ..., as the
+ * released Qwen3-MoE files) or stacked (mlp.experts.gate_up_proj [E, 2*Im,
+ * H] and down_proj [E, H, Im], as transformers 5 keeps them); either way
+ * they land in one [E, 2*Im, H] and one [E, H, Im] tensor (concatenations,
+ * in the order load_all lays them out). */
+static void plan_moe(dfl_target *t, wlist *l, layer_w *w, int i, const dfl_st *st) {
+    const dfl_model_config *c = &t->cfg;
+    const int64_t H = c->hidden_size, E = c->num_experts, Im = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
+    char name[128], suffix[64];
+    want_layer(l, t, &w->router, 2, E, H, 0, i, "mlp.gate.weight");
+    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", c->weight_prefix, i);
+    if (dfl_st_find(st, name)) {
+        want_layer(l, t, &w->exp_gate_up, 3, E, 2 * Im, H, i, "mlp.experts.gate_up_proj");
+        want_layer(l, t, &w->exp_down, 3, E, H, Im, i, "mlp.experts.down_proj");
+    } else {
+        for (int64_t e = 0; e < E; e++) {
+            snprintf(suffix, sizeof suffix, "mlp.experts.%lld.gate_proj.weight", (long long)e);
+            want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix)->dst_off = e * 2 * Im * H;
+            snprintf(suffix, sizeof suffix, "mlp.experts.%lld.up_proj.weight", (long long)e);
+            want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix)->dst_off = (e * 2 + 1) * Im * H;
+        }
+        for (int64_t e = 0; e < E; e++) {
+            snprintf(suffix, sizeof suffix, "mlp.experts.%lld.down_proj.weight", (long long)e);
+            want_layer(l, t, &w->exp_down, 2, H, Im, 0, i, suffix)->dst_off = e * H * Im;
+        }
+    }
+    if (Is) {
+        want_layer(l, t, &w->sh_gate, 2, Is, H, 0, i, "mlp.shared_expert.gate_proj.weight");
+        want_layer(l, t, &w->sh_up, 2, Is, H, 0, i, "mlp.shared_expert.up_proj.weight");
+        want_layer(l, t, &w->sh_down, 2, H, Is, 0, i, "mlp.shared_expert.down_proj.weight");
+        want_layer(l, t, &w->sh_mix, 2, 1, H, 0, i, "mlp.shared_expert_gate.weight");
+    }
+}
+
 /* The tensors of the model, with the shapes config.json implies. */
-static void plan_weights(dfl_target *t, wlist *l) {
+static void plan_weights(dfl_target *t, wlist *l, const dfl_st *st) {
     const dfl_model_config *c = &t->cfg;
     const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
     char name[128];
@@ -172,6 +207,11 @@ static void plan_weights(dfl_target *t, wlist *l) {
         if (w->linear) plan_linear(t, l, w, i);
         else plan_attention(t, l, w, i);
         want_layer(l, t, &w->post_norm, 1, H, 0, 0, i, "post_attention_layernorm.weight");
+        w->moe = dfl_model_config_moe_layer(c, i);
+        if (w->moe) {
+            plan_moe(t, l, w, i, st);
+            continue;
+        }
         want_layer(l, t, &w->gate, 2, I, H, 0, i, "mlp.gate_proj.weight");
         want_layer(l, t, &w->up, 2, I, H, 0, i, "mlp.up_proj.weight");
         want_layer(l, t, &w->down, 2, H, I, 0, i, "mlp.down_proj.weight");
@@ -252,11 +292,13 @@ static void load_one(dfl_target *t, const wspec *w, void *dst) {
 
 static int check_arch(const dfl_model_config *c, const char *path) {
     static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3_5ForCausalLM",
-                                  "Qwen3_5ForConditionalGeneration"};
+                                  "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
+                                  "Qwen3_5MoeForConditionalGeneration"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (!strcmp(c->architecture, archs[i])) return 0;
     return dfl_err(DFL_EX_DATA, "%s: architecture \"%s\" is not a supported target (Qwen3ForCausalLM, LlamaForCausalLM, "
-                   "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration)", path, c->architecture);
+                   "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM, "
+                   "Qwen3_5MoeForConditionalGeneration)", path, c->architecture);
 }
 
 /* num_hidden_layers must be the weights' layer count even when only the
@@ -334,7 +376,7 @@ int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const
         return rc;
     }
     wlist l = {0};
-    plan_weights(t, &l);
+    plan_weights(t, &l, st);
     /* Every name and shape is checked before anything large is allocated. */
     for (int i = 0; i < l.n && !rc; i++) rc = dfl_st_get(st, l.v[i].name, l.v[i].ndim, l.v[i].shape, &l.v[i].src);
     if (!rc) {
@@ -359,11 +401,12 @@ int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const
 }
 
 static void ws_free(const dfl_ops *ops, workspace *w) {
-    void *bufs[] = {w->x, w->h, w->q, w->k, w->v, w->ao, w->gate, w->up, w->taps, w->ids, w->pos, w->cu};
+    void *bufs[] = {w->x, w->h, w->q, w->k, w->v, w->ao, w->taps, w->ids, w->pos, w->cu};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->free(bufs[i]);
     dfl_target_head_free(ops, &w->head);
     dfl_target_lin_free(ops, &w->lin);
+    dfl_target_mlp_free(ops, &w->mlp);
     free(w->host_pos);
     free(w->host_scratch);
     memset(w, 0, sizeof *w);
@@ -435,7 +478,7 @@ static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nro
     const dfl_model_config *c = &t->cfg;
     workspace *w = &t->ws;
     size_t a = (size_t)ops->act_bytes;
-    int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int64_t H = c->hidden_size, D = c->head_dim;
     int64_t QD = c->num_attention_heads * D, KD = c->num_key_value_heads * D;
     if (T > w->cap_T) {
         w->x = dfl_target_regrow(ops, w->x, (size_t)(T * H) * a);
@@ -446,9 +489,7 @@ static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nro
         /* ao holds the raw q (and k) projections before their norms, then
          * the attention output: at least as large as either. */
         w->ao = dfl_target_regrow(ops, w->ao, (size_t)(T * (QD > KD ? QD : KD)) * a);
-        int64_t mr = T < MLP_ROWS ? T : MLP_ROWS;
-        w->gate = dfl_target_regrow(ops, w->gate, (size_t)(mr * I) * a);
-        w->up = dfl_target_regrow(ops, w->up, (size_t)(mr * I) * a);
+        dfl_target_mlp_reserve(t, &w->mlp, T);
         w->ids = dfl_target_regrow(ops, w->ids, (size_t)T * sizeof(int32_t));
         w->pos = dfl_target_regrow(ops, w->pos, (size_t)T * sizeof(int32_t));
         free(w->host_pos);
@@ -579,21 +620,99 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
     }
 
     dfl_target_norm(t, w->h, w->x, lw->post_norm, T, H);
-    dfl_target_mlp(t, lw, w->x, w->h, w->gate, w->up, T);
+    dfl_target_mlp(t, lw, &w->mlp, w->x, w->h, T);
 }
 
-/* The MLP is row-wise: it runs in chunks so its [rows, I] buffers stay
- * bounded however long a sequence is. */
-void dfl_target_mlp(const dfl_target *t, const layer_w *lw, void *x, const void *h, void *gate, void *up, int64_t n) {
+int64_t dfl_target_moe_rows(const dfl_model_config *c) {
+    return c->experts_per_tok > 0 && MOE_PAIRS / c->experts_per_tok > 0 ? MOE_PAIRS / c->experts_per_tok : 1;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+void dfl_target_mlp_reserve(const dfl_target *t, mlp_ws *mw, int64_t n) {
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    const int64_t E = c->num_experts;
+    const int64_t rows = min64(n, E ? dfl_target_moe_rows(c) : MLP_ROWS);
+    if (rows <= mw->cap_rows) return;
+    const size_t a = (size_t)ops->act_bytes;
+    const int64_t H = c->hidden_size, k = c->experts_per_tok, dense = min64(n, MLP_ROWS) * c->intermediate_size;
+    int64_t width = c->moe_intermediate_size > c->shared_expert_intermediate_size ? c->moe_intermediate_size
+                                                                                 : c->shared_expert_intermediate_size;
+    int64_t scratch = rows * width > dense ? rows * width : dense; /* an expert has at most `rows` rows */
+    mw->gate = dfl_target_regrow(ops, mw->gate, (size_t)scratch * a);
+    mw->up = dfl_target_regrow(ops, mw->up, (size_t)scratch * a);
+    if (E) {
+        mw->logits = dfl_target_regrow(ops, mw->logits, (size_t)(rows * E) * a);
+        mw->rows = dfl_target_regrow(ops, mw->rows, (size_t)(rows * k) * sizeof(int32_t));
+        mw->pos = dfl_target_regrow(ops, mw->pos, (size_t)(rows * k) * sizeof(int32_t));
+        mw->wts = dfl_target_regrow(ops, mw->wts, (size_t)(rows * k) * sizeof(float));
+        mw->xs = dfl_target_regrow(ops, mw->xs, (size_t)(rows * k * H) * a);
+        mw->ys = dfl_target_regrow(ops, mw->ys, (size_t)(rows * k * H) * a);
+        if (c->shared_expert_intermediate_size) {
+            mw->shared = dfl_target_regrow(ops, mw->shared, (size_t)(rows * H) * a);
+            mw->mix = dfl_target_regrow(ops, mw->mix, (size_t)rows * a);
+        }
+        if (!mw->offsets) mw->offsets = dfl_malloc((size_t)(E + 1) * sizeof *mw->offsets);
+    }
+    mw->cap_rows = rows;
+}
+
+void dfl_target_mlp_free(const dfl_ops *ops, mlp_ws *mw) {
+    void *bufs[] = {mw->gate, mw->up, mw->logits, mw->rows, mw->pos, mw->wts, mw->xs, mw->ys, mw->shared, mw->mix};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) ops->free(bufs[i]);
+    free(mw->offsets);
+    memset(mw, 0, sizeof *mw);
+}
+
+/* out[m, H] (+)= down · (silu(h gate^T) * (h up^T)): a SwiGLU MLP of width
+ * I on m rows (gate, up: act [m, I] scratch). */
+static void swiglu_mlp(const dfl_ops *ops, void *out, int accumulate, const void *h, const void *wg, const void *wu,
+                       const void *wd, void *gate, void *up, int64_t m, int64_t H, int64_t I) {
+    ops->matmul(gate, h, wg, m, H, I, 0);
+    ops->matmul(up, h, wu, m, H, I, 0);
+    ops->swiglu(gate, gate, up, m * I); /* elementwise, in place */
+    ops->matmul(out, gate, wd, m, I, H, accumulate);
+}
+
+/* x[m, H] += the mixture of experts of h[m, H] (m <= moe rows): route, list
+ * each expert's rows together, run each expert on its rows, then add each
+ * token's k outputs by their weights (and the gated shared expert). */
+static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x, const void *h, int64_t m) {
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    const int64_t H = c->hidden_size, E = c->num_experts, k = c->experts_per_tok, Im = c->moe_intermediate_size;
+    const int64_t Is = c->shared_expert_intermediate_size;
+    ops->matmul(mw->logits, h, lw->router, m, H, E, 0);
+    ops->moe_route(mw->offsets, mw->rows, mw->pos, mw->wts, mw->logits, m, E, k, c->norm_topk_prob);
+    ops->gather_rows(mw->xs, h, mw->rows, m * k, H);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t r0 = mw->offsets[e], n = mw->offsets[e + 1] - r0;
+        if (!n) continue;
+        const void *wg = DFL_WAT(ops, lw->exp_gate_up, e * 2 * Im * H);
+        swiglu_mlp(ops, DFL_AT(ops, mw->ys, r0 * H), 0, DFL_AT(ops, mw->xs, r0 * H), wg, DFL_WAT(ops, wg, Im * H),
+                   DFL_WAT(ops, lw->exp_down, e * H * Im), mw->gate, mw->up, n, H, Im);
+    }
+    if (Is) {
+        swiglu_mlp(ops, mw->shared, 0, h, lw->sh_gate, lw->sh_up, lw->sh_down, mw->gate, mw->up, m, H, Is);
+        ops->matmul(mw->mix, h, lw->sh_mix, m, H, 1, 0);
+    }
+    ops->moe_combine(x, mw->ys, mw->pos, mw->wts, Is ? mw->shared : NULL, Is ? mw->mix : NULL, m, k, H);
+}
+
+/* The MLP is row-wise: it runs in chunks so its buffers stay bounded
+ * however long a sequence is. */
+void dfl_target_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x, const void *h, int64_t n) {
     const dfl_ops *ops = t->ops;
     const int64_t H = t->cfg.hidden_size, I = t->cfg.intermediate_size;
-    for (int64_t r0 = 0; r0 < n; r0 += MLP_ROWS) {
-        int64_t m = n - r0 < MLP_ROWS ? n - r0 : MLP_ROWS;
+    const int64_t chunk = lw->moe ? dfl_target_moe_rows(&t->cfg) : MLP_ROWS;
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+        int64_t m = min64(n - r0, chunk);
+        void *xr = DFL_AT(ops, x, r0 * H);
         const void *hr = DFL_AT(ops, h, r0 * H);
-        ops->matmul(gate, hr, lw->gate, m, H, I, 0);
-        ops->matmul(up, hr, lw->up, m, H, I, 0);
-        ops->swiglu(gate, gate, up, m * I);                       /* elementwise, in place */
-        ops->matmul(DFL_AT(ops, x, r0 * H), gate, lw->down, m, I, H, 1); /* x += mlp */
+        if (lw->moe) moe_mlp(t, lw, mw, xr, hr, m);
+        else swiglu_mlp(ops, xr, 1, hr, lw->gate, lw->up, lw->down, mw->gate, mw->up, m, H, I); /* x += mlp */
     }
 }
 

@@ -10,6 +10,10 @@
 /* Rows per MLP chunk: large enough for full-speed GEMMs, small enough that
  * the [rows, intermediate] buffers stay modest for any sequence length. */
 #define MLP_ROWS 4096
+/* (token, expert) pairs per chunk of a sparse MLP: each expert's product
+ * gets rows / E * k of them, so the chunks are longer than dense ones
+ * (8192 tokens at 8 experts a token: 512 rows an expert of 128). */
+#define MOE_PAIRS 65536
 
 typedef struct {
     int linear; /* a Gated DeltaNet layer (Qwen3.5 "linear_attention"); else attention */
@@ -20,7 +24,28 @@ typedef struct {
      * [H, Hv*dv]; f32 A_log, dt_bias [Hv]. C = 2*Hk*dk + Hv*dv. */
     void *lin_qkv, *lin_z, *lin_ba, *lin_conv, *lin_norm, *lin_out;
     float *A_log, *dt_bias;
+    /* A sparse MLP (mixture of experts; then gate, up, down are unused):
+     * router wt [E, H]; experts' gate and up rows wt [E, 2*Im, H] (expert
+     * e: its Im gate rows, then its Im up rows); their down wt [E, H, Im].
+     * Qwen3.5-MoE's shared expert: sh_gate, sh_up wt [Is, H], sh_down
+     * [H, Is], and sh_mix wt [1, H], whose sigmoid scales it per token. */
+    int moe;
+    void *router, *exp_gate_up, *exp_down, *sh_gate, *sh_up, *sh_down, *sh_mix;
 } layer_w;
+
+/* The MLP's buffers for chunks of at most MLP_ROWS rows (in both
+ * workspaces). */
+typedef struct {
+    int64_t cap_rows;         /* tokens of a chunk: MLP_ROWS dense, dfl_target_moe_rows sparse, or fewer */
+    void *gate, *up;          /* act [cap_rows, the widest of I, Im, Is] */
+    /* sparse layers (ops moe_route, gather_rows, moe_combine) */
+    void *logits;             /* act [cap_rows, E] */
+    int32_t *rows, *pos;      /* i32 [cap_rows * k] */
+    float *wts;               /* f32 [cap_rows * k] */
+    void *xs, *ys;            /* act [cap_rows * k, H]: the experts' inputs and outputs, listed by expert */
+    void *shared, *mix;       /* act [cap_rows, H], [cap_rows]: the shared expert and its gate logit */
+    int64_t *offsets;         /* host [E + 1] */
+} mlp_ws;
 
 /* The buffers of a Gated DeltaNet layer (and the attention gate) for n rows. */
 typedef struct {
@@ -43,7 +68,7 @@ typedef struct {
 typedef struct {
     int64_t cap_T, cap_taps, cap_seq;
     void *x, *h, *q, *k, *v, *ao;             /* act, sized by cap_T */
-    void *gate, *up;                          /* act [min(cap_T, MLP_ROWS), I] */
+    mlp_ws mlp;                               /* for min(cap_T, MLP_ROWS) rows */
     void *taps;                               /* act [cap_taps] elements */
     head_ws head;                             /* [nrows] of the largest request */
     lin_ws lin;                               /* hybrid targets */
@@ -87,8 +112,14 @@ void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw);
  * inputs in ws->conv and ws->ba. */
 void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, void *x, const void *h,
                             const int32_t *cu, int64_t nseq, int64_t n, const void *hist, float *state, float *steps);
-/* x[n, H] += the MLP of h[n, H] (gate, up: act [min(n, MLP_ROWS), I]). */
-void dfl_target_mlp(const dfl_target *t, const layer_w *lw, void *x, const void *h, void *gate, void *up, int64_t n);
+/* Tokens per chunk of a sparse MLP: MOE_PAIRS / k. */
+int64_t dfl_target_moe_rows(const dfl_model_config *c);
+/* Grow mw for forwards of n rows (it holds min(n, a chunk)); free it. */
+void dfl_target_mlp_reserve(const dfl_target *t, mlp_ws *mw, int64_t n);
+void dfl_target_mlp_free(const dfl_ops *ops, mlp_ws *mw);
+/* x[n, H] += the MLP of h[n, H], dense or sparse, in chunks of MLP_ROWS
+ * rows. A sparse layer reads its routing back to the host once a chunk. */
+void dfl_target_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x, const void *h, int64_t n);
 /* After layer l of a forward of n rows: x [n, H] into each tap slot that
  * asks for layer l (taps: act [ntaps, n, H]). */
 /* The sampling fields of a want (temperature, keys): 0 or DFL_EX_USAGE. */

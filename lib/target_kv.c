@@ -49,7 +49,8 @@ struct dfl_target_kv {
     lin_ws lin;
     /* workspace for n new rows, grown as needed */
     int64_t cap_n, cap_taps;
-    void *x, *h, *q, *kpre, *ao, *gate, *up, *taps;
+    void *x, *h, *q, *kpre, *ao, *taps;
+    mlp_ws mlp;
     head_ws head;
     float *lse;
     int32_t *ids, *pos, *cu;
@@ -102,11 +103,11 @@ dfl_target_kv *dfl_target_kv_new(dfl_target *t, int64_t cap) {
 }
 
 static void free_bufs(const dfl_ops *ops, dfl_target_kv *kv) {
-    void *b[] = {kv->x, kv->h, kv->q, kv->kpre, kv->ao, kv->gate, kv->up, kv->taps, kv->lse, kv->ids, kv->pos,
-                 kv->blocks};
+    void *b[] = {kv->x, kv->h, kv->q, kv->kpre, kv->ao, kv->taps, kv->lse, kv->ids, kv->pos, kv->blocks};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (b[i]) ops->free(b[i]);
     dfl_target_head_free(ops, &kv->head);
+    dfl_target_mlp_free(ops, &kv->mlp);
 }
 
 void dfl_target_kv_free(dfl_target_kv *kv) {
@@ -178,17 +179,15 @@ static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nro
     const dfl_ops *ops = kv->t->ops;
     const dfl_model_config *c = &kv->t->cfg;
     const size_t a = (size_t)ops->act_bytes;
-    const int64_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    const int64_t H = c->hidden_size, D = c->head_dim;
     const int64_t QD = c->num_attention_heads * D, KD = c->num_key_value_heads * D;
     if (n > kv->cap_n) {
-        int64_t mr = n < MLP_ROWS ? n : MLP_ROWS;
         kv->x = dfl_target_regrow(ops, kv->x, (size_t)(n * H) * a);
         kv->h = dfl_target_regrow(ops, kv->h, (size_t)(n * H) * a);
         kv->q = dfl_target_regrow(ops, kv->q, (size_t)(n * QD) * a);
         kv->kpre = dfl_target_regrow(ops, kv->kpre, (size_t)(n * KD) * a);
         kv->ao = dfl_target_regrow(ops, kv->ao, (size_t)(n * (QD > KD ? QD : KD)) * a);
-        kv->gate = dfl_target_regrow(ops, kv->gate, (size_t)(mr * I) * a);
-        kv->up = dfl_target_regrow(ops, kv->up, (size_t)(mr * I) * a);
+        dfl_target_mlp_reserve(kv->t, &kv->mlp, n);
         kv->lse = dfl_target_regrow(ops, kv->lse, (size_t)(n * c->num_attention_heads) * sizeof(float));
         kv->ids = dfl_target_regrow(ops, kv->ids, (size_t)n * sizeof(int32_t));
         kv->pos = dfl_target_regrow(ops, kv->pos, (size_t)n * sizeof(int32_t));
@@ -317,7 +316,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     ops->matmul(kv->x, kv->ao, lw->o, n, Hq * D, H, 1);
 
     dfl_target_norm(t, kv->h, kv->x, lw->post_norm, n, H);
-    dfl_target_mlp(t, lw, kv->x, kv->h, kv->gate, kv->up, n);
+    dfl_target_mlp(t, lw, &kv->mlp, kv->x, kv->h, n);
 }
 
 int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t *ids, int64_t n,
@@ -350,7 +349,7 @@ int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t 
             dfl_target_norm(t, kv->h, kv->x, t->layers[l].in_norm, n, H);
             linear_step(kv, l, n, keep);
             dfl_target_norm(t, kv->h, kv->x, t->layers[l].post_norm, n, H);
-            dfl_target_mlp(t, &t->layers[l], kv->x, kv->h, kv->gate, kv->up, n);
+            dfl_target_mlp(t, &t->layers[l], &kv->mlp, kv->x, kv->h, n);
         } else {
             layer_step(kv, l, n);
         }

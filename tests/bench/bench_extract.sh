@@ -19,7 +19,10 @@
 # BENCH_ARCH=qwen3.5 (bench_extract_qwen35.sh): the same on a Qwen3.5 hybrid
 # of the same width (9 Gated DeltaNet + 3 gated attention layers, DeltaNet
 # 4/8 heads of 64); transformers then runs its own torch implementation of
-# the DeltaNet (the fla kernels are GPU-only).
+# the DeltaNet (the fla kernels are GPU-only). BENCH_ARCH=qwen3-moe
+# (bench_extract_moe.sh): Qwen3MoeForCausalLM of the same width, every MLP a
+# mixture of 32 experts of width 384, 4 a token (transformers' default
+# experts path on the CPU).
 set -u
 . "$(dirname "$0")/lib.sh"
 samples=${BENCH_SAMPLES:-16}
@@ -37,6 +40,11 @@ arch_opts=()
 if [ "$arch" = qwen3.5 ]; then
     shape="Qwen3.5-shaped hybrid (9 DeltaNet + 3 gated attention layers)"
     arch_opts=(--linear-k-heads 4 --linear-v-heads 8 --linear-k-dim 64 --linear-v-dim 64)
+elif [ "$arch" = qwen3-moe ]; then
+    # Qwen3-30B-A3B's proportions at this width: 32 experts of width 384, 4 a token
+    shape="Qwen3-MoE-shaped model (32 experts of 384, 4 a token)"
+    arch=qwen3
+    arch_opts=(--experts 32 --experts-per-tok 4 --moe-intermediate 384)
 fi
 "$DFLASH_BUILD/tests/mktarget" -a "$arch" --hidden 768 --layers 12 --heads 12 --kv-heads 4 --head-dim 64 \
     --intermediate 2048 --vocab 32000 --tie yes --seed 7 "${arch_opts[@]}" -o "$W/model" || exit 1

@@ -15,8 +15,9 @@
 #      (MFU); the tools end to end on a Qwen3-0.6B-shaped target: extraction,
 #      online scoring against plain greedy decoding with an untrained drafter
 #      and with one trained there (tests/gpu/score_trained.sh); extraction
-#      of a Qwen3.5 hybrid with Qwen3.5-27B's layer shapes; then the
-#      training step in PyTorch when it is installed
+#      of a Qwen3.5 hybrid with Qwen3.5-27B's layer shapes, and of a
+#      mixture-of-experts target with Qwen3-30B-A3B's; then the training
+#      step in PyTorch when it is installed
 #   5. the attention tests under compute-sanitizer memcheck and racecheck,
 #      with the time that is left (the runtime may not support them)
 #   6. report.md: a summary table, then where each raw log is
@@ -381,6 +382,49 @@ with open('$W/in35.jsonl', 'w') as f:
         else
             mem_peak >/dev/null
             row "dflash-extract --device $d35, Qwen3.5-27B layer shapes" "FAIL" "see bench.log"
+        fi
+        rm -rf "$W"
+    fi
+
+    # a mixture-of-experts target: Qwen3-30B-A3B's layer shapes (hidden 2048,
+    # 32/4 heads of 128, 128 experts of width 768, 8 a token), 2 layers,
+    # vocabulary cut to 32000 (mktarget's host RNG); 16 x 2048 tokens, so an
+    # expert gets ~2K rows a batch of 16K tokens. The 48-layer model runs at
+    # about 2/48 of this rate.
+    if [ -x "$B/bin/dflash-extract" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 60 ]; then
+        section "dflash-extract, Qwen3-30B-A3B layer shapes" "$BENCH_LOG"
+        mkdir -p "$W"
+        if [ "$DRY" = 1 ]; then
+            moe=(--hidden 64 --intermediate 96 --heads 4 --kv-heads 2 --head-dim 16 --experts 8 --experts-per-tok 2
+                 --moe-intermediate 24 --vocab 300) nm=4 lenm=64 dm=cpu
+        else
+            moe=(--hidden 2048 --intermediate 6144 --heads 32 --kv-heads 4 --head-dim 128 --experts 128
+                 --experts-per-tok 8 --moe-intermediate 768 --vocab 32000) nm=16 lenm=2048 dm=cuda
+        fi
+        "$B/tests/mktarget" -o "$W/tm" --layers 2 --tie no --seed 7 "${moe[@]}" >>"$BENCH_LOG" 2>&1
+        python3 -c "
+import json, random
+r = random.Random(3)
+with open('$W/inm.jsonl', 'w') as f:
+    for i in range($nm):
+        f.write(json.dumps({'id': i, 'input_ids': [r.randrange(300) for _ in range($lenm)]}) + '\n')
+"
+        echo '{"id": "one", "input_ids": [1]}' >"$W/onem.jsonl"
+        mem_watch "moe extract"
+        t0=$(date +%s.%N)
+        if timeout 60 "$B/bin/dflash-extract" -m "$W/tm" -d "$dm" -l 0,1 -b $((8 * lenm)) -o "$W/outm.dfs" \
+            "$W/inm.jsonl" >>"$BENCH_LOG" 2>&1; then
+            t1=$(date +%s.%N)
+            timeout 30 "$B/bin/dflash-extract" -m "$W/tm" -d "$dm" -l 0,1 -o "$W/onem.dfs" "$W/onem.jsonl" \
+                >>"$BENCH_LOG" 2>&1
+            t2=$(date +%s.%N)
+            ntok=$((nm * lenm))
+            row "dflash-extract --device $dm: Qwen3-30B-A3B layer shapes (128 experts, 8 a token), 2 layers, $ntok tokens" \
+                "$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {s = (b - a) - (c - b); printf "%.0f tok/s steady", (s > 0 ? n / s : 0)}')" \
+                "$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {printf "whole tool %.0f tok/s (%.1f s, start-up %.1f s)", n / (b - a), b - a, c - b}'), batches of $((8 * lenm)) tokens, GPU memory peak $(mem_peak); the 48-layer model: about 1/24 of the steady rate"
+        else
+            mem_peak >/dev/null
+            row "dflash-extract --device $dm, Qwen3-30B-A3B layer shapes" "FAIL" "see bench.log"
         fi
         rm -rf "$W"
     fi

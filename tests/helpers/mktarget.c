@@ -1,4 +1,5 @@
 /* mktarget: write a deterministic random tiny Qwen3, Llama or Qwen3.5 model
+ * (dense, or Qwen3 / Qwen3.5 with a mixture of experts: --experts N)
  * directory (config.json + model.safetensors, bf16), with no Python. Used by the tests,
  * the benchmarks and `make demo` wherever a target model is needed.
  *
@@ -38,6 +39,7 @@ static double theta = 0, eps = 0;
 static int llama3_scaling = 0;
 static int64_t lin_k_heads = 2, lin_v_heads = 4, lin_k_dim = 16, lin_v_dim = 24, conv_k = 4, full_interval = 4;
 static double rotary = 0.25;
+static int64_t experts = 0, experts_per_tok = 2, moe_inter = 40, shared_inter = 0;
 
 static const dfl_opt opts[] = {
     {"arch", 'a', DFL_OPT_CHOICE, &arch, "qwen3|llama|qwen3.5",
@@ -66,6 +68,13 @@ static const dfl_opt opts[] = {
     {"conv-kernel", 0, DFL_OPT_INT, &conv_k, "N", "qwen3.5: linear_conv_kernel_dim.", NULL},
     {"full-interval", 0, DFL_OPT_INT, &full_interval, "N", "qwen3.5: every N-th layer is full attention.", NULL},
     {"rotary", 0, DFL_OPT_DOUBLE, &rotary, "X", "qwen3.5: partial_rotary_factor.", NULL},
+    {"experts", 0, DFL_OPT_INT, &experts, "N",
+     "qwen3, qwen3.5: a mixture of N experts in every layer's MLP (Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM; "
+     "experts one tensor each, as the released Qwen3-MoE files); 0: dense.", NULL},
+    {"experts-per-tok", 0, DFL_OPT_INT, &experts_per_tok, "N", "with --experts: num_experts_per_tok.", NULL},
+    {"moe-intermediate", 0, DFL_OPT_INT, &moe_inter, "N", "with --experts: moe_intermediate_size.", NULL},
+    {"shared-intermediate", 0, DFL_OPT_INT, &shared_inter, "N",
+     "with --experts, qwen3.5: shared_expert_intermediate_size (Qwen3.5-MoE always has one).", "40"},
     {"seed", 's', DFL_OPT_INT, &seed, "N", "Random seed.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
@@ -114,6 +123,28 @@ static void fill(tspec *t) {
     }
 }
 
+/* A sparse MLP: the router N(0, 4/H) (logits of spread ~2: decisive top-k
+ * choices), the experts as the dense MLP's matrices; Qwen3.5's shared
+ * expert and its gate row N(0, 1/H). */
+static void add_moe_layer(int l, int hybrid, double res) {
+    const int64_t H = hidden;
+    char fmt[128];
+    add("model.layers.%d.mlp.gate.weight", l, experts, H, 0, 2 / sqrt((double)H));
+    for (int64_t e = 0; e < experts; e++) {
+        snprintf(fmt, sizeof fmt, "model.layers.%%d.mlp.experts.%lld.gate_proj.weight", (long long)e);
+        add(fmt, l, moe_inter, H, 0, 1 / sqrt((double)H));
+        snprintf(fmt, sizeof fmt, "model.layers.%%d.mlp.experts.%lld.up_proj.weight", (long long)e);
+        add(fmt, l, moe_inter, H, 0, 1 / sqrt((double)H));
+        snprintf(fmt, sizeof fmt, "model.layers.%%d.mlp.experts.%lld.down_proj.weight", (long long)e);
+        add(fmt, l, H, moe_inter, 0, res / sqrt((double)moe_inter));
+    }
+    if (!hybrid) return;
+    add("model.layers.%d.mlp.shared_expert.gate_proj.weight", l, shared_inter, H, 0, 1 / sqrt((double)H));
+    add("model.layers.%d.mlp.shared_expert.up_proj.weight", l, shared_inter, H, 0, 1 / sqrt((double)H));
+    add("model.layers.%d.mlp.shared_expert.down_proj.weight", l, H, shared_inter, 0, res / sqrt((double)shared_inter));
+    add("model.layers.%d.mlp.shared_expert_gate.weight", l, 1, H, 0, 1 / sqrt((double)H));
+}
+
 /* A Gated DeltaNet layer (transformers Qwen3_5GatedDeltaNet's tensors). */
 static void add_linear_layer(int l, double res) {
     const int64_t H = hidden, VD = lin_v_heads * lin_v_dim, C = 2 * lin_k_heads * lin_k_dim + VD;
@@ -150,9 +181,19 @@ static void hybrid_config(json_t *c) {
 
 static json_t *make_config(int qwen, int hybrid) {
     json_t *c = json_object();
-    json_object_set_new(c, "architectures",
-                        json_pack("[s]", hybrid ? "Qwen3_5ForCausalLM" : qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
-    json_object_set_new(c, "model_type", json_string(hybrid ? "qwen3_5_text" : qwen ? "qwen3" : "llama"));
+    const char *archs[2][3] = {{"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3_5ForCausalLM"},
+                               {"", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM"}};
+    const char *types[2][3] = {{"llama", "qwen3", "qwen3_5_text"}, {"", "qwen3_moe", "qwen3_5_moe_text"}};
+    const int moe = experts > 0, kind = hybrid ? 2 : qwen;
+    json_object_set_new(c, "architectures", json_pack("[s]", archs[moe][kind]));
+    json_object_set_new(c, "model_type", json_string(types[moe][kind]));
+    if (moe) {
+        json_object_set_new(c, "num_experts", json_integer(experts));
+        json_object_set_new(c, "num_experts_per_tok", json_integer(experts_per_tok));
+        json_object_set_new(c, "moe_intermediate_size", json_integer(moe_inter));
+        if (hybrid) json_object_set_new(c, "shared_expert_intermediate_size", json_integer(shared_inter));
+        else json_object_set_new(c, "norm_topk_prob", json_true()); /* as Qwen3-30B-A3B */
+    }
     json_object_set_new(c, "vocab_size", json_integer(vocab));
     json_object_set_new(c, "hidden_size", json_integer(hidden));
     json_object_set_new(c, "intermediate_size", json_integer(inter));
@@ -230,6 +271,9 @@ int main(int argc, char **argv) {
                    conv_k < 1 || conv_k > 8 || full_interval < 1 || !(rotary > 0 && rotary <= 1)))
         dfl_cli_usage_error(&cli, "qwen3.5 sizes must be positive, linear-v-heads a multiple of linear-k-heads, "
                                   "conv-kernel at most 8, rotary in (0, 1]");
+    if (!shared_inter) shared_inter = 40;
+    if (experts && (!qwen || experts_per_tok < 1 || experts_per_tok > experts || moe_inter < 1 || shared_inter < 1))
+        dfl_cli_usage_error(&cli, "--experts needs qwen3 or qwen3.5, 1 <= experts-per-tok <= experts and positive widths");
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) dfl_die(cli.prog, DFL_EX_CANTCREAT, "%s: %s", out_dir, strerror(errno));
 
     int64_t H = hidden, I = inter, D = head_dim, QD = heads * D, KD = kv_heads * D;
@@ -252,6 +296,10 @@ int main(int argc, char **argv) {
             }
         }
         add("model.layers.%d.post_attention_layernorm.weight", l, H, 0, norm_mean, 0.1);
+        if (experts) {
+            add_moe_layer(l, hybrid, res);
+            continue;
+        }
         add("model.layers.%d.mlp.gate_proj.weight", l, I, H, 0, 1 / sqrt((double)H));
         add("model.layers.%d.mlp.up_proj.weight", l, I, H, 0, 1 / sqrt((double)H));
         add("model.layers.%d.mlp.down_proj.weight", l, H, I, 0, res / sqrt((double)I));

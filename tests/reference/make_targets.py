@@ -134,11 +134,14 @@ def nmse(a, b):
     return float(((a - b) ** 2).sum() / (b ** 2).sum())
 
 
-def record(model_dir, samples, ref_dir, extra_check=None):
+def record(model_dir, samples, ref_dir, extra_check=None, load_kwargs=None,
+           made_by="tests/reference/make_targets.py", note=""):
     """HF's states on `samples` into ref_dir; extra_check(model, samples, hs_all)
-    runs further model-specific checks of the oracle before anything is written."""
+    runs further model-specific checks of the oracle before anything is written.
+    load_kwargs go to from_pretrained (make_targets_moe.py: the eager experts
+    loop); made_by and note only change the metadata line."""
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager")
+        model_dir, dtype=torch.float32, attn_implementation="eager", **(load_kwargs or {}))
     model.eval()
     layers = model.model.layers
     L = len(layers)
@@ -205,9 +208,9 @@ def record(model_dir, samples, ref_dir, extra_check=None):
     }
     save_file(tensors, os.path.join(ref_dir, "expected.safetensors"),
               # one key: safetensors writes a metadata map in hash order
-              metadata={"made_by": f"tests/reference/make_targets.py with torch {torch.__version__}, "
+              metadata={"made_by": f"{made_by} with torch {torch.__version__}, "
                                    f"transformers {transformers.__version__}: HF output.hidden_states, "
-                                   "fp32 compute on bf16 weights, eager attention"})
+                                   f"fp32 compute on bf16 weights, eager attention{note}"})
     with open(os.path.join(ref_dir, "inputs.jsonl"), "w") as f:
         for s in samples:
             f.write(json.dumps(s, separators=(",", ":")) + "\n")

@@ -107,7 +107,7 @@ static void test_qwen35(void) {
         {"{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35 ",\"partial_rotary_factor\":0.01}", "partial_rotary_factor"},
         {"{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35 ",\"linear_conv_kernel_dim\":0}", "positive"},
         {"{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"]," Q35 "}", "text_config"},
-        {"{\"architectures\":[\"Qwen3_5MoeForConditionalGeneration\"],\"text_config\":{" Q35 "}}", "not supported"},
+        {"{\"architectures\":[\"Qwen3NextForCausalLM\"]," Q35 "}", "not supported"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"partial_rotary_factor\":0.5}", "Qwen3.5 only"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"layer_types\":[\"linear_attention\"]}", "layer_types"},
     };
@@ -150,6 +150,85 @@ static void test_qwen35_defaults(void) {
     dfl_model_config_free(&a);
 }
 
+/* Mixture of experts: which layers are sparse (Qwen3-MoE: mlp_only_layers
+ * and decoder_sparse_step, as transformers' Qwen3MoeDecoderLayer; Qwen3.5-MoE:
+ * all), the defaults of Qwen3MoeConfig / Qwen3_5MoeTextConfig (transformers
+ * 5.24: 128 experts, 8 per token, width 768, norm_topk_prob false; Qwen3.5:
+ * 256, 8, 512, a shared expert of 512, always renormalised), and the
+ * refusals. */
+#define MOE_BASE "\"hidden_size\":64,\"num_hidden_layers\":6,\"num_attention_heads\":4,\"num_key_value_heads\":2," \
+                 "\"head_dim\":16,\"vocab_size\":100"
+static void test_moe(void) {
+    dfl_model_config a, b, d, v;
+    T_CHECK(parse(&a, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,"
+                      "\"num_experts\":6,\"num_experts_per_tok\":2,\"moe_intermediate_size\":20,"
+                      "\"norm_topk_prob\":true,\"decoder_sparse_step\":2,\"mlp_only_layers\":[3]}") == 0);
+    T_CHECK(a.num_experts == 6 && a.experts_per_tok == 2 && a.moe_intermediate_size == 20 && a.norm_topk_prob &&
+            a.shared_expert_intermediate_size == 0 && !a.hybrid && a.qk_norm && !strcmp(a.weight_prefix, "model."));
+    for (int i = 0; i < 6; i++) /* every 2nd layer (1, 3, 5), but not 3 */
+        T_CHECKF(dfl_model_config_moe_layer(&a, i) == (i == 1 || i == 5), "layer %d", i);
+    T_CHECK(parse(&d, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96}") == 0);
+    T_CHECK(d.num_experts == 128 && d.experts_per_tok == 8 && d.moe_intermediate_size == 768 && !d.norm_topk_prob &&
+            d.decoder_sparse_step == 1);
+    for (int i = 0; i < 6; i++) T_CHECKF(dfl_model_config_moe_layer(&d, i), "layer %d", i);
+    dfl_model_config_free(&d);
+    /* transformers 5's spelling of the expert count */
+    T_CHECK(parse(&d, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,"
+                      "\"num_local_experts\":12}") == 0);
+    T_CHECK(d.num_experts == 12);
+    /* Qwen3.5-MoE: no intermediate_size; a shared expert; every layer sparse */
+    T_CHECK(parse(&v, "{\"architectures\":[\"Qwen3_5MoeForConditionalGeneration\"],\"model_type\":\"qwen3_5_moe\","
+                      "\"text_config\":{" MOE_BASE ",\"num_experts\":8,\"num_experts_per_tok\":3,"
+                      "\"moe_intermediate_size\":24,\"shared_expert_intermediate_size\":40,\"norm_topk_prob\":false}}") == 0);
+    T_CHECK(v.hybrid && v.num_experts == 8 && v.experts_per_tok == 3 && v.moe_intermediate_size == 24 &&
+            v.shared_expert_intermediate_size == 40 && v.norm_topk_prob && v.intermediate_size == 0 &&
+            !strcmp(v.weight_prefix, "model.language_model."));
+    for (int i = 0; i < 6; i++) T_CHECKF(dfl_model_config_moe_layer(&v, i), "layer %d", i);
+    T_CHECK(parse(&b, "{\"architectures\":[\"Qwen3_5MoeForCausalLM\"]," MOE_BASE "}") == 0);
+    T_CHECK(b.num_experts == 256 && b.experts_per_tok == 8 && b.moe_intermediate_size == 512 &&
+            b.shared_expert_intermediate_size == 512 && !strcmp(b.weight_prefix, "model."));
+    /* a dense model is never sparse */
+    dfl_model_config q;
+    T_CHECK(parse(&q, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"num_experts\":4}") == 0);
+    T_CHECK(q.num_experts == 0 && !dfl_model_config_moe_layer(&q, 0));
+    dfl_model_config *all[] = {&a, &b, &d, &v, &q};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dfl_model_config_free(all[i]);
+    static const struct { const char *json, *why; } bad[] = {
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts\":4,"
+         "\"num_experts_per_tok\":5}", "num_experts_per_tok"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts_per_tok\":0}",
+         "num_experts_per_tok"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts\":0}",
+         "num_experts"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"moe_intermediate_size\":0}",
+         "moe_intermediate_size"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"decoder_sparse_step\":0}",
+         "decoder_sparse_step"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"mlp_only_layers\":3}",
+         "mlp_only_layers"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"mlp_only_layers\":[\"1\"]}",
+         "mlp_only_layers\"[0]"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"mlp_only_layers\":[2]}", "layer 2 has a dense MLP"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"norm_topk_prob\":1}",
+         "norm_topk_prob"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts\":100000}",
+         "65536"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts\":4000000,"
+         "\"moe_intermediate_size\":4000000}", "65536"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dfl_model_config c;
+        int rc = parse(&c, bad[i].json);
+        T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), bad[i].why), "case %zu: rc %d, %s", i, rc, dfl_errmsg());
+        dfl_model_config_free(&c);
+    }
+    /* experts so wide that the parameters pass 2^46 */
+    int rc = parse(&a, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,"
+                       "\"num_experts\":60000,\"moe_intermediate_size\":4000000000}");
+    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), "2^46"), "rc %d, %s", rc, dfl_errmsg());
+    dfl_model_config_free(&a);
+}
+
 static void test_default_layer_ids(void) {
     int ids[5];
     dfl_default_layer_ids(36, 5, ids);
@@ -169,6 +248,7 @@ int main(void) {
     T_RUN(test_refusals);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_defaults);
+    T_RUN(test_moe);
     T_RUN(test_default_layer_ids);
     return t_exit();
 }

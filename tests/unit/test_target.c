@@ -203,6 +203,16 @@ static void test_qwen3_sharded(void) { check_model("qwen3-sharded"); }
 static void test_qwen35(void) { check_model("qwen35"); }
 static void test_qwen35_vlm_layout(void) { check_model("qwen35-vlm"); }
 
+/* Mixture of experts (made by tests/reference/make_targets_moe.py): Qwen3-MoE
+ * with the experts one tensor each (as the released Qwen3-30B-A3B files) and
+ * one dense layer (mlp_only_layers), the same weights stacked as
+ * transformers 5 writes them (and "num_local_experts"); Qwen3.5-MoE with the
+ * shared expert, flat and in the released VLM layout (stacked experts). */
+static void test_qwen3_moe(void) { check_model("qwen3-moe"); }
+static void test_qwen3_moe_fused(void) { check_model("qwen3-moe-fused"); }
+static void test_qwen35_moe(void) { check_model("qwen35-moe"); }
+static void test_qwen35_moe_vlm_layout(void) { check_model("qwen35-moe-vlm"); }
+
 /* Packing several samples into one forward gives each sample the states it
  * gets alone. Rows of a packed batch go through the same GEMMs (rows are
  * independent), attention is per sequence, so the result is bitwise equal
@@ -248,18 +258,22 @@ static void test_packing_matches_one_at_a_time(void) { check_packing("qwen3-tied
 /* The hybrid: the convolution's history and the recurrent state restart at
  * every sequence of the batch (3 tokens or the whole state would leak). */
 static void test_packing_qwen35(void) { check_packing("qwen35", 0, 3, 6); }
+/* Routing is per token: packing changes no expert choice. */
+static void test_packing_moe(void) {
+    check_packing("qwen3-moe", 0, 1, 3);
+    check_packing("qwen35-moe-vlm", 0, 3, 6);
+}
 
-/* A batch longer than the MLP row chunk (4096 rows: 43 sequences of 100)
- * gives the same states as its sequences run alone, each within one chunk. */
-static void test_long_batch_chunks(void) {
-    dfl_target *t = load("qwen3-sharded", 0, 0);
+/* A batch of NS sequences of LEN longer than the MLP's row chunk gives the
+ * same states as its sequences run alone, each within one chunk. */
+static void check_long_batch(const char *name, int NS, int LEN) {
+    dfl_target *t = load(name, 0, 0);
     if (!t) {
         T_CHECK(0);
         return;
     }
-    enum { NS = 43, LEN = 100 };
-    int64_t T = NS * LEN, H = dfl_target_config(t)->hidden_size;
-    int32_t *ids = dfl_malloc((size_t)T * sizeof(int32_t)), cu[NS + 1];
+    int64_t T = (int64_t)NS * LEN, H = dfl_target_config(t)->hidden_size;
+    int32_t *ids = dfl_malloc((size_t)T * sizeof(int32_t)), *cu = dfl_malloc((size_t)(NS + 1) * sizeof(int32_t));
     for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919 + 13) % 97);
     for (int s = 0; s <= NS; s++) cu[s] = s * LEN;
     int tap = 2;
@@ -276,12 +290,19 @@ static void test_long_batch_chunks(void) {
         dfl_target_taps_to_f32(t, &o, 0, LEN, alone + (int64_t)cu[s] * H);
     }
     double err = t_nmse_f32(packed, alone, T * H);
-    T_CHECKF(err < 1e-10, "chunked vs alone nmse %.3g", err);
+    T_CHECKF(err < 1e-10, "%s: chunked vs alone nmse %.3g", name, err);
     free(ids);
+    free(cu);
     free(packed);
     free(alone);
     dfl_target_free(t);
 }
+
+/* 4096 rows a dense chunk: 43 sequences of 100. */
+static void test_long_batch_chunks(void) { check_long_batch("qwen3-sharded", 43, 100); }
+/* 32768 tokens a sparse chunk at 2 experts a token (65536 pairs): 330
+ * sequences of 100 cross it. */
+static void test_long_batch_chunks_moe(void) { check_long_batch("qwen3-moe", 330, 100); }
 
 /* normed / argmax for chosen rows equal those rows of the full result. */
 static void test_rows(void) {
@@ -480,8 +501,12 @@ static void test_broken_models(void) {
     expect_load_error("yarn", DFL_EX_DATA, "yarn");
 
     make_broken("arch", NULL, NULL);
-    edit_config("arch", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM");
-    expect_load_error("arch", DFL_EX_DATA, "Qwen3MoeForCausalLM");
+    edit_config("arch", "Qwen3ForCausalLM", "Qwen3NextForCausalLM");
+    expect_load_error("arch", DFL_EX_DATA, "Qwen3NextForCausalLM");
+    /* a dense Qwen3 declared MoE: the router the config implies is missing */
+    make_broken("dense-as-moe", NULL, NULL);
+    edit_config("dense-as-moe", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM");
+    expect_load_error("dense-as-moe", DFL_EX_DATA, "model.layers.0.mlp.gate.weight");
 
     make_broken("drafter-arch", NULL, NULL);
     edit_config("drafter-arch", "Qwen3ForCausalLM", "DFlashDraftModel");
@@ -540,6 +565,33 @@ static void test_broken_qwen35(void) {
     snprintf(p, sizeof p, "%s/vlm-one-file", tmp);
     T_CHECKF(dfl_target_load(&t, p, dfl_ops_cpu(), &o) == 0, "%s", dfl_errmsg());
     dfl_target_free(t);
+}
+
+/* MoE directories with an expert, a router, a stacked tensor or the shared
+ * expert's gate missing or misshapen, a dense layer declared sparse:
+ * refused with exit 65 and the tensor named. */
+static void test_broken_moe(void) {
+    make_broken_of("qwen3-moe", "moe-expert", "model.layers.2.mlp.experts.5.up_proj.weight", NULL);
+    expect_load_error("moe-expert", DFL_EX_DATA, "model.layers.2.mlp.experts.5.up_proj.weight");
+    int64_t router[2] = {5, 40};
+    make_broken_of("qwen3-moe", "moe-router", "model.layers.3.mlp.gate.weight", router);
+    expect_load_error("moe-router", DFL_EX_DATA, "model.layers.3.mlp.gate.weight");
+    int64_t expert[2] = {40, 20}; /* gate_proj stored transposed */
+    make_broken_of("qwen3-moe", "moe-transposed", "model.layers.0.mlp.experts.0.gate_proj.weight", expert);
+    expect_load_error("moe-transposed", DFL_EX_DATA, "model.layers.0.mlp.experts.0.gate_proj.weight");
+    make_broken_of("qwen3-moe", "moe-dense-layer", NULL, NULL); /* layer 1 is dense in the weights */
+    edit_config("moe-dense-layer", "\"mlp_only_layers\": [\n    1\n  ]", "\"mlp_only_layers\": []");
+    expect_load_error("moe-dense-layer", DFL_EX_DATA, "model.layers.1.mlp.gate.weight");
+    make_broken_of("qwen3-moe", "moe-count", NULL, NULL); /* 7 experts declared, 6 stored */
+    edit_config("moe-count", "\"num_experts\": 6", "\"num_experts\": 7");
+    expect_load_error("moe-count", DFL_EX_DATA, "model.layers.0.mlp.gate.weight");
+    int64_t stacked[2] = {7 * 36, 48}; /* gate_up_proj flattened to 2-D */
+    make_broken_of("qwen35-moe-vlm", "moe-stacked", "model.language_model.layers.4.mlp.experts.gate_up_proj", stacked);
+    expect_load_error("moe-stacked", DFL_EX_DATA, "model.language_model.layers.4.mlp.experts.gate_up_proj");
+    make_broken_of("qwen35-moe-vlm", "moe-down", "model.language_model.layers.6.mlp.experts.down_proj", NULL);
+    expect_load_error("moe-down", DFL_EX_DATA, "model.language_model.layers.6.mlp.experts.down_proj");
+    make_broken_of("qwen35-moe-vlm", "moe-shared", "model.language_model.layers.7.mlp.shared_expert_gate.weight", NULL);
+    expect_load_error("moe-shared", DFL_EX_DATA, "model.language_model.layers.7.mlp.shared_expert_gate.weight");
 }
 
 /* ---- weight encodings ---------------------------------------------------- */
@@ -687,14 +739,21 @@ int main(void) {
     T_RUN(test_qwen3_sharded);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_vlm_layout);
+    T_RUN(test_qwen3_moe);
+    T_RUN(test_qwen3_moe_fused);
+    T_RUN(test_qwen35_moe);
+    T_RUN(test_qwen35_moe_vlm_layout);
     T_RUN(test_packing_matches_one_at_a_time);
     T_RUN(test_packing_qwen35);
+    T_RUN(test_packing_moe);
     T_RUN(test_long_batch_chunks);
+    T_RUN(test_long_batch_chunks_moe);
     T_RUN(test_rows);
     T_RUN(test_partial_load_and_bad_requests);
     if (!mkdtemp(tmp)) return 1;
     T_RUN(test_broken_models);
     T_RUN(test_broken_qwen35);
+    T_RUN(test_broken_moe);
     T_RUN(test_weight_encodings);
     if (t_rm_rf(tmp) != 0) return 1;
     return t_exit();
