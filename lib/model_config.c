@@ -113,8 +113,9 @@ static int check_moe(const dfl_model_config *c, const json_t *tj, const char *pa
     if (!c->num_experts) return 0;
     if (c->num_experts < 0 || c->experts_per_tok < 1 || c->experts_per_tok > c->num_experts)
         return dfl_err(DFL_EX_DATA, "%s: \"num_experts_per_tok\" must be between 1 and \"num_experts\"", path);
-    if (c->num_experts > 65536)
-        return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" %lld is more than 65536", path, (long long)c->num_experts);
+    /* the CUDA router keeps a token's E probabilities in shared memory */
+    if (c->num_experts > 4096)
+        return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" %lld is more than 4096", path, (long long)c->num_experts);
     if (c->moe_intermediate_size <= 0 || c->shared_expert_intermediate_size < 0 || c->decoder_sparse_step < 1)
         return dfl_err(DFL_EX_DATA, "%s: \"moe_intermediate_size\" and \"decoder_sparse_step\" must be positive", path);
     json_t *only = json_object_get(tj, "mlp_only_layers"), *v;

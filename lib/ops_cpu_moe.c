@@ -28,7 +28,7 @@ static void route_token(int32_t *ids, float *w, float *p, const float *logits, i
     for (int64_t j = 0; j < k; j++) { /* k is small (8 of 128 in Qwen3-30B-A3B): selection, k passes */
         int64_t best = -1;
         for (int64_t e = 0; e < E; e++)
-            if (p[e] != -INFINITY && (best < 0 || p[e] > p[best])) best = e; /* NaN: only if nothing else */
+            if (p[e] != -INFINITY && (best < 0 || p[e] > p[best])) best = e; /* a NaN row: the lowest ids */
         ids[j] = (int32_t)best;
         w[j] = p[best];
         kept += p[best];
