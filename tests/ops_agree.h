@@ -910,11 +910,20 @@ static void moe_combine_agrees(void) {
 
 /* ---- all ------------------------------------------------------------------------- */
 
-/* DFLASH_TEST_ONLY=word runs only the tests whose name contains it (the
- * GPU script uses it to run the attention tests under compute-sanitizer). */
+/* DFLASH_TEST_ONLY=word[,word...] runs only the tests whose name contains
+ * one of the words (the GPU script uses it to run the attention and MoE
+ * tests under compute-sanitizer). */
 static int ag_wanted(const char *name) {
     const char *only = getenv("DFLASH_TEST_ONLY");
-    return !only || !*only || strstr(name, only) != NULL;
+    if (!only || !*only) return 1;
+    for (const char *w = only; *w;) {
+        size_t n = strcspn(w, ",");
+        char word[64];
+        snprintf(word, sizeof word, "%.*s", (int)(n < sizeof word - 1 ? n : sizeof word - 1), w);
+        if (n && strstr(name, word)) return 1;
+        w += n + (w[n] == ',');
+    }
+    return 0;
 }
 #define AG_RUN(fn) \
     do { if (ag_wanted(#fn)) T_RUN(fn); } while (0)

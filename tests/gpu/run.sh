@@ -18,7 +18,7 @@
 #      of a Qwen3.5 hybrid with Qwen3.5-27B's layer shapes, and of a
 #      mixture-of-experts target with Qwen3-30B-A3B's; then the training
 #      step in PyTorch when it is installed
-#   5. the attention tests under compute-sanitizer memcheck and racecheck,
+#   5. the attention and MoE tests under compute-sanitizer memcheck and racecheck,
 #      with the time that is left (the runtime may not support them)
 #   6. report.md: a summary table, then where each raw log is
 #
@@ -433,20 +433,20 @@ with open('$W/inm.jsonl', 'w') as f:
     if [ "$DRY" != 1 ]; then
         if command -v compute-sanitizer >/dev/null; then
             for tool in memcheck racecheck; do
-                if [ "$(left)" -lt 40 ]; then row "ops: attention under $tool" "skipped" "time budget"; continue; fi
+                if [ "$(left)" -lt 40 ]; then row "ops: attention and MoE under $tool" "skipped" "time budget"; continue; fi
                 tt=$(($(left) - 10 > 90 ? 90 : $(left) - 10))
-                section "compute-sanitizer --tool $tool (attention tests)" "$TEST_LOG"
+                section "compute-sanitizer --tool $tool (attention and MoE tests)" "$TEST_LOG"
                 t0=$(date +%s)
-                DFLASH_TEST_ONLY=attn timeout $tt compute-sanitizer --tool $tool --error-exitcode 99 \
+                DFLASH_TEST_ONLY=attn,moe timeout $tt compute-sanitizer --tool $tool --error-exitcode 99 \
                     "$B/tests/test_ops_cuda" >"$PART" 2>&1
                 rc=$?
                 cat "$PART" >>"$TEST_LOG"
                 summary=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$PART")
                 rm -f "$PART"
                 case $rc in
-                0) row "ops: attention under $tool" "ok" "$summary; $(($(date +%s) - t0))s" ;;
-                124) row "ops: attention under $tool" "timeout" "${tt}s, the time left" ;;
-                *) row "ops: attention under $tool" "see tests.log" "exit $rc: $summary (errors, or a runtime without sanitizer support)" ;;
+                0) row "ops: attention and MoE under $tool" "ok" "$summary; $(($(date +%s) - t0))s" ;;
+                124) row "ops: attention and MoE under $tool" "timeout" "${tt}s, the time left" ;;
+                *) row "ops: attention and MoE under $tool" "see tests.log" "exit $rc: $summary (errors, or a runtime without sanitizer support)" ;;
                 esac
             done
         else
