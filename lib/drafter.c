@@ -26,6 +26,9 @@ int dfl_drafter_config_parse(dfl_drafter_config *c, const char *text, size_t len
     if (!m->qk_norm)
         return dfl_err(DFL_EX_DATA, "%s: a DFlash drafter is a Qwen3 model (q_norm/k_norm); architecture \"%s\" is not",
                        path, m->architecture);
+    if (m->num_experts)
+        return dfl_err(DFL_EX_DATA, "%s: a DFlash drafter has dense MLPs; architecture \"%s\" is a mixture of experts",
+                       path, m->architecture);
     c->H = m->hidden_size;
     c->I = m->intermediate_size;
     c->L = m->num_hidden_layers;

@@ -1,6 +1,7 @@
 /* fuzz_config: the config.json readers on arbitrary bytes, from memory.
  *
- *   dfl_model_config_parse (role "target"): a Qwen3/Llama/Qwen3.5 config.json
+ *   dfl_model_config_parse (role "target"): a Qwen3/Llama/Qwen3.5 config.json,
+ *     dense or mixture of experts
  *   dfl_drafter_config_parse: a DFlash drafter config.json (z-lab layout)
  *   dfl_extract_layer_ids: dflash-extract --drafter-config (takes a path:
  *     the bytes go to a memfd opened as /proc/self/fd/N), for targets of
@@ -51,8 +52,9 @@ static void check_model(const dfl_model_config *c) {
     FUZZ_CHECK(memchr(c->architecture, 0, sizeof c->architecture) && memchr(c->model_type, 0, sizeof c->model_type) &&
           memchr(c->dtype, 0, sizeof c->dtype));
     FUZZ_CHECK(strlen(c->digest) == 16);
-    FUZZ_CHECK(c->hidden_size > 0 && c->intermediate_size > 0 && c->num_hidden_layers > 0 && c->num_attention_heads > 0 &&
+    FUZZ_CHECK(c->hidden_size > 0 && c->intermediate_size >= 0 && c->num_hidden_layers > 0 && c->num_attention_heads > 0 &&
           c->num_key_value_heads > 0 && c->head_dim > 0 && c->vocab_size > 0);
+    FUZZ_CHECK(c->intermediate_size > 0 || c->num_experts > 0); /* no dense MLP only in a mixture of experts */
     FUZZ_CHECK(c->num_hidden_layers <= INT_MAX); /* target.c keeps it in an int */
     FUZZ_CHECK(c->head_dim % 2 == 0);
     FUZZ_CHECK(c->num_attention_heads % c->num_key_value_heads == 0);
@@ -81,6 +83,24 @@ static void check_model(const dfl_model_config *c) {
         }
     } else {
         FUZZ_CHECK(dfl_model_config_linear_layer(c, 0) == 0);
+    }
+    /* mixture of experts: the sizes the router and the experts' buffers
+     * take, every dense layer with a width, the whole model in int64 */
+    if (c->num_experts) {
+        FUZZ_CHECK(c->num_experts >= 1 && c->num_experts <= 4096);
+        FUZZ_CHECK(c->experts_per_tok >= 1 && c->experts_per_tok <= c->num_experts);
+        FUZZ_CHECK(c->moe_intermediate_size > 0 && c->shared_expert_intermediate_size >= 0 && c->decoder_sparse_step >= 1);
+        FUZZ_CHECK(c->norm_topk_prob == 0 || c->norm_topk_prob == 1);
+        int64_t expert = add(mul(3, mul(c->moe_intermediate_size, H)), H);
+        int64_t moe = add(mul(c->num_experts, expert), mul(3, mul(c->shared_expert_intermediate_size, H)));
+        FUZZ_CHECK(mul(add(mul(c->num_hidden_layers, moe), total), 4) > 0);
+        for (int64_t i = 0; i < c->num_hidden_layers && i < 1000; i++) {
+            int sparse = dfl_model_config_moe_layer(c, i);
+            FUZZ_CHECK(sparse == 0 || sparse == 1);
+            FUZZ_CHECK(sparse || c->intermediate_size > 0);
+        }
+    } else {
+        FUZZ_CHECK(dfl_model_config_moe_layer(c, 0) == 0);
     }
     FUZZ_CHECK(c->tie_word_embeddings == 0 || c->tie_word_embeddings == 1);
     FUZZ_CHECK(c->qk_norm == (strcmp(c->architecture, "LlamaForCausalLM") != 0));

@@ -221,6 +221,14 @@ static void test_config(void) {
         "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":8,\"vocab_size\":50}";
     T_CHECK(parse_cfg(&c, noblock) == DFL_EX_DATA && strstr(dfl_errmsg(), "block_size"));
     dfl_drafter_config_free(&c);
+    /* a drafter is dense: a mixture-of-experts architecture (whose
+     * intermediate_size may be absent) is refused, not read with I = 0 */
+    const char *moe =
+        "{\"architectures\":[\"Qwen3_5MoeForCausalLM\"],\"model_type\":\"qwen3\",\"num_target_layers\":8,\"block_size\":4,"
+        "\"dflash_config\":{\"mask_token_id\":5},\"hidden_size\":16,\"num_hidden_layers\":1,"
+        "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":8,\"vocab_size\":50}";
+    T_CHECK(parse_cfg(&c, moe) == DFL_EX_DATA && strstr(dfl_errmsg(), "mixture of experts"));
+    dfl_drafter_config_free(&c);
 }
 
 static void test_slot_weights_and_schedule(void) {
