@@ -632,9 +632,12 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 void dfl_target_mlp_reserve(const dfl_target *t, mlp_ws *mw, int64_t n) {
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
-    const int64_t E = c->num_experts;
-    const int64_t rows = min64(n, E ? dfl_target_moe_rows(c) : MLP_ROWS);
-    if (rows <= mw->cap_rows) return;
+    const int64_t E = c->num_experts, sparse = E ? dfl_target_moe_rows(c) : 0;
+    const int64_t rows = min64(n, E ? sparse : MLP_ROWS);
+    /* the rows of the longer chunk: a model's dense layers (MLP_ROWS a
+     * chunk) may have longer chunks than its sparse ones (k > 16) */
+    const int64_t need = min64(n, sparse > MLP_ROWS ? sparse : MLP_ROWS);
+    if (need <= mw->cap_n) return;
     const size_t a = (size_t)ops->act_bytes;
     const int64_t H = c->hidden_size, k = c->experts_per_tok, dense = min64(n, MLP_ROWS) * c->intermediate_size;
     int64_t width = c->moe_intermediate_size > c->shared_expert_intermediate_size ? c->moe_intermediate_size
@@ -655,7 +658,7 @@ void dfl_target_mlp_reserve(const dfl_target *t, mlp_ws *mw, int64_t n) {
         }
         if (!mw->offsets) mw->offsets = dfl_malloc((size_t)(E + 1) * sizeof *mw->offsets);
     }
-    mw->cap_rows = rows;
+    mw->cap_n = need;
 }
 
 void dfl_target_mlp_free(const dfl_ops *ops, mlp_ws *mw) {

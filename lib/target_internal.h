@@ -33,11 +33,13 @@ typedef struct {
     void *router, *exp_gate_up, *exp_down, *sh_gate, *sh_up, *sh_down, *sh_mix;
 } layer_w;
 
-/* The MLP's buffers for chunks of at most MLP_ROWS rows (in both
- * workspaces). */
+/* The MLP's buffers for one chunk (in both workspaces). cap_rows below:
+ * min(cap_n, the sparse chunk, dfl_target_moe_rows) in a MoE model, else
+ * min(cap_n, MLP_ROWS); a dense layer's chunk is min(cap_n, MLP_ROWS) rows
+ * in either, which may be longer (more than 16 experts a token). */
 typedef struct {
-    int64_t cap_rows;         /* tokens of a chunk: MLP_ROWS dense, dfl_target_moe_rows sparse, or fewer */
-    void *gate, *up;          /* act [cap_rows, the widest of I, Im, Is] */
+    int64_t cap_n;            /* grown for forwards of up to this many rows (clamped to the longest chunk) */
+    void *gate, *up;          /* act [the larger of cap_rows * (widest of Im, Is) and dense rows * I] */
     /* sparse layers (ops moe_route, gather_rows, moe_combine) */
     void *logits;             /* act [cap_rows, E] */
     int32_t *rows, *pos;      /* i32 [cap_rows * k] */
@@ -68,7 +70,7 @@ typedef struct {
 typedef struct {
     int64_t cap_T, cap_taps, cap_seq;
     void *x, *h, *q, *k, *v, *ao;             /* act, sized by cap_T */
-    mlp_ws mlp;                               /* for min(cap_T, MLP_ROWS) rows */
+    mlp_ws mlp;                               /* for forwards of cap_T rows */
     void *taps;                               /* act [cap_taps] elements */
     head_ws head;                             /* [nrows] of the largest request */
     lin_ws lin;                               /* hybrid targets */
@@ -117,8 +119,9 @@ int64_t dfl_target_moe_rows(const dfl_model_config *c);
 /* Grow mw for forwards of n rows (it holds min(n, a chunk)); free it. */
 void dfl_target_mlp_reserve(const dfl_target *t, mlp_ws *mw, int64_t n);
 void dfl_target_mlp_free(const dfl_ops *ops, mlp_ws *mw);
-/* x[n, H] += the MLP of h[n, H], dense or sparse, in chunks of MLP_ROWS
- * rows. A sparse layer reads its routing back to the host once a chunk. */
+/* x[n, H] += the MLP of h[n, H], dense or sparse, in chunks (MLP_ROWS or
+ * dfl_target_moe_rows rows). A sparse layer reads its routing back to the
+ * host once a chunk. */
 void dfl_target_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x, const void *h, int64_t n);
 /* After layer l of a forward of n rows: x [n, H] into each tap slot that
  * asks for layer l (taps: act [ntaps, n, H]). */

@@ -39,7 +39,7 @@ static double theta = 0, eps = 0;
 static int llama3_scaling = 0;
 static int64_t lin_k_heads = 2, lin_v_heads = 4, lin_k_dim = 16, lin_v_dim = 24, conv_k = 4, full_interval = 4;
 static double rotary = 0.25;
-static int64_t experts = 0, experts_per_tok = 2, moe_inter = 40, shared_inter = 0;
+static int64_t experts = 0, experts_per_tok = 2, moe_inter = 40, shared_inter = 0, sparse_step = 1;
 
 static const dfl_opt opts[] = {
     {"arch", 'a', DFL_OPT_CHOICE, &arch, "qwen3|llama|qwen3.5",
@@ -75,6 +75,9 @@ static const dfl_opt opts[] = {
     {"moe-intermediate", 0, DFL_OPT_INT, &moe_inter, "N", "with --experts: moe_intermediate_size.", NULL},
     {"shared-intermediate", 0, DFL_OPT_INT, &shared_inter, "N",
      "with --experts, qwen3.5: shared_expert_intermediate_size (Qwen3.5-MoE always has one).", "40"},
+    {"sparse-step", 0, DFL_OPT_INT, &sparse_step, "N",
+     "with --experts, qwen3: decoder_sparse_step (every N-th layer sparse, the others a dense MLP of --intermediate).",
+     NULL},
     {"seed", 's', DFL_OPT_INT, &seed, "N", "Random seed.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
@@ -193,6 +196,7 @@ static json_t *make_config(int qwen, int hybrid) {
         json_object_set_new(c, "moe_intermediate_size", json_integer(moe_inter));
         if (hybrid) json_object_set_new(c, "shared_expert_intermediate_size", json_integer(shared_inter));
         else json_object_set_new(c, "norm_topk_prob", json_true()); /* as Qwen3-30B-A3B */
+        if (sparse_step != 1) json_object_set_new(c, "decoder_sparse_step", json_integer(sparse_step));
     }
     json_object_set_new(c, "vocab_size", json_integer(vocab));
     json_object_set_new(c, "hidden_size", json_integer(hidden));
@@ -272,8 +276,10 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "qwen3.5 sizes must be positive, linear-v-heads a multiple of linear-k-heads, "
                                   "conv-kernel at most 8, rotary in (0, 1]");
     if (!shared_inter) shared_inter = 40;
-    if (experts && (!qwen || experts_per_tok < 1 || experts_per_tok > experts || moe_inter < 1 || shared_inter < 1))
-        dfl_cli_usage_error(&cli, "--experts needs qwen3 or qwen3.5, 1 <= experts-per-tok <= experts and positive widths");
+    if (experts && (!qwen || experts_per_tok < 1 || experts_per_tok > experts || moe_inter < 1 || shared_inter < 1 ||
+                    sparse_step < 1 || (hybrid && sparse_step != 1)))
+        dfl_cli_usage_error(&cli, "--experts needs qwen3 or qwen3.5, 1 <= experts-per-tok <= experts, positive widths "
+                                  "and a positive sparse-step (1 for qwen3.5)");
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) dfl_die(cli.prog, DFL_EX_CANTCREAT, "%s: %s", out_dir, strerror(errno));
 
     int64_t H = hidden, I = inter, D = head_dim, QD = heads * D, KD = kv_heads * D;
@@ -296,7 +302,7 @@ int main(int argc, char **argv) {
             }
         }
         add("model.layers.%d.post_attention_layernorm.weight", l, H, 0, norm_mean, 0.1);
-        if (experts) {
+        if (experts && (l + 1) % sparse_step == 0) {
             add_moe_layer(l, hybrid, res);
             continue;
         }

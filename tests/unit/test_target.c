@@ -594,6 +594,59 @@ static void test_broken_moe(void) {
     expect_load_error("moe-shared", DFL_EX_DATA, "model.language_model.layers.7.mlp.shared_expert_gate.weight");
 }
 
+/* A Qwen3-MoE target whose sparse chunks are shorter than the dense ones
+ * (40 experts a token: 65536 / 40 = 1638 tokens against MLP_ROWS = 4096),
+ * with dense layers (decoder_sparse_step 2): a forward of 1700 rows, then
+ * one of 3000, must give the second what a fresh target gives it. The MLP's
+ * scratch must grow with the dense chunk even once the sparse chunk has
+ * stopped growing (it did not: the dense layers wrote past it). Made by
+ * mktarget; random weights, no reference needed (the oracle is a fresh load). */
+static void forward_rows(dfl_target *t, int64_t T, int tap, float *out) {
+    enum { LEN = 100 };
+    const int NS = (int)(T / LEN);
+    int32_t *ids = dfl_malloc((size_t)T * sizeof(int32_t)), *cu = dfl_malloc((size_t)(NS + 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919 + 13) % 97);
+    for (int s = 0; s <= NS; s++) cu[s] = s * LEN;
+    dfl_target_batch b = {ids, cu, NS};
+    dfl_target_want w = {.ntaps = 1, .taps = &tap};
+    dfl_target_out o;
+    T_CHECK(dfl_target_forward(t, &o, &b, &w) == 0);
+    if (out) dfl_target_taps_to_f32(t, &o, 0, T, out);
+    free(ids);
+    free(cu);
+}
+
+static void test_moe_workspace_growth(void) {
+    char dir[600], cmd[1600];
+    const char *build = getenv("DFLASH_BUILD");
+    snprintf(dir, sizeof dir, "%s/moe-wide-k", tmp);
+    snprintf(cmd, sizeof cmd,
+             "'%s/tests/mktarget' --experts 40 --experts-per-tok 40 --moe-intermediate 8 --sparse-step 2 --layers 4 "
+             "--hidden 16 --heads 2 --kv-heads 1 --intermediate 64 --vocab 97 -o '%s'",
+             build ? build : "build", dir);
+    T_CHECKF(system(cmd) == 0, "%s", cmd);
+    dfl_target *t = NULL, *fresh = NULL;
+    dfl_target_opts opts = {0, 0};
+    T_CHECKF(dfl_target_load(&t, dir, dfl_ops_cpu(), &opts) == 0, "%s", dfl_errmsg());
+    T_CHECKF(dfl_target_load(&fresh, dir, dfl_ops_cpu(), &opts) == 0, "%s", dfl_errmsg());
+    if (!t || !fresh) {
+        dfl_target_free(t);
+        dfl_target_free(fresh);
+        return;
+    }
+    T_CHECK(dfl_target_config(t)->experts_per_tok == 40 && dfl_target_config(t)->decoder_sparse_step == 2);
+    const int64_t T = 3000, H = dfl_target_config(t)->hidden_size;
+    float *got = dfl_malloc((size_t)(T * H) * sizeof(float)), *want = dfl_malloc((size_t)(T * H) * sizeof(float));
+    forward_rows(t, 1700, 3, NULL);
+    forward_rows(t, T, 3, got);
+    forward_rows(fresh, T, 3, want);
+    T_CHECK(!memcmp(got, want, (size_t)(T * H) * sizeof(float)));
+    free(got);
+    free(want);
+    dfl_target_free(t);
+    dfl_target_free(fresh);
+}
+
 /* ---- weight encodings ---------------------------------------------------- */
 
 /* All taps of fixture FROM's inputs for the model in `dir`, f32. */
@@ -754,6 +807,7 @@ int main(void) {
     T_RUN(test_broken_models);
     T_RUN(test_broken_qwen35);
     T_RUN(test_broken_moe);
+    T_RUN(test_moe_workspace_growth);
     T_RUN(test_weight_encodings);
     if (t_rm_rf(tmp) != 0) return 1;
     return t_exit();
