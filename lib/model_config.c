@@ -111,13 +111,18 @@ static int check_architecture(const dfl_model_config *c, const char *path, const
 /* The expert sizes; and a dense MLP's width wherever a layer has one. */
 static int check_moe(const dfl_model_config *c, const json_t *tj, const char *path) {
     if (!c->num_experts) return 0;
-    if (c->num_experts < 0 || c->experts_per_tok < 1 || c->experts_per_tok > c->num_experts)
+    if (c->num_experts < 0) return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" is negative", path);
+    if (c->experts_per_tok < 1 || c->experts_per_tok > c->num_experts)
         return dfl_err(DFL_EX_DATA, "%s: \"num_experts_per_tok\" must be between 1 and \"num_experts\"", path);
     /* the CUDA router keeps a token's E probabilities in shared memory */
     if (c->num_experts > 4096)
         return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" %lld is more than 4096", path, (long long)c->num_experts);
-    if (c->moe_intermediate_size <= 0 || c->shared_expert_intermediate_size < 0 || c->decoder_sparse_step < 1)
-        return dfl_err(DFL_EX_DATA, "%s: \"moe_intermediate_size\" and \"decoder_sparse_step\" must be positive", path);
+    if (c->moe_intermediate_size <= 0)
+        return dfl_err(DFL_EX_DATA, "%s: \"moe_intermediate_size\" must be positive", path);
+    if (c->decoder_sparse_step < 1)
+        return dfl_err(DFL_EX_DATA, "%s: \"decoder_sparse_step\" must be positive", path);
+    if (c->shared_expert_intermediate_size < 0)
+        return dfl_err(DFL_EX_DATA, "%s: \"shared_expert_intermediate_size\" is negative", path);
     json_t *only = json_object_get(tj, "mlp_only_layers"), *v;
     size_t i;
     if (only && !json_is_null(only) && !json_is_array(only))
@@ -128,7 +133,7 @@ static int check_moe(const dfl_model_config *c, const json_t *tj, const char *pa
     }
     for (int64_t l = 0; l < c->num_hidden_layers; l++)
         if (!dfl_model_config_moe_layer(c, l) && c->intermediate_size <= 0)
-            return dfl_err(DFL_EX_DATA, "%s: layer %lld has a dense MLP but \"intermediate_size\" is missing", path,
+            return dfl_err(DFL_EX_DATA, "%s: layer %lld has a dense MLP but \"intermediate_size\" is not positive", path,
                            (long long)l);
     return 0;
 }
@@ -318,13 +323,17 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
         snprintf(c->weight_prefix, sizeof c->weight_prefix, "model.language_model.");
         if (!c->dtype[0]) copy_str(c->dtype, sizeof c->dtype, json_object_get(tj, "dtype"));
     }
+    const int moe = is_moe(c->architecture);
+    /* Absent keys: the defaults of Qwen3_5TextConfig (4 KV heads, 256-wide
+     * heads), Qwen3_5MoeTextConfig (2 KV heads; no dense MLP, and no
+     * intermediate_size) and Qwen3MoeConfig (4 KV heads, a dense width of
+     * 6144 for the layers that have one) */
+    const int64_t kv_def = moe ? (c->hybrid ? 2 : 4) : c->hybrid ? 4 : -1;
     rc = rc ? rc : get_int(tj, "hidden_size", -2, &c->hidden_size, path);
-    /* Qwen3.5-MoE has no dense MLP, and no intermediate_size */
-    rc = rc ? rc : get_int(tj, "intermediate_size", is_moe(c->architecture) ? 0 : -2, &c->intermediate_size, path);
+    rc = rc ? rc : get_int(tj, "intermediate_size", moe ? (c->hybrid ? 0 : 6144) : -2, &c->intermediate_size, path);
     rc = rc ? rc : get_int(tj, "num_hidden_layers", -2, &c->num_hidden_layers, path);
     rc = rc ? rc : get_int(tj, "num_attention_heads", -2, &c->num_attention_heads, path);
-    /* Absent keys: Qwen3_5TextConfig's defaults (4 KV heads, 256-wide heads) */
-    rc = rc ? rc : get_int(tj, "num_key_value_heads", c->hybrid ? 4 : c->num_attention_heads, &c->num_key_value_heads, path);
+    rc = rc ? rc : get_int(tj, "num_key_value_heads", kv_def > 0 ? kv_def : c->num_attention_heads, &c->num_key_value_heads, path);
     rc = rc ? rc : get_int(tj, "head_dim", c->hybrid ? 256 : c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0,
                            &c->head_dim, path);
     rc = rc ? rc : get_int(tj, "vocab_size", -2, &c->vocab_size, path);
@@ -333,7 +342,7 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     rc = rc ? rc : parse_rope(c, tj, path);
     rc = rc ? rc : parse_rotary_dim(c, tj, path);
     if (!rc && c->hybrid) rc = parse_hybrid(c, tj, path);
-    if (!rc && is_moe(c->architecture)) rc = parse_moe(c, tj, path);
+    if (!rc && moe) rc = parse_moe(c, tj, path);
     int tie = 0;
     /* The VLM's LM head is tied by its top-level key alone (absent: false),
      * as transformers' Qwen3_5Config; text_config's copy is not read. */

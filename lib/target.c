@@ -639,7 +639,10 @@ void dfl_target_mlp_reserve(const dfl_target *t, mlp_ws *mw, int64_t n) {
     const int64_t need = min64(n, sparse > MLP_ROWS ? sparse : MLP_ROWS);
     if (need <= mw->cap_n) return;
     const size_t a = (size_t)ops->act_bytes;
-    const int64_t H = c->hidden_size, k = c->experts_per_tok, dense = min64(n, MLP_ROWS) * c->intermediate_size;
+    int any_dense = 0; /* a MoE model's intermediate_size may name no layer's width */
+    for (int i = 0; i < t->nlayers; i++) any_dense |= !t->layers[i].moe;
+    const int64_t H = c->hidden_size, k = c->experts_per_tok;
+    const int64_t dense = any_dense ? min64(n, MLP_ROWS) * c->intermediate_size : 0;
     int64_t width = c->moe_intermediate_size > c->shared_expert_intermediate_size ? c->moe_intermediate_size
                                                                                  : c->shared_expert_intermediate_size;
     int64_t scratch = rows * width > dense ? rows * width : dense; /* an expert has at most `rows` rows */

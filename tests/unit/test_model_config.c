@@ -208,7 +208,12 @@ static void test_moe(void) {
          "mlp_only_layers"},
         {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"mlp_only_layers\":[\"1\"]}",
          "mlp_only_layers\"[0]"},
-        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"mlp_only_layers\":[2]}", "layer 2 has a dense MLP"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":0,\"mlp_only_layers\":[2]}",
+         "layer 2 has a dense MLP"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts\":-3}",
+         "\"num_experts\" is negative"},
+        {"{\"architectures\":[\"Qwen3_5MoeForCausalLM\"]," MOE_BASE ",\"shared_expert_intermediate_size\":-1}",
+         "shared_expert_intermediate_size"},
         {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"norm_topk_prob\":1}",
          "norm_topk_prob"},
         {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts\":5000}",
@@ -222,6 +227,21 @@ static void test_moe(void) {
         T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), bad[i].why), "case %zu: rc %d, %s", i, rc, dfl_errmsg());
         dfl_model_config_free(&c);
     }
+    /* absent keys: transformers 5.24's defaults (Qwen3MoeConfig: 4 KV heads,
+     * a dense width of 6144, head_dim hidden/heads; Qwen3_5MoeTextConfig: 2
+     * KV heads, 256-wide heads) */
+    T_CHECK(parse(&a, "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,"
+                      "\"num_attention_heads\":8,\"vocab_size\":100,\"mlp_only_layers\":[0]}") == 0);
+    T_CHECKF(a.num_key_value_heads == 4 && a.intermediate_size == 6144 && a.head_dim == 8,
+             "kv heads %lld, intermediate %lld, head_dim %lld", (long long)a.num_key_value_heads,
+             (long long)a.intermediate_size, (long long)a.head_dim);
+    T_CHECK(!dfl_model_config_moe_layer(&a, 0) && dfl_model_config_moe_layer(&a, 1));
+    dfl_model_config_free(&a);
+    T_CHECK(parse(&a, "{\"architectures\":[\"Qwen3_5MoeForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":4,"
+                      "\"num_attention_heads\":8,\"vocab_size\":100}") == 0);
+    T_CHECKF(a.num_key_value_heads == 2 && a.head_dim == 256 && a.intermediate_size == 0, "kv heads %lld",
+             (long long)a.num_key_value_heads);
+    dfl_model_config_free(&a);
     /* experts so wide that the parameters pass 2^46 */
     int rc = parse(&a, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,"
                        "\"num_experts\":4000,\"moe_intermediate_size\":4000000000}");
