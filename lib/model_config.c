@@ -166,7 +166,6 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
     if (c->hidden_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 || c->num_key_value_heads <= 0 ||
         c->head_dim <= 0 || c->vocab_size <= 0 || c->intermediate_size < 0 || (c->intermediate_size == 0 && !c->num_experts))
         return dfl_err(DFL_EX_DATA, "%s: sizes must be positive", path);
-    if ((rc = check_moe(c, tj, path))) return rc;
     if (c->head_dim % 2) return dfl_err(DFL_EX_DATA, "%s: \"head_dim\" %lld must be even for RoPE", path, (long long)c->head_dim);
     if (c->num_attention_heads % c->num_key_value_heads)
         return dfl_err(DFL_EX_DATA, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
@@ -192,6 +191,8 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
     if (c->num_hidden_layers > DFL_MAX_LAYERS)
         return dfl_err(DFL_EX_DATA, "%s: \"num_hidden_layers\" %lld is more than %d", path,
                        (long long)c->num_hidden_layers, DFL_MAX_LAYERS);
+    /* after the layer count is bounded: it scans every layer */
+    if ((rc = check_moe(c, tj, path))) return rc;
     if (count_params(c) < 0)
         return dfl_err(DFL_EX_DATA, "%s: the sizes imply more than 2^46 parameters", path);
     return 0;

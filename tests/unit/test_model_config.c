@@ -214,6 +214,10 @@ static void test_moe(void) {
          "\"num_experts\" is negative"},
         {"{\"architectures\":[\"Qwen3_5MoeForCausalLM\"]," MOE_BASE ",\"shared_expert_intermediate_size\":-1}",
          "shared_expert_intermediate_size"},
+        /* refused at once, not after a scan of 4e15 layers for dense ones */
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":4000000000000000,"
+         "\"num_attention_heads\":4,\"vocab_size\":100,\"decoder_sparse_step\":2,\"mlp_only_layers\":[1,2,3]}",
+         "num_hidden_layers"},
         {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"norm_topk_prob\":1}",
          "norm_topk_prob"},
         {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts\":5000}",
