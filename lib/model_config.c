@@ -131,10 +131,16 @@ static int check_moe(const dfl_model_config *c, const json_t *tj, const char *pa
         if (!json_is_integer(v))
             return dfl_err(DFL_EX_DATA, "%s: \"mlp_only_layers\"[%zu] is not an integer", path, i);
     }
-    for (int64_t l = 0; l < c->num_hidden_layers; l++)
-        if (!dfl_model_config_moe_layer(c, l) && c->intermediate_size <= 0)
-            return dfl_err(DFL_EX_DATA, "%s: layer %lld has a dense MLP but \"intermediate_size\" is not positive", path,
-                           (long long)l);
+    if (c->intermediate_size > 0) return 0;
+    const int64_t L = c->num_hidden_layers; /* at most DFL_MAX_LAYERS */
+    unsigned char *sparse = dfl_malloc((size_t)L);
+    dfl_model_config_moe_layers(c, L, sparse);
+    int64_t l = 0;
+    while (l < L && sparse[l]) l++;
+    free(sparse);
+    if (l < L)
+        return dfl_err(DFL_EX_DATA, "%s: layer %lld has a dense MLP but \"intermediate_size\" is not positive", path,
+                       (long long)l);
     return 0;
 }
 
@@ -375,6 +381,20 @@ int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i) {
         if (json_is_integer(v) && json_integer_value(v) == i) return 0;
     }
     return (i + 1) % c->decoder_sparse_step == 0;
+}
+
+/* The same for layers [0, n) in one pass over mlp_only_layers (which may
+ * be as long as the file allows: a scan of it per layer is quadratic). */
+void dfl_model_config_moe_layers(const dfl_model_config *c, int64_t n, unsigned char *sparse) {
+    for (int64_t i = 0; i < n; i++)
+        sparse[i] = c->num_experts && (c->hybrid || (i + 1) % c->decoder_sparse_step == 0);
+    if (!c->num_experts || c->hybrid) return;
+    const json_t *only = json_object_get(c->json, "mlp_only_layers"), *v;
+    size_t k;
+    json_array_foreach(only, k, v) {
+        json_int_t i = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (i >= 0 && i < n) sparse[i] = 0;
+    }
 }
 
 int dfl_model_config_load(dfl_model_config *c, const char *path, const char *role) {

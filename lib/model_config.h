@@ -81,6 +81,9 @@ int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i);
  * in "mlp_only_layers", every decoder_sparse_step-th layer (transformers'
  * Qwen3MoeDecoderLayer); Qwen3.5-MoE: every layer. */
 int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i);
+/* dfl_model_config_moe_layer of layers [0, n) into sparse[n] (1: sparse),
+ * in time linear in n and the length of "mlp_only_layers". */
+void dfl_model_config_moe_layers(const dfl_model_config *c, int64_t n, unsigned char *sparse);
 
 /* RoPE inverse frequencies, head_dim/2 floats, computed in f32 as
  * transformers does (including the llama3 rescaling). With a partial

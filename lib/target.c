@@ -200,6 +200,8 @@ static void plan_weights(dfl_target *t, wlist *l, const dfl_st *st) {
     char name[128];
     snprintf(name, sizeof name, "%sembed_tokens.weight", c->weight_prefix);
     want(l, &t->embed, 2, V, H, 0, name);
+    unsigned char *sparse = dfl_malloc((size_t)t->nlayers);
+    dfl_model_config_moe_layers(c, t->nlayers, sparse);
     for (int i = 0; i < t->nlayers; i++) {
         layer_w *w = &t->layers[i];
         w->linear = dfl_model_config_linear_layer(c, i);
@@ -207,7 +209,7 @@ static void plan_weights(dfl_target *t, wlist *l, const dfl_st *st) {
         if (w->linear) plan_linear(t, l, w, i);
         else plan_attention(t, l, w, i);
         want_layer(l, t, &w->post_norm, 1, H, 0, 0, i, "post_attention_layernorm.weight");
-        w->moe = dfl_model_config_moe_layer(c, i);
+        w->moe = sparse[i];
         if (w->moe) {
             plan_moe(t, l, w, i, st);
             continue;
@@ -216,6 +218,7 @@ static void plan_weights(dfl_target *t, wlist *l, const dfl_st *st) {
         want_layer(l, t, &w->up, 2, I, H, 0, i, "mlp.up_proj.weight");
         want_layer(l, t, &w->down, 2, H, I, 0, i, "mlp.down_proj.weight");
     }
+    free(sparse);
     if (t->head) {
         snprintf(name, sizeof name, "%snorm.weight", c->weight_prefix);
         want(l, &t->final_norm, 1, H, 0, 0, name);

@@ -253,6 +253,48 @@ static void test_moe(void) {
     dfl_model_config_free(&a);
 }
 
+/* A long mlp_only_layers (the file may hold a million entries) is read in
+ * one pass, not once per layer: 100000 layers, all dense but the ones not
+ * listed (every 1000th), listed in reverse with a negative and an
+ * out-of-range entry. dfl_model_config_moe_layers must agree with the
+ * per-layer dfl_model_config_moe_layer on a short list too. */
+static void test_moe_long_layer_list(void) {
+    enum { L = 100000 };
+    size_t cap = (size_t)L * 8 + 1024, n = 0;
+    char *j = dfl_malloc(cap);
+    n += (size_t)snprintf(j + n, cap - n, "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":8,"
+                          "\"num_hidden_layers\":%d,\"num_attention_heads\":2,\"num_key_value_heads\":1,\"vocab_size\":10,"
+                          "\"num_experts\":2,\"num_experts_per_tok\":1,\"moe_intermediate_size\":4,\"intermediate_size\":%%d,"
+                          "\"mlp_only_layers\":[-1,%d", L, L + 7);
+    for (int i = L - 1; i >= 0; i--)
+        if (i % 1000) n += (size_t)snprintf(j + n, cap - n, ",%d", i);
+    snprintf(j + n, cap - n, "]}");
+    char *text = dfl_malloc(cap + 16);
+    dfl_model_config c;
+    snprintf(text, cap + 16, j, 8);
+    T_CHECKF(parse(&c, text) == 0, "%s", dfl_errmsg());
+    unsigned char *sparse = dfl_malloc(L);
+    dfl_model_config_moe_layers(&c, L, sparse);
+    int bad = 0;
+    for (int i = 0; i < L; i++) bad += sparse[i] != (i % 1000 == 0);
+    T_CHECKF(bad == 0, "%d layers wrong", bad);
+    dfl_model_config_free(&c);
+    snprintf(text, cap + 16, j, 0); /* the dense layers have no width */
+    int rc = parse(&c, text);
+    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), "layer 1 has a dense MLP"), "rc %d, %s", rc, dfl_errmsg());
+    dfl_model_config_free(&c);
+    T_CHECKF(parse(&c, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"num_experts\":4,\"num_experts_per_tok\":2,"
+                      "\"decoder_sparse_step\":2,\"mlp_only_layers\":[5,-2,9,0,5]}") == 0, "%s", dfl_errmsg());
+    dfl_model_config_moe_layers(&c, 8, sparse);
+    for (int i = 0; i < 8; i++)
+        T_CHECKF(sparse[i] == dfl_model_config_moe_layer(&c, i) && sparse[i] == (i == 1 || i == 3 || i == 7),
+                 "layer %d", i);
+    dfl_model_config_free(&c);
+    free(sparse);
+    free(text);
+    free(j);
+}
+
 static void test_default_layer_ids(void) {
     int ids[5];
     dfl_default_layer_ids(36, 5, ids);
@@ -273,6 +315,7 @@ int main(void) {
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_defaults);
     T_RUN(test_moe);
+    T_RUN(test_moe_long_layer_list);
     T_RUN(test_default_layer_ids);
     return t_exit();
 }
