@@ -94,9 +94,13 @@ static void check_model(const dfl_model_config *c) {
         int64_t expert = add(mul(3, mul(c->moe_intermediate_size, H)), H);
         int64_t moe = add(mul(c->num_experts, expert), mul(3, mul(c->shared_expert_intermediate_size, H)));
         FUZZ_CHECK(mul(add(mul(c->num_hidden_layers, moe), total), 4) > 0);
-        for (int64_t i = 0; i < c->num_hidden_layers && i < 1000; i++) {
+        unsigned char all[1000];
+        const int64_t n = c->num_hidden_layers < 1000 ? c->num_hidden_layers : 1000;
+        dfl_model_config_moe_layers(c, n, all);
+        for (int64_t i = 0; i < n; i++) {
             int sparse = dfl_model_config_moe_layer(c, i);
             FUZZ_CHECK(sparse == 0 || sparse == 1);
+            FUZZ_CHECK(sparse == all[i]); /* the one-pass listing agrees */
             FUZZ_CHECK(sparse || c->intermediate_size > 0);
         }
     } else {
