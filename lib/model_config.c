@@ -272,10 +272,20 @@ static int parse_hybrid(dfl_model_config *c, const json_t *tj, const char *path)
 static int parse_moe(dfl_model_config *c, const json_t *tj, const char *path) {
     int rc = 0;
     const int q35 = c->hybrid;
-    /* transformers 5 writes "num_local_experts" (its attribute map reads
-     * either); the released files say "num_experts" */
-    const char *ne = json_object_get(tj, "num_experts") ? "num_experts" : "num_local_experts";
-    rc = rc ? rc : get_int(tj, ne, q35 ? 256 : 128, &c->num_experts, path);
+    /* Qwen3-MoE: transformers 5 writes "num_local_experts" and maps
+     * "num_experts" onto it (the released files say "num_experts"); given
+     * both, it keeps num_local_experts: two different counts are refused.
+     * Qwen3_5MoeTextConfig reads "num_experts" alone. */
+    if (!q35 && json_object_get(tj, "num_local_experts")) {
+        int64_t local = 0;
+        rc = rc ? rc : get_int(tj, "num_local_experts", 0, &local, path);
+        rc = rc ? rc : get_int(tj, "num_experts", local, &c->num_experts, path);
+        if (!rc && c->num_experts != local)
+            return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" %lld and \"num_local_experts\" %lld disagree", path,
+                           (long long)c->num_experts, (long long)local);
+    } else {
+        rc = rc ? rc : get_int(tj, "num_experts", q35 ? 256 : 128, &c->num_experts, path);
+    }
     rc = rc ? rc : get_int(tj, "num_experts_per_tok", 8, &c->experts_per_tok, path);
     rc = rc ? rc : get_int(tj, "moe_intermediate_size", q35 ? 512 : 768, &c->moe_intermediate_size, path);
     rc = rc ? rc : get_int(tj, "decoder_sparse_step", 1, &c->decoder_sparse_step, path);

@@ -176,6 +176,14 @@ static void test_moe(void) {
     T_CHECK(parse(&d, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,"
                       "\"num_local_experts\":12}") == 0);
     T_CHECK(d.num_experts == 12);
+    dfl_model_config_free(&d);
+    T_CHECK(parse(&d, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,"
+                      "\"num_local_experts\":12,\"num_experts\":12}") == 0);
+    T_CHECK(d.num_experts == 12);
+    dfl_model_config_free(&d);
+    /* Qwen3_5MoeTextConfig has no num_local_experts: the default 256 */
+    T_CHECK(parse(&d, "{\"architectures\":[\"Qwen3_5MoeForCausalLM\"]," MOE_BASE ",\"num_local_experts\":12}") == 0);
+    T_CHECK(d.num_experts == 256);
     /* Qwen3.5-MoE: no intermediate_size; a shared expert; every layer sparse */
     T_CHECK(parse(&v, "{\"architectures\":[\"Qwen3_5MoeForConditionalGeneration\"],\"model_type\":\"qwen3_5_moe\","
                       "\"text_config\":{" MOE_BASE ",\"num_experts\":8,\"num_experts_per_tok\":3,"
@@ -212,6 +220,9 @@ static void test_moe(void) {
          "layer 2 has a dense MLP"},
         {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts\":-3}",
          "\"num_experts\" is negative"},
+        /* transformers would take num_local_experts (7), not num_experts */
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"]," MOE_BASE ",\"intermediate_size\":96,\"num_experts\":5,\"num_experts_per_tok\":2,"
+         "\"num_local_experts\":7}", "disagree"},
         {"{\"architectures\":[\"Qwen3_5MoeForCausalLM\"]," MOE_BASE ",\"shared_expert_intermediate_size\":-1}",
          "shared_expert_intermediate_size"},
         /* refused at once, not after a scan of 4e15 layers for dense ones */
