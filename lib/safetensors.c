@@ -20,12 +20,18 @@ typedef struct {
     json_t  *header;
 } st_file;
 
+typedef struct {
+    const char *name;
+    int         idx;            /* in dfl_st.t */
+} st_name;
+
 struct dfl_st {
     char          *index;       /* model.safetensors.index.json of a sharded model, or NULL */
     int            nfiles;
     st_file       *files;
     int            n;
     dfl_st_tensor *t;
+    st_name       *by_name;     /* the tensors in name order, once every header is read (NULL before) */
 };
 
 /* Every dtype string of the format; those dflash computes with map to a dfl_dtype. */
@@ -181,6 +187,23 @@ static int load_header(dfl_st *st, st_file *f) {
     return rc;
 }
 
+static int name_cmp(const void *a, const void *b) {
+    return strcmp(((const st_name *)a)->name, ((const st_name *)b)->name);
+}
+
+/* The name index dfl_st_find searches (a MoE checkpoint has ~10^4-10^5
+ * tensors: one scan of them per lookup is quadratic over a load). A name
+ * in two shards sorts next to itself: its position is returned in *dup
+ * (else -1). */
+static void build_index(dfl_st *st, int *dup) {
+    st->by_name = dfl_malloc((size_t)(st->n ? st->n : 1) * sizeof *st->by_name);
+    for (int i = 0; i < st->n; i++) st->by_name[i] = (st_name){st->t[i].name, i};
+    qsort(st->by_name, (size_t)st->n, sizeof *st->by_name, name_cmp);
+    *dup = -1;
+    for (int i = 1; i < st->n && *dup < 0; i++)
+        if (!strcmp(st->by_name[i - 1].name, st->by_name[i].name)) *dup = i;
+}
+
 static void add_file(dfl_st *st, st_file **f) {
     st->files = dfl_realloc(st->files, sizeof(st_file) * (size_t)(st->nfiles + 1));
     *f = &st->files[st->nfiles++];
@@ -193,6 +216,10 @@ int dfl_st_open(dfl_st **out, const char *path) {
     add_file(st, &f);
     int rc = map_file(f, path);
     if (!rc) rc = load_header(st, f);
+    if (!rc) {
+        int dup; /* none: the header's JSON has no duplicate keys */
+        build_index(st, &dup);
+    }
     if (rc) {
         dfl_st_close(st);
         st = NULL;
@@ -201,21 +228,18 @@ int dfl_st_open(dfl_st **out, const char *path) {
     return rc;
 }
 
-static int tensor_name_cmp(const void *a, const void *b) {
-    return strcmp((*(const dfl_st_tensor *const *)a)->name, (*(const dfl_st_tensor *const *)b)->name);
-}
-
-static int check_unique_names(const dfl_st *st, const char *index_path) {
-    const dfl_st_tensor **by = dfl_calloc((size_t)st->n, sizeof *by);
-    for (int i = 0; i < st->n; i++) by[i] = &st->t[i];
-    qsort(by, (size_t)st->n, sizeof *by, tensor_name_cmp);
-    int rc = 0;
-    for (int i = 1; i < st->n && !rc; i++)
-        if (!strcmp(by[i - 1]->name, by[i]->name))
-            rc = dfl_err(DFL_EX_DATA, "%s: tensor '%s' is in two shards: %s and %s", index_path, by[i]->name,
-                         by[i - 1]->file, by[i]->file);
-    free(by);
-    return rc;
+static int check_unique_names(dfl_st *st, const char *index_path) {
+    int dup;
+    build_index(st, &dup);
+    if (dup < 0) return 0;
+    const dfl_st_tensor *a = &st->t[st->by_name[dup - 1].idx], *b = &st->t[st->by_name[dup].idx];
+    /* the shard opened first, named first */
+    if (a > b) {
+        const dfl_st_tensor *x = a;
+        a = b;
+        b = x;
+    }
+    return dfl_err(DFL_EX_DATA, "%s: tensor '%s' is in two shards: %s and %s", index_path, b->name, a->file, b->file);
 }
 
 static int open_index(dfl_st *st, const char *dir, const char *index_path) {
@@ -287,6 +311,7 @@ void dfl_st_close(dfl_st *st) {
     }
     free(st->files);
     free(st->t);
+    free(st->by_name);
     free(st->index);
     free(st);
 }
@@ -295,8 +320,18 @@ int dfl_st_count(const dfl_st *st) { return st->n; }
 const dfl_st_tensor *dfl_st_at(const dfl_st *st, int i) { return &st->t[i]; }
 
 const dfl_st_tensor *dfl_st_find(const dfl_st *st, const char *name) {
-    for (int i = 0; i < st->n; i++)
-        if (!strcmp(st->t[i].name, name)) return &st->t[i];
+    if (!st->by_name) { /* headers still being read */
+        for (int i = 0; i < st->n; i++)
+            if (!strcmp(st->t[i].name, name)) return &st->t[i];
+        return NULL;
+    }
+    int lo = 0, hi = st->n; /* binary search of [lo, hi) */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(st->by_name[mid].name, name);
+        if (!c) return &st->t[st->by_name[mid].idx];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
     return NULL;
 }
 

@@ -46,6 +46,49 @@ static void test_round_trip(void) {
     dfl_st_close(st);
 }
 
+/* dfl_st_find over many tensors (a MoE checkpoint's ~10^4 per file, found
+ * through a name index): every name finds its own tensor (mixed dtypes, so
+ * the file's order is not the names' order), names between, before and
+ * after them, prefixes and extensions of them find nothing. */
+static void test_find_many(void) {
+    enum { N = 600 };
+    char path[512], (*names)[48] = dfl_malloc(N * sizeof *names);
+    float *vals = dfl_malloc(N * sizeof *vals);
+    dfl_st_in *in = dfl_calloc(N, sizeof *in);
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "model.layers.%d.mlp.experts.%d.up_proj.weight", i % 7, i);
+        vals[i] = (float)i;
+        in[i] = (dfl_st_in){names[i], i % 3 ? DFL_F32 : DFL_BF16, 1, {1}, &vals[i]};
+        if (!(i % 3)) { /* bf16 of i (exact below 256, and these only need to differ) */
+            uint32_t u;
+            memcpy(&u, &vals[i], 4);
+            ((uint16_t *)&vals[i])[0] = (uint16_t)(u >> 16);
+        }
+    }
+    path_in(path, "many.safetensors");
+    T_CHECK(dfl_st_write(path, in, N, NULL) == 0);
+    dfl_st *st;
+    T_CHECK(dfl_st_open(&st, path) == 0);
+    if (!st) return;
+    int wrong = 0;
+    for (int i = 0; i < N; i++) {
+        const dfl_st_tensor *t = dfl_st_find(st, names[i]);
+        float f;
+        if (t) dfl_st_to_f32(t, &f);
+        wrong += !t || strcmp(t->name, names[i]) || (i % 3 && f != (float)i);
+    }
+    T_CHECKF(wrong == 0, "%d names not found or wrong", wrong);
+    static const char *absent[] = {"", "a", "model.layers.", "model.layers.0.mlp.experts.0.up_proj.weigh",
+                                   "model.layers.0.mlp.experts.0.up_proj.weightx", "model.layers.3.mlp.experts.0.up_proj.weight",
+                                   "zzz"};
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+        T_CHECKF(dfl_st_find(st, absent[i]) == NULL, "'%s' found", absent[i]);
+    dfl_st_close(st);
+    free(in);
+    free(vals);
+    free(names);
+}
+
 /* Each malformed file is refused with DFL_EX_DATA and a message naming it. */
 static void test_rejects(void) {
     static const struct {
@@ -91,6 +134,7 @@ int main(void) {
     if (!mkdtemp(dir)) return 1;
     T_RUN(test_round_trip);
     T_RUN(test_rejects);
+    T_RUN(test_find_many);
     if (t_rm_rf(dir)) return 1;
     return t_exit();
 }
