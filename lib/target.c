@@ -68,14 +68,22 @@ typedef struct {
     const dfl_st_tensor *src;
 } wspec;
 
+/* The plan. Each tensor is looked up in the checkpoint as it is planned,
+ * and planning stops at the first one missing or misshapen (rc): the list
+ * never outgrows the checkpoint, whatever sizes config.json claims (a MoE
+ * config's layers x experts can ask for 10^9 tensors of a file with few). */
 typedef struct {
     wspec *v;
     int n, cap;
+    const dfl_st *st;
+    int rc;
+    wspec discard; /* returned once rc is set, for the caller's field writes */
 } wlist;
 
 /* Add a tensor to the list; the pointer returned is valid until the next
  * call (the list grows by realloc). */
 static wspec *want(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *name) {
+    if (l->rc) return memset(&l->discard, 0, sizeof l->discard);
     if (l->n == l->cap) l->v = dfl_realloc(l->v, (size_t)(l->cap = l->cap ? 2 * l->cap : 64) * sizeof *l->v);
     wspec *w = &l->v[l->n++];
     memset(w, 0, sizeof *w);
@@ -85,6 +93,10 @@ static wspec *want(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, int64
     w->shape[1] = d1;
     w->shape[2] = d2;
     w->dst = dst;
+    if ((l->rc = dfl_st_get(l->st, w->name, ndim, w->shape, &w->src))) {
+        l->n--;
+        return memset(&l->discard, 0, sizeof l->discard);
+    }
     return w;
 }
 
@@ -164,23 +176,23 @@ static void plan_linear(dfl_target *t, wlist *l, layer_w *w, int i) {
  * H] and down_proj [E, H, Im], as transformers 5 keeps them); either way
  * they land in one [E, 2*Im, H] and one [E, H, Im] tensor (concatenations,
  * in the order load_all lays them out). */
-static void plan_moe(dfl_target *t, wlist *l, layer_w *w, int i, const dfl_st *st) {
+static void plan_moe(dfl_target *t, wlist *l, layer_w *w, int i) {
     const dfl_model_config *c = &t->cfg;
     const int64_t H = c->hidden_size, E = c->num_experts, Im = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
     char name[128], suffix[64];
     want_layer(l, t, &w->router, 2, E, H, 0, i, "mlp.gate.weight");
     snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", c->weight_prefix, i);
-    if (dfl_st_find(st, name)) {
+    if (dfl_st_find(l->st, name)) {
         want_layer(l, t, &w->exp_gate_up, 3, E, 2 * Im, H, i, "mlp.experts.gate_up_proj");
         want_layer(l, t, &w->exp_down, 3, E, H, Im, i, "mlp.experts.down_proj");
     } else {
-        for (int64_t e = 0; e < E; e++) {
+        for (int64_t e = 0; e < E && !l->rc; e++) {
             snprintf(suffix, sizeof suffix, "mlp.experts.%lld.gate_proj.weight", (long long)e);
             want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix)->dst_off = e * 2 * Im * H;
             snprintf(suffix, sizeof suffix, "mlp.experts.%lld.up_proj.weight", (long long)e);
             want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix)->dst_off = (e * 2 + 1) * Im * H;
         }
-        for (int64_t e = 0; e < E; e++) {
+        for (int64_t e = 0; e < E && !l->rc; e++) {
             snprintf(suffix, sizeof suffix, "mlp.experts.%lld.down_proj.weight", (long long)e);
             want_layer(l, t, &w->exp_down, 2, H, Im, 0, i, suffix)->dst_off = e * H * Im;
         }
@@ -194,7 +206,7 @@ static void plan_moe(dfl_target *t, wlist *l, layer_w *w, int i, const dfl_st *s
 }
 
 /* The tensors of the model, with the shapes config.json implies. */
-static void plan_weights(dfl_target *t, wlist *l, const dfl_st *st) {
+static void plan_weights(dfl_target *t, wlist *l) {
     const dfl_model_config *c = &t->cfg;
     const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
     char name[128];
@@ -202,7 +214,7 @@ static void plan_weights(dfl_target *t, wlist *l, const dfl_st *st) {
     want(l, &t->embed, 2, V, H, 0, name);
     unsigned char *sparse = dfl_malloc((size_t)t->nlayers);
     dfl_model_config_moe_layers(c, t->nlayers, sparse);
-    for (int i = 0; i < t->nlayers; i++) {
+    for (int i = 0; i < t->nlayers && !l->rc; i++) {
         layer_w *w = &t->layers[i];
         w->linear = dfl_model_config_linear_layer(c, i);
         want_layer(l, t, &w->in_norm, 1, H, 0, 0, i, "input_layernorm.weight");
@@ -211,7 +223,7 @@ static void plan_weights(dfl_target *t, wlist *l, const dfl_st *st) {
         want_layer(l, t, &w->post_norm, 1, H, 0, 0, i, "post_attention_layernorm.weight");
         w->moe = sparse[i];
         if (w->moe) {
-            plan_moe(t, l, w, i, st);
+            plan_moe(t, l, w, i);
             continue;
         }
         want_layer(l, t, &w->gate, 2, I, H, 0, i, "mlp.gate_proj.weight");
@@ -378,10 +390,10 @@ int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const
         dfl_target_free(t);
         return rc;
     }
-    wlist l = {0};
-    plan_weights(t, &l, st);
+    wlist l = {.st = st};
     /* Every name and shape is checked before anything large is allocated. */
-    for (int i = 0; i < l.n && !rc; i++) rc = dfl_st_get(st, l.v[i].name, l.v[i].ndim, l.v[i].shape, &l.v[i].src);
+    plan_weights(t, &l);
+    rc = l.rc;
     if (!rc) {
         load_all(t, &l);
         if (t->head && t->cfg.tie_word_embeddings) t->lm_head = t->embed;

@@ -37,8 +37,18 @@
 #include "test.h"
 
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
 
 #define F32_TOL 1e-9
 #define HYBRID_TOL 1e-8
@@ -647,6 +657,65 @@ static void test_moe_workspace_growth(void) {
     dfl_target_free(fresh);
 }
 
+/* A 2 MB directory whose config.json claims a MoE model of 20000 layers of
+ * 4096 experts (count_params accepts it: the experts are 1 wide) and whose
+ * weights hold the embedding and every layer's input norm, so the layer
+ * count checks out, and nothing else. The loader must refuse it naming the
+ * first missing tensor without first planning the 2.5e8 tensors the config
+ * implies (~57 GB of plan: it did). Loaded in a child under an address-space
+ * limit of what the test already holds plus 1 GiB (the normal build; ASan
+ * reserves terabytes of shadow, so the limit cannot apply there). */
+static void test_moe_plan_bounded_by_weights(void) {
+#ifdef UNDER_ASAN
+    printf("  skipped under ASan (needs RLIMIT_AS)\n");
+#else
+    enum { L = 20000 };
+    char d[512], p[600];
+    snprintf(d, sizeof d, "%s/moe-claims", tmp);
+    mkdir(d, 0777);
+    snprintf(p, sizeof p, "%s/config.json", d);
+    FILE *f = fopen(p, "w");
+    fprintf(f, "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":2,\"num_hidden_layers\":%d,"
+               "\"num_attention_heads\":1,\"num_key_value_heads\":1,\"head_dim\":2,\"vocab_size\":4,"
+               "\"num_experts\":4096,\"num_experts_per_tok\":1,\"moe_intermediate_size\":1,\"intermediate_size\":2}",
+            L);
+    fclose(f);
+    static float zeros[8];
+    char (*names)[64] = dfl_malloc((L + 1) * sizeof *names);
+    dfl_st_in *in = dfl_calloc(L + 1, sizeof *in);
+    in[0] = (dfl_st_in){"model.embed_tokens.weight", DFL_F32, 2, {4, 2}, zeros};
+    for (int i = 0; i < L; i++) {
+        snprintf(names[i], sizeof names[i], "model.layers.%d.input_layernorm.weight", i);
+        in[i + 1] = (dfl_st_in){names[i], DFL_F32, 1, {2}, zeros};
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    T_CHECK(dfl_st_write(p, in, L + 1, NULL) == 0);
+    free(in);
+    free(names);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *m = fopen("/proc/self/statm", "r");
+        unsigned long pages = 0;
+        if (m && fscanf(m, "%lu", &pages) == 1) {
+            rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)1 << 30);
+            struct rlimit rl = {cap, cap};
+            setrlimit(RLIMIT_AS, &rl);
+        }
+        if (m) fclose(m);
+        dfl_target *t = NULL;
+        dfl_target_opts o = {0, 0};
+        int rc = dfl_target_load(&t, d, dfl_ops_cpu(), &o);
+        int named = rc && strstr(dfl_errmsg(), "'model.layers.0.self_attn.q_proj.weight' is missing") != NULL;
+        if (!named) fprintf(stderr, "  child: rc %d, %s\n", rc, dfl_errmsg());
+        _exit(rc == DFL_EX_DATA && named ? 0 : 1);
+    }
+    int st = 0;
+    T_CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+    T_CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
+#endif
+}
+
 /* ---- weight encodings ---------------------------------------------------- */
 
 /* All taps of fixture FROM's inputs for the model in `dir`, f32. */
@@ -808,6 +877,7 @@ int main(void) {
     T_RUN(test_broken_qwen35);
     T_RUN(test_broken_moe);
     T_RUN(test_moe_workspace_growth);
+    T_RUN(test_moe_plan_bounded_by_weights);
     T_RUN(test_weight_encodings);
     if (t_rm_rf(tmp) != 0) return 1;
     return t_exit();
