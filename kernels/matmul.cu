@@ -88,7 +88,7 @@ void cuda_matmul_bwd(void *din, float *dw, const void *dout, const void *in, con
 // - a matrix pointer is not aligned as the grouped call requires of bf16
 //   operands (cuBLAS documentation: 16 bytes where a row of k elements is a
 //   multiple of 16 bytes, else 4 where it is a multiple of 4; checked here
-//   by both K and N for C, whose rows are N long). Never for the model's
+//   by both K and N for C, whose rows are N long). Not for the models'
 //   shapes (widths multiples of 8, buffers 256-byte aligned); a view at an
 //   odd element would otherwise fault ("misaligned address").
 
@@ -96,8 +96,6 @@ static size_t grouped_align(int64_t row_elems) {
     const int64_t b = row_elems * (int64_t)sizeof(bf16);
     return b % 16 == 0 ? 16 : b % 4 == 0 ? 4 : 1;
 }
-
-static int grouped_aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }
 
 // Host arrays of the grouped call, grow-only (one stream, one caller at a
 // time, as the whole backend). The pointer block is the source of a
@@ -152,8 +150,8 @@ void cuda_matmul_grouped(void *out, const void *in, const void *w, const int64_t
         CU_ASSERT(rows >= 0 && fits_int(rows));
         if (rows == 0) continue;
         count++;
-        aligned &= grouped_aligned((const bf16 *)w + e * w_stride, a_in) &&
-                   grouped_aligned((const bf16 *)in + r0 * K, a_in) && grouped_aligned((bf16 *)out + r0 * N, a_out);
+        aligned &= is_aligned((const bf16 *)w + e * w_stride, a_in) && is_aligned((const bf16 *)in + r0 * K, a_in) &&
+                   is_aligned((bf16 *)out + r0 * N, a_out);
     }
     if (count == 0 || N == 0) return; // nothing to compute: no launch
     if (g_cuda.no_grouped || K == 0 || !aligned) {
