@@ -122,6 +122,7 @@ static void fill_table(dfl_ops *t) {
     t->master_to_wt = cuda_master_to_wt;
     t->matmul = cuda_matmul;
     t->matmul_bwd = cuda_matmul_bwd;
+    t->matmul_grouped = cuda_matmul_grouped;
     t->rmsnorm = cuda_rmsnorm;
     t->rmsnorm_bwd = cuda_rmsnorm_bwd;
     t->rmsnorm1p = cuda_rmsnorm1p;
@@ -183,6 +184,7 @@ extern "C" int dfl_ops_cuda(int dev, const dfl_ops **out) {
     g_cuda.pools = pools;
     g_cuda.simple = env_flag("DFLASH_CUDA_SIMPLE");
     g_cuda.sync = env_flag("DFLASH_CUDA_SYNC");
+    g_cuda.no_grouped = env_flag("DFLASH_CUDA_NO_GROUPED");
     const char *rows = getenv("DFLASH_CUDA_LMHEAD_ROWS");
     g_cuda.lmhead_rows = rows ? atoll(rows) : 0;
     const char *conv_rows = getenv("DFLASH_CUDA_CONV_ROWS");

@@ -92,6 +92,7 @@ struct dfl_cuda_state {
     int sync;             // DFLASH_CUDA_SYNC=1: synchronise after every launch
     int64_t lmhead_rows;  // DFLASH_CUDA_LMHEAD_ROWS=n: rows per LM-head chunk (tests)
     int64_t conv_rows;    // DFLASH_CUDA_CONV_ROWS=n: rows per conv1d_silu thread (tests)
+    int no_grouped;       // DFLASH_CUDA_NO_GROUPED=1: matmul_grouped as one GEMM per group
 };
 extern dfl_cuda_state g_cuda;
 
@@ -191,6 +192,8 @@ void cuda_master_to_wt(void *dst, const float *master, int64_t n);
 void cuda_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
 void cuda_matmul_bwd(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M,
                      int64_t K, int64_t N);
+void cuda_matmul_grouped(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
+                         int64_t w_stride, int64_t K, int64_t N, int accumulate);
 // rmsnorm.cu
 void cuda_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
 void cuda_rmsnorm1p(void *out, const void *in, const void *w, int64_t rows, int64_t dim, float eps);

@@ -1,6 +1,6 @@
 // matmul.cu: the dense ops through cuBLAS (bf16 operands, f32 compute and
 // accumulation, bf16 or f32 results).
-// defines: gemm_nt, gemm_nn, gemm_tn, cuda_matmul, cuda_matmul_bwd
+// defines: gemm_nt, gemm_nn, gemm_tn, cuda_matmul, cuda_matmul_bwd, cuda_matmul_grouped
 //
 // cuBLAS is column-major; a row-major [R,C] matrix with row stride ld is the
 // column-major C×R matrix with leading dimension ld. So row-major
@@ -9,6 +9,8 @@
 #include "common.cuh"
 
 #include <limits.h>
+
+#include <algorithm>
 
 static int fits_int(int64_t x) { return x >= 0 && x <= INT_MAX; }
 
@@ -65,4 +67,123 @@ void cuda_matmul_bwd(void *din, float *dw, const void *dout, const void *in, con
         CU_ASSERT(in);
         gemm_tn(dw, 1, (const bf16 *)dout, (const bf16 *)in, N, K, M, N, K, K, 1.0f, 1.0f);
     }
+}
+
+// ---------------------------------------------------------------------------
+// matmul_grouped: the experts' products of a MoE layer in one cuBLAS call
+//
+// cublasGemmGroupedBatchedEx (cuBLAS 12.5+) with one problem per expert that
+// has rows (group_size 1 each: the problems differ in their row counts), the
+// operands swapped as in gemm above: cuBLAS's m = N, n = the expert's rows,
+// A = w_e (op T), B = in_e. bf16 A/B/C with CUBLAS_COMPUTE_32F is one of
+// the documented combinations. The A/B/C pointer arrays must be in device
+// memory (uploaded to the op scratch); the size, leading-dimension, scale,
+// transpose and group-size arrays are read on the host.
+//
+// One gemm_nt per expert instead (the matmul op's very calls) when
+// - DFLASH_CUDA_NO_GROUPED=1 (so that a benchmark can time both),
+// - cuBLAS answers CUBLAS_STATUS_NOT_SUPPORTED (any other failure exits 70
+//   as every cuBLAS call does),
+// - K = 0 (an empty sum: gemm_nt writes the zeros itself),
+// - a matrix pointer is not aligned as the grouped call requires of bf16
+//   operands (cuBLAS documentation: 16 bytes where a row of k elements is a
+//   multiple of 16 bytes, else 4 where it is a multiple of 4; checked here
+//   by both K and N for C, whose rows are N long). Not for the models'
+//   shapes (widths multiples of 8, buffers 256-byte aligned); a view at an
+//   odd element would otherwise fault ("misaligned address").
+
+static size_t grouped_align(int64_t row_elems) {
+    const int64_t b = row_elems * (int64_t)sizeof(bf16);
+    return b % 16 == 0 ? 16 : b % 4 == 0 ? 4 : 1;
+}
+
+// Host arrays of the grouped call, grow-only (one stream, one caller at a
+// time, as the whole backend). The pointer block is the source of a
+// pageable cudaMemcpyAsync, which is staged before the call returns
+// (backend.cu, cuda_upload), so reusing it on the next call is safe.
+struct grouped_args {
+    const void **ptrs; // A | B | C, `cap` each
+    cublasOperation_t *ta, *tb;
+    int *m, *n, *k, *lda, *ldb, *ldc, *size;
+    float *alpha, *beta;
+    int64_t cap;
+};
+static grouped_args g_grouped;
+
+static void grouped_reserve(int64_t count) {
+    grouped_args &a = g_grouped;
+    if (count <= a.cap) return;
+    free(a.ptrs), free(a.ta), free(a.tb), free(a.m), free(a.n), free(a.k), free(a.lda), free(a.ldb), free(a.ldc),
+        free(a.size), free(a.alpha), free(a.beta);
+    const size_t c = (size_t)count;
+    a.ptrs = (const void **)dfl_malloc(3 * c * sizeof *a.ptrs);
+    a.ta = (cublasOperation_t *)dfl_malloc(c * sizeof *a.ta);
+    a.tb = (cublasOperation_t *)dfl_malloc(c * sizeof *a.tb);
+    int **ints[] = {&a.m, &a.n, &a.k, &a.lda, &a.ldb, &a.ldc, &a.size};
+    for (int **p : ints) *p = (int *)dfl_malloc(c * sizeof(int));
+    a.alpha = (float *)dfl_malloc(c * sizeof(float));
+    a.beta = (float *)dfl_malloc(c * sizeof(float));
+    a.cap = count;
+}
+
+static void grouped_by_gemm(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
+                            int64_t w_stride, int64_t K, int64_t N, float beta) {
+    for (int64_t e = 0; e < G; e++) {
+        const int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+        if (rows == 0) continue;
+        gemm_nt((bf16 *)out + r0 * N, 0, (const bf16 *)in + r0 * K, (const bf16 *)w + e * w_stride, rows, N, K, K,
+                K, N, 1.0f, beta);
+    }
+}
+
+// out[r] (+)= in[r] · w_e^T for rows r of group e (ops.h)
+void cuda_matmul_grouped(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
+                         int64_t w_stride, int64_t K, int64_t N, int accumulate) {
+    CU_ASSERT(out && in && w && offsets && G >= 0 && G <= INT_MAX && w_stride >= 0 && fits_int(K) && fits_int(N));
+    CU_ASSERT(G == 0 || offsets[0] == 0);
+    const float beta = accumulate ? 1.0f : 0.0f;
+    const size_t a_in = grouped_align(K), a_out = std::max(grouped_align(K), grouped_align(N));
+    int64_t count = 0;
+    int aligned = 1;
+    for (int64_t e = 0; e < G; e++) {
+        const int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+        CU_ASSERT(rows >= 0 && fits_int(rows));
+        if (rows == 0) continue;
+        count++;
+        aligned &= is_aligned((const bf16 *)w + e * w_stride, a_in) && is_aligned((const bf16 *)in + r0 * K, a_in) &&
+                   is_aligned((bf16 *)out + r0 * N, a_out);
+    }
+    if (count == 0 || N == 0) return; // nothing to compute: no launch
+    if (g_cuda.no_grouped || K == 0 || !aligned) {
+        grouped_by_gemm(out, in, w, offsets, G, w_stride, K, N, beta);
+        return;
+    }
+    grouped_reserve(count);
+    grouped_args &a = g_grouped;
+    const void **A = a.ptrs, **B = a.ptrs + count, **C = a.ptrs + 2 * count;
+    for (int64_t e = 0, i = 0; e < G; e++) {
+        const int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+        if (rows == 0) continue;
+        A[i] = (const bf16 *)w + e * w_stride;
+        B[i] = (const bf16 *)in + r0 * K;
+        C[i] = (bf16 *)out + r0 * N;
+        a.ta[i] = CUBLAS_OP_T, a.tb[i] = CUBLAS_OP_N;
+        a.m[i] = (int)N, a.n[i] = (int)rows, a.k[i] = (int)K;
+        a.lda[i] = (int)K, a.ldb[i] = (int)K, a.ldc[i] = (int)N;
+        a.size[i] = 1, a.alpha[i] = 1.0f, a.beta[i] = beta;
+        i++;
+    }
+    const size_t ptr_bytes = 3 * (size_t)count * sizeof(void *);
+    void **dptrs = (void **)cuda_scratch(SCRATCH_OP, ptr_bytes);
+    cudaCheck(cudaMemcpyAsync(dptrs, a.ptrs, ptr_bytes, cudaMemcpyHostToDevice, g_cuda.stream));
+    cublasStatus_t s = cublasGemmGroupedBatchedEx(
+        g_cuda.blas, a.ta, a.tb, a.m, a.n, a.k, a.alpha, (const void *const *)dptrs, CUDA_R_16BF, a.lda,
+        (const void *const *)(dptrs + count), CUDA_R_16BF, a.ldb, a.beta, (void *const *)(dptrs + 2 * count),
+        CUDA_R_16BF, a.ldc, (int)count, a.size, CUBLAS_COMPUTE_32F);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
+        grouped_by_gemm(out, in, w, offsets, G, w_stride, K, N, beta);
+        return;
+    }
+    cublasCheck(s);
+    LAUNCH_CHECK();
 }

@@ -142,7 +142,7 @@ void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int
 }
 
 /* out[M,N] = in[M,K] . w[N,K]^T (+ out) */
-static void cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate) {
+void dfl_cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         if (!accumulate) memset(out, 0, (size_t)M * (size_t)N * 4);
@@ -366,7 +366,8 @@ static const dfl_ops cpu_ops = {
     .act_to_f32 = cpu_act_to_f32,
     .act_to_bf16 = cpu_act_to_bf16,
     .master_to_wt = cpu_master_to_wt,
-    .matmul = cpu_matmul,
+    .matmul = dfl_cpu_matmul,
+    .matmul_grouped = dfl_cpu_matmul_grouped,
     .matmul_bwd = cpu_matmul_bwd,
     .rmsnorm = cpu_rmsnorm,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,

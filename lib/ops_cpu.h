@@ -20,6 +20,8 @@
  * reads each row of w once for all of them, more through sgemm. */
 #define DFL_CPU_FEW_ROWS 16
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta);
+/* The matmul op (ops.h): dfl_cpu_gemm_nt, and the empty cases. */
+void dfl_cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
 
 /* Kernels compiled twice, for x86-64-v3 (AVX2, FMA) and the baseline, and
  * picked at load time (an ifunc). */
@@ -82,6 +84,8 @@ void dfl_cpu_gated_delta(void *out, float *state, float *steps, const void *qkv,
 /* ---- mixture of experts (ops_cpu_moe.c) ---- */
 void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts, const void *logits, int64_t T,
                        int64_t E, int64_t k, int norm);
+void dfl_cpu_matmul_grouped(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
+                            int64_t w_stride, int64_t K, int64_t N, int accumulate);
 void dfl_cpu_gather_rows(void *out, const void *in, const int32_t *rows, int64_t n, int64_t H);
 void dfl_cpu_moe_combine(void *x, const void *y, const int32_t *pos, const float *wts, const void *shared,
                          const void *sgate, int64_t T, int64_t k, int64_t H);

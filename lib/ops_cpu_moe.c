@@ -1,8 +1,6 @@
 /* ops_cpu_moe.c: the CPU ops of the mixture-of-experts targets (Qwen3-MoE,
  * Qwen3.5-MoE): routing, the gather of each expert's rows and the weighted
- * combine (ops.h has the contracts). The experts' matrix products go
- * through the ordinary matmul op, one expert's rows at a time, in the model
- * code (lib/target.c).
+ * combine, and the experts' matrix products (ops.h has the contracts).
  *
  * The routing follows transformers' Qwen3MoeSparseMoeBlock: softmax over
  * all experts in f32, then top-k, then (norm_topk_prob) division by the sum
@@ -63,6 +61,24 @@ void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts
     }
     free(next);
     free(ids);
+}
+
+/* One matmul per expert with rows, the very calls (same M, same sgemm /
+ * sgemv / few-rows path) that the model would make one expert at a time,
+ * so the results are those bit for bit. No parallel loop over experts here:
+ * each product parallelises itself where it is big enough. */
+void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, const int64_t *offsets, int64_t G,
+                            int64_t w_stride, int64_t K, int64_t N, int accumulate) {
+    float *out = out_;
+    const float *in = in_, *w = w_;
+    DFL_ASSERT(G >= 0 && K >= 0 && N >= 0 && w_stride >= 0);
+    DFL_ASSERT(G == 0 || offsets[0] == 0);
+    for (int64_t e = 0; e < G; e++) {
+        const int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+        DFL_ASSERT(rows >= 0);
+        if (rows == 0) continue;
+        dfl_cpu_matmul(out + r0 * N, in + r0 * K, w + e * w_stride, rows, K, N, accumulate);
+    }
 }
 
 void dfl_cpu_gather_rows(void *out_, const void *in_, const int32_t *rows, int64_t n, int64_t H) {

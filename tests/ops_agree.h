@@ -908,6 +908,100 @@ static void moe_combine_agrees(void) {
     moe_combine_case(20, 512, 10, 1040, 1); /* H over the threads of a block */
 }
 
+/* ---- matmul_grouped ---------------------------------------------------------------
+ * The experts' products against the CPU (each group the matmul op on its
+ * rows: tests/unit/test_ops_cpu.c checks that bit for bit), NMSE_ROUND:
+ * every output is one f32 sum rounded to bf16 once. Under the emulation
+ * (tests/emu) the cuBLAS calls are also counted, so each case states which
+ * path it takes: 'G' one grouped call, 'F' one cublasGemmEx per group with
+ * rows (the fallback), '0' no GEMM at all. DFLASH_CUDA_NO_GROUPED=1 turns
+ * every 'G' into 'F'. */
+extern void dfl_emu_grouped_not_supported(int on) __attribute__((weak));
+extern void dfl_emu_blas_calls(unsigned long *gemm, unsigned long *grouped) __attribute__((weak));
+
+typedef struct {
+    const char *name;
+    const int64_t *rows; /* per group */
+    int64_t G, K, N;
+    int64_t w_stride, w_off; /* group e's weights at w_off + e * w_stride */
+    int64_t view;            /* in and out are views at this element offset */
+    char path;
+} grouped_shape;
+
+static void grouped_case(const grouped_shape *s) {
+    int64_t *off = dfl_malloc((size_t)(s->G + 1) * 8), used = 0;
+    off[0] = 0;
+    for (int64_t e = 0; e < s->G; e++) off[e + 1] = off[e] + s->rows[e], used += s->rows[e] > 0;
+    const int64_t R = off[s->G], v = s->view, K = s->K, N = s->N;
+    const int64_t nw = s->G ? s->w_off + (s->G - 1) * s->w_stride + N * K : 0;
+    const int64_t no = R * N + v + 8; /* and 8 values after the rows, which must keep their start values */
+    float *hx = ag_randn(R * K + v, 1), *hw = ag_randn(nw, 0.2), *ho = ag_randn(no, 1);
+    ag_pair x = ag_new(hx, R * K + v, AG_ACT), w = ag_new(hw, nw, AG_ACT);
+    const int no_grouped = getenv("DFLASH_CUDA_NO_GROUPED") && strcmp(getenv("DFLASH_CUDA_NO_GROUPED"), "0") != 0;
+    const char path = s->path == 'G' && no_grouped ? 'F' : s->path;
+    for (int acc = 0; acc < 2; acc++) {
+        ag_pair o = ag_new(ho, no, AG_ACT); /* random start values: overwritten, or added to */
+        unsigned long g0 = 0, q0 = 0, g1 = 0, q1 = 0;
+        if (dfl_emu_blas_calls) dfl_emu_blas_calls(&g0, &q0);
+        REF->matmul_grouped(AG_VIEW(REF, o.r, v), AG_VIEW(REF, x.r, v), AG_VIEW(REF, w.r, s->w_off), off, s->G,
+                            s->w_stride, K, N, acc);
+        DEV->matmul_grouped(AG_VIEW(DEV, o.d, v), AG_VIEW(DEV, x.d, v), AG_VIEW(DEV, w.d, s->w_off), off, s->G,
+                            s->w_stride, K, N, acc);
+        char what[96];
+        snprintf(what, sizeof what, "grouped %s%s", s->name, acc ? " (acc)" : "");
+        ag_check(what, &o, NMSE_ROUND);
+        if (dfl_emu_blas_calls) {
+            dfl_emu_blas_calls(&g1, &q1);
+            const unsigned long gemms = path == 'F' && K > 0 ? (unsigned long)used : 0, grouped = path == 'G';
+            T_CHECKF(g1 - g0 == gemms && q1 - q0 == grouped,
+                     "%s: %lu cublasGemmEx and %lu grouped calls, expected %lu and %lu (path %c)", what, g1 - g0,
+                     q1 - q0, gemms, grouped, path);
+        }
+        ag_free(&o);
+    }
+    ag_free(&x), ag_free(&w);
+    free(off), free(hx), free(hw), free(ho);
+}
+
+static void moe_matmul_grouped_agrees(void) {
+    static const int64_t gaps[] = {0, 5, 0, 3, 17, 1, 0}, one[] = {40}, none[] = {0, 0, 0};
+    static const int64_t mixed[] = {3, 0, 9, 2, 1};
+    int64_t many[128];
+    for (int e = 0; e < 128; e++) many[e] = (int64_t)dfl_rng_below(&AG_RNG, 5); /* 0..4 rows: some empty */
+    many[0] = 2, many[127] = 3;
+    const int64_t I = 24, H = 40; /* a stacked [E, 2I, H] gate_up tensor: gate rows, then up rows */
+    const grouped_shape shapes[] = {
+        {"empty groups first, inside, last; odd K, N", gaps, 7, 37, 29, 29 * 37, 0, 0, 'G'},
+        {"one group", one, 1, 64, 48, 64 * 48, 0, 0, 'G'},
+        {"128 groups of 0-4 rows", many, 128, 64, 40, 64 * 40, 0, 0, 'G'},
+        {"gate rows of [E, 2I, H]", mixed, 5, H, I, 2 * I * H, 0, 0, 'G'},
+        {"up rows of [E, 2I, H]", mixed, 5, H, I, 2 * I * H, I * H, 0, 'G'},
+        {"K, N even, not multiples of 8", mixed, 5, 38, 30, 2 * 38 * 30 + 2, 0, 0, 'G'},
+        {"views at +1 (not 16-byte aligned)", mixed, 5, 64, 40, 64 * 40, 0, 1, 'F'},
+        {"no groups", none, 0, 16, 8, 128, 0, 0, '0'},
+        {"every group empty", none, 3, 16, 8, 128, 0, 0, '0'},
+        {"K = 0", mixed, 5, 0, 8, 0, 0, 0, 'F'},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) grouped_case(&shapes[i]);
+    if (dfl_emu_grouped_not_supported) { /* cuBLAS without the grouped call for these types: the fallback */
+        dfl_emu_grouped_not_supported(1);
+        const grouped_shape fb[] = {
+            {"NOT_SUPPORTED: empty groups, odd K, N", gaps, 7, 37, 29, 29 * 37, 0, 0, 'F'},
+            {"NOT_SUPPORTED: up rows of [E, 2I, H]", mixed, 5, H, I, 2 * I * H, I * H, 0, 'F'},
+            {"NOT_SUPPORTED: 128 groups", many, 128, 64, 40, 64 * 40, 0, 0, 'F'},
+        };
+        for (size_t i = 0; i < sizeof fb / sizeof *fb; i++) grouped_case(&fb[i]);
+        dfl_emu_grouped_not_supported(0);
+    }
+    if (AG_BIG) { /* Qwen3-30B-A3B's down projections: 128 experts, 768 -> 2048, ~512 rows each (NOTES.md) */
+        int64_t big[128];
+        for (int e = 0; e < 128; e++) big[e] = 384 + (int64_t)dfl_rng_below(&AG_RNG, 257);
+        big[5] = 0, big[77] = 1;
+        const grouped_shape b = {"Qwen3-30B-A3B down", big, 128, 768, 2048, 768 * 2048, 0, 0, 'G'};
+        grouped_case(&b);
+    }
+}
+
 /* ---- all ------------------------------------------------------------------------- */
 
 /* DFLASH_TEST_ONLY=word[,word...] runs only the tests whose name contains
@@ -945,6 +1039,7 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(moe_route_agrees);
     AG_RUN(gather_rows_agrees);
     AG_RUN(moe_combine_agrees);
+    AG_RUN(moe_matmul_grouped_agrees); /* "moe": tests/gpu/run.sh runs it under compute-sanitizer */
 }
 
 #endif

@@ -535,11 +535,26 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+// The live device allocations, start -> bytes: what the grouped GEMM checks
+// its pointers against (the GPU faults on a host pointer where it reads
+// device memory, and on an address past an allocation).
+static std::map<const char *, size_t> g_dev_allocs;
+
+// Is [p, p + n) inside one live device allocation?
+static bool in_device_memory(const void *p, size_t n) {
+    auto it = g_dev_allocs.upper_bound((const char *)p);
+    if (it == g_dev_allocs.begin()) return false;
+    --it;
+    return (const char *)p + n <= it->first + it->second;
+}
+
 cudaError_t cudaMalloc(void **p, size_t n) {
     *p = aligned_alloc(256, (n + 255) / 256 * 256);
+    if (*p) g_dev_allocs[(const char *)*p] = n;
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFree(void *p) {
+    g_dev_allocs.erase((const char *)p);
     free(p);
     return cudaSuccess;
 }
@@ -575,24 +590,33 @@ cublasStatus_t cublasCreate(cublasHandle_t *h) {
 }
 cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *, size_t) { return CUBLAS_STATUS_SUCCESS; }
-const char *cublasGetStatusString(cublasStatus_t s) { return s ? "CUBLAS_STATUS_INVALID_VALUE" : "success"; }
+const char *cublasGetStatusString(cublasStatus_t s) {
+    return s == CUBLAS_STATUS_SUCCESS         ? "success"
+           : s == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED"
+                                              : "CUBLAS_STATUS_INVALID_VALUE";
+}
+
+static bool g_grouped_not_supported;
+static unsigned long g_gemm_calls, g_grouped_calls;
+extern "C" void dfl_emu_grouped_not_supported(int on) { g_grouped_not_supported = on != 0; }
+extern "C" void dfl_emu_blas_calls(unsigned long *gemm, unsigned long *grouped) {
+    *gemm = g_gemm_calls;
+    *grouped = g_grouped_calls;
+}
 
 static float load_el(const void *p, cudaDataType t, size_t i) {
     if (t == CUDA_R_32F) return ((const float *)p)[i];
     return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
 }
 
+static size_t el_size(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
 // C = alpha op(A) op(B) + beta C, column-major: element (i,j) of an
-// m-row matrix with leading dimension ld is at i + j*ld.
-cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
-                            cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
-                            cublasComputeType_t, cublasGemmAlgo_t) {
-    if (at != CUDA_R_16BF || bt != CUDA_R_16BF) return CUBLAS_STATUS_INVALID_VALUE;
-    if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
-    if (lda < (ta == CUBLAS_OP_N ? m : k) || ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < m)
-        return CUBLAS_STATUS_INVALID_VALUE;
-    float al = *(const float *)alpha, be = *(const float *)beta;
+// m-row matrix with leading dimension ld is at i + j*ld. The callers have
+// checked the arguments.
+static void gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float al, const void *A,
+                           cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb, float be, void *C,
+                           cudaDataType ct, int ldc) {
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             float s = 0.0f;
@@ -607,5 +631,87 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
             if (ct == CUDA_R_32F) ((float *)C)[ci] = r;
             else ((__nv_bfloat16 *)C)[ci] = __float2bfloat16_rn(r);
         }
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                            cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
+                            cublasComputeType_t, cublasGemmAlgo_t) {
+    if (at != CUDA_R_16BF || bt != CUDA_R_16BF) return CUBLAS_STATUS_INVALID_VALUE;
+    if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (lda < (ta == CUBLAS_OP_N ? m : k) || ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < m)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    g_gemm_calls++;
+    gemm_col_major(ta, tb, m, n, k, *(const float *)alpha, A, at, lda, B, bt, ldb, *(const float *)beta, C, ct, ldc);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// What the GPU would fault on, checked before anything is computed: a
+// pointer array or a matrix outside device memory, a bf16 matrix not
+// aligned as the cuBLAS documentation of cublasGemmGroupedBatchedEx asks
+// (16 bytes where k elements make a multiple of 16 bytes, else 4 where they
+// make a multiple of 4; the documentation states it by k for every
+// pointer, C's included).
+[[noreturn]] static void grouped_die(const char *what, int problem) {
+    fprintf(stderr, "cuda_emu: cublasGemmGroupedBatchedEx, problem %d: %s\n", problem, what);
+    abort();
+}
+
+static void grouped_check_matrix(const void *p, cudaDataType t, int rows, int cols, int ld, int k, int problem) {
+    const size_t es = el_size(t);
+    if (rows > 0 && cols > 0 && !in_device_memory(p, ((size_t)(cols - 1) * ld + rows) * es))
+        grouped_die("a matrix not inside one device allocation (the GPU faults: illegal address)", problem);
+    if (t == CUDA_R_16BF) {
+        const size_t row_bytes = (size_t)k * es, a = row_bytes % 16 == 0 ? 16 : row_bytes % 4 == 0 ? 4 : 1;
+        if ((uintptr_t)p % a)
+            grouped_die("a bf16 matrix pointer not aligned as documented (the GPU faults: misaligned address)",
+                        problem);
+    }
+}
+
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t, const cublasOperation_t transa_array[],
+                                          const cublasOperation_t transb_array[], const int m_array[],
+                                          const int n_array[], const int k_array[], const void *alpha_array,
+                                          const void *const Aarray[], cudaDataType at, const int lda_array[],
+                                          const void *const Barray[], cudaDataType bt, const int ldb_array[],
+                                          const void *beta_array, void *const Carray[], cudaDataType ct,
+                                          const int ldc_array[], int group_count, const int group_size[],
+                                          cublasComputeType_t) {
+    // CUBLAS_COMPUTE_32F's documented combinations: bf16, f16 or f32
+    // throughout, scale type f32 (f16 is not emulated)
+    if (at != bt || at != ct) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (g_grouped_not_supported) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!transa_array || !transb_array || !m_array || !n_array || !k_array || !alpha_array || !lda_array ||
+        !ldb_array || !beta_array || !ldc_array || !group_size || group_count < 0)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    int64_t problems = 0;
+    for (int g = 0; g < group_count; g++) {
+        const int m = m_array[g], n = n_array[g], k = k_array[g];
+        if (m < 0 || n < 0 || k < 0 || group_size[g] < 0) return CUBLAS_STATUS_INVALID_VALUE;
+        const int lda_min = transa_array[g] == CUBLAS_OP_N ? m : k, ldb_min = transb_array[g] == CUBLAS_OP_N ? k : n;
+        if (lda_array[g] < (lda_min > 1 ? lda_min : 1) || ldb_array[g] < (ldb_min > 1 ? ldb_min : 1) ||
+            ldc_array[g] < (m > 1 ? m : 1))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        problems += group_size[g];
+    }
+    const size_t ptrs = (size_t)problems * sizeof(void *);
+    if (problems &&
+        (!in_device_memory(Aarray, ptrs) || !in_device_memory(Barray, ptrs) || !in_device_memory(Carray, ptrs)))
+        grouped_die("a pointer array not in device memory (the GPU faults: illegal address)", 0);
+    for (int g = 0, idx = 0; g < group_count; g++)
+        for (int i = 0; i < group_size[g]; i++, idx++) {
+            const bool na = transa_array[g] == CUBLAS_OP_N, nb = transb_array[g] == CUBLAS_OP_N;
+            const int m = m_array[g], n = n_array[g], k = k_array[g];
+            grouped_check_matrix(Aarray[idx], at, na ? m : k, na ? k : m, lda_array[g], k, idx);
+            grouped_check_matrix(Barray[idx], bt, nb ? k : n, nb ? n : k, ldb_array[g], k, idx);
+            grouped_check_matrix(Carray[idx], ct, m, n, ldc_array[g], k, idx);
+        }
+    const float *alpha = (const float *)alpha_array, *beta = (const float *)beta_array;
+    for (int g = 0, idx = 0; g < group_count; g++)
+        for (int i = 0; i < group_size[g]; i++, idx++)
+            gemm_col_major(transa_array[g], transb_array[g], m_array[g], n_array[g], k_array[g], alpha[g],
+                           Aarray[idx], at, lda_array[g], Barray[idx], bt, ldb_array[g], beta[g], Carray[idx], ct,
+                           ldc_array[g]);
+    g_grouped_calls++;
     return CUBLAS_STATUS_SUCCESS;
 }

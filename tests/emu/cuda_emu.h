@@ -43,8 +43,12 @@
 //   (DEV_CHECK_ALIGN in kernels/common.cuh).
 // - The runtime: device memory is host memory, copies are memcpy, streams
 //   are no-ops; one fake device with 132 SMs and 227 KiB of opt-in shared
-//   memory. cuBLAS: cublasGemmEx by its column-major definition, f32
-//   accumulation.
+//   memory. cuBLAS: cublasGemmEx and cublasGemmGroupedBatchedEx by their
+//   column-major definitions, f32 accumulation; the grouped call checks
+//   that its pointer arrays and every matrix lie in (emulated) device
+//   memory, and the bf16 pointer alignment the cuBLAS documentation asks
+//   for (both fault on the GPU), and can be made to answer
+//   CUBLAS_STATUS_NOT_SUPPORTED (dfl_emu_grouped_not_supported).
 // Not emulated: timing, bank conflicts, the asynchrony of streams, memory
 // ordering between blocks.
 #ifndef DFLASH_CUDA_EMU_H
@@ -242,7 +246,7 @@ static inline cudaError_t cudaFuncSetAttribute(K k, int attr, int v) {
 
 typedef void *cublasHandle_t;
 typedef int cublasStatus_t;
-enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7 };
+enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
 enum cublasOperation_t { CUBLAS_OP_N, CUBLAS_OP_T };
 enum cudaDataType { CUDA_R_16BF, CUDA_R_32F };
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F };
@@ -258,6 +262,24 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
                             cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
                             cublasComputeType_t cp, cublasGemmAlgo_t algo);
+// For each group g and each of its group_size[g] problems i (in order):
+// C_i = alpha[g] op(A_i) op(B_i) + beta[g] C_i with group g's sizes;
+// Aarray, Barray, Carray in device memory, every other array on the host.
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperation_t transa_array[],
+                                          const cublasOperation_t transb_array[], const int m_array[],
+                                          const int n_array[], const int k_array[], const void *alpha_array,
+                                          const void *const Aarray[], cudaDataType Atype, const int lda_array[],
+                                          const void *const Barray[], cudaDataType Btype, const int ldb_array[],
+                                          const void *beta_array, void *const Carray[], cudaDataType Ctype,
+                                          const int ldc_array[], int group_count, const int group_size[],
+                                          cublasComputeType_t cp);
+
+// For tests (weak in tests/ops_agree.h): make cublasGemmGroupedBatchedEx
+// answer CUBLAS_STATUS_NOT_SUPPORTED (on != 0) or compute (0, the
+// default); count the calls of cublasGemmEx and of the grouped call that
+// computed something (returned success).
+extern "C" void dfl_emu_grouped_not_supported(int on);
+extern "C" void dfl_emu_blas_calls(unsigned long *gemm, unsigned long *grouped);
 
 
 #endif

@@ -1430,6 +1430,56 @@ static void test_moe_gather_combine(void) {
     ops->free(want);
 }
 
+/* matmul_grouped is the matmul op on each group's rows: bit for bit
+ * against one matmul call per group (test_matmul and test_gemm_nt_paths
+ * check that op against its oracles), with groups of 0 rows (first, middle,
+ * last), 1 row (sgemv), a few (the few-rows kernel) and more than
+ * DFL_CPU_FEW_ROWS (sgemm), odd K and N, the weights inside a stacked
+ * [G, 2N, K] tensor (w_stride 2NK: the gate half, then the up half at +NK),
+ * overwrite and accumulate onto random values. Nothing outside the listed
+ * rows is written, and no group at all writes nothing. */
+static void test_matmul_grouped(void) {
+    enum { G = 8 };
+    static const int64_t rows[G] = {0, 1, 5, 0, 23, 16, 4, 0};
+    const int64_t K = 19, N = 13, stride = 2 * N * K;
+    int64_t off[G + 1] = {0};
+    for (int e = 0; e < G; e++) off[e + 1] = off[e] + rows[e];
+    const int64_t R = off[G];
+    dfl_rng r;
+    dfl_rng_seed(&r, 33);
+    float *x = fbuf(R * K), *w = fbuf(G * stride), *start = fbuf(R * N + 1);
+    float *got = fbuf(R * N + 1), *want = fbuf(R * N + 1);
+    frand(x, R * K, &r, 1), frand(w, G * stride, &r, 0.3f), frand(start, R * N + 1, &r, 1);
+    for (int half = 0; half < 2; half++)
+        for (int acc = 0; acc < 2; acc++) {
+            const float *wh = w + half * N * K;
+            memcpy(got, start, (size_t)(R * N + 1) * 4), memcpy(want, start, (size_t)(R * N + 1) * 4);
+            ops->matmul_grouped(got, x, wh, off, G, stride, K, N, acc);
+            for (int e = 0; e < G; e++)
+                if (rows[e]) ops->matmul(want + off[e] * N, x + off[e] * K, wh + e * stride, rows[e], K, N, acc);
+            T_CHECKF(memcmp(got, want, (size_t)(R * N + 1) * 4) == 0, "%s half, accumulate %d: not the per-group matmul",
+                     half ? "up" : "gate", acc);
+            T_CHECK(memcmp(&got[R * N], &start[R * N], 4) == 0);
+            float d = 0; /* and the outputs did change: the comparison above is not of two no-ops */
+            for (int64_t i = 0; i < R * N; i++) d = fmaxf(d, fabsf(got[i] - start[i]));
+            T_CHECK(d > 0.1f);
+        }
+    /* no groups, and groups without rows: nothing written */
+    memcpy(got, start, (size_t)(R * N + 1) * 4);
+    const int64_t none[4] = {0, 0, 0, 0};
+    ops->matmul_grouped(got, x, w, none, 0, stride, K, N, 0);
+    ops->matmul_grouped(got, x, w, none, 3, stride, K, N, 0);
+    T_CHECK(memcmp(got, start, (size_t)(R * N + 1) * 4) == 0);
+    /* K = 0: an empty sum, so 0 (overwrite) or the start values (accumulate) */
+    ops->matmul_grouped(got, x, w, off, G, stride, 0, N, 1);
+    T_CHECK(memcmp(got, start, (size_t)(R * N + 1) * 4) == 0);
+    ops->matmul_grouped(got, x, w, off, G, stride, 0, N, 0);
+    int zero = 1;
+    for (int64_t i = 0; i < R * N; i++) zero &= got[i] == 0.0f;
+    T_CHECK(zero && memcmp(&got[R * N], &start[R * N], 4) == 0);
+    ops->free(x), ops->free(w), ops->free(start), ops->free(got), ops->free(want);
+}
+
 int main(void) {
     /* an odd thread count, whatever the environment: uneven splits */
     omp_set_num_threads(3);
@@ -1467,6 +1517,7 @@ int main(void) {
     T_RUN(test_moe_route_by_hand);
     T_RUN(test_moe_route_oracle);
     T_RUN(test_moe_gather_combine);
+    T_RUN(test_matmul_grouped);
     T_RUN(test_expf);
     T_RUN(test_thread_count_invariance);
     dfl_st_close(fx_dense), dfl_st_close(fx_attn), dfl_st_close(fx_lm), dfl_st_close(fx_adam), dfl_st_close(fx_gdn);
