@@ -658,9 +658,11 @@ void dfl_target_mlp_reserve(const dfl_target *t, mlp_ws *mw, int64_t n) {
     for (int i = 0; i < t->nlayers; i++) any_dense |= !t->layers[i].moe;
     const int64_t H = c->hidden_size, k = c->experts_per_tok;
     const int64_t dense = any_dense ? min64(n, MLP_ROWS) * c->intermediate_size : 0;
-    int64_t width = c->moe_intermediate_size > c->shared_expert_intermediate_size ? c->moe_intermediate_size
-                                                                                 : c->shared_expert_intermediate_size;
-    int64_t scratch = rows * width > dense ? rows * width : dense; /* an expert has at most `rows` rows */
+    /* a sparse chunk's rows * k pairs through the experts at once, its rows
+     * through the shared expert; a dense chunk's rows */
+    int64_t scratch = E ? rows * k * c->moe_intermediate_size : 0;
+    if (rows * c->shared_expert_intermediate_size > scratch) scratch = rows * c->shared_expert_intermediate_size;
+    if (dense > scratch) scratch = dense;
     mw->gate = dfl_target_regrow(ops, mw->gate, (size_t)scratch * a);
     mw->up = dfl_target_regrow(ops, mw->up, (size_t)scratch * a);
     if (E) {
@@ -698,8 +700,10 @@ static void swiglu_mlp(const dfl_ops *ops, void *out, int accumulate, const void
 }
 
 /* x[m, H] += the mixture of experts of h[m, H] (m <= moe rows): route, list
- * each expert's rows together, run each expert on its rows, then add each
- * token's k outputs by their weights (and the gated shared expert). */
+ * each expert's rows together, run the experts on their rows (each product
+ * one grouped call for all experts: on CUDA one cuBLAS grouped GEMM instead
+ * of a launch per expert), then add each token's k outputs by their
+ * weights (and the gated shared expert). */
 static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x, const void *h, int64_t m) {
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
@@ -708,13 +712,11 @@ static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x,
     ops->matmul(mw->logits, h, lw->router, m, H, E, 0);
     ops->moe_route(mw->offsets, mw->rows, mw->pos, mw->wts, mw->logits, m, E, k, c->norm_topk_prob);
     ops->gather_rows(mw->xs, h, mw->rows, m * k, H);
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t r0 = mw->offsets[e], n = mw->offsets[e + 1] - r0;
-        if (!n) continue;
-        const void *wg = DFL_WAT(ops, lw->exp_gate_up, e * 2 * Im * H);
-        swiglu_mlp(ops, DFL_AT(ops, mw->ys, r0 * H), 0, DFL_AT(ops, mw->xs, r0 * H), wg, DFL_WAT(ops, wg, Im * H),
-                   DFL_WAT(ops, lw->exp_down, e * H * Im), mw->gate, mw->up, n, H, Im);
-    }
+    const int64_t n = m * k, gu = 2 * Im * H; /* listed pairs; an expert's gate and up rows in exp_gate_up */
+    ops->matmul_grouped(mw->gate, mw->xs, lw->exp_gate_up, mw->offsets, E, gu, H, Im, 0);
+    ops->matmul_grouped(mw->up, mw->xs, DFL_WAT(ops, lw->exp_gate_up, Im * H), mw->offsets, E, gu, H, Im, 0);
+    ops->swiglu(mw->gate, mw->gate, mw->up, n * Im);
+    ops->matmul_grouped(mw->ys, mw->gate, lw->exp_down, mw->offsets, E, H * Im, Im, H, 0);
     if (Is) {
         swiglu_mlp(ops, mw->shared, 0, h, lw->sh_gate, lw->sh_up, lw->sh_down, mw->gate, mw->up, m, H, Is);
         ops->matmul(mw->mix, h, lw->sh_mix, m, H, 1, 0);
