@@ -665,11 +665,11 @@ def build_existing():
     }
 
 
-def main():
-    builders = build_existing()
-    builders["qwen35"] = lambda: build_qwen35("qwen35", seed=55)
-    builders["qwen35-vlm"] = lambda: build_qwen35_vlm("qwen35-vlm", "qwen35", seed=66)
-    ap = argparse.ArgumentParser(description="Make the target fixtures under tests/fixtures/targets/.")
+def run_builders(prog, builders, description):
+    """A fixture script's command line: --only NAMES (default all), then the
+    chosen builders in the table's order (later fixtures may read the files
+    of earlier ones: qwen35-vlm reads qwen35's)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--only", metavar="NAMES",
                     help="comma-separated fixture names to (re)make, default all: " + ",".join(builders))
     args = ap.parse_args()
@@ -680,11 +680,18 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     os.makedirs(OUT, exist_ok=True)
-    print(f"make_targets: torch {torch.__version__}, transformers {transformers.__version__} -> {OUT}")
-    for n in builders:  # in the table's order: qwen35-vlm reads qwen35's files
+    print(f"{prog}: torch {torch.__version__}, transformers {transformers.__version__} -> {OUT}")
+    for n in builders:
         if n in names:
             builders[n]()
     return 0
+
+
+def main():
+    builders = build_existing()
+    builders["qwen35"] = lambda: build_qwen35("qwen35", seed=55)
+    builders["qwen35-vlm"] = lambda: build_qwen35_vlm("qwen35-vlm", "qwen35", seed=66)
+    return run_builders("make_targets", builders, "Make the target fixtures under tests/fixtures/targets/.")
 
 
 if __name__ == "__main__":

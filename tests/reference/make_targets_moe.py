@@ -821,22 +821,8 @@ def main():
         "qwen35-moe": lambda: build_qwen35_moe("qwen35-moe", seed=88),
         "qwen35-moe-vlm": lambda: build_qwen35_moe_vlm("qwen35-moe-vlm", "qwen35-moe", seed=99),
     }
-    ap = argparse.ArgumentParser(description="Make the MoE target fixtures under tests/fixtures/targets/.")
-    ap.add_argument("--only", metavar="NAMES",
-                    help="comma-separated fixture names to (re)make, default all: " + ",".join(builders))
-    args = ap.parse_args()
-    names = list(builders) if args.only is None else [n for n in args.only.split(",") if n]
-    unknown = [n for n in names if n not in builders]
-    if unknown or not names:
-        ap.error(f"unknown fixture name(s) {unknown}; known: {','.join(builders)}")
-    torch.manual_seed(0)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    os.makedirs(OUT, exist_ok=True)
-    print(f"make_targets_moe: torch {torch.__version__}, transformers {transformers.__version__} -> {OUT}")
-    for n in builders:  # in the table's order: the fused / VLM fixtures read the others' files
-        if n in names:
-            builders[n]()
-    return 0
+    # the fused / VLM fixtures read the others' files: the table's order matters
+    return mt.run_builders("make_targets_moe", builders, "Make the MoE target fixtures under tests/fixtures/targets/.")
 
 
 if __name__ == "__main__":
