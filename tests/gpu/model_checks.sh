@@ -185,6 +185,22 @@ PY
     cat "$T/cmp" 2>/dev/null
 fi
 
+# online_lossless NAME TARGET TOKENS: the online loop on the device with the
+# drafter trained above (when there is one), lossless against the device's
+# own greedy decoding
+online_lossless() {
+    [ -d "$T/ckpt-cpu" ] && [ -f "$T/prompts.jsonl" ] || return 0
+    echo "+ dflash-score --device $DEV online ($1)"
+    if dflash-score --device "$DEV" --json --target "$2" --drafter "$T/ckpt-cpu" --prompts "$T/prompts.jsonl" \
+        --max-new-tokens "$3" --ignore-eos >"$T/on-lossless.json" &&
+        python3 -c "import json, sys; j = json.load(open(sys.argv[1])); print('mismatches %d, tau %.3f' % (j['mismatches'], j['tau_pooled'])); assert j['mismatches'] == 0" \
+            "$T/on-lossless.json" >"$T/cmp" 2>&1; then
+        result "model: $1 online loop on $DEV" "ok" "$(cat "$T/cmp")"
+    else
+        result "model: $1 online loop on $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
+    fi
+}
+
 # ---- a Qwen3.5 hybrid target: extraction, and the online loop on the device ----
 # mktarget --arch qwen3.5: Gated DeltaNet layers 0, 1, 3, 4 and gated attention
 # layers 2, 5 (head dim 256 as in Qwen3.5: the tensor-core attention with
@@ -202,19 +218,9 @@ if "$MKT" -a qwen3.5 -o "$T/t35" --vocab 301 --hidden 128 --intermediate 192 --l
         result "model: Qwen3.5 extraction cpu vs $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
     fi
     cat "$T/cmp" 2>/dev/null
-    if [ -d "$T/ckpt-cpu" ] && [ -f "$T/prompts.jsonl" ]; then
-        # the drafter trained above fits this target's sizes (it drafts it
-        # badly: what counts is that every cropped block restores the state)
-        echo "+ dflash-score --device $DEV online (qwen3.5)"
-        if dflash-score --device "$DEV" --json --target "$T/t35" --drafter "$T/ckpt-cpu" --prompts "$T/prompts.jsonl" \
-            --max-new-tokens 24 --ignore-eos >"$T/q35-on.json" &&
-            python3 -c "import json, sys; j = json.load(open(sys.argv[1])); print('mismatches %d, tau %.3f' % (j['mismatches'], j['tau_pooled'])); assert j['mismatches'] == 0" \
-                "$T/q35-on.json" >"$T/cmp" 2>&1; then
-            result "model: Qwen3.5 online loop on $DEV" "ok" "$(cat "$T/cmp")"
-        else
-            result "model: Qwen3.5 online loop on $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
-        fi
-    fi
+    # the drafter trained above fits this target's sizes (it drafts it
+    # badly: what counts is that every cropped block restores the state)
+    online_lossless "Qwen3.5" "$T/t35" 24
 else
     result "model: Qwen3.5 extraction cpu vs $DEV" "FAIL" "mktarget --arch qwen3.5 failed"
 fi
@@ -243,16 +249,7 @@ moe_check() { # NAME MKTARGET-OPTIONS...
         result "model: $name extraction cpu vs $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
     fi
     cat "$T/cmp" 2>/dev/null
-    [ -d "$T/ckpt-cpu" ] && [ -f "$T/prompts.jsonl" ] || return
-    echo "+ dflash-score --device $DEV online ($name)"
-    if dflash-score --device "$DEV" --json --target "$T/$name" --drafter "$T/ckpt-cpu" --prompts "$T/prompts.jsonl" \
-        --max-new-tokens 16 --ignore-eos >"$T/$name-on.json" &&
-        python3 -c "import json, sys; j = json.load(open(sys.argv[1])); print('mismatches %d, tau %.3f' % (j['mismatches'], j['tau_pooled'])); assert j['mismatches'] == 0" \
-            "$T/$name-on.json" >"$T/cmp" 2>&1; then
-        result "model: $name online loop on $DEV" "ok" "$(cat "$T/cmp")"
-    else
-        result "model: $name online loop on $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
-    fi
+    online_lossless "$name" "$T/$name" 16
 }
 moe_check qwen3-moe --experts 8 --experts-per-tok 2 --moe-intermediate 48
 moe_check qwen35-moe -a qwen3.5 --full-interval 3 --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 32 \

@@ -344,6 +344,34 @@ with open('$W/in.jsonl', 'w') as f:
         cat "$X" >>"$BENCH_LOG"
     fi
 
+    # extract_rate MODEL DEV LAYERS N LEN [ENV...]: dflash-extract over N random
+    # samples of LEN tokens (batches of 8 samples) into MODEL.dfs, then the
+    # same process on one token (start-up: weights read and uploaded); sets
+    # ntok, rate (steady tok/s, start-up taken off) and whole (the whole
+    # tool's rate and times). Non-zero when the run failed.
+    extract_rate() {
+        local model=$1 dev=$2 layers=$3 n=$4 len=$5 t0 t1 t2
+        shift 5
+        python3 -c "
+import json, random
+r = random.Random(2)
+with open('$model-in.jsonl', 'w') as f:
+    for i in range($n):
+        f.write(json.dumps({'id': i, 'input_ids': [r.randrange(300) for _ in range($len)]}) + '\n')
+"
+        echo '{"id": "one", "input_ids": [1]}' >"$model-one.jsonl"
+        t0=$(date +%s.%N)
+        env "$@" timeout 60 "$B/bin/dflash-extract" -m "$model" -d "$dev" -l "$layers" -b $((8 * len)) \
+            -o "$model.dfs" "$model-in.jsonl" >>"$BENCH_LOG" 2>&1 || return 1
+        t1=$(date +%s.%N)
+        env "$@" timeout 30 "$B/bin/dflash-extract" -m "$model" -d "$dev" -l "$layers" -o "$model-one.dfs" \
+            "$model-one.jsonl" >>"$BENCH_LOG" 2>&1
+        t2=$(date +%s.%N)
+        ntok=$((n * len))
+        rate=$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {s = (b - a) - (c - b); printf "%.0f tok/s steady", (s > 0 ? n / s : 0)}')
+        whole=$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {printf "whole tool %.0f tok/s (%.1f s, start-up %.1f s)", n / (b - a), b - a, c - b}')
+    }
+
     # a Qwen3.5 hybrid target: Qwen3.5-27B's layer shapes (hidden 5120, 24/4
     # heads of 256, DeltaNet 16/48 heads of 128), 4 layers = 3 Gated DeltaNet
     # + 1 gated attention (the model's 3:1 pattern), vocabulary cut to 32000
@@ -360,27 +388,10 @@ with open('$W/in.jsonl', 'w') as f:
                  --linear-v-heads 48 --linear-k-dim 128 --linear-v-dim 128 --vocab 32000) n35=16 len35=2048 d35=cuda
         fi
         "$B/tests/mktarget" -a qwen3.5 -o "$W/t35" --layers 4 --tie no --seed 5 "${q35[@]}" >>"$BENCH_LOG" 2>&1
-        python3 -c "
-import json, random
-r = random.Random(2)
-with open('$W/in35.jsonl', 'w') as f:
-    for i in range($n35):
-        f.write(json.dumps({'id': i, 'input_ids': [r.randrange(300) for _ in range($len35)]}) + '\n')
-"
-        echo '{"id": "one", "input_ids": [1]}' >"$W/one35.jsonl"
         mem_watch "qwen3.5 extract"
-        t0=$(date +%s.%N)
-        if timeout 60 "$B/bin/dflash-extract" -m "$W/t35" -d "$d35" -l 0,2,3 -b $((8 * len35)) -o "$W/out35.dfs" \
-            "$W/in35.jsonl" >>"$BENCH_LOG" 2>&1; then
-            t1=$(date +%s.%N)
-            # the same process on one token: start-up (weights read and uploaded)
-            timeout 30 "$B/bin/dflash-extract" -m "$W/t35" -d "$d35" -l 0,2,3 -o "$W/one35.dfs" "$W/one35.jsonl" \
-                >>"$BENCH_LOG" 2>&1
-            t2=$(date +%s.%N)
-            ntok=$((n35 * len35))
+        if extract_rate "$W/t35" "$d35" 0,2,3 "$n35" "$len35"; then
             row "dflash-extract --device $d35: Qwen3.5-27B layer shapes, 3 DeltaNet + 1 gated attention layers, $ntok tokens" \
-                "$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {s = (b - a) - (c - b); printf "%.0f tok/s steady", (s > 0 ? n / s : 0)}')" \
-                "$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {printf "whole tool %.0f tok/s (%.1f s, start-up %.1f s)", n / (b - a), b - a, c - b}'), batches of $((8 * len35)) tokens, GPU memory peak $(mem_peak); the 64-layer model: about 1/16 of the steady rate"
+                "$rate" "$whole, batches of $((8 * len35)) tokens, GPU memory peak $(mem_peak); the 64-layer model: about 1/16 of the steady rate"
         else
             mem_peak >/dev/null
             row "dflash-extract --device $d35, Qwen3.5-27B layer shapes" "FAIL" "see bench.log"
@@ -391,8 +402,9 @@ with open('$W/in35.jsonl', 'w') as f:
     # a mixture-of-experts target: Qwen3-30B-A3B's layer shapes (hidden 2048,
     # 32/4 heads of 128, 128 experts of width 768, 8 a token), 2 layers,
     # vocabulary cut to 32000 (mktarget's host RNG); 16 x 2048 tokens, so an
-    # expert gets ~2K rows a batch of 16K tokens. The 48-layer model runs at
-    # about 2/48 of this rate.
+    # expert gets ~1K rows a batch of 16K tokens. The 48-layer model runs at
+    # about 2/48 of this rate. Then the same with one cuBLAS call per expert
+    # (the grouped GEMM's fallback), when time is left.
     if [ -x "$B/bin/dflash-extract" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 60 ]; then
         section "dflash-extract, Qwen3-30B-A3B layer shapes" "$BENCH_LOG"
         mkdir -p "$W"
@@ -404,36 +416,19 @@ with open('$W/in35.jsonl', 'w') as f:
                  --experts-per-tok 8 --moe-intermediate 768 --vocab 32000) nm=16 lenm=2048 dm=cuda
         fi
         "$B/tests/mktarget" -o "$W/tm" --layers 2 --tie no --seed 7 "${moe[@]}" >>"$BENCH_LOG" 2>&1
-        python3 -c "
-import json, random
-r = random.Random(3)
-with open('$W/inm.jsonl', 'w') as f:
-    for i in range($nm):
-        f.write(json.dumps({'id': i, 'input_ids': [r.randrange(300) for _ in range($lenm)]}) + '\n')
-"
-        echo '{"id": "one", "input_ids": [1]}' >"$W/onem.jsonl"
         mem_watch "moe extract"
-        t0=$(date +%s.%N)
-        if timeout 60 "$B/bin/dflash-extract" -m "$W/tm" -d "$dm" -l 0,1 -b $((8 * lenm)) -o "$W/outm.dfs" \
-            "$W/inm.jsonl" >>"$BENCH_LOG" 2>&1; then
-            t1=$(date +%s.%N)
-            timeout 30 "$B/bin/dflash-extract" -m "$W/tm" -d "$dm" -l 0,1 -o "$W/onem.dfs" "$W/onem.jsonl" \
-                >>"$BENCH_LOG" 2>&1
-            t2=$(date +%s.%N)
-            ntok=$((nm * lenm))
+        if extract_rate "$W/tm" "$dm" 0,1 "$nm" "$lenm"; then
             row "dflash-extract --device $dm: Qwen3-30B-A3B layer shapes (128 experts, 8 a token), 2 layers, $ntok tokens" \
-                "$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {s = (b - a) - (c - b); printf "%.0f tok/s steady", (s > 0 ? n / s : 0)}')" \
-                "$(awk -v a="$t0" -v b="$t1" -v c="$t2" -v n=$ntok 'BEGIN {printf "whole tool %.0f tok/s (%.1f s, start-up %.1f s)", n / (b - a), b - a, c - b}'), batches of $((8 * lenm)) tokens, GPU memory peak $(mem_peak); the experts through cuBLAS grouped GEMMs; the 48-layer model: about 1/24 of the steady rate"
-            # the same with one cuBLAS call per expert (the grouped GEMM's fallback)
+                "$rate" "$whole, batches of $((8 * lenm)) tokens, GPU memory peak $(mem_peak); the experts through cuBLAS grouped GEMMs; the 48-layer model: about 1/24 of the steady rate"
+            mv "$W/tm.dfs" "$W/grouped.dfs"
             if [ "$(left)" -gt 40 ]; then
-                t3=$(date +%s.%N)
-                if DFLASH_CUDA_NO_GROUPED=1 timeout 60 "$B/bin/dflash-extract" -m "$W/tm" -d "$dm" -l 0,1 \
-                    -b $((8 * lenm)) -o "$W/outm1.dfs" "$W/inm.jsonl" >>"$BENCH_LOG" 2>&1; then
-                    t4=$(date +%s.%N)
-                    same=$(cmp -s "$W/outm.dfs" "$W/outm1.dfs" && echo "the same bytes" || echo "other roundings")
-                    row "the same, one cuBLAS call per expert (DFLASH_CUDA_NO_GROUPED=1)" \
-                        "$(awk -v a="$t3" -v b="$t4" -v s0="$t1" -v s1="$t2" -v n=$ntok 'BEGIN {s = (b - a) - (s1 - s0); printf "%.0f tok/s steady", (s > 0 ? n / s : 0)}')" \
-                        "against the grouped row above; its stream: $same as the grouped one's"
+                if extract_rate "$W/tm" "$dm" 0,1 "$nm" "$lenm" DFLASH_CUDA_NO_GROUPED=1; then
+                    # the records' checksums (the headers differ by their time stamps)
+                    sums() { "$B/bin/dflash-pack" --inspect "$1" | grep -o '"xxh64":"[0-9a-f]*"'; }
+                    same=$(cmp -s <(sums "$W/grouped.dfs") <(sums "$W/tm.dfs") && echo "the same tensors, bit for bit" ||
+                        echo "other roundings")
+                    row "the same, one cuBLAS call per expert (DFLASH_CUDA_NO_GROUPED=1)" "$rate" \
+                        "$whole; against the grouped row above; its stream against the grouped one's: $same"
                 else
                     row "the same, one cuBLAS call per expert (DFLASH_CUDA_NO_GROUPED=1)" "FAIL" "see bench.log"
                 fi
