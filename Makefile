@@ -122,7 +122,7 @@ $(BUILD)/tools:
 
 $(BUILD)/tests/%: tests/unit/%.c tests/test.h $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
+	$(CC) $(ALL_CFLAGS) -MMD -MP -MF $@.d -Itests $< $(LIBDFLASH) $(CUDA_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: tests/helpers/%.c $(LIBDFLASH) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
@@ -140,7 +140,7 @@ $(BUILD)/emu/%.o: %
 $(BUILD)/emu/lib/ops.c.o: lib/ops.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -DDFLASH_HAVE_CUDA -MMD -MP -c $< -o $@
-$(BUILD)/tests/test_ops_cuda_emu: tests/unit/test_ops_cuda.c tests/test.h tests/ops_agree.h $(EMU_OBJ) $(LIB_OBJ)
+$(BUILD)/tests/test_ops_cuda_emu: tests/unit/test_ops_cuda.c tests/test.h tests/ops_agree.h tests/moe_oracle.h $(EMU_OBJ) $(LIB_OBJ)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
 
@@ -224,4 +224,4 @@ gpu-check:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz $(BIN)
 
--include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d) $(wildcard $(BUILD)/emu/*/*.d $(BUILD)/emu/*/*/*.d)
+-include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d) $(wildcard $(BUILD)/tests/*.d) $(wildcard $(BUILD)/emu/*/*.d $(BUILD)/emu/*/*/*.d)

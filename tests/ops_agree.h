@@ -35,6 +35,7 @@
 #include "common.h"
 #include "ops.h"
 #include "rng.h"
+#include "moe_oracle.h"
 #include "sample.h"
 #include "test.h"
 
@@ -704,31 +705,6 @@ static float *moe_logits(int64_t T, int64_t E, int tied) {
     return l;
 }
 
-static const float *moe_sort_row; /* the row qsort compares in */
-static int moe_by_logit(const void *a, const void *b) {
-    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    if (moe_sort_row[i] != moe_sort_row[j]) return moe_sort_row[i] > moe_sort_row[j] ? -1 : 1;
-    return i < j ? -1 : 1;
-}
-
-/* the oracle: ids[t, j] of every token by the sort, w[t, j] in double */
-static void moe_oracle(int32_t *ids, float *w, const float *logits, int64_t T, int64_t E, int64_t k, int norm) {
-    int32_t *order = dfl_malloc((size_t)E * 4);
-    for (int64_t t = 0; t < T; t++) {
-        const float *l = logits + t * E;
-        for (int64_t e = 0; e < E; e++) order[e] = (int32_t)e;
-        moe_sort_row = l;
-        qsort(order, (size_t)E, 4, moe_by_logit);
-        double sum = 0, kept = 0;
-        for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - l[order[0]]);
-        for (int64_t j = 0; j < k; j++) kept += exp((double)l[order[j]] - l[order[0]]) / sum;
-        for (int64_t j = 0; j < k; j++) {
-            ids[t * k + j] = order[j];
-            w[t * k + j] = (float)(exp((double)l[order[j]] - l[order[0]]) / sum / (norm ? kept : 1.0));
-        }
-    }
-    free(order);
-}
 
 /* Problems with one backend's listing, by its definition: offsets rise from
  * 0 to T*k; pair (t, j) is listed at pos[t*k+j] with rows[] = t, inside the

@@ -20,6 +20,7 @@
  */
 #include "common.h"
 #include "ops.h"
+#include "moe_oracle.h"
 #include "ops_cpu.h"
 #include "rng.h"
 #include "sample.h"
@@ -1340,12 +1341,6 @@ static void test_moe_route_by_hand(void) {
     }
 }
 
-static const float *moe_row; /* the row moe_by_logit compares in */
-static int moe_by_logit(const void *a, const void *b) {
-    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    if (moe_row[i] != moe_row[j]) return moe_row[i] > moe_row[j] ? -1 : 1;
-    return i < j ? -1 : 1;
-}
 
 /* Random logits on a grid of 1/64 in [-4, 4] (many equal values, and p
  * rising strictly with the logit otherwise): each token's experts by a sort
@@ -1358,20 +1353,8 @@ static void test_moe_route_oracle(void) {
     dfl_rng_seed(&r, 31);
     float *logits = fbuf(T * E), *w = fbuf(n), *want_w = fbuf(n), *w1 = fbuf(n);
     for (int64_t i = 0; i < T * E; i++) logits[i] = (float)((int)dfl_rng_below(&r, 513) - 256) / 64.0f;
-    int32_t *ids = dfl_malloc((size_t)n * 4), *order = dfl_malloc((size_t)E * 4);
-    for (int64_t t = 0; t < T; t++) {
-        const float *l = logits + t * E;
-        for (int64_t e = 0; e < E; e++) order[e] = (int32_t)e;
-        moe_row = l;
-        qsort(order, (size_t)E, 4, moe_by_logit);
-        double sum = 0, kept = 0;
-        for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - l[order[0]]);
-        for (int64_t j = 0; j < k; j++) kept += exp((double)l[order[j]] - l[order[0]]) / sum;
-        for (int64_t j = 0; j < k; j++) {
-            ids[t * k + j] = order[j];
-            want_w[t * k + j] = (float)(exp((double)l[order[j]] - l[order[0]]) / sum / kept);
-        }
-    }
+    int32_t *ids = dfl_malloc((size_t)n * 4);
+    moe_oracle(ids, want_w, logits, T, E, k, 1);
     /* the listing: pairs sorted by expert, stable (insertion sort of indices) */
     int32_t *want_rows = dfl_malloc((size_t)n * 4), *want_pos = dfl_malloc((size_t)n * 4), *lst = dfl_malloc((size_t)n * 4);
     int64_t *want_off = dfl_calloc((size_t)E + 1, 8);
@@ -1397,7 +1380,7 @@ static void test_moe_route_oracle(void) {
     CHECK_NMSE("moe_route weights (oracle)", w, want_w, n, NMSE_F32);
     T_CHECK(!memcmp(w, w1, (size_t)n * 4));
     ops->free(logits), ops->free(w), ops->free(want_w), ops->free(w1);
-    free(ids), free(order), free(want_rows), free(want_pos), free(lst), free(want_off), free(off), free(rows), free(pos);
+    free(ids), free(want_rows), free(want_pos), free(lst), free(want_off), free(off), free(rows), free(pos);
 }
 
 /* gather_rows copies rows; moe_combine against its formula in double, with
