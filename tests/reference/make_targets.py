@@ -523,6 +523,37 @@ def q35_mtp_tensors(cfg, g):
     return {k: (0.1 * torch.randn(s, generator=g)).to(torch.bfloat16) for k, s in shapes.items()}
 
 
+def finish_vlm_shards(d, mtp):
+    """As the released Qwen3.5 files, in the 2 shards save_pretrained wrote in
+    d: linear_attn.A_log and linear_attn.norm.weight in F32 (exactly the bf16
+    values; dt_bias and the rest stay BF16), the MTP head `mtp` (name ->
+    tensor) in the last shard; the index rewritten to match."""
+    from safetensors.torch import load_file
+    index_path = os.path.join(d, "model.safetensors.index.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    shards = sorted(set(index["weight_map"].values()))
+    wmap = {}
+    for i, sh in enumerate(shards):
+        path = os.path.join(d, sh)
+        t = load_file(path)
+        for k in t:
+            if k.endswith("linear_attn.A_log") or k.endswith("linear_attn.norm.weight"):
+                t[k] = t[k].float()
+        if i == len(shards) - 1:
+            t.update(mtp)
+        save_file(t, path, metadata={"format": "pt"})
+        wmap.update({k: sh for k in t})
+    allt = [v for sh in shards for v in load_file(os.path.join(d, sh)).values()]
+    index["weight_map"] = dict(sorted(wmap.items()))
+    index["metadata"]["total_size"] = sum(v.numel() * v.element_size() for v in allt)
+    if "total_parameters" in index["metadata"]:
+        index["metadata"]["total_parameters"] = sum(v.numel() for v in allt)
+    with open(index_path, "w") as f:
+        json.dump(index, f, indent=2)
+        f.write("\n")
+
+
 def build_qwen35_vlm(name, src_name, seed):
     """The weights of fixture src_name in the released Qwen3.5 layout."""
     from safetensors.torch import load_file
@@ -550,33 +581,7 @@ def build_qwen35_vlm(name, src_name, seed):
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) == 2, shards
     assert set(index["weight_map"]) == {k for k in model.state_dict()}, "unexpected key layout"
-    # As the released Qwen3.5 files: linear_attn.A_log and linear_attn.norm.weight
-    # in F32 (exactly the bf16 values; dt_bias and the rest stay BF16); the MTP
-    # head (mtp.*) in the last shard.
-    from safetensors.torch import load_file as lf
-    wmap = {}
-    for i, sh in enumerate(shards):
-        path = os.path.join(d, sh)
-        t = lf(path)
-        for k in t:
-            if k.endswith("linear_attn.A_log") or k.endswith("linear_attn.norm.weight"):
-                t[k] = t[k].float()
-        if i == len(shards) - 1:
-            t.update(q35_mtp_tensors(tcfg, g))
-        save_file(t, path, metadata={"format": "pt"})
-        wmap.update({k: sh for k in t})
-    sizes = {}
-    for sh in shards:
-        for k, v in lf(os.path.join(d, sh)).items():
-            sizes[k] = v.numel() * v.element_size()
-    index["weight_map"] = dict(sorted(wmap.items()))
-    index["metadata"]["total_size"] = sum(sizes.values())
-    if "total_parameters" in index["metadata"]:
-        index["metadata"]["total_parameters"] = sum(
-            v.numel() for sh in shards for v in lf(os.path.join(d, sh)).values())
-    with open(index_path, "w") as f:
-        json.dump(index, f, indent=2)
-        f.write("\n")
+    finish_vlm_shards(d, q35_mtp_tensors(tcfg, g))
     # The reader must derive layer_types from full_attention_interval here.
     cpath = os.path.join(d, "config.json")
     with open(cpath) as f:

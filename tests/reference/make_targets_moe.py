@@ -722,31 +722,13 @@ def build_qwen35_moe_vlm(name, src_name, seed):
     model = model.to(torch.bfloat16)
     # The released Qwen3.5-MoE files store the routed experts fused.
     model.save_pretrained(d, max_shard_size="500KB", save_original_format=False)
-    index_path = os.path.join(d, "model.safetensors.index.json")
-    with open(index_path) as f:
-        index = json.load(f)
-    shards = sorted(set(index["weight_map"].values()))
+    with open(os.path.join(d, "model.safetensors.index.json")) as f:
+        wm = json.load(f)["weight_map"]
+    shards = sorted(set(wm.values()))
     assert len(shards) == 2, shards
-    assert set(index["weight_map"]) == set(model.state_dict()), "unexpected key layout"
-    wmap = {}
-    for i, sh in enumerate(shards):
-        path = os.path.join(d, sh)
-        t = load_file(path)
-        for k in t:
-            if k.endswith("linear_attn.A_log") or k.endswith("linear_attn.norm.weight"):
-                t[k] = t[k].float()
-        if i == len(shards) - 1:
-            t.update(q35m_mtp_tensors(tc, g))
-        save_file(t, path, metadata={"format": "pt"})
-        wmap.update({k: sh for k in t})
+    assert set(wm) == set(model.state_dict()), "unexpected key layout"
+    mt.finish_vlm_shards(d, q35m_mtp_tensors(tc, g))
     allt = tensors(d)
-    index["weight_map"] = dict(sorted(wmap.items()))
-    index["metadata"]["total_size"] = sum(v.numel() * v.element_size() for v in allt.values())
-    if "total_parameters" in index["metadata"]:
-        index["metadata"]["total_parameters"] = sum(v.numel() for v in allt.values())
-    with open(index_path, "w") as f:
-        json.dump(index, f, indent=2)
-        f.write("\n")
     cpath = os.path.join(d, "config.json")
     with open(cpath) as f:
         c = json.load(f)
