@@ -185,6 +185,20 @@ PY
     cat "$T/cmp" 2>/dev/null
 fi
 
+# extract_check NAME MODEL PREFIX LIMIT: extract_both, then the states (nmse
+# below LIMIT), the tokens (exact) and the target ids (95 % equal: bf16
+# activations turn this random model's near-tied logits)
+extract_check() {
+    extract_both "$2" "$3"
+    if [ $ok = 1 ] && $CMP npy "$3x-cpu" "$3x-$DEV" hidden="$4" last_hidden="$4" target_ids=0.95 input_ids=exact \
+        >"$T/cmp" 2>&1; then
+        result "model: $1 extraction cpu vs $DEV" "ok" "$(grep -m1 'hidden ' "$T/cmp")"
+    else
+        result "model: $1 extraction cpu vs $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
+    fi
+    cat "$T/cmp" 2>/dev/null
+}
+
 # online_lossless NAME TARGET TOKENS: the online loop on the device with the
 # drafter trained above (when there is one), lossless against the device's
 # own greedy decoding
@@ -208,16 +222,9 @@ online_lossless() {
 if "$MKT" -a qwen3.5 -o "$T/t35" --vocab 301 --hidden 128 --intermediate 192 --layers 6 --full-interval 3 \
     --heads 4 --kv-heads 2 --head-dim 256 --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 32 \
     --linear-v-dim 48 --tie no --seed 4 >/dev/null; then
-    extract_both "$T/t35" "$T/q35-"
     # target ids: this random 301-token model has many near-tied logits that
     # bf16 activations turn (the emulation: 97.9 % equal); the states are the check
-    if [ $ok = 1 ] && $CMP npy "$T/q35-x-cpu" "$T/q35-x-$DEV" hidden=$Q35_HIDDEN last_hidden=$Q35_HIDDEN \
-        target_ids=0.95 input_ids=exact >"$T/cmp" 2>&1; then
-        result "model: Qwen3.5 extraction cpu vs $DEV" "ok" "$(grep -m1 'hidden ' "$T/cmp")"
-    else
-        result "model: Qwen3.5 extraction cpu vs $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
-    fi
-    cat "$T/cmp" 2>/dev/null
+    extract_check "Qwen3.5" "$T/t35" "$T/q35-" $Q35_HIDDEN
     # the drafter trained above fits this target's sizes (it drafts it
     # badly: what counts is that every cropped block restores the state)
     online_lossless "Qwen3.5" "$T/t35" 24
@@ -241,14 +248,7 @@ moe_check() { # NAME MKTARGET-OPTIONS...
         result "model: $name extraction cpu vs $DEV" "FAIL" "mktarget $* failed"
         return
     fi
-    extract_both "$T/$name" "$T/$name-"
-    if [ $ok = 1 ] && $CMP npy "$T/$name-x-cpu" "$T/$name-x-$DEV" hidden=$MOE_HIDDEN last_hidden=$MOE_HIDDEN \
-        target_ids=0.95 input_ids=exact >"$T/cmp" 2>&1; then
-        result "model: $name extraction cpu vs $DEV" "ok" "$(grep -m1 'hidden ' "$T/cmp")"
-    else
-        result "model: $name extraction cpu vs $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
-    fi
-    cat "$T/cmp" 2>/dev/null
+    extract_check "$name" "$T/$name" "$T/$name-" $MOE_HIDDEN
     online_lossless "$name" "$T/$name" 16
 }
 moe_check qwen3-moe --experts 8 --experts-per-tok 2 --moe-intermediate 48
