@@ -28,7 +28,8 @@
 #
 # Running it through the device tool, from the repository root (HERE first:
 # bash tests/gpu/pack-deps.sh, which writes the ignored .gpu-deps/):
-#   run(command="bash tests/gpu/run.sh", carry=[".gpu-deps"], timeout_s=420)
+#   run(command="DFLASH_COMMIT=<git rev-parse --short HEAD> bash tests/gpu/run.sh", carry=[".gpu-deps"],
+#       timeout_s=420)
 # DFLASH_GPU_DRYRUN=1 runs the same script without a GPU (CPU, tiny shapes):
 # a test of the script itself.
 set -u
@@ -55,6 +56,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$CORES} # the CPU reference of the agr
 elapsed() { echo $(($(date +%s) - START)); }
 left() { echo $((BUDGET - $(elapsed))); }
 built=0
+# the device tool's copy of the tree may carry a stale .git: the caller can
+# name the commit (DFLASH_COMMIT=$(git rev-parse --short HEAD) here)
+COMMIT=${DFLASH_COMMIT:-$(git log -1 --format=%h 2>/dev/null)}
 # report.md as it stands, rewritten after every row (and at the end), so
 # that a run cut short (the device tool's timeout, a hang) still leaves the
 # steps it finished. $1: the state line.
@@ -62,7 +66,7 @@ write_report() {
     {
         echo "# dflash GPU run"
         echo
-        echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git log -1 --format=%h 2>/dev/null), $(elapsed) s: $1."
+        echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $COMMIT, $(elapsed) s: $1."
         echo
         echo "| step | result | detail |"
         echo "| --- | --- | --- |"
