@@ -107,3 +107,14 @@ run dflash-score "${D[@]}" --target "$TARGET" --drafter "$T/ckpt-0" --drafter "$
 cat "$T/eval.tsv"
 row_of "dflash-score $DEV online, untrained drafter ($N_EVAL prompts x $EVAL_NEW tokens)" "$T/eval.tsv" 1
 row_of "dflash-score $DEV online, drafter after $STEPS steps" "$T/eval.tsv" 2
+# The trained drafter on N_EVAL of its own training prompts: on this random
+# target nothing generalises to unseen prompts (tau stays 1 above), but the
+# continuations it was trained on it drafts well, so the loop's speed-up at
+# tau > 1 shows (the first H200 run scored unseen prompts only). The
+# training continuations were NEW tokens long: scoring goes that far.
+head -n "$N_EVAL" "$T/prompts-train.jsonl" >"$T/prompts-seen.jsonl"
+run dflash-score "${D[@]}" --target "$TARGET" --drafter "$T/ckpt-$STEPS" --prompts "$T/prompts-seen.jsonl" \
+    --max-new-tokens "$NEW" --ignore-eos >"$T/seen.tsv" || exit 1
+cat "$T/seen.tsv"
+row_of "dflash-score $DEV online, drafter after $STEPS steps, on $N_EVAL of its training prompts ($NEW tokens)" \
+    "$T/seen.tsv" 1
