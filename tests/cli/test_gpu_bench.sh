@@ -63,10 +63,10 @@ if [ -x "$DFLASH_BUILD/tests/mktarget" ]; then
         bash "$here/tests/gpu/score_trained.sh" >"$T/st.out" 2>"$T/st.err"
     rc=$?
     [ $rc -eq 0 ] && pass "score_trained.sh (tiny, cpu): runs" || fail "score_trained.sh (tiny, cpu): runs" "exit $rc: $(tail -5 "$T/st.err")"
-    check "score_trained.sh: three rows, lossless, with numbers" python3 - "$T/st.out" <<'PY'
+    check "score_trained.sh: four rows (training, then three online runs), lossless, with numbers" python3 - "$T/st.out" <<'PY'
 import re, sys
 rows = [l.rstrip("\n").split("|") for l in open(sys.argv[1]) if l.startswith("RESULT|")]
-assert len(rows) == 3, rows
+assert len(rows) == 4, rows
 assert re.match(r"[0-9.]+ steps/s$", rows[0][2]), rows[0]
 for r in rows[1:]:
     assert re.match(r"[0-9.]+ tok/s$", r[2]), r
