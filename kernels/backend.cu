@@ -203,6 +203,10 @@ extern "C" int dfl_ops_cuda(int dev, const dfl_ops **out) {
     cublasCheck(cublasSetMathMode(g_cuda.blas, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     cublasCheck(cublasSetWorkspace(g_cuda.blas, g_cuda.blas_ws, g_cuda.blas_ws_bytes));
     fill_table(&g_table);
+    if (env_flag("DFLASH_CUDA_PROFILE")) {
+        cuda_prof_init();
+        cuda_prof_wrap(&g_table);
+    }
     g_ready = 1;
     *out = &g_table;
     return 0;

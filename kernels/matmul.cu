@@ -25,10 +25,17 @@ static void gemm(cublasOperation_t opB, cublasOperation_t opA, void *C, int c_f3
             cudaCheck(cudaMemset2DAsync(C, (size_t)ldc * es, 0, (size_t)N * es, (size_t)M, g_cuda.stream));
         return;
     }
+    const int prof = cuda_prof_begin();
     cublasCheck(cublasGemmEx(g_cuda.blas, opB, opA, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_16BF, (int)ldb, A,
                              CUDA_R_16BF, (int)lda, &beta, C, c_f32 ? CUDA_R_32F : CUDA_R_16BF, (int)ldc,
                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     LAUNCH_CHECK();
+    if (prof >= 0) {
+        char key[96]; // layout: A then B as gemm_nt/nn/tn name them
+        snprintf(key, sizeof key, "g %lld x %lld x %lld %s%s %s beta %g", (long long)M, (long long)N, (long long)K,
+                 opA == CUBLAS_OP_N ? "n" : "t", opB == CUBLAS_OP_T ? "t" : "n", c_f32 ? "f32" : "bf16", beta);
+        cuda_prof_end(prof, key);
+    }
 }
 
 void gemm_nt(void *C, int c_f32, const bf16 *A, const bf16 *B, int64_t M, int64_t N, int64_t K, int64_t lda,

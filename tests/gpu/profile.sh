@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# tests/gpu/profile.sh: where the GPU time of the two benchmarks with goals
+# goes (extraction, Qwen3-8B shape; the Qwen3-8B drafter's training step):
+# the device time per op and per cuBLAS product shape (DFLASH_CUDA_PROFILE=1),
+# then every product shape timed as kernels/matmul.cu calls it against
+# the algorithms cuBLASLt offers (tests/gpu/gemm_sweep.cu) and torch.matmul.
+# Writes profile.log, shapes.txt, gemm_sweep.txt and torch_mm.txt under $OUT. About 90 s on an H200.
+#
+#   run(command="bash tests/gpu/profile.sh", carry=[".gpu-deps"], timeout_s=300)
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+B=$PWD/build-gpu
+CORES=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 16)
+LOG=$OUT/profile.log
+: >"$LOG"
+MAKEARGS=(-j"$CORES" BUILD="$B" BIN="$B/bin")
+msgpack=$(pkg-config --exists msgpack-c 2>/dev/null && echo msgpack-c || echo msgpack)
+if ! pkg-config --exists $msgpack liblz4 jansson libxxhash openblas 2>/dev/null; then
+    D=/tmp/dflash-deps
+    rm -rf "$D" && mkdir -p "$D" && tar xzf .gpu-deps/dflash-deps.tar.gz -C "$D"
+    MAKEARGS+=("PKG_CFLAGS=-I$D/include" "PKG_LIBS=-L$D/lib -Wl,-rpath,$D/lib $(cat "$D/libs.txt")")
+    export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+step() { printf '\n===== %s (at %ss) =====\n' "$1" "$SECONDS" | tee -a "$LOG"; }
+step build
+make "${MAKEARGS[@]}" "$B/gpu/bench_extract" "$B/gpu/bench_train" >>"$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
+nvcc -O2 -std=c++17 -arch=sm_90a tests/gpu/gemm_sweep.cu -lcublasLt -lcublas -o "$B/gemm_sweep" >>"$LOG" 2>&1 ||
+    echo "gemm_sweep did not build" | tee -a "$LOG"
+{ command -v nsys ncu; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv; } >>"$LOG" 2>&1
+
+step "bench_extract (plain, then profiled)"
+"$B/gpu/bench_extract" --iters 3 2>&1 | tee -a "$LOG"
+DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 >>"$LOG" 2>&1
+step "bench_train (plain, then profiled)"
+"$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
+DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 >>"$LOG" 2>&1
+
+# every product of the two benchmarks (row-major M N K, layout, output, beta)
+SHAPES=$OUT/shapes.txt
+cat >"$SHAPES" <<'EOF'
+# extraction, T = 16384
+16384 4096 4096 nt bf16 0
+16384 1024 4096 nt bf16 0
+16384 6144 4096 nt bf16 0
+16384 4096 4096 nt bf16 1
+16384 12288 4096 nt bf16 0
+16384 24576 4096 nt bf16 0
+16384 4096 12288 nt bf16 1
+# training forward, Q = 8192, S = 3072
+8192 4096 4096 nt bf16 0
+3072 1024 4096 nt bf16 0
+8192 1024 4096 nt bf16 0
+8192 12288 4096 nt bf16 0
+8192 4096 12288 nt bf16 0
+3072 4096 20480 nt bf16 0
+1152 151936 4096 nt f32 0
+# training backward: din (nn, bf16, beta 1), dW (tn, f32, beta 1), LM head dh
+8192 12288 4096 nn bf16 1
+8192 4096 12288 nn bf16 1
+8192 4096 4096 nn bf16 1
+3072 4096 1024 nn bf16 1
+8192 4096 1024 nn bf16 1
+1152 4096 151936 nn bf16 1
+4096 12288 8192 tn f32 1
+12288 4096 8192 tn f32 1
+4096 4096 8192 tn f32 1
+1024 4096 3072 tn f32 1
+1024 4096 8192 tn f32 1
+4096 20480 3072 tn f32 1
+EOF
+step "gemm_sweep: GemmEx as called vs cuBLASLt's algorithms"
+[ -x "$B/gemm_sweep" ] && "$B/gemm_sweep" <"$SHAPES" 2>&1 | tee "$OUT/gemm_sweep.txt" >>"$LOG"
+step "torch.matmul, the same shapes"
+python3 - "$SHAPES" <<'EOF' 2>&1 | tee "$OUT/torch_mm.txt" >>"$LOG"
+import sys, torch
+dev = "cuda"
+for line in open(sys.argv[1]):
+    if line.startswith("#") or not line.strip():
+        continue
+    M, N, K, lay, out, beta = line.split()
+    M, N, K = int(M), int(N), int(K)
+    a = (torch.rand(M, K, device=dev) - .5).bfloat16() if lay != "tn" else (torch.rand(K, M, device=dev) - .5).bfloat16()
+    b = (torch.rand(N, K, device=dev) - .5).bfloat16() if lay == "nt" else (torch.rand(K, N, device=dev) - .5).bfloat16()
+    f = {"nt": lambda: a @ b.t(), "nn": lambda: a @ b, "tn": lambda: a.t() @ b}[lay]
+    for _ in range(2): f()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10): f()
+    e.record(); torch.cuda.synchronize()
+    ms = s.elapsed_time(e) / 10
+    print(f"{M} {N} {K} {lay} bf16-out: {ms:.3f} ms {2*M*N*K/ms/1e9:.1f} TFLOP/s")
+EOF
+step done
+echo "profile.sh: $SECONDS s"
