@@ -25,6 +25,9 @@
 //       balance. One CTA per (chunk, KV head) accumulates dK, dV for its 64
 //       keys in registers over its blocks and writes an f32 partial; a
 //       reduce kernel adds each tile's partials in chunk order into dk, dv.
+//   The fast kernels read lse and delta in the order they visit rows: per
+//   (block, KV head) the block's B*G rows, padded to a multiple of BR with
+//   lse = +inf (so P = 0 there, and a padded row adds nothing).
 //   Reading the list totals back is the one host synchronisation.
 #include "attention.cuh"
 
@@ -32,7 +35,10 @@ using namespace attn;
 
 namespace {
 
-constexpr int BR = 32; // query rows per step of the dk/dv kernel
+constexpr int BR = 64; // query rows per step of the dk/dv kernel
+
+// rows of a (block, KV head) in the fast kernels' lse/delta arrays
+__host__ __device__ __forceinline__ int padded_rows(int B, int G) { return (B * G + BR - 1) / BR * BR; }
 
 __device__ __forceinline__ bool sees(const int64_t *r, int64_t key) {
     return (key >= r[0] && key < r[1]) || (key >= r[2] && key < r[3]);
@@ -68,6 +74,30 @@ __global__ void delta_kernel(float *delta, const bf16 *dout, const bf16 *out, in
     for (int d = lane; d < D; d += 32) s += bf2f(dout[i * D + d]) * bf2f(out[i * D + d]);
     s = warp_sum(s);
     if (lane == 0) delta[i] = s;
+}
+
+// The rows of block j, KV head hkv, in the fast kernels' order (flattened
+// r = p*G + g), padded: lse2[i] = lse * log2(e) and delta[i] = rowsum(dout
+// o out) of row r = i % rtp of (j, hkv) = (i / rtp) / Hkv, % Hkv; +inf and
+// 0 past the block's B*G rows. One warp per entry.
+__global__ void row_stats_kernel(float *lse2, float *delta, const float *lse, const bf16 *dout, const bf16 *out,
+                                 int64_t n, int rtp, int B, int G, int Hq, int Hkv, int D) {
+    int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (i >= n) return;
+    const int r = (int)(i % rtp);
+    const int64_t jh = i / rtp;
+    const int hkv = (int)(jh % Hkv);
+    const int64_t j = jh / Hkv;
+    if (r >= B * G) {
+        if (lane == 0) lse2[i] = INFINITY, delta[i] = 0.0f;
+        return;
+    }
+    const int64_t row = (j * B + r / G) * Hq + (int64_t)hkv * G + r % G;
+    float s = 0.0f;
+    for (int d = lane; d < D; d += 32) s += bf2f(dout[row * D + d]) * bf2f(out[row * D + d]);
+    s = warp_sum(s);
+    if (lane == 0) lse2[i] = lse[row] * LOG2E, delta[i] = s;
 }
 
 __device__ __forceinline__ bool block_touches_tile(const dfl_block &b, int B, int64_t NK, int64_t t0, int64_t t1) {
@@ -128,7 +158,7 @@ constexpr size_t dq_smem_bytes() { return (size_t)(2 * BM + 4 * BN) * (D + 8) * 
 
 template <int D>
 __global__ void __launch_bounds__(NTHREADS, 2)
-    attn_dflash_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
+    attn_dflash_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse2p, const float *deltap, const bf16 *q,
                           const bf16 *k, const bf16 *v, const dfl_block *blocks, int nblk, int B, int64_t NK, int Hq,
                           int Hkv, int G, float scale_log2, float scale) {
     constexpr int SD = D + 8, ND = D / 8;
@@ -146,12 +176,12 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 
     int row[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
     float lse2[2], dl[2];
+    const int64_t sbase = ((int64_t)j * Hkv + hkv) * padded_rows(B, G);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         bool ok = row[h] < rows_total;
-        int64_t idx = (tok0 + row[h] / G) * Hq + (int64_t)hkv * G + row[h] % G;
-        lse2[h] = ok ? lse[idx] * LOG2E : 0.0f;
-        dl[h] = ok ? delta[idx] : 0.0f;
+        lse2[h] = ok ? lse2p[sbase + row[h]] : 0.0f;
+        dl[h] = ok ? deltap[sbase + row[h]] : 0.0f;
     }
 
     const int nt = segs.ntiles();
@@ -173,13 +203,25 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         float s[8][4], dp[8][4];
         two_scores<8, D>(s, dp, sQ + warp * 16 * SD, sdO + warp * 16 * SD, kt, vt);
         // P = exp(S - lse) on visible keys; dS = P (dP - delta), kept in s
+        // (a tile inside its segment skips the per-key tests: CTA-uniform)
+        if (segs.full(it)) {
 #pragma unroll
-        for (int nb = 0; nb < 8; nb++) {
+            for (int nb = 0; nb < 8; nb++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int64_t key = k0 + nb * 8 + 2 * c + (e & 1);
-                float p = segs.ok(it, key) ? exp2f(s[nb][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
-                s[nb][e] = p * (dp[nb][e] - dl[e >> 1]);
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(s[nb][e] * scale_log2 - lse2[e >> 1]);
+                    s[nb][e] = p * (dp[nb][e] - dl[e >> 1]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int64_t key = k0 + nb * 8 + 2 * c + (e & 1);
+                    float p = segs.ok(it, key) ? exp2f(s[nb][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
+                    s[nb][e] = p * (dp[nb][e] - dl[e >> 1]);
+                }
             }
         }
         // dQ += dS K
@@ -213,42 +255,73 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 
 template <int D>
 constexpr size_t dkdv_smem_bytes() {
-    return (size_t)(2 * BN + 4 * BR) * (D + 8) * sizeof(bf16) + 4 * BR * sizeof(float);
+    return (size_t)(2 * BN + 4 * BR) * (D + 8) * sizeof(bf16) + 4 * BR * sizeof(float) +
+           (size_t)CHUNK * (4 * sizeof(int64_t) + sizeof(int));
 }
 
 // CTA (chunk, KV head): warp w owns keys tile*64 + w*16 .. +16 and
-// accumulates their dK, dV over (block, 32-row step) pairs, double-buffered.
+// accumulates their dK, dV over (block, BR-row step) pairs, double-buffered.
+// Per step the work is 16 keys x BR rows a warp, so what a step costs
+// besides its products is kept small: the chunk's block indices and key
+// ranges are read once into shared memory, lse and delta arrive by cp.async
+// in visiting order (padded rows have P = 0: no row test), and a thread's
+// row addresses take one division by G a step (where G divides the rows
+// between its chunks: D/8 threads a row, so 8 rows apart at D = 128).
+// Two CTAs a multiprocessor: 255 registers, 107 KiB of shared memory.
 template <int D>
-__global__ void __launch_bounds__(NTHREADS)
+__global__ void __launch_bounds__(NTHREADS, 2)
     attn_dflash_dkdv_kernel(float *part_dk, float *part_dv, const KeyChunk *chunks, const int *list,
-                            const bf16 *dout, const float *lse, const float *delta, const bf16 *q, const bf16 *k,
+                            const bf16 *dout, const float *lse2p, const float *deltap, const bf16 *q, const bf16 *k,
                             const bf16 *v, const dfl_block *blocks, int B, int64_t NK, int Hq, int Hkv, int G,
                             float scale_log2, float scale) {
-    constexpr int SD = D + 8, ND = D / 8;
+    constexpr int SD = D + 8, ND = D / 8, CPR = D / 8, NCH = BR * CPR / NTHREADS, NB = BR / 8;
+    static_assert(BR * CPR % NTHREADS == 0 && BR % 16 == 0, "whole row chunks per thread");
     DYN_SMEM(bf16, sK);
     bf16 *sV = sK + BN * SD;
     bf16 *sQ = sV + BN * SD, *sdO = sQ + 2 * BR * SD; // [2][BR][SD] each
     float *sL = (float *)(sdO + 2 * BR * SD), *sDl = sL + 2 * BR; // [2][BR] each
+    int64_t *sRg = (int64_t *)(sDl + 2 * BR);          // [CHUNK][4] key ranges
+    int *sJ = (int *)(sRg + 4 * CHUNK);                // [CHUNK] block indices
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const KeyChunk ch = chunks[blockIdx.x];
     const int hkv = blockIdx.y;
     const int64_t kt0 = (int64_t)ch.tile * BN;
-    const int rows_total = B * G, nrt = (rows_total + BR - 1) / BR, total = ch.count * nrt;
+    const int rows_total = B * G, rtp = padded_rows(B, G), nrt = rtp / BR, total = ch.count * nrt;
 
     load_keys<D>(sK, k, kt0, NK, Hkv, hkv);
     load_keys<D>(sV, v, kt0, NK, Hkv, hkv);
-    // step `it`: block list[first + it/nrt], rows (it%nrt)*BR .. +BR
+    for (int i = threadIdx.x; i < ch.count; i += NTHREADS) {
+        const int jj = list[ch.first + i];
+        sJ[i] = jj;
+        block_ranges(blocks[jj], B, NK, sRg + 4 * i);
+    }
+    __syncthreads(); // sJ before the first issue
+
+    // this thread's row chunks: rows ri + n*RSTEP of a step, 16 bytes kc of each
+    constexpr int RSTEP = NTHREADS / CPR;
+    const int ri = threadIdx.x / CPR, kc = threadIdx.x % CPR;
+    const bool g_divides = RSTEP % G == 0;
+    // step `it`: block sJ[it / nrt], rows (it % nrt) * BR .. +BR
     auto issue = [&](int it, int buf) {
-        int jj = list[ch.first + it / nrt], rr = (it % nrt) * BR;
-        int64_t tok0 = (int64_t)jj * B;
-        load_qrows<D>(sQ + buf * BR * SD, BR, q, tok0, rr, rows_total, G, hkv, Hq);
-        load_qrows<D>(sdO + buf * BR * SD, BR, dout, tok0, rr, rows_total, G, hkv, Hq);
-        for (int i = threadIdx.x; i < BR; i += NTHREADS) {
-            int r = rr + i;
-            bool ok = r < rows_total;
-            int64_t idx = (tok0 + r / G) * Hq + (int64_t)hkv * G + r % G;
-            sL[buf * BR + i] = ok ? lse[idx] * LOG2E : 0.0f;
-            sDl[buf * BR + i] = ok ? delta[idx] : 0.0f;
+        const int bi = it / nrt, rr = (it % nrt) * BR, jj = sJ[bi];
+        const int64_t tok0 = (int64_t)jj * B;
+        bf16 *sq = sQ + buf * BR * SD, *sd = sdO + buf * BR * SD;
+        const int r0 = rr + ri, p0 = r0 / G, m0 = r0 % G;
+#pragma unroll
+        for (int n = 0; n < NCH; n++) {
+            const int r = r0 + n * RSTEP;
+            const bool ok = r < rows_total;
+            const int pq = g_divides ? p0 + n * (RSTEP / G) : r / G, pm = g_divides ? m0 : r % G;
+            const int64_t off = ((tok0 + pq) * Hq + (int64_t)hkv * G + pm) * D + kc * 8;
+            const int at = (ri + n * RSTEP) * SD + kc * 8;
+            cp_async16(sq + at, ok ? q + off : q, ok);
+            cp_async16(sd + at, ok ? dout + off : dout, ok);
+        }
+        const int64_t sb = ((int64_t)jj * Hkv + hkv) * rtp + rr;
+        if (threadIdx.x < BR / 4) cp_async16(sL + buf * BR + 4 * threadIdx.x, lse2p + sb + 4 * threadIdx.x, true);
+        else if (threadIdx.x < BR / 2) {
+            const int t = threadIdx.x - BR / 4;
+            cp_async16(sDl + buf * BR + 4 * t, deltap + sb + 4 * t, true);
         }
     };
     if (total > 0) issue(0, 0);
@@ -262,31 +335,29 @@ __global__ void __launch_bounds__(NTHREADS)
     for (int it = 0; it < total; it++) {
         const int buf = it & 1;
         pipeline_step(it + 1 < total, [&] { issue(it + 1, buf ^ 1); });
-        const int jj = list[ch.first + it / nrt], rr = (it % nrt) * BR;
-        int64_t rg[4];
-        block_ranges(blocks[jj], B, NK, rg);
+        const int64_t *rg = sRg + 4 * (it / nrt);
         const bool vis[2] = {key[0] < NK && sees(rg, key[0]), key[1] < NK && sees(rg, key[1])};
         const bf16 *qt = sQ + buf * BR * SD, *ot = sdO + buf * BR * SD;
         const float *lt = sL + buf * BR, *dt = sDl + buf * BR;
 
-        // S^T = K Q^T and dP^T = V dO^T: 16 keys x 32 rows each
-        float st[4][4], dpt[4][4]; // this warp's 16 K and V rows against the step's 32 rows
-        two_scores<4, D>(st, dpt, sK + warp * 16 * SD, sV + warp * 16 * SD, qt, ot);
-        // P^T on visible (key, row) pairs; dS^T = P^T (dP^T - delta) into dpt
+        // S^T = K Q^T and dP^T = V dO^T: this warp's 16 K and V rows against the step's BR rows
+        float st[NB][4], dpt[NB][4];
+        two_scores<NB, D>(st, dpt, sK + warp * 16 * SD, sV + warp * 16 * SD, qt, ot);
+        // P^T on visible keys (padded rows: lse +inf, P 0); dS^T = P^T (dP^T - delta) into dpt
 #pragma unroll
-        for (int nb = 0; nb < 4; nb++) {
+        for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int col = nb * 8 + 2 * c + (e & 1);
-                bool ok = vis[e >> 1] && rr + col < rows_total;
-                float p = ok ? exp2f(st[nb][e] * scale_log2 - lt[col]) : 0.0f;
+                const int col = nb * 8 + 2 * c + (e & 1);
+                float p = exp2f(st[nb][e] * scale_log2 - lt[col]);
+                p = vis[e >> 1] ? p : 0.0f;
                 st[nb][e] = p;
                 dpt[nb][e] = p * (dpt[nb][e] - dt[col]);
             }
         }
         // dV += P^T dO, dK += dS^T Q
 #pragma unroll
-        for (int kk = 0; kk < 2; kk++) {
+        for (int kk = 0; kk < NB / 2; kk++) {
             uint32_t ap[4], ad[4];
             c_to_a(ap, st[2 * kk], st[2 * kk + 1]);
             c_to_a(ad, dpt[2 * kk], dpt[2 * kk + 1]);
@@ -402,18 +473,29 @@ void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const
     else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
 }
 
+// The fast backward: lse and delta in visiting order (row_stats_kernel),
+// then dq and the dk/dv partials and their reduction.
 template <int D>
-static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
+static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const float *lse,
                        const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks, const TileLists *tl,
-                       int64_t nblk, int B, int64_t NK, int Hq, int Hkv) {
-    const int G = Hq / Hkv;
+                       float *stats, int64_t nblk, int B, int64_t NK, int Hq, int Hkv) {
+    const int G = Hq / Hkv, rtp = padded_rows(B, G);
     const float scale = 1.0f / sqrtf((float)D), scale_log2 = LOG2E * scale;
+    const int64_t n = nblk * Hkv * rtp;
+    float *lse2p = stats, *deltap = stats + n;
+    {
+        cuda_prof_scope ps("k attn_dflash_bwd: row statistics");
+        KLAUNCH(row_stats_kernel, (unsigned)CEIL_DIV(n * 32, (int64_t)256), 256, 0)(lse2p, deltap, lse, dout, out, n,
+                                                                                  rtp, B, G, Hq, Hkv, D);
+        LAUNCH_CHECK();
+    }
     if (dq) {
+        cuda_prof_scope ps("k attn_dflash_bwd: dq");
         size_t smem = dq_smem_bytes<D>();
         static int once = 0;
         if (!once) allow_smem(attn_dflash_dq_kernel<D>, smem), once = 1;
         dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)CEIL_DIV(B * G, BM));
-        KLAUNCH(attn_dflash_dq_kernel<D>, grid, NTHREADS, smem)(dq, dout, lse, delta, q, k, v, blocks,
+        KLAUNCH(attn_dflash_dq_kernel<D>, grid, NTHREADS, smem)(dq, dout, lse2p, deltap, q, k, v, blocks,
                                                                           (int)nblk, B, NK, Hq, Hkv, G, scale_log2,
                                                                           scale);
         LAUNCH_CHECK();
@@ -425,10 +507,14 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const flo
         static int once = 0;
         if (!once) allow_smem(attn_dflash_dkdv_kernel<D>, smem), once = 1;
         dim3 grid((unsigned)tl->nchunks, (unsigned)Hkv);
-        KLAUNCH(attn_dflash_dkdv_kernel<D>, grid, NTHREADS, smem)(
-            part, part + part_elems, tl->chunks, tl->list, dout, lse, delta, q, k, v, blocks, B, NK, Hq, Hkv, G,
-            scale_log2, scale);
-        LAUNCH_CHECK();
+        {
+            cuda_prof_scope ps("k attn_dflash_bwd: dk dv partials");
+            KLAUNCH(attn_dflash_dkdv_kernel<D>, grid, NTHREADS, smem)(
+                part, part + part_elems, tl->chunks, tl->list, dout, lse2p, deltap, q, k, v, blocks, B, NK, Hq, Hkv, G,
+                scale_log2, scale);
+            LAUNCH_CHECK();
+        }
+        cuda_prof_scope ps("k attn_dflash_bwd: dk dv reduce");
         KLAUNCH(dkdv_reduce_kernel, dim3((unsigned)tl->ntiles, (unsigned)Hkv), 256, 0)(
             dk, dv, part, part + part_elems, tl->chunk_off, Hkv, NK, D);
         LAUNCH_CHECK();
@@ -440,31 +526,36 @@ void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const 
                           int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D) {
     CU_ASSERT(dout && out && lse && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0);
     CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hkv <= 65535);
-    CU_ASSERT(nblk * B * Hq <= INT32_MAX && B * (Hq / Hkv) <= INT32_MAX && CEIL_DIV(B * (Hq / Hkv), BM) <= 65535);
+    CU_ASSERT(nblk * B * Hq <= INT32_MAX && B * (Hq / Hkv) <= INT32_MAX - BR && CEIL_DIV(B * (Hq / Hkv), BM) <= 65535);
     CU_ASSERT(CEIL_DIV(NK, (int64_t)BN) < INT32_MAX / 4);
     if (nblk == 0 || (!dq && !dk && !dv)) return;
-    const int64_t rows = nblk * B * Hq;
-    const int want_kv = dk || dv;
-    // scratch: delta [rows] f32, then the small tile-list arrays
-    size_t dbytes = ((size_t)rows * sizeof(float) + 15) / 16 * 16;
-    char *mem = (char *)cuda_scratch(SCRATCH_OP, dbytes + (want_kv ? tile_lists_small_ints(NK) * sizeof(int) : 0));
-    float *delta = (float *)mem;
-    launch_delta(delta, (const bf16 *)dout, (const bf16 *)out, rows, (int)D);
-    TileLists tl;
-    if (want_kv) build_tile_lists(&tl, (int *)(mem + dbytes), blocks, nblk, B, NK);
-
     bf16 *gq = (bf16 *)dq, *gk = (bf16 *)dk, *gv = (bf16 *)dv;
-    const bf16 *go = (const bf16 *)dout, *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
+    const bf16 *go = (const bf16 *)dout, *oo = (const bf16 *)out, *qq = (const bf16 *)q, *kk = (const bf16 *)k,
+               *vv = (const bf16 *)v;
     int aligned = is_aligned(gq, 16) && is_aligned(gk, 16) && is_aligned(gv, 16) && is_aligned(go, 16) &&
                   is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
+    const int fast = !g_cuda.simple && aligned && (D == 128 || D == 64);
+    const int want_kv = dk || dv;
+    // scratch: the row statistics (fast: lse2 and delta in visiting order,
+    // padded; simple: delta per row), then the small tile-list arrays
+    const int64_t nstat = fast ? 2 * nblk * Hkv * padded_rows((int)B, (int)(Hq / Hkv)) : nblk * B * Hq;
+    const size_t sbytes = ((size_t)nstat * sizeof(float) + 15) / 16 * 16;
+    char *mem = (char *)cuda_scratch(SCRATCH_OP, sbytes + (want_kv ? tile_lists_small_ints(NK) * sizeof(int) : 0));
+    float *stats = (float *)mem;
+    TileLists tl;
+    if (want_kv) {
+        cuda_prof_scope ps("k attn_dflash_bwd: key tile lists (host sync)");
+        build_tile_lists(&tl, (int *)(mem + sbytes), blocks, nblk, B, NK);
+    }
     const TileLists *tlp = want_kv ? &tl : NULL;
-    if (!g_cuda.simple && aligned && D == 128)
-        launch_bwd<128>(gq, gk, gv, go, lse, delta, qq, kk, vv, blocks, tlp, nblk, (int)B, NK, (int)Hq, (int)Hkv);
-    else if (!g_cuda.simple && aligned && D == 64)
-        launch_bwd<64>(gq, gk, gv, go, lse, delta, qq, kk, vv, blocks, tlp, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    if (fast && D == 128)
+        launch_bwd<128>(gq, gk, gv, go, oo, lse, qq, kk, vv, blocks, tlp, stats, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    else if (fast)
+        launch_bwd<64>(gq, gk, gv, go, oo, lse, qq, kk, vv, blocks, tlp, stats, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else {
-        if (gq) simple_attn_dflash_dq(gq, go, lse, delta, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
+        launch_delta(stats, go, oo, nblk * B * Hq, (int)D);
+        if (gq) simple_attn_dflash_dq(gq, go, lse, stats, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
         if (tlp)
-            simple_attn_dflash_dkdv(gk, gv, go, lse, delta, qq, kk, vv, blocks, tlp, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
+            simple_attn_dflash_dkdv(gk, gv, go, lse, stats, qq, kk, vv, blocks, tlp, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
     }
 }

@@ -109,6 +109,13 @@ void cuda_prof_init(void);
 int cuda_prof_begin(void);
 void cuda_prof_end(int slot, const char *key);
 void cuda_prof_wrap(dfl_ops *t); // every device op of the table timed
+// The kernels of one stage of an op, timed as "key" while in scope.
+struct cuda_prof_scope {
+    int slot;
+    const char *key;
+    explicit cuda_prof_scope(const char *k) : slot(cuda_prof_begin()), key(k) {}
+    ~cuda_prof_scope() { cuda_prof_end(slot, key); }
+};
 
 // ---------------------------------------------------------------------------
 // device helpers

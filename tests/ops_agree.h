@@ -459,7 +459,18 @@ static void attn_dflash_agrees(void) {
     const int32_t ctx_g[] = {75, 40}, anc_g[] = {3, 2};
     dflash_shape g = dflash_layout(ctx_g, 2, anc_g, 3, 6, 1, 256);
     dflash_case("dflash D256 G6 B3", &g);
+    /* G = 6 over B = 16: 96 rows, two 64-row steps of the dk/dv kernel, and
+     * G does not divide the 16 rows between a thread's row chunks at D 64
+     * (the per-chunk division); anchors past 64 keys: whole key tiles */
+    const int32_t ctx_h[] = {200}, anc_h[] = {5};
+    dflash_shape h = dflash_layout(ctx_h, 1, anc_h, 16, 6, 1, 64);
+    dflash_case("dflash D64 G6 B16", &h);
+    /* G = 3, B = 7: 21 rows padded to 64 */
+    const int32_t ctx_i[] = {130, 66}, anc_i[] = {3, 3};
+    dflash_shape i = dflash_layout(ctx_i, 2, anc_i, 7, 6, 2, 64);
+    dflash_case("dflash D64 G3 B7", &i);
     free(a.blocks), free(b.blocks), free(c.blocks), free(d.blocks), free(e.blocks), free(g.blocks);
+    free(h.blocks), free(i.blocks);
     if (AG_BIG) { /* Qwen3-8B drafter heads, a 1024-token sample, 64 anchors */
         const int32_t ctx_f[] = {1024}, anc_f[] = {64};
         dflash_shape f = dflash_layout(ctx_f, 1, anc_f, 16, 32, 8, 128);

@@ -33,6 +33,9 @@ nvcc -O2 -std=c++17 -arch=sm_90a tests/gpu/gemm_sweep.cu -lcublasLt -lcublas -o 
 step "bench_extract (plain, then profiled)"
 "$B/gpu/bench_extract" --iters 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 >>"$LOG" 2>&1
+step "bench_extract, causal attention with 4 warps a CTA"
+DFLASH_CUDA_CAUSAL_WARPS4=1 "$B/gpu/bench_extract" --iters 3 2>&1 | tee -a "$LOG"
+DFLASH_CUDA_CAUSAL_WARPS4=1 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 2>&1 | grep -A3 "stages inside" >>"$LOG"
 step "bench_train (plain, then profiled)"
 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 >>"$LOG" 2>&1
@@ -70,6 +73,7 @@ cat >"$SHAPES" <<'EOF'
 1024 4096 8192 tn f32 1
 4096 20480 3072 tn f32 1
 EOF
+[ "${PROFILE_GEMM:-1}" = 1 ] || { step done; echo "profile.sh: $SECONDS s"; exit 0; }
 step "gemm_sweep: GemmEx as called vs cuBLASLt's algorithms"
 [ -x "$B/gemm_sweep" ] && "$B/gemm_sweep" <"$SHAPES" 2>&1 | tee "$OUT/gemm_sweep.txt" >>"$LOG"
 step "torch.matmul, the same shapes"
