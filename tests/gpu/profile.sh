@@ -25,7 +25,10 @@ if ! pkg-config --exists $msgpack liblz4 jansson libxxhash openblas 2>/dev/null;
 fi
 step() { printf '\n===== %s (at %ss) =====\n' "$1" "$SECONDS" | tee -a "$LOG"; }
 step build
-make "${MAKEARGS[@]}" "$B/gpu/bench_extract" "$B/gpu/bench_train" >>"$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
+make "${MAKEARGS[@]}" "$B/gpu/bench_extract" "$B/gpu/bench_train" "$B/tests/test_ops_cuda" >>"$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
+step "op agreement (test_ops_cuda, synced launches)"
+DFLASH_CUDA_SYNC=1 timeout 60 "$B/tests/test_ops_cuda" >>"$LOG" 2>&1
+echo "test_ops_cuda: exit $?, $(grep -c '^PASS' "$LOG") passed, $(grep -c '^FAIL' "$LOG") failed" | tee -a "$LOG"
 nvcc -O2 -std=c++17 -arch=sm_90a tests/gpu/gemm_sweep.cu -lcublasLt -lcublas -o "$B/gemm_sweep" >>"$LOG" 2>&1 ||
     echo "gemm_sweep did not build" | tee -a "$LOG"
 { command -v nsys ncu; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv; } >>"$LOG" 2>&1
