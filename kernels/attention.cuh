@@ -321,30 +321,56 @@ constexpr bool FWD_Q_IN_REGS = D <= 128;
 template <int D>
 using FwdSegs = KeySegsT<FWD_KEYS<D>>;
 
-template <int D, int NW = 4>
-constexpr size_t fwd_smem_bytes() { return (size_t)(16 * NW + 4 * FWD_KEYS<D>) * (D + 8) * sizeof(bf16); }
+template <int D, int ROWS = BM>
+constexpr size_t fwd_smem_bytes() { return (size_t)(ROWS + 4 * FWD_KEYS<D>) * (D + 8) * sizeof(bf16); }
 
-// NW warps, 16 rows each: 4 (BM rows) or, for the causal prefill, 8. A K/V
-// tile in shared memory then serves 128 rows, which halves what the CTAs
-// read from L2: at 64 rows and 64 keys of D = 128, a tile (32 KiB) is used
-// for 2.1 MFLOP, ~6 TB/s of L2 traffic at 400 TFLOP/s, more than L2 gives.
-template <int D, bool CAUSAL, int NW = 4>
+// c[m][n] += a[m] · B_n for m < MB row blocks: mma_tile with each B
+// fragment loaded once and used for MB A fragments (ldmatrix traffic per
+// product divided by MB).
+template <int MB, int N, int SD, bool TRANS>
+__device__ __forceinline__ void mma_tile_rows(float (*c)[N][4], const uint32_t (*a)[4], const bf16 *t, int kb) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < N; n += 2) {
+        const int outer = (n + lane / 16) * 8, inner = kb * 16 + ((lane / 8) % 2) * 8;
+        uint32_t b0, b1, b2, b3;
+        if (TRANS) ldsm_x4_t(b0, b1, b2, b3, t + (inner + lane % 8) * SD + outer);
+        else ldsm_x4(b0, b1, b2, b3, t + (outer + lane % 8) * SD + inner);
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+            mma16816(c[m][n], a[m], b0, b1);
+            mma16816(c[m][n + 1], a[m], b2, b3);
+        }
+    }
+}
+
+// A CTA of NW warps, each with MB blocks of 16 rows (rows warp*16*MB +
+// m*16 + ..): 4 x 1 (64 rows) for the DFlash forward, whose blocks have 64
+// rows a KV head, and D = 256; 4 x 2 (128 rows) for the causal prefill at
+// D <= 128. Two row blocks a warp, as FlashAttention-2 does, halve the
+// ldmatrix traffic per product and give each warp two independent chains
+// (the kernel is latency-bound at 16 rows a warp), and a K/V tile in
+// shared memory serves 128 rows: half the L2 traffic.
+template <int D, bool CAUSAL, int NW = 4, int MB = 1>
 __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                               int Hq, int Hkv, int G, int64_t tok0, int rows_total, int r0, int hkv,
                                               const FwdSegs<D> &segs, int64_t kbase, float scale_log2) {
-    constexpr int SD = D + 8, ND = D / 8, KS = D / 16, ROWS = 16 * NW;
+    constexpr int SD = D + 8, ND = D / 8, KS = D / 16, ROWS = 16 * NW * MB;
     constexpr int TN = FWD_KEYS<D>, NB = TN / 8; // keys per tile, 8-key score fragments
-    constexpr bool QREG = FWD_Q_IN_REGS<D>;
+    constexpr bool QREG = FWD_Q_IN_REGS<D> && MB == 1;
     DYN_SMEM(bf16, sQ);
     bf16 *sK = sQ + ROWS * SD; // [2][TN][SD]
     bf16 *sV = sK + 2 * TN * SD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    const bf16 *sQw = sQ + warp * 16 * SD; // this warp's 16 rows
+    const bf16 *sQw = sQ + warp * 16 * MB * SD; // this warp's 16*MB rows
 
-    // this thread's two rows: warp*16 + g and +8
-    int row[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
-    int64_t pos[2] = {row[0] / G, row[1] / G};
-
+    // this thread's rows: row block m, rows g and g+8 of it
+    const int row0 = r0 + warp * 16 * MB + g; // + m*16 + 8h
+    int pos[MB][2];                            // positions fit int: T * Hq <= INT32_MAX
+#pragma unroll
+    for (int m = 0; m < MB; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) pos[m][h] = (row0 + m * 16 + 8 * h) / G;
     // the CTA's first position: a causal tile whose last key is at or
     // before it needs no causal mask for any row of the CTA
     const int64_t pos_min = r0 / G;
@@ -354,9 +380,12 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
     if (nt > 0) load_kv_tile<D, TN>(sK, sV, k, v, segs, 0, 0, Hkv, hkv);
     cp_async_commit();
 
-    float o[ND][4];
-    zero_frags<ND>(o);
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[MB][ND][4];
+#pragma unroll
+    for (int m = 0; m < MB; m++) zero_frags<ND>(o[m]);
+    float mrow[MB][2], l[MB][2];
+#pragma unroll
+    for (int m = 0; m < MB; m++) mrow[m][0] = mrow[m][1] = -INFINITY, l[m][0] = l[m][1] = 0.0f;
     uint32_t qf[QREG ? KS : 1][4];
 
     for (int it = 0; it < nt; it++) {
@@ -371,17 +400,19 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         const bf16 *kt = sK + buf * TN * SD, *vt = sV + buf * TN * SD;
         const int64_t k0 = segs.start(it);
 
-        // S = Q K^T for 16 rows x TN keys
-        float s[NB][4];
-        zero_frags<NB>(s);
+        // S = Q K^T for 16*MB rows x TN keys
+        float s[MB][NB][4];
+#pragma unroll
+        for (int m = 0; m < MB; m++) zero_frags<NB>(s[m]);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             if constexpr (QREG) {
-                mma_tile<NB, SD, false>(s, qf[ks], kt, ks);
+                mma_tile_rows<1, NB, SD, false>(s, &qf[ks], kt, ks);
             } else {
-                uint32_t a[4];
-                load_a<SD>(a, sQw, ks);
-                mma_tile<NB, SD, false>(s, a, kt, ks);
+                uint32_t a[MB][4];
+#pragma unroll
+                for (int m = 0; m < MB; m++) load_a<SD>(a[m], sQw + m * 16 * SD, ks);
+                mma_tile_rows<MB, NB, SD, false>(s, a, kt, ks);
             }
         }
 
@@ -389,61 +420,83 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         // inside their segment and (causal) before every row of the CTA:
         // those skip the per-key tests, which otherwise cost more issue
         // slots than the tile's products (a CTA-uniform branch).
-        float mx[2] = {-INFINITY, -INFINITY};
+        float mx[MB][2];
+#pragma unroll
+        for (int m = 0; m < MB; m++) mx[m][0] = mx[m][1] = -INFINITY;
         if (segs.full(it) && (!CAUSAL || k0 + TN - 1 - kbase <= pos_min)) {
 #pragma unroll
-            for (int nb = 0; nb < NB; nb++) {
+            for (int m = 0; m < MB; m++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[nb][e] *= scale_log2;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], s[nb][e]);
-                }
-            }
+                for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        s[m][nb][e] *= scale_log2;
+                        mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
+                    }
+        } else if constexpr (CAUSAL) { // one segment: keys relative to k0 in int
+            const int64_t left = segs.end(it) - k0;
+            const int lim = left < TN ? (int)left : TN, cb = (int)(k0 - kbase);
+#pragma unroll
+            for (int m = 0; m < MB; m++)
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int kr = nb * 8 + 2 * c + (e & 1);
+                        bool ok = kr < lim && cb + kr <= pos[m][e >> 1];
+                        s[m][nb][e] = ok ? s[m][nb][e] * scale_log2 : -INFINITY;
+                        mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
+                    }
         } else {
 #pragma unroll
+            for (int m = 0; m < MB; m++)
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int64_t key = k0 + nb * 8 + 2 * c + (e & 1);
+                        bool ok = segs.ok(it, key);
+                        s[m][nb][e] = ok ? s[m][nb][e] * scale_log2 : -INFINITY;
+                        mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
+                    }
+        }
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+            float alpha[2], base[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mx[m][h] = fmaxf(mx[m][h], __shfl_xor_sync(0xffffffffu, mx[m][h], 1));
+                mx[m][h] = fmaxf(mx[m][h], __shfl_xor_sync(0xffffffffu, mx[m][h], 2));
+                float mnew = fmaxf(mrow[m][h], mx[m][h]);
+                base[h] = mnew == -INFINITY ? 0.0f : mnew; // a row with no key yet
+                alpha[h] = exp2f(mrow[m][h] - base[h]);
+                mrow[m][h] = mnew;
+                l[m][h] *= alpha[h];
+            }
+#pragma unroll
             for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int64_t key = k0 + nb * 8 + 2 * c + (e & 1);
-                    bool ok = segs.ok(it, key) && (!CAUSAL || key - kbase <= pos[e >> 1]);
-                    s[nb][e] = ok ? s[nb][e] * scale_log2 : -INFINITY;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], s[nb][e]);
+                    s[m][nb][e] = exp2f(s[m][nb][e] - base[e >> 1]);
+                    l[m][e >> 1] += s[m][nb][e];
                 }
             }
-        }
-        float alpha[2], base[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            float mnew = fmaxf(m[h], mx[h]);
-            base[h] = mnew == -INFINITY ? 0.0f : mnew; // a row with no key yet
-            alpha[h] = exp2f(m[h] - base[h]);
-            m[h] = mnew;
-            l[h] *= alpha[h];
-        }
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nb][e] = exp2f(s[nb][e] - base[e >> 1]);
-                l[e >> 1] += s[nb][e];
+            for (int nd = 0; nd < ND; nd++) {
+                o[m][nd][0] *= alpha[0];
+                o[m][nd][1] *= alpha[0];
+                o[m][nd][2] *= alpha[1];
+                o[m][nd][3] *= alpha[1];
             }
-        }
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++) {
-            o[nd][0] *= alpha[0];
-            o[nd][1] *= alpha[0];
-            o[nd][2] *= alpha[1];
-            o[nd][3] *= alpha[1];
         }
 
         // O += P V
 #pragma unroll
         for (int kk = 0; kk < NB / 2; kk++) {
-            uint32_t a[4];
-            c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-            mma_tile<ND, SD, true>(o, a, vt, kk);
+            uint32_t a[MB][4];
+#pragma unroll
+            for (int m = 0; m < MB; m++) c_to_a(a[m], s[m][2 * kk], s[m][2 * kk + 1]);
+            mma_tile_rows<MB, ND, SD, true>(o, a, vt, kk);
         }
         __syncthreads(); // the next iteration's prefetch overwrites this buffer
     }
@@ -451,23 +504,28 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 
     // finish: O / l, lse = (m + log2 l) ln 2
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    }
+    for (int m = 0; m < MB; m++) {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        if (row[h] >= rows_total) continue;
-        float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-        bf16 *orow = (bf16 *)row_ptr(out, tok0, row[h], G, hkv, Hq, D);
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++) {
-            DEV_CHECK_ALIGN(orow + nd * 8 + 2 * c, 4);
-            *(uint32_t *)(orow + nd * 8 + 2 * c) = pack_bf16(o[nd][2 * h] * inv, o[nd][2 * h + 1] * inv);
+        for (int h = 0; h < 2; h++) {
+            l[m][h] += __shfl_xor_sync(0xffffffffu, l[m][h], 1);
+            l[m][h] += __shfl_xor_sync(0xffffffffu, l[m][h], 2);
         }
-        if (lse && c == 0) {
-            int64_t t = tok0 + row[h] / G;
-            lse[t * Hq + (int64_t)hkv * G + row[h] % G] = l[h] > 0.0f ? (m[h] + log2f(l[h])) * LN2 : -INFINITY;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = row0 + m * 16 + 8 * h;
+            if (row >= rows_total) continue;
+            float inv = l[m][h] > 0.0f ? 1.0f / l[m][h] : 0.0f;
+            bf16 *orow = (bf16 *)row_ptr(out, tok0, row, G, hkv, Hq, D);
+#pragma unroll
+            for (int nd = 0; nd < ND; nd++) {
+                DEV_CHECK_ALIGN(orow + nd * 8 + 2 * c, 4);
+                *(uint32_t *)(orow + nd * 8 + 2 * c) = pack_bf16(o[m][nd][2 * h] * inv, o[m][nd][2 * h + 1] * inv);
+            }
+            if (lse && c == 0) {
+                int64_t t = tok0 + row / G;
+                lse[t * Hq + (int64_t)hkv * G + row % G] =
+                    l[m][h] > 0.0f ? (mrow[m][h] + log2f(l[m][h])) * LN2 : -INFINITY;
+            }
         }
     }
 }

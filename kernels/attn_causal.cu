@@ -22,17 +22,17 @@ __global__ void causal_tiles_kernel(int *tile_off, const int32_t *cu, int nseq, 
     block_scan_exclusive(tile_off, nseq, [&](int s) { return (int)CEIL_DIV((int64_t)(cu[s + 1] - cu[s]) * G, rows); });
 }
 
-// NW warps of 16 rows (attention.cuh, flash_fwd_cta): 8 for D <= 128, one
-// CTA a multiprocessor at up to 255 registers a thread, as two CTAs of 4
-// warps were; 4 for D = 256, whose tiles already fill the shared memory.
+// 4 warps of 2 row blocks (attention.cuh, flash_fwd_cta): 128 rows a CTA for
+// D <= 128, two CTAs a multiprocessor; 1 row block (64 rows) for D = 256,
+// whose O accumulator alone is 128 registers a row block.
 template <int D>
-constexpr int CAUSAL_WARPS = D <= 128 ? 8 : 4;
+constexpr int CAUSAL_MB = D <= 128 ? 2 : 1;
 
-template <int D, int NW = CAUSAL_WARPS<D>>
-__global__ void __launch_bounds__(32 * NW, 8 / NW)
+template <int D, int MB = CAUSAL_MB<D>>
+__global__ void __launch_bounds__(NTHREADS, 2)
     attn_causal_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, const int *tile_off,
                        int nseq, int Hq, int Hkv, int G, float scale_log2) {
-    constexpr int ROWS = 16 * NW;
+    constexpr int ROWS = BM * MB;
     int tile = blockIdx.x;
     if (tile >= tile_off[nseq]) return;
     int lo = 0, hi = nseq - 1; // the last sequence whose first tile is <= tile
@@ -49,29 +49,29 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW)
     int rlast = (r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1;
     FwdSegs<D> segs;
     segs.init(start, start + rlast / G + 1, 0, 0);
-    flash_fwd_cta<D, true, NW>(out, NULL, q, k, v, Hq, Hkv, G, start, rows_total, r0, blockIdx.y, segs, start,
+    flash_fwd_cta<D, true, 4, MB>(out, NULL, q, k, v, Hq, Hkv, G, start, rows_total, r0, blockIdx.y, segs, start,
                                scale_log2);
 }
 
 // ---------------------------------------------------------------------------
 // kernel launchers
 
-template <int D, int NW = CAUSAL_WARPS<D>>
+template <int D, int MB = CAUSAL_MB<D>>
 static void launch_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
                           int64_t T, int Hq, int Hkv) {
-    constexpr int ROWS = 16 * NW;
+    constexpr int ROWS = BM * MB;
     int G = Hq / Hkv;
     int *tile_off = (int *)cuda_scratch(SCRATCH_OP, (size_t)(nseq + 1) * sizeof(int));
     KLAUNCH(causal_tiles_kernel, 1, 1024, 0)(tile_off, cu, (int)nseq, G, ROWS);
     LAUNCH_CHECK();
-    size_t smem = fwd_smem_bytes<D, NW>();
+    size_t smem = fwd_smem_bytes<D, ROWS>();
     static int once = 0;
-    if (!once) allow_smem(attn_causal_kernel<D, NW>, smem), once = 1;
+    if (!once) allow_smem(attn_causal_kernel<D, MB>, smem), once = 1;
     dim3 grid((unsigned)(CEIL_DIV(T * G, (int64_t)ROWS) + nseq), (unsigned)Hkv);
     float scale_log2 = LOG2E / sqrtf((float)D);
-    auto kernel = attn_causal_kernel<D, NW>;
+    auto kernel = attn_causal_kernel<D, MB>;
     cuda_prof_scope ps("k attn_causal: kernel");
-    KLAUNCH(kernel, grid, 32 * NW, smem)(out, q, k, v, cu, tile_off, (int)nseq, Hq, Hkv, G,
+    KLAUNCH(kernel, grid, NTHREADS, smem)(out, q, k, v, cu, tile_off, (int)nseq, Hq, Hkv, G,
                                                                   scale_log2);
     LAUNCH_CHECK();
 }
@@ -85,9 +85,7 @@ void cuda_attn_causal(void *out, const void *q, const void *k, const void *v, co
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
-    static const char *w4 = getenv("DFLASH_CUDA_CAUSAL_WARPS4"); // TEMPORARY: the 8-warp experiment
-    if (!g_cuda.simple && aligned && D == 128 && w4) launch_causal<128, 4>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else if (!g_cuda.simple && aligned && D == 128) launch_causal<128>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
+    if (!g_cuda.simple && aligned && D == 128) launch_causal<128>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 256) launch_causal<256>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 64) launch_causal<64>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else simple_attn_causal(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv, (int)D);

@@ -76,6 +76,19 @@ cat >"$SHAPES" <<'EOF'
 1024 4096 8192 tn f32 1
 4096 20480 3072 tn f32 1
 EOF
+# Nsight Compute on the attention kernels: where their warps stall
+if [ "${PROFILE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+    SECTIONS=(--section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis)
+    step "ncu: attn_causal_kernel (one launch of a mid layer)"
+    timeout 120 ncu "${SECTIONS[@]}" --kernel-name regex:attn_causal_kernel --launch-skip 40 --launch-count 1 \
+        "$B/gpu/bench_extract" --iters 1 >"$OUT/ncu_causal.txt" 2>&1
+    tail -5 "$OUT/ncu_causal.txt" | tee -a "$LOG"
+    step "ncu: the DFlash backward kernels (one layer)"
+    timeout 120 ncu "${SECTIONS[@]}" --kernel-name regex:'attn_dflash_(dkdv|dq)_kernel' --launch-skip 10 --launch-count 2 \
+        "$B/gpu/bench_train" --steps 1 >"$OUT/ncu_dflash.txt" 2>&1
+    tail -5 "$OUT/ncu_dflash.txt" | tee -a "$LOG"
+fi
 [ "${PROFILE_GEMM:-1}" = 1 ] || { step done; echo "profile.sh: $SECONDS s"; exit 0; }
 step "gemm_sweep: GemmEx as called vs cuBLASLt's algorithms"
 [ -x "$B/gemm_sweep" ] && "$B/gemm_sweep" <"$SHAPES" 2>&1 | tee "$OUT/gemm_sweep.txt" >>"$LOG"
