@@ -12,20 +12,42 @@
 // as the CPU reference: g = gscale grad; p *= 1 - lr wd (when wd != 0);
 // m = lerp(m, g, 1 - b1); v = v b2 + (1 - b2) g^2;
 // p += -step * m / (sqrt(v) / bc2_sqrt + eps). One fused pass.
-__global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, int64_t n, float decay, float w1,
-                             float b2, float w2, float eps, float gscale, float neg_step, float bc2_sqrt,
-                             int lerp_small) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float g = gscale * grad[i];
-        float pi = p[i] * decay;
-        float mo = m[i];
-        float mi = lerp_small ? mo + w1 * (g - mo) : g - (g - mo) * (1.0f - w1);
-        float vi = v[i] * b2 + w2 * g * g;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p[i] = pi + neg_step * mi / denom;
-        m[i] = mi;
-        v[i] = vi;
+struct adamw_args {
+    float decay, w1, b2, w2, eps, gscale, neg_step, bc2_sqrt;
+    int lerp_small;
+};
+
+__device__ __forceinline__ void adamw_one(float &p, float grad, float &m, float &v, const adamw_args &a) {
+    float g = a.gscale * grad;
+    float pi = p * a.decay;
+    float mo = m;
+    float mi = a.lerp_small ? mo + a.w1 * (g - mo) : g - (g - mo) * (1.0f - a.w1);
+    float vi = v * a.b2 + a.w2 * g * g;
+    float denom = sqrtf(vi) / a.bc2_sqrt + a.eps;
+    p = pi + a.neg_step * mi / denom;
+    m = mi;
+    v = vi;
+}
+
+// Four elements a thread and iteration through 16-byte accesses (the
+// arrays 16-byte aligned: the launcher checks), the n % 4 last ones
+// scalar: the same arithmetic per element, so the same bits.
+__global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, int64_t n, adamw_args a, int vec) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    int64_t done = 0;
+    if (vec) {
+        const int64_t n4 = n / 4;
+        for (int64_t i = first; i < n4; i += stride) {
+            float4 pp = ((float4 *)p)[i], gg = ((const float4 *)grad)[i], mm = ((float4 *)m)[i], vv = ((float4 *)v)[i];
+            adamw_one(pp.x, gg.x, mm.x, vv.x, a);
+            adamw_one(pp.y, gg.y, mm.y, vv.y, a);
+            adamw_one(pp.z, gg.z, mm.z, vv.z, a);
+            adamw_one(pp.w, gg.w, mm.w, vv.w, a);
+            ((float4 *)p)[i] = pp, ((float4 *)m)[i] = mm, ((float4 *)v)[i] = vv;
+        }
+        done = n4 * 4;
     }
+    for (int64_t i = done + first; i < n; i += stride) adamw_one(p[i], grad[i], m[i], v[i], a);
 }
 
 // Sum of squares in f64, deterministic: a fixed grid, a fixed assignment of
@@ -44,9 +66,20 @@ __device__ double block_sum_f64(double v) {
     return s[0];
 }
 
-__global__ void sumsq_kernel(double *part, const float *x, int64_t n) {
+// x 16-byte aligned (vec): four elements a thread and iteration, the n % 4
+// last ones after, each added in that fixed order.
+__global__ void sumsq_kernel(double *part, const float *x, int64_t n, int vec) {
     double acc = 0.0;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    int64_t done = 0;
+    if (vec) {
+        for (int64_t i = first; i < n / 4; i += stride) {
+            const float4 f = ((const float4 *)x)[i];
+            acc += (double)f.x * f.x, acc += (double)f.y * f.y, acc += (double)f.z * f.z, acc += (double)f.w * f.w;
+        }
+        done = n / 4 * 4;
+    }
+    for (int64_t i = done + first; i < n; i += stride) {
         double f = x[i];
         acc += f * f;
     }
@@ -74,10 +107,11 @@ void cuda_adamw(float *p, const float *grad, float *m, float *v, int64_t n, floa
     double bc1 = 1.0 - pow((double)b1, (double)t), bc2 = 1.0 - pow((double)b2, (double)t);
     float neg_step = (float)-((double)lr / bc1);
     float bc2_sqrt = (float)sqrt(bc2);
-    int64_t g = CEIL_DIV(n, (int64_t)256);
+    const adamw_args a = {decay, w1, b2, w2, eps, gscale, neg_step, bc2_sqrt, w1 < 0.5f};
+    const int vec = is_aligned(p, 16) && is_aligned(grad, 16) && is_aligned(m, 16) && is_aligned(v, 16);
+    int64_t g = CEIL_DIV(vec ? n / 4 + 1 : n, (int64_t)256);
     int64_t cap = (int64_t)g_cuda.sm_count * 8;
-    KLAUNCH(adamw_kernel, (unsigned)(g < cap ? g : cap), 256, 0)(p, grad, m, v, n, decay, w1, b2, w2, eps, gscale,
-                                                                neg_step, bc2_sqrt, w1 < 0.5f);
+    KLAUNCH(adamw_kernel, (unsigned)(g < cap ? g : cap), 256, 0)(p, grad, m, v, n, a, vec);
     LAUNCH_CHECK();
 }
 
@@ -85,7 +119,7 @@ double cuda_sumsq(const float *x, int64_t n) {
     CU_ASSERT(x && n >= 0);
     if (n == 0) return 0.0;
     double *part = (double *)cuda_scratch(SCRATCH_OP, (SUMSQ_BLOCKS + 1) * sizeof(double));
-    KLAUNCH(sumsq_kernel, SUMSQ_BLOCKS, SUMSQ_THREADS, 0)(part, x, n);
+    KLAUNCH(sumsq_kernel, SUMSQ_BLOCKS, SUMSQ_THREADS, 0)(part, x, n, is_aligned(x, 16));
     LAUNCH_CHECK();
     KLAUNCH(sumsq_final_kernel, 1, SUMSQ_THREADS, 0)(part + SUMSQ_BLOCKS, part, SUMSQ_BLOCKS);
     LAUNCH_CHECK();

@@ -88,6 +88,12 @@ static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct uint4 {
     uint32_t x, y, z, w;
 };
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(8) uint2 {
+    uint32_t x, y;
+};
 
 // ---- bf16 and f16 -----------------------------------------------------------
 
