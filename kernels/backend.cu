@@ -127,6 +127,7 @@ static void fill_table(dfl_ops *t) {
     t->rmsnorm_bwd = cuda_rmsnorm_bwd;
     t->rmsnorm1p = cuda_rmsnorm1p;
     t->rope = cuda_rope;
+    t->qk_norm_rope = cuda_qk_norm_rope;
     t->swiglu = cuda_swiglu;
     t->swiglu_bwd = cuda_swiglu_bwd;
     t->add = cuda_add;

@@ -217,6 +217,8 @@ void cuda_rmsnorm_bwd(void *din, float *dw, const void *dout, const void *in, co
                       int64_t rows, int64_t dim);
 // rope.cu
 void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, int inverse);
+void cuda_qk_norm_rope(void *out, const void *in, const void *w, int plus_one, const int32_t *pos,
+                       const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps);
 // elementwise.cu
 void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n);
 void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);

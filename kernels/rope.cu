@@ -1,5 +1,5 @@
 // rope.cu: rotary position embedding, NeoX pairing (i, i + d/2), in place.
-// defines: cuda_rope
+// defines: cuda_rope, cuda_qk_norm_rope
 //
 // One thread per (token, pair index): it computes the angle once, in f32
 // exactly as the CPU reference does (pos as float times inv_freq, then a
@@ -29,6 +29,67 @@ __global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, 
     }
 }
 
+// qk_norm_rope: one warp per row (t, h) of d; lane l holds the pairs
+// (i, i + d/2) for i = V*l + 32*V*k (V = 2: two adjacent pairs, read and
+// written as bf16 pairs, 4-byte aligned: the launcher checks). The sum of
+// squares over the whole row in f32, then per pair the norm as rmsnorm
+// computes it (x * rstd * (w + w_add)) and the rotation as rope_kernel does
+// (the same angle and sincosf), in f32, one rounding: the normed row is
+// never stored in bf16 between the two. out may alias in: a lane writes
+// only the pairs it read, after the warp's sum has used every element.
+template <int V>
+__device__ __forceinline__ void load_pair(float *f, const bf16 *p) {
+    if (V == 2) {
+        const float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)p);
+        f[0] = t.x, f[1] = t.y;
+    } else {
+        f[0] = bf2f(*p);
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_pair(bf16 *p, const float *f) {
+    if (V == 2) *(__nv_bfloat162 *)p = __floats2bfloat162_rn(f[0], f[1]);
+    else *p = f2bf(f[0]);
+}
+
+template <int V>
+__global__ void qk_norm_rope_kernel(bf16 *out, const bf16 *in, const bf16 *w, float w_add, const int32_t *pos,
+                                    const float *inv_freq, int64_t rows, int nh, int d, float eps) {
+    const int lane = threadIdx.x % 32, half = d / 2;
+    const int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= rows) return;
+    const bf16 *x = in + row * d;
+    float ss = 0.0f;
+    for (int i = lane * V; i < half; i += 32 * V) {
+        float a[V], b[V];
+        load_pair<V>(a, x + i);
+        load_pair<V>(b, x + i + half);
+#pragma unroll
+        for (int v = 0; v < V; v++) ss += a[v] * a[v] + b[v] * b[v];
+    }
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / (float)d + eps), p = (float)pos[row / nh];
+    bf16 *y = out + row * d;
+    for (int i = lane * V; i < half; i += 32 * V) {
+        float a[V], b[V], wa[V], wb[V], ya[V], yb[V];
+        load_pair<V>(a, x + i);
+        load_pair<V>(b, x + i + half);
+        load_pair<V>(wa, w + i);
+        load_pair<V>(wb, w + i + half);
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            const float na = a[v] * r * (wa[v] + w_add), nb = b[v] * r * (wb[v] + w_add);
+            float sn, cs;
+            sincosf(p * inv_freq[i + v], &sn, &cs);
+            ya[v] = na * cs - nb * sn;
+            yb[v] = nb * cs + na * sn;
+        }
+        store_pair<V>(y + i, ya);
+        store_pair<V>(y + i + half, yb);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // kernel launchers
 
@@ -38,5 +99,23 @@ void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int64_t T, in
     if (n == 0) return;
     KLAUNCH(rope_kernel, (unsigned)CEIL_DIV(n, (int64_t)256), 256, 0)(
         (bf16 *)x, pos, inv_freq, T, (int)nh, (int)d, inverse ? -1.0f : 1.0f);
+    LAUNCH_CHECK();
+}
+
+void cuda_qk_norm_rope(void *out, const void *in, const void *w, int plus_one, const int32_t *pos,
+                       const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps) {
+    CU_ASSERT(out && in && w && pos && inv_freq && T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
+    CU_ASSERT(nh <= INT32_MAX && d <= INT32_MAX);
+    const int64_t rows = T * nh;
+    if (rows == 0) return;
+    const int warps = 8;
+    const unsigned grid = (unsigned)CEIL_DIV(rows, (int64_t)warps);
+    const float w_add = plus_one ? 1.0f : 0.0f;
+    if ((d / 2) % 2 == 0 && is_aligned(out, 4) && is_aligned(in, 4) && is_aligned(w, 4))
+        KLAUNCH(qk_norm_rope_kernel<2>, grid, warps * 32, 0)((bf16 *)out, (const bf16 *)in, (const bf16 *)w, w_add,
+                                                             pos, inv_freq, rows, (int)nh, (int)d, eps);
+    else
+        KLAUNCH(qk_norm_rope_kernel<1>, grid, warps * 32, 0)((bf16 *)out, (const bf16 *)in, (const bf16 *)w, w_add,
+                                                             pos, inv_freq, rows, (int)nh, (int)d, eps);
     LAUNCH_CHECK();
 }

@@ -91,6 +91,13 @@ struct dfl_ops {
      * x_{i+d/2}' = x_{i+d/2} cos th + x_i sin th. inverse = 1 rotates by -th
      * (the backward pass). pos: i32 [T]; inv_freq: f32 [d/2]. */
     void (*rope)(void *x, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, int inverse);
+    /* A target's per-head q/k norm and its RoPE in one pass (forward only):
+     * for each row (t, h) of in[T, nh, d], y = in * rstd * w (plus_one:
+     * * (1 + w), as rmsnorm1p), then out = y rotated as rope rotates it by
+     * pos[t]; the same as rmsnorm (or rmsnorm1p) into out, then rope on
+     * out. out may alias in. */
+    void (*qk_norm_rope)(void *out, const void *in, const void *w, int plus_one, const int32_t *pos,
+                         const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps);
     /* out = silu(gate) * up, elementwise (out may alias gate or up). */
     void (*swiglu)(void *out, const void *gate, const void *up, int64_t n);
     void (*swiglu_bwd)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);

@@ -258,6 +258,14 @@ static void cpu_rope(void *x_, const int32_t *pos, const float *inv_freq, int64_
     }
 }
 
+/* The composition, which is what the op is defined as. */
+static void cpu_qk_norm_rope(void *out, const void *in, const void *w, int plus_one, const int32_t *pos,
+                             const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps) {
+    if (plus_one) cpu_rmsnorm1p(out, in, w, T * nh, d, eps);
+    else cpu_rmsnorm(out, NULL, in, w, T * nh, d, eps);
+    cpu_rope(out, pos, inv_freq, T, nh, d, 0);
+}
+
 /* silu(g) = g / (1 + exp(-g)), as PyTorch's CPU kernel writes it. */
 static void cpu_swiglu(void *out_, const void *gate_, const void *up_, int64_t n) {
     float *out = out_;
@@ -370,6 +378,7 @@ static const dfl_ops cpu_ops = {
     .matmul_grouped = dfl_cpu_matmul_grouped,
     .matmul_bwd = cpu_matmul_bwd,
     .rmsnorm = cpu_rmsnorm,
+    .qk_norm_rope = cpu_qk_norm_rope,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .rmsnorm1p = cpu_rmsnorm1p,
     .rope = cpu_rope,

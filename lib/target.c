@@ -581,6 +581,18 @@ void dfl_target_norm(const dfl_target *t, void *out, const void *in, const void 
     else t->ops->rmsnorm(out, NULL, in, w, rows, dim, eps);
 }
 
+void dfl_target_qk_rope(const dfl_target *t, void *out, const void *in, const void *norm_w, const int32_t *pos,
+                        int64_t T, int64_t nh) {
+    const dfl_model_config *c = &t->cfg;
+    if (c->qk_norm) {
+        t->ops->qk_norm_rope(out, in, norm_w, c->norm_plus_one, pos, t->inv_freq, T, nh, c->head_dim,
+                             (float)c->rms_norm_eps);
+    } else {
+        DFL_ASSERT(out == in);
+        t->ops->rope(out, pos, t->inv_freq, T, nh, c->head_dim, 0);
+    }
+}
+
 /* The Gated DeltaNet mixer (transformers Qwen3_5GatedDeltaNet):
  *   raw = h Wqkv^T; q|k|v = silu(causal depthwise conv(raw)) per sequence
  *   z = h Wz^T; b|a = h Wba^T
@@ -614,18 +626,13 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
     if (lw->linear) {
         dfl_target_linear_attn(t, lw, &w->lin, w->x, w->h, w->cu, nseq, T, NULL, NULL, NULL);
     } else {
-        if (c->qk_norm) { /* project into ao, then normalise each head into q / k */
-            ops->matmul(w->ao, w->h, lw->q, T, H, Hq * D, 0);
-            dfl_target_norm(t, w->q, w->ao, lw->q_norm, T * Hq, D);
-            ops->matmul(w->ao, w->h, lw->k, T, H, Hkv * D, 0);
-            dfl_target_norm(t, w->k, w->ao, lw->k_norm, T * Hkv, D);
-        } else {
-            ops->matmul(w->q, w->h, lw->q, T, H, Hq * D, 0);
-            ops->matmul(w->k, w->h, lw->k, T, H, Hkv * D, 0);
-        }
+        /* with q/k norms: project into ao, then norm + rotate each head into q / k */
+        void *qsrc = c->qk_norm ? w->ao : w->q, *ksrc = c->qk_norm ? w->ao : w->k;
+        ops->matmul(qsrc, w->h, lw->q, T, H, Hq * D, 0);
+        dfl_target_qk_rope(t, w->q, qsrc, lw->q_norm, w->pos, T, Hq);
+        ops->matmul(ksrc, w->h, lw->k, T, H, Hkv * D, 0);
+        dfl_target_qk_rope(t, w->k, ksrc, lw->k_norm, w->pos, T, Hkv);
         ops->matmul(w->v, w->h, lw->v, T, H, Hkv * D, 0);
-        ops->rope(w->q, w->pos, t->inv_freq, T, Hq, D, 0);
-        ops->rope(w->k, w->pos, t->inv_freq, T, Hkv, D, 0);
         ops->attn_causal(w->ao, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D);
         if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
             ops->matmul(w->lin.agate, w->h, lw->attn_gate, T, H, Hq * D, 0);

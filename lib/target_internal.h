@@ -105,6 +105,12 @@ void dfl_target_head_free(const dfl_ops *ops, head_ws *hw);
 /* out = the model's RMSNorm of in [rows, dim] with weight w: w, or (1 + w)
  * for Qwen3.5 (ops rmsnorm1p), eps rms_norm_eps. */
 void dfl_target_norm(const dfl_target *t, void *out, const void *in, const void *w, int64_t rows, int64_t dim);
+/* q or k of an attention layer from its projection `in` (T rows of nh
+ * heads), rotated by pos: with the model's q/k norms, normed (norm_w) and
+ * rotated into out in one pass (ops->qk_norm_rope); without, rotated in
+ * place (out must be in). */
+void dfl_target_qk_rope(const dfl_target *t, void *out, const void *in, const void *norm_w, const int32_t *pos,
+                        int64_t T, int64_t nh);
 /* Grow lw to n rows (no-op for a model without hybrid layers); free it. */
 void dfl_target_lin_reserve(const dfl_target *t, lin_ws *lw, int64_t n);
 void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw);

@@ -293,18 +293,13 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     void *kdst = DFL_AT(ops, kv->k[l], len * KD), *vdst = DFL_AT(ops, kv->v[l], len * KD);
 
     dfl_target_norm(t, kv->h, kv->x, lw->in_norm, n, H);
-    if (c->qk_norm) {
-        ops->matmul(kv->ao, kv->h, lw->q, n, H, Hq * D, 0);
-        dfl_target_norm(t, kv->q, kv->ao, lw->q_norm, n * Hq, D);
-        ops->matmul(kv->kpre, kv->h, lw->k, n, H, KD, 0);
-        dfl_target_norm(t, kdst, kv->kpre, lw->k_norm, n * Hkv, D);
-    } else {
-        ops->matmul(kv->q, kv->h, lw->q, n, H, Hq * D, 0);
-        ops->matmul(kdst, kv->h, lw->k, n, H, KD, 0);
-    }
+    /* with q/k norms: project into ao / kpre, then norm + rotate into q / the cache */
+    void *qsrc = c->qk_norm ? kv->ao : kv->q, *ksrc = c->qk_norm ? kv->kpre : kdst;
+    ops->matmul(qsrc, kv->h, lw->q, n, H, Hq * D, 0);
+    dfl_target_qk_rope(t, kv->q, qsrc, lw->q_norm, kv->pos, n, Hq);
+    ops->matmul(ksrc, kv->h, lw->k, n, H, KD, 0);
+    dfl_target_qk_rope(t, kdst, ksrc, lw->k_norm, kv->pos, n, Hkv);
     ops->matmul(vdst, kv->h, lw->v, n, H, KD, 0);
-    ops->rope(kv->q, kv->pos, t->inv_freq, n, Hq, D, 0);
-    ops->rope(kdst, kv->pos, t->inv_freq, n, Hkv, D, 0);
     if (len == 0)
         ops->attn_causal(kv->ao, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D);
     else

@@ -273,6 +273,36 @@ static void rope_agrees(void) {
     rope_case(7, 5, 10);
 }
 
+/* qk_norm_rope against the CPU's composition (rmsnorm or rmsnorm1p, then
+ * rope); the CUDA kernel rounds once where the two ops round twice. Also
+ * in place (out = in), as the op allows. */
+static void qk_norm_rope_case(int64_t T, int64_t nh, int64_t d, int plus_one) {
+    float *hx = ag_randn(T * nh * d, 3), *hw = ag_randn(d, 0.5);
+    int32_t *pos = dfl_malloc((size_t)T * 4);
+    float *inv = dfl_malloc((size_t)(d / 2) * 4);
+    for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)dfl_rng_below(&AG_RNG, 40960);
+    for (int64_t i = 0; i < d / 2; i++) inv[i] = i % 5 == 4 ? 0.0f : (float)pow(1e6, -2.0 * (double)i / (double)d);
+    ag_pair x = ag_new(hx, T * nh * d, AG_ACT), w = ag_new(hw, d, AG_ACT), p = ag_new(pos, T, AG_I32);
+    ag_pair f = ag_new(inv, d / 2, AG_F32), out = ag_new(NULL, T * nh * d, AG_ACT);
+    char what[64];
+    REF->qk_norm_rope(out.r, x.r, w.r, plus_one, p.r, f.r, T, nh, d, 1e-6f);
+    DEV->qk_norm_rope(out.d, x.d, w.d, plus_one, p.d, f.d, T, nh, d, 1e-6f);
+    snprintf(what, sizeof what, "qk_norm_rope d%d%s", (int)d, plus_one ? " (1 + w)" : "");
+    ag_check(what, &out, NMSE_ROUND);
+    REF->qk_norm_rope(x.r, x.r, w.r, plus_one, p.r, f.r, T, nh, d, 1e-6f);
+    DEV->qk_norm_rope(x.d, x.d, w.d, plus_one, p.d, f.d, T, nh, d, 1e-6f);
+    snprintf(what, sizeof what, "qk_norm_rope d%d in place", (int)d);
+    ag_check(what, &x, NMSE_ROUND);
+    ag_free(&x), ag_free(&w), ag_free(&p), ag_free(&f), ag_free(&out);
+    free(hx), free(hw), free(pos), free(inv);
+}
+
+static void qk_norm_rope_agrees(void) {
+    qk_norm_rope_case(37, 8, 128, 0); /* the Qwen3 head; pairs of pairs */
+    qk_norm_rope_case(9, 3, 256, 1);  /* Qwen3.5's, (1 + w); two passes a lane */
+    qk_norm_rope_case(11, 2, 10, 0);  /* an odd half: one pair a lane */
+}
+
 static void swiglu_case(int64_t n) {
     float *hg = ag_randn(n, 2), *hu = ag_randn(n, 1), *hd = ag_randn(n, 1);
     ag_pair g = ag_new(hg, n, AG_ACT), u = ag_new(hu, n, AG_ACT), d = ag_new(hd, n, AG_ACT);
@@ -1023,6 +1053,7 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(matmul_bwd_agrees);
     AG_RUN(rmsnorm_agrees);
     AG_RUN(rope_agrees);
+    AG_RUN(qk_norm_rope_agrees);
     AG_RUN(elementwise_agrees);
     AG_RUN(embed_agrees);
     AG_RUN(attn_causal_agrees);

@@ -6,13 +6,14 @@
  * the device from a random pool.
  *
  * The layer is the Qwen3 decoder layer of targets-extraction.md §1.1 as
- * lib/target.c runs it: RMSNorm, q/k/v projections, per-head q/k RMSNorm,
- * RoPE (theta 1e6) at per-sample positions, causal attention over the
- * packed samples (cu offsets), o projection, residual, RMSNorm, SwiGLU MLP,
- * residual (each residual add fused into its projection: matmul with
- * accumulate, which saves a pass over the stream per add). The tapped layers' outputs are copied out as the stream needs
- * them; with --download they are also brought to host memory (bf16), which
- * the tool must do before compressing and writing.
+ * lib/target.c runs it: RMSNorm, q/k/v projections, per-head q/k RMSNorm
+ * and RoPE (theta 1e6) at per-sample positions in one pass (qk_norm_rope),
+ * causal attention over the packed samples (cu offsets), o projection,
+ * residual, RMSNorm, SwiGLU MLP, residual (each residual add fused into
+ * its projection: matmul with accumulate, which saves a pass over the
+ * stream per add). The tapped layers' outputs are copied out as the stream
+ * needs them; with --download they are also brought to host memory (bf16),
+ * which the tool must do before compressing and writing.
  *
  * FLOPs: 2·M·K·N per projection, 4·D per (query, visible key, head) for
  * attention. Anchors (performance-anchors.md §3.2): SGLang capture ~27K
@@ -93,10 +94,8 @@ int main(int argc, char **argv) {
             MM(q, h, wq[l], T, H, QD, 0);
             MM(k, h, wk[l], T, H, KD, 0);
             MM(v, h, wv[l], T, H, KD, 0);
-            OPS->rmsnorm(qn, NULL, q, n_q, T * HQ, D, eps);
-            OPS->rmsnorm(kn, NULL, k, n_k, T * HKV, D, eps);
-            OPS->rope(qn, d_pos, inv_freq, T, HQ, D, 0);
-            OPS->rope(kn, d_pos, inv_freq, T, HKV, D, 0);
+            OPS->qk_norm_rope(qn, q, n_q, 0, d_pos, inv_freq, T, HQ, D, eps);
+            OPS->qk_norm_rope(kn, k, n_k, 0, d_pos, inv_freq, T, HKV, D, eps);
             OPS->attn_causal(att, qn, kn, v, d_cu, nsamp, T, HQ, HKV, D);
             FLOPS += 4.0 * keys * (double)D * (double)HQ;
             MM(x, att, wo[l], T, QD, H, 1); /* the residual add fused: accumulate into x */

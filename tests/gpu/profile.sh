@@ -4,7 +4,8 @@
 # the device time per op and per cuBLAS product shape (DFLASH_CUDA_PROFILE=1),
 # then every product shape timed as kernels/matmul.cu calls it against
 # the algorithms cuBLASLt offers (tests/gpu/gemm_sweep.cu) and torch.matmul.
-# Writes profile.log, shapes.txt, gemm_sweep.txt and torch_mm.txt under $OUT. About 90 s on an H200.
+# Writes profile.log, smi.csv (clocks, power), shapes.txt, gemm_sweep.txt and
+# torch_mm.txt under $OUT. About 90 s on an H200.
 #
 #   run(command="bash tests/gpu/profile.sh", carry=[".gpu-deps"], timeout_s=300)
 set -u
@@ -33,6 +34,11 @@ nvcc -O2 -std=c++17 -arch=sm_90a tests/gpu/gemm_sweep.cu -lcublasLt -lcublas -o 
     echo "gemm_sweep did not build" | tee -a "$LOG"
 { command -v nsys ncu; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv; } >>"$LOG" 2>&1
 
+# clocks and power while the benchmarks run (is the card at its power limit?)
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 250 >"$OUT/smi.csv" 2>/dev/null &
+SMI=$!
+trap 'kill $SMI 2>/dev/null' EXIT
 step "bench_extract (plain, then profiled)"
 "$B/gpu/bench_extract" --iters 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 >>"$LOG" 2>&1
