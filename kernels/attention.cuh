@@ -416,10 +416,12 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
             }
         }
 
-        // mask, scale into log2 units, online softmax. Most tiles lie
-        // inside their segment and (causal) before every row of the CTA:
-        // those skip the per-key tests, which otherwise cost more issue
-        // slots than the tile's products (a CTA-uniform branch).
+        // mask, online softmax in log2 units. Most tiles lie inside their
+        // segment and (causal) before every row of the CTA: those skip the
+        // per-key tests, which otherwise cost more issue slots than the
+        // tile's products (a CTA-uniform branch). Scores stay unscaled
+        // (scale_log2 > 0 commutes with max): the scale goes into the
+        // exponent's fused multiply-add.
         float mx[MB][2];
 #pragma unroll
         for (int m = 0; m < MB; m++) mx[m][0] = mx[m][1] = -INFINITY;
@@ -429,10 +431,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        s[m][nb][e] *= scale_log2;
-                        mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
-                    }
+                    for (int e = 0; e < 4; e++) mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
         } else if constexpr (CAUSAL) { // one segment: keys relative to k0 in int
             const int64_t left = segs.end(it) - k0;
             const int lim = left < TN ? (int)left : TN, cb = (int)(k0 - kbase);
@@ -443,8 +442,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int kr = nb * 8 + 2 * c + (e & 1);
-                        bool ok = kr < lim && cb + kr <= pos[m][e >> 1];
-                        s[m][nb][e] = ok ? s[m][nb][e] * scale_log2 : -INFINITY;
+                        if (!(kr < lim && cb + kr <= pos[m][e >> 1])) s[m][nb][e] = -INFINITY;
                         mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
                     }
         } else {
@@ -454,9 +452,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
                 for (int nb = 0; nb < NB; nb++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        int64_t key = k0 + nb * 8 + 2 * c + (e & 1);
-                        bool ok = segs.ok(it, key);
-                        s[m][nb][e] = ok ? s[m][nb][e] * scale_log2 : -INFINITY;
+                        if (!segs.ok(it, k0 + nb * 8 + 2 * c + (e & 1))) s[m][nb][e] = -INFINITY;
                         mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
                     }
         }
@@ -467,7 +463,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
             for (int h = 0; h < 2; h++) {
                 mx[m][h] = fmaxf(mx[m][h], __shfl_xor_sync(0xffffffffu, mx[m][h], 1));
                 mx[m][h] = fmaxf(mx[m][h], __shfl_xor_sync(0xffffffffu, mx[m][h], 2));
-                float mnew = fmaxf(mrow[m][h], mx[m][h]);
+                float mnew = fmaxf(mrow[m][h], mx[m][h] * scale_log2);
                 base[h] = mnew == -INFINITY ? 0.0f : mnew; // a row with no key yet
                 alpha[h] = exp2f(mrow[m][h] - base[h]);
                 mrow[m][h] = mnew;
@@ -477,16 +473,20 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
             for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    s[m][nb][e] = exp2f(s[m][nb][e] - base[e >> 1]);
+                    s[m][nb][e] = exp2f(fmaf(s[m][nb][e], scale_log2, -base[e >> 1]));
                     l[m][e >> 1] += s[m][nb][e];
                 }
             }
+            // once a row's maximum has settled, alpha is exactly 1: skip
+            // the rescale when it is for every row of the warp
+            if (__ballot_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-            for (int nd = 0; nd < ND; nd++) {
-                o[m][nd][0] *= alpha[0];
-                o[m][nd][1] *= alpha[0];
-                o[m][nd][2] *= alpha[1];
-                o[m][nd][3] *= alpha[1];
+                for (int nd = 0; nd < ND; nd++) {
+                    o[m][nd][0] *= alpha[0];
+                    o[m][nd][1] *= alpha[0];
+                    o[m][nd][2] *= alpha[1];
+                    o[m][nd][3] *= alpha[1];
+                }
             }
         }
 
