@@ -29,14 +29,20 @@ __global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, 
     }
 }
 
-// qk_norm_rope: one warp per row (t, h) of d; lane l holds the pairs
-// (i, i + d/2) for i = V*l + 32*V*k (V = 2: two adjacent pairs, read and
-// written as bf16 pairs, 4-byte aligned: the launcher checks). The sum of
-// squares over the whole row in f32, then per pair the norm as rmsnorm
-// computes it (x * rstd * (w + w_add)) and the rotation as rope_kernel does
-// (the same angle and sincosf), in f32, one rounding: the normed row is
-// never stored in bf16 between the two. out may alias in: a lane writes
-// only the pairs it read, after the warp's sum has used every element.
+// qk_norm_rope: one warp per (token, group of up to HEADS_PER_WARP heads);
+// lane l holds the pairs (i, i + d/2) for i = V*l + 32*V*k (V = 2: two
+// adjacent pairs, read and written as bf16 pairs, 4-byte aligned: the
+// launcher checks). The angles of a lane's pairs are the same in every head
+// of the token: their sines and cosines are computed once a warp (the same
+// angle and sincosf as rope_kernel), for up to MAX_K of a lane's i (head
+// dims up to 256 at V = 2), on the fly past that. Per head: the sum of
+// squares over the row in f32, then per pair the norm as rmsnorm computes
+// it (x * rstd * (w + w_add)) and the rotation, in f32, one rounding: the
+// normed row is never stored in bf16 between the two. out may alias in: a
+// lane writes only the pairs it read, after the warp's sum has used every
+// element of the row.
+constexpr int HEADS_PER_WARP = 8, MAX_K = 2;
+
 template <int V>
 __device__ __forceinline__ void load_pair(float *f, const bf16 *p) {
     if (V == 2) {
@@ -53,40 +59,69 @@ __device__ __forceinline__ void store_pair(bf16 *p, const float *f) {
     else *p = f2bf(f[0]);
 }
 
+// pairs (i + v, i + v + half), v < V, of one row: normed, rotated, stored
+template <int V>
+__device__ __forceinline__ void norm_rotate(bf16 *y, const bf16 *x, const bf16 *w, int i, int half, float r,
+                                            float w_add, const float *sn, const float *cs) {
+    float a[V], b[V], wa[V], wb[V], ya[V], yb[V];
+    load_pair<V>(a, x + i);
+    load_pair<V>(b, x + i + half);
+    load_pair<V>(wa, w + i);
+    load_pair<V>(wb, w + i + half);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const float na = a[v] * r * (wa[v] + w_add), nb = b[v] * r * (wb[v] + w_add);
+        ya[v] = na * cs[v] - nb * sn[v];
+        yb[v] = nb * cs[v] + na * sn[v];
+    }
+    store_pair<V>(y + i, ya);
+    store_pair<V>(y + i + half, yb);
+}
+
 template <int V>
 __global__ void qk_norm_rope_kernel(bf16 *out, const bf16 *in, const bf16 *w, float w_add, const int32_t *pos,
-                                    const float *inv_freq, int64_t rows, int nh, int d, float eps) {
-    const int lane = threadIdx.x % 32, half = d / 2;
-    const int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= rows) return;
-    const bf16 *x = in + row * d;
-    float ss = 0.0f;
-    for (int i = lane * V; i < half; i += 32 * V) {
-        float a[V], b[V];
-        load_pair<V>(a, x + i);
-        load_pair<V>(b, x + i + half);
+                                    const float *inv_freq, int64_t T, int nh, int d, float eps) {
+    const int lane = threadIdx.x % 32, half = d / 2, groups = (nh + HEADS_PER_WARP - 1) / HEADS_PER_WARP;
+    const int64_t wid = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    if (wid >= T * groups) return;
+    const int64_t t = wid / groups;
+    const int h0 = (int)(wid % groups) * HEADS_PER_WARP, h1 = h0 + HEADS_PER_WARP < nh ? h0 + HEADS_PER_WARP : nh;
+    const float p = (float)pos[t];
+    float sn[MAX_K][V], cs[MAX_K][V];
 #pragma unroll
-        for (int v = 0; v < V; v++) ss += a[v] * a[v] + b[v] * b[v];
-    }
-    ss = warp_sum(ss);
-    const float r = rsqrtf(ss / (float)d + eps), p = (float)pos[row / nh];
-    bf16 *y = out + row * d;
-    for (int i = lane * V; i < half; i += 32 * V) {
-        float a[V], b[V], wa[V], wb[V], ya[V], yb[V];
-        load_pair<V>(a, x + i);
-        load_pair<V>(b, x + i + half);
-        load_pair<V>(wa, w + i);
-        load_pair<V>(wb, w + i + half);
+    for (int k = 0; k < MAX_K; k++)
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            const float na = a[v] * r * (wa[v] + w_add), nb = b[v] * r * (wb[v] + w_add);
-            float sn, cs;
-            sincosf(p * inv_freq[i + v], &sn, &cs);
-            ya[v] = na * cs - nb * sn;
-            yb[v] = nb * cs + na * sn;
+            const int i = lane * V + 32 * V * k + v;
+            if (i < half) sincosf(p * inv_freq[i], &sn[k][v], &cs[k][v]);
         }
-        store_pair<V>(y + i, ya);
-        store_pair<V>(y + i + half, yb);
+    for (int h = h0; h < h1; h++) {
+        const int64_t row = t * nh + h;
+        const bf16 *x = in + row * d;
+        float ss = 0.0f;
+        for (int i = lane * V; i < half; i += 32 * V) {
+            float a[V], b[V];
+            load_pair<V>(a, x + i);
+            load_pair<V>(b, x + i + half);
+#pragma unroll
+            for (int v = 0; v < V; v++) ss += a[v] * a[v] + b[v] * b[v];
+        }
+        ss = warp_sum(ss);
+        const float r = rsqrtf(ss / (float)d + eps);
+        bf16 *y = out + row * d;
+        // a lane's first MAX_K pair groups with the cached angles (indices
+        // known at compile time: registers), the rest computing theirs
+#pragma unroll
+        for (int k = 0; k < MAX_K; k++) {
+            const int i = lane * V + 32 * V * k;
+            if (i < half) norm_rotate<V>(y, x, w, i, half, r, w_add, sn[k], cs[k]);
+        }
+        for (int i = lane * V + 32 * V * MAX_K; i < half; i += 32 * V) {
+            float s_[V], c_[V];
+#pragma unroll
+            for (int v = 0; v < V; v++) sincosf(p * inv_freq[i + v], &s_[v], &c_[v]);
+            norm_rotate<V>(y, x, w, i, half, r, w_add, s_, c_);
+        }
     }
 }
 
@@ -106,16 +141,16 @@ void cuda_qk_norm_rope(void *out, const void *in, const void *w, int plus_one, c
                        const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps) {
     CU_ASSERT(out && in && w && pos && inv_freq && T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     CU_ASSERT(nh <= INT32_MAX && d <= INT32_MAX);
-    const int64_t rows = T * nh;
-    if (rows == 0) return;
+    if (T == 0) return;
     const int warps = 8;
-    const unsigned grid = (unsigned)CEIL_DIV(rows, (int64_t)warps);
+    const int64_t units = T * CEIL_DIV(nh, (int64_t)HEADS_PER_WARP);
+    const unsigned grid = (unsigned)CEIL_DIV(units, (int64_t)warps);
     const float w_add = plus_one ? 1.0f : 0.0f;
     if ((d / 2) % 2 == 0 && is_aligned(out, 4) && is_aligned(in, 4) && is_aligned(w, 4))
         KLAUNCH(qk_norm_rope_kernel<2>, grid, warps * 32, 0)((bf16 *)out, (const bf16 *)in, (const bf16 *)w, w_add,
-                                                             pos, inv_freq, rows, (int)nh, (int)d, eps);
+                                                             pos, inv_freq, T, (int)nh, (int)d, eps);
     else
         KLAUNCH(qk_norm_rope_kernel<1>, grid, warps * 32, 0)((bf16 *)out, (const bf16 *)in, (const bf16 *)w, w_add,
-                                                             pos, inv_freq, rows, (int)nh, (int)d, eps);
+                                                             pos, inv_freq, T, (int)nh, (int)d, eps);
     LAUNCH_CHECK();
 }

@@ -301,6 +301,7 @@ static void qk_norm_rope_agrees(void) {
     qk_norm_rope_case(37, 8, 128, 0); /* the Qwen3 head; pairs of pairs */
     qk_norm_rope_case(9, 3, 256, 1);  /* Qwen3.5's, (1 + w); two passes a lane */
     qk_norm_rope_case(11, 2, 10, 0);  /* an odd half: one pair a lane */
+    qk_norm_rope_case(5, 12, 576, 0); /* two head groups; angles past the cached ones */
 }
 
 static void swiglu_case(int64_t n) {
