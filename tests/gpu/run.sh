@@ -105,14 +105,22 @@ mem_watch() {
     [ "$DRY" = 1 ] && return
     command -v nvidia-smi >/dev/null || return
     echo "== $1" >>"$MEM_LOG"
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >>"$MEM_LOG" 2>/dev/null &
+    nvidia-smi --query-gpu=memory.used,clocks.sm,power.draw --format=csv,noheader,nounits -lms 200 >>"$MEM_LOG" 2>/dev/null &
     MEM_PID=$!
 }
 mem_peak() {
     [ -n "$MEM_PID" ] || { echo "?"; return; }
     kill "$MEM_PID" 2>/dev/null; wait "$MEM_PID" 2>/dev/null
     MEM_PID=
-    awk '/^==/ {m = 0; next} $1 + 0 > m {m = $1 + 0} END {printf "%.1f GiB", m / 1024}' "$MEM_LOG"
+    # the last section's samples: memory peak; the SM clock and power while
+    # busy (samples above 200 W), as medians: H200s cap their power at 700 W
+    local sec peak clk pw
+    sec=$(awk '/^==/ {buf = ""; next} {buf = buf $0 "\n"} END {printf "%s", buf}' "$MEM_LOG")
+    peak=$(printf '%b' "$sec" | awk -F', *' '$1 + 0 > m {m = $1 + 0} END {printf "%.1f GiB", m / 1024}')
+    median() { sort -n | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}'; }
+    clk=$(printf '%b' "$sec" | awk -F', *' '$3 + 0 > 200 {print $2 + 0}' | median)
+    pw=$(printf '%b' "$sec" | awk -F', *' '$3 + 0 > 200 {printf "%d\n", $3 + 0}' | median)
+    echo "$peak${clk:+; busy: SM clock median $clk MHz, power $pw W}"
 }
 trap '[ -n "$MEM_PID" ] && kill "$MEM_PID" 2>/dev/null; rm -rf "$TMPD"' EXIT
 section() { printf '\n===== %s (at %ss) =====\n' "$1" "$(elapsed)" >>"$2"; }
@@ -246,6 +254,16 @@ if [ "$built" = 1 ]; then
         row "train step, Qwen3-8B drafter, 512 anchors x 16, 3072 tokens" "MFU $(value "$X" 'MFU') %" \
             "$(value "$X" 'step time s') s/step, $(value "$X" 'achieved TFLOP/s') TFLOP/s of $(value "$X" 'model TFLOP per step') TFLOP/step; goal 55 %; phases: fwd $(value "$X" 'phase forward') s, head $(value "$X" 'phase LM head') s, bwd $(value "$X" 'phase backward') s, opt $(value "$X" 'phase optimizer') s; GPU memory peak $peak (predicted ~29 GiB)"
     else row "train-step benchmark" "FAIL" "exit $rc; see bench.log"; fi
+    # where the time goes: device time per op, product shape and attention
+    # stage (DFLASH_CUDA_PROFILE=1, kernels/profile.cu), in bench.log
+    if [ "$DRY" != 1 ] && [ "$(left)" -gt 100 ]; then
+        for b in "bench_extract --iters 2" "bench_train --steps 2"; do
+            section "$b, profiled (DFLASH_CUDA_PROFILE=1)" "$BENCH_LOG"
+            DFLASH_CUDA_PROFILE=1 timeout 120 "$B/gpu/"$b "${BDEV[@]}" >>"$BENCH_LOG" 2>&1
+        done
+        row "per-op device time of both benchmarks" "in bench.log" \
+            "DFLASH_CUDA_PROFILE=1: ops, cuBLAS products by shape, attention stages; first calls apart"
+    fi
     rm -f "$X"
     # the real tool end to end (JSONL in, DFS stream out): a Qwen3-0.6B-shaped
     # target cut to 8 layers (mktarget's host RNG is the slow part), 32 x 2048
