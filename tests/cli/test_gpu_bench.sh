@@ -51,9 +51,16 @@ if [ -x "$E" ]; then
     done
 fi
 
-for s in tests/gpu/run.sh tests/gpu/model_checks.sh tests/gpu/pack-deps.sh tests/gpu/score_trained.sh; do
+for s in tests/gpu/run.sh tests/gpu/model_checks.sh tests/gpu/pack-deps.sh tests/gpu/score_trained.sh \
+    tests/gpu/profile.sh; do
     check "bash -n $s" bash -n "$here/$s"
 done
+# profile.sh builds gemm_sweep.cu with nvcc on the GPU machine: it must build
+NVCC=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
+if [ -n "$NVCC" ]; then
+    check "gemm_sweep.cu builds (nvcc, sm_90a)" "$NVCC" -O2 -std=c++17 -arch=sm_90a "$here/tests/gpu/gemm_sweep.cu" \
+        -lcublasLt -lcublas -o "$T/gemm_sweep"
+fi
 check "python scripts compile" python3 -m py_compile "$here/tests/gpu/compare.py" "$here/tests/gpu/torch_step.py"
 
 # The online scoring benchmark of the GPU run, on the CPU with its smallest

@@ -8,6 +8,10 @@
 # torch_mm.txt under $OUT. About 90 s on an H200.
 #
 #   run(command="bash tests/gpu/profile.sh", carry=[".gpu-deps"], timeout_s=300)
+#
+# PROFILE_GEMM=0 skips the product sweep (gemm_sweep, torch.matmul);
+# PROFILE_NCU=1 adds Nsight Compute on the attention kernels (ncu_*.txt:
+# occupancy, stall reasons), about 10 s more.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -42,9 +46,6 @@ trap 'kill $SMI 2>/dev/null' EXIT
 step "bench_extract (plain, then profiled)"
 "$B/gpu/bench_extract" --iters 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 >>"$LOG" 2>&1
-step "bench_extract, causal attention with 4 warps a CTA"
-DFLASH_CUDA_CAUSAL_WARPS4=1 "$B/gpu/bench_extract" --iters 3 2>&1 | tee -a "$LOG"
-DFLASH_CUDA_CAUSAL_WARPS4=1 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 2>&1 | grep -A3 "stages inside" >>"$LOG"
 step "bench_train (plain, then profiled)"
 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 >>"$LOG" 2>&1
