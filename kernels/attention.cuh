@@ -477,16 +477,17 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
                     l[m][e >> 1] += s[m][nb][e];
                 }
             }
-            // once a row's maximum has settled, alpha is exactly 1: skip
-            // the rescale when it is for every row of the warp
-            if (__ballot_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+            // unconditional: a branch skipping it when every alpha is 1
+            // made no measurable difference at D = 128, and is the likeliest
+            // cause of D = 256's slowdown in the same run (the branch keeps
+            // the 128 multiplies from interleaving with the P V products;
+            // tests/gpu/NOTES.md)
 #pragma unroll
-                for (int nd = 0; nd < ND; nd++) {
-                    o[m][nd][0] *= alpha[0];
-                    o[m][nd][1] *= alpha[0];
-                    o[m][nd][2] *= alpha[1];
-                    o[m][nd][3] *= alpha[1];
-                }
+            for (int nd = 0; nd < ND; nd++) {
+                o[m][nd][0] *= alpha[0];
+                o[m][nd][1] *= alpha[0];
+                o[m][nd][2] *= alpha[1];
+                o[m][nd][3] *= alpha[1];
             }
         }
 

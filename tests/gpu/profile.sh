@@ -50,6 +50,9 @@ step "bench_train (plain, then profiled)"
 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 >>"$LOG" 2>&1
 
+step "Qwen3.5-27B attention layer (head dim 256), tensor cores"
+make "${MAKEARGS[@]}" "$B/gpu/bench_gdn" >>"$LOG" 2>&1 && "$B/gpu/bench_gdn" --attn-only 2>&1 | tee -a "$LOG"
+
 # every product of the two benchmarks (row-major M N K, layout, output, beta)
 SHAPES=$OUT/shapes.txt
 cat >"$SHAPES" <<'EOF'

@@ -443,6 +443,13 @@ with open('$model-in.jsonl', 'w') as f:
             row "dflash-extract --device $dm: Qwen3-30B-A3B layer shapes (128 experts, 8 a token), 2 layers, $ntok tokens" \
                 "$rate" "$whole, batches of $((8 * lenm)) tokens, GPU memory peak $(mem_peak); the experts through cuBLAS grouped GEMMs; the 48-layer model: more than 1/24 of this (the taps' download and the stream's writing do not grow with layers)"
             mv "$W/tm.dfs" "$W/grouped.dfs"
+            # the device time of its ops, apart from the tool's I/O (the
+            # steady rate above is the difference of two whole-tool runs)
+            if [ "$DRY" != 1 ]; then
+                section "the same under DFLASH_CUDA_PROFILE=1" "$BENCH_LOG"
+                DFLASH_CUDA_PROFILE=1 timeout 60 "$B/bin/dflash-extract" -m "$W/tm" -d "$dm" -l 0,1 -b $((8 * lenm)) \
+                    -o "$W/prof.dfs" "$W/tm-in.jsonl" >>"$BENCH_LOG" 2>&1
+            fi
             if [ "$(left)" -gt 40 ]; then
                 if extract_rate "$W/tm" "$dm" 0,1 "$nm" "$lenm" DFLASH_CUDA_NO_GROUPED=1; then
                     # the records' checksums (the headers differ by their time stamps)
