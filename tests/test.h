@@ -12,6 +12,16 @@
 
 static int t_failed_now, t_failed_total, t_passed_total;
 
+/* UNDER_ASAN: built with AddressSanitizer (gcc or clang), for the tests
+ * that size allocations or limits around it. */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
 #define T_CHECK(c) \
     do { if (!(c)) { fprintf(stderr, "  %s:%d: check failed: %s\n", __FILE__, __LINE__, #c); t_failed_now = 1; } } while (0)
 #define T_CHECKF(c, ...) \

@@ -22,14 +22,6 @@
 #include <sys/resource.h>
 #include <xxhash.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-
 #ifdef UNDER_ASAN
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "max_allocation_size_mb=64:allocator_may_return_null=1"; }

@@ -42,14 +42,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-
 #define F32_TOL 1e-9
 #define HYBRID_TOL 1e-8
 #define BF16_TOL 1e-5
