@@ -126,17 +126,18 @@ __device__ __forceinline__ void load_a(uint32_t *a, const bf16 *rows16, int ks) 
     ldsm_x4(a[0], a[1], a[2], a[3], rows16 + (lane % 16) * SD + ks * 16 + (lane / 16) * 8);
 }
 
-// c[n] += a · B_n for n < N, B_n an 8-column slice of a 16-row operand
-// taken from a row-major shared tile t (stride SD) by ldmatrix.x4 (two n per
-// load), in either orientation:
+// c[m][n] += a[m] · B_n for m < MB row blocks and n < N, B_n an 8-column
+// slice of a 16-row operand taken from a row-major shared tile t (stride
+// SD) by ldmatrix.x4 (two n per load, each used for the MB A fragments:
+// ldmatrix traffic per product divided by MB), in either orientation:
 //   TRANS = false: B = t[n*8 .. n*8+8, kb*16 .. +16)^T, tile rows as columns:
 //     S = Q K^T, dP = dO V^T (and S^T = K Q^T, dP^T = V dO^T in dk/dv);
 //   TRANS = true:  B = t[kb*16 .. +16, n*8 .. n*8+8), read transposed:
 //     O = P V, dQ = dS K, dV = P^T dO, dK = dS^T Q.
 // Lanes 8m..8m+7 give the 8 row addresses of the m-th 8x8 matrix: row
 // block `outer` (8 rows per n pair) and column block `inner` (16 per kb).
-template <int N, int SD, bool TRANS>
-__device__ __forceinline__ void mma_tile(float (*c)[4], const uint32_t *a, const bf16 *t, int kb) {
+template <int MB, int N, int SD, bool TRANS>
+__device__ __forceinline__ void mma_tile_rows(float (*c)[N][4], const uint32_t (*a)[4], const bf16 *t, int kb) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int n = 0; n < N; n += 2) {
@@ -144,9 +145,18 @@ __device__ __forceinline__ void mma_tile(float (*c)[4], const uint32_t *a, const
         uint32_t b0, b1, b2, b3;
         if (TRANS) ldsm_x4_t(b0, b1, b2, b3, t + (inner + lane % 8) * SD + outer);
         else ldsm_x4(b0, b1, b2, b3, t + (outer + lane % 8) * SD + inner);
-        mma16816(c[n], a, b0, b1);
-        mma16816(c[n + 1], a, b2, b3);
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+            mma16816(c[m][n], a[m], b0, b1);
+            mma16816(c[m][n + 1], a[m], b2, b3);
+        }
     }
+}
+
+// The same for one row block: c[n] += a · B_n.
+template <int N, int SD, bool TRANS>
+__device__ __forceinline__ void mma_tile(float (*c)[4], const uint32_t *a, const bf16 *t, int kb) {
+    mma_tile_rows<1, N, SD, TRANS>((float (*)[N][4])c, (const uint32_t (*)[4])a, t, kb);
 }
 
 // x = A_a · t1^T and y = A_b · t2^T over all D columns, A_a and A_b the
@@ -323,26 +333,6 @@ using FwdSegs = KeySegsT<FWD_KEYS<D>>;
 
 template <int D, int ROWS = BM>
 constexpr size_t fwd_smem_bytes() { return (size_t)(ROWS + 4 * FWD_KEYS<D>) * (D + 8) * sizeof(bf16); }
-
-// c[m][n] += a[m] · B_n for m < MB row blocks: mma_tile with each B
-// fragment loaded once and used for MB A fragments (ldmatrix traffic per
-// product divided by MB).
-template <int MB, int N, int SD, bool TRANS>
-__device__ __forceinline__ void mma_tile_rows(float (*c)[N][4], const uint32_t (*a)[4], const bf16 *t, int kb) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int n = 0; n < N; n += 2) {
-        const int outer = (n + lane / 16) * 8, inner = kb * 16 + ((lane / 8) % 2) * 8;
-        uint32_t b0, b1, b2, b3;
-        if (TRANS) ldsm_x4_t(b0, b1, b2, b3, t + (inner + lane % 8) * SD + outer);
-        else ldsm_x4(b0, b1, b2, b3, t + (outer + lane % 8) * SD + inner);
-#pragma unroll
-        for (int m = 0; m < MB; m++) {
-            mma16816(c[m][n], a[m], b0, b1);
-            mma16816(c[m][n + 1], a[m], b2, b3);
-        }
-    }
-}
 
 // A CTA of NW warps, each with MB blocks of 16 rows (rows warp*16*MB +
 // m*16 + ..): 4 x 1 (64 rows) for the DFlash forward, whose blocks have 64
