@@ -30,9 +30,11 @@ __device__ __forceinline__ void adamw_one(float &p, float grad, float &m, float 
 }
 
 // Four elements a thread and iteration through 16-byte accesses (the
-// arrays 16-byte aligned: the launcher checks), the n % 4 last ones
-// scalar: the same arithmetic per element, so the same bits.
-__global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, int64_t n, adamw_args a, int vec) {
+// arrays 16-byte aligned, wt 8-byte: the launcher checks), the n % 4 last
+// ones scalar: the same arithmetic per element, so the same bits. wt (may
+// be NULL): the new p rounded to bf16, as master_to_wt rounds it.
+__global__ void adamw_kernel(float *p, bf16 *wt, const float *grad, float *m, float *v, int64_t n, adamw_args a,
+                             int vec) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     int64_t done = 0;
     if (vec) {
@@ -44,10 +46,19 @@ __global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, in
             adamw_one(pp.z, gg.z, mm.z, vv.z, a);
             adamw_one(pp.w, gg.w, mm.w, vv.w, a);
             ((float4 *)p)[i] = pp, ((float4 *)m)[i] = mm, ((float4 *)v)[i] = vv;
+            if (wt) {
+                __nv_bfloat162 lo = __floats2bfloat162_rn(pp.x, pp.y), hi = __floats2bfloat162_rn(pp.z, pp.w);
+                uint2 u;
+                u.x = *(uint32_t *)&lo, u.y = *(uint32_t *)&hi;
+                ((uint2 *)wt)[i] = u;
+            }
         }
         done = n4 * 4;
     }
-    for (int64_t i = done + first; i < n; i += stride) adamw_one(p[i], grad[i], m[i], v[i], a);
+    for (int64_t i = done + first; i < n; i += stride) {
+        adamw_one(p[i], grad[i], m[i], v[i], a);
+        if (wt) wt[i] = f2bf(p[i]);
+    }
 }
 
 // Sum of squares in f64, deterministic: a fixed grid, a fixed assignment of
@@ -97,8 +108,8 @@ __global__ void sumsq_final_kernel(double *out, const double *part, int nparts) 
 // ---------------------------------------------------------------------------
 // kernel launchers
 
-void cuda_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
-                float wd, float gscale, int64_t t) {
+void cuda_adamw(float *p, void *wt, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2,
+                float eps, float wd, float gscale, int64_t t) {
     CU_ASSERT(p && grad && m && v && n >= 0 && t >= 1);
     if (n == 0) return;
     // the Python-side scalars in double, each rounded to f32 where it meets a tensor
@@ -108,10 +119,11 @@ void cuda_adamw(float *p, const float *grad, float *m, float *v, int64_t n, floa
     float neg_step = (float)-((double)lr / bc1);
     float bc2_sqrt = (float)sqrt(bc2);
     const adamw_args a = {decay, w1, b2, w2, eps, gscale, neg_step, bc2_sqrt, w1 < 0.5f};
-    const int vec = is_aligned(p, 16) && is_aligned(grad, 16) && is_aligned(m, 16) && is_aligned(v, 16);
+    const int vec = is_aligned(p, 16) && is_aligned(grad, 16) && is_aligned(m, 16) && is_aligned(v, 16) &&
+                    (!wt || is_aligned(wt, 8));
     int64_t g = CEIL_DIV(vec ? n / 4 + 1 : n, (int64_t)256);
     int64_t cap = (int64_t)g_cuda.sm_count * 8;
-    KLAUNCH(adamw_kernel, (unsigned)(g < cap ? g : cap), 256, 0)(p, grad, m, v, n, a, vec);
+    KLAUNCH(adamw_kernel, (unsigned)(g < cap ? g : cap), 256, 0)(p, (bf16 *)wt, grad, m, v, n, a, vec);
     LAUNCH_CHECK();
 }
 

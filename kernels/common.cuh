@@ -257,7 +257,7 @@ void cuda_lmhead_sample(int32_t *pred, float *gap, const void *h, const void *w,
                         const dfl_sampling *s, int64_t N, int64_t H, int64_t V);
 // adamw.cu
 double cuda_sumsq(const float *x, int64_t n);
-void cuda_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
-                float wd, float gscale, int64_t t);
+void cuda_adamw(float *p, void *wt, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2,
+                float eps, float wd, float gscale, int64_t t);
 
 #endif

@@ -217,9 +217,13 @@ struct dfl_ops {
     double (*sumsq)(const float *x, int64_t n);
     /* PyTorch AdamW, step t >= 1, on g = gscale * grad:
      * p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-     * p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). */
-    void (*adamw)(float *p, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2,
-                  float eps, float wd, float gscale, int64_t t);
+     * p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+     * wt (a wt buffer of n, or NULL; it may be p itself on the CPU, where
+     * compute weights are the master ones): set to the new p as
+     * master_to_wt would, in the same pass (on CUDA that saves reading p
+     * again, a third of the optimizer's time). */
+    void (*adamw)(float *p, void *wt, const float *grad, float *m, float *v, int64_t n, float lr, float b1,
+                  float b2, float eps, float wd, float gscale, int64_t t);
 };
 
 /* The CPU reference table. */

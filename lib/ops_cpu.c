@@ -331,8 +331,8 @@ static double cpu_sumsq(const float *x, int64_t n) {
  * precision: Python-side scalars in double, each rounded to f32 where it
  * meets a tensor; the moments' update is lerp for m (weight < 0.5 form)
  * and mul + addcmul for v; the step is addcdiv with value -step_size. */
-static void cpu_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr, float b1, float b2,
-                      float eps, float wd, float gscale, int64_t t) {
+static void cpu_adamw(float *p, void *wt_, const float *grad, float *m, float *v, int64_t n, float lr, float b1,
+                      float b2, float eps, float wd, float gscale, int64_t t) {
     DFL_ASSERT(t >= 1);
     float decay = (float)(1.0 - (double)lr * (double)wd);
     float w1 = (float)(1.0 - (double)b1);
@@ -353,6 +353,7 @@ static void cpu_adamw(float *p, const float *grad, float *m, float *v, int64_t n
         m[i] = mi;
         v[i] = vi;
     }
+    if (wt_ && wt_ != (void *)p) cpu_master_to_wt(wt_, p, n);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -251,9 +251,9 @@ void dfl_train_apply(dfl_drafter *d, const dfl_train_opts *o, const dfl_train_st
         if (clip > 1.0) clip = 1.0;
     }
     const double lr = dfl_lr_at(i, o->total_steps, o->warmup_ratio, o->lr);
-    ops->adamw(d->master, d->grad, d->m, d->v, d->nparams, (float)lr, (float)o->beta1, (float)o->beta2,
+    /* the compute weights follow in the same pass (dfl_drafter_sync_weights' work) */
+    ops->adamw(d->master, d->wt, d->grad, d->m, d->v, d->nparams, (float)lr, (float)o->beta1, (float)o->beta2,
                (float)o->adam_eps, (float)o->weight_decay, (float)(clip / den), i + 1);
-    dfl_drafter_sync_weights(d);
     if (grad_norm) *grad_norm = norm;
     if (lr_out) *lr_out = lr;
 }

@@ -711,13 +711,25 @@ static void adamw_agrees(void) {
     float *p = ag_randn(n, 1), *g = ag_randn(n, 0.1), *m = ag_randn(n, 0.01), *v = ag_randn(n, 1e-3);
     for (int64_t i = 0; i < n; i++) v[i] = v[i] * v[i]; /* second moments are >= 0 */
     ag_pair P = ag_new(p, n, AG_F32), G = ag_new(g, n, AG_F32), M = ag_new(m, n, AG_F32), V = ag_new(v, n, AG_F32);
+    ag_pair W = ag_new(NULL, n, AG_ACT); /* compute weights, written by the last step */
     for (int64_t t = 1; t <= 3; t++) {
-        REF->adamw(P.r, G.r, M.r, V.r, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.5f, t);
-        DEV->adamw(P.d, G.d, M.d, V.d, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.5f, t);
+        REF->adamw(P.r, t == 3 ? W.r : NULL, G.r, M.r, V.r, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.5f, t);
+        DEV->adamw(P.d, t == 3 ? W.d : NULL, G.d, M.d, V.d, n, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, 0.5f, t);
     }
     ag_check("adamw p", &P, NMSE_EXACT);
     ag_check("adamw m", &M, NMSE_EXACT);
     ag_check("adamw v", &V, NMSE_EXACT);
+    ag_check("adamw wt (the new p as compute weights)", &W, NMSE_ROUND);
+    /* the compute weights it wrote are master_to_wt of its p, bit for bit */
+    {
+        void *cast = DEV->alloc((size_t)n * DEV->act_bytes);
+        DEV->master_to_wt(cast, P.d, n);
+        float *a = ag_get(DEV, W.d, n, AG_ACT), *b = ag_get(DEV, cast, n, AG_ACT);
+        T_CHECKF(memcmp(a, b, (size_t)n * sizeof(float)) == 0, "adamw's wt differs from master_to_wt of its p");
+        DEV->free(cast);
+        free(a), free(b);
+    }
+    ag_free(&W);
     /* sumsq on identical inputs (the CPU's p on both sides: a GPU's p may
      * differ from it by an ulp where the compiler fused a multiply-add,
      * 1e-9 of the sum on the first H200 run): both sum exact f32 squares in

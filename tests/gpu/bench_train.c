@@ -291,8 +291,7 @@ int main(int argc, char **argv) {
         /* ---- optimizer: clip to norm 1, AdamW, bf16 weights ---- */
         double norm = sqrt(OPS->sumsq(grad, NPARAM));
         float clip = norm > 1.0 ? (float)(1.0 / (norm + 1e-6)) : 1.0f;
-        OPS->adamw(master, grad, mom1, mom2, NPARAM, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, clip, step + 1);
-        OPS->master_to_wt(wt, master, NPARAM);
+        OPS->adamw(master, wt, grad, mom1, mom2, NPARAM, 6e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, clip, step + 1);
         if (instrument) {
             double t4 = now_synced();
             t_head = t2 - t1, t_bwd = t3 - t2, t_opt = t4 - t3;
