@@ -188,7 +188,18 @@ __global__ void __launch_bounds__(ROW_THREADS)
     st.init();
     tt.init();
     float kl = 0.0f; // on the scale of tt.m
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    // CE and argmax read the row 16 bytes at a time where V % 4 == 0 (the
+    // chunk's rows are then 16-byte aligned): a thread's elements still come
+    // in increasing order, as RowStat's ties need
+    const bool vec = (MODE == MODE_CE || MODE == MODE_ARGMAX) && V % 4 == 0;
+    if (vec) {
+        const float4 *z4 = (const float4 *)z;
+        for (int q = threadIdx.x; q < V / 4; q += blockDim.x) {
+            const float4 f = z4[q];
+            st.add(f.x, 4 * q), st.add(f.y, 4 * q + 1), st.add(f.z, 4 * q + 2), st.add(f.w, 4 * q + 3);
+        }
+    }
+    for (int v = vec ? V : threadIdx.x; v < V; v += blockDim.x) {
         float a = z[v];
         if (MODE == MODE_SAMPLE) {
             const float s = a * inv_t;
@@ -238,7 +249,20 @@ __global__ void __launch_bounds__(ROW_THREADS)
         for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = f2bf(0.0f);
         return;
     }
-    if (MODE == MODE_CE) {
+    if (MODE == MODE_CE && vec) { // 16 bytes of z in, 8 of dz out (V % 4 == 0)
+        const float4 *z4 = (const float4 *)z;
+        for (int q = threadIdx.x; q < V / 4; q += blockDim.x) {
+            const float4 f = z4[q];
+            const int v = 4 * q;
+            __nv_bfloat162 lo = __floats2bfloat162_rn(g * (expf(f.x - lse) - (v == lab ? 1.0f : 0.0f)),
+                                                      g * (expf(f.y - lse) - (v + 1 == lab ? 1.0f : 0.0f)));
+            __nv_bfloat162 hi = __floats2bfloat162_rn(g * (expf(f.z - lse) - (v + 2 == lab ? 1.0f : 0.0f)),
+                                                      g * (expf(f.w - lse) - (v + 3 == lab ? 1.0f : 0.0f)));
+            uint2 u;
+            u.x = *(uint32_t *)&lo, u.y = *(uint32_t *)&hi;
+            ((uint2 *)d)[q] = u;
+        }
+    } else if (MODE == MODE_CE) {
         for (int v = threadIdx.x; v < V; v += blockDim.x)
             d[v] = f2bf(g * (expf(z[v] - lse) - (v == lab ? 1.0f : 0.0f)));
     } else if (MODE == MODE_KL) {

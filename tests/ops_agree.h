@@ -607,6 +607,16 @@ static void lmhead_agrees(void) {
     lmhead_ce_case(21, 40, 999);
     lmhead_kl_case(37, 64, 1000);
     lmhead_kl_case(19, 24, 777);
+    { /* V % 4 == 0: rows read 16 bytes at a time on CUDA */
+        lm_case c4 = lm_new(29, 64, 1000);
+        ag_pair pred4 = ag_new(NULL, 29, AG_I32), gap4 = ag_new(NULL, 29, AG_F32);
+        REF->lmhead_argmax(pred4.r, gap4.r, c4.h.r, c4.w.r, 29, 64, 1000);
+        DEV->lmhead_argmax(pred4.d, gap4.d, c4.h.d, c4.w.d, 29, 64, 1000);
+        lm_check_pred("lmhead_argmax pred (V % 4 == 0)", &pred4, c4.gap);
+        ag_check("lmhead_argmax gap (V % 4 == 0)", &gap4, 1e-6);
+        lm_free(&c4);
+        ag_free(&pred4), ag_free(&gap4);
+    }
     lm_case c = lm_new(45, 64, 1001);
     ag_pair pred = ag_new(NULL, 45, AG_I32), gap = ag_new(NULL, 45, AG_F32);
     REF->lmhead_argmax(pred.r, gap.r, c.h.r, c.w.r, 45, 64, 1001);
