@@ -334,18 +334,18 @@ using FwdSegs = KeySegsT<FWD_KEYS<D>>;
 template <int D, int ROWS = BM>
 constexpr size_t fwd_smem_bytes() { return (size_t)(ROWS + 4 * FWD_KEYS<D>) * (D + 8) * sizeof(bf16); }
 
-// A CTA of NW warps, each with MB blocks of 16 rows (rows warp*16*MB +
-// m*16 + ..): 4 x 1 (64 rows) for the DFlash forward, whose blocks have 64
-// rows a KV head, and D = 256; 4 x 2 (128 rows) for the causal prefill at
-// D <= 128. Two row blocks a warp, as FlashAttention-2 does, halve the
+// A CTA of 4 warps (NTHREADS), each with MB blocks of 16 rows (rows
+// warp*16*MB + m*16 + ..): MB = 1 (64 rows) for the DFlash forward, whose
+// blocks have 64 rows a KV head, and D = 256; MB = 2 (128 rows) for the
+// causal prefill at D <= 128. Two row blocks a warp, as FlashAttention-2 does, halve the
 // ldmatrix traffic per product and give each warp two independent chains
 // (the kernel is latency-bound at 16 rows a warp), and a K/V tile in
 // shared memory serves 128 rows: half the L2 traffic.
-template <int D, bool CAUSAL, int NW = 4, int MB = 1>
+template <int D, bool CAUSAL, int MB = 1>
 __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                               int Hq, int Hkv, int G, int64_t tok0, int rows_total, int r0, int hkv,
                                               const FwdSegs<D> &segs, int64_t kbase, float scale_log2) {
-    constexpr int SD = D + 8, ND = D / 8, KS = D / 16, ROWS = 16 * NW * MB;
+    constexpr int SD = D + 8, ND = D / 8, KS = D / 16, ROWS = BM * MB;
     constexpr int TN = FWD_KEYS<D>, NB = TN / 8; // keys per tile, 8-key score fragments
     constexpr bool QREG = FWD_Q_IN_REGS<D> && MB == 1;
     DYN_SMEM(bf16, sQ);

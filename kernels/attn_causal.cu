@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     int rlast = (r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1;
     FwdSegs<D> segs;
     segs.init(start, start + rlast / G + 1, 0, 0);
-    flash_fwd_cta<D, true, 4, MB>(out, NULL, q, k, v, Hq, Hkv, G, start, rows_total, r0, blockIdx.y, segs, start,
+    flash_fwd_cta<D, true, MB>(out, NULL, q, k, v, Hq, Hkv, G, start, rows_total, r0, blockIdx.y, segs, start,
                                scale_log2);
 }
 
