@@ -104,7 +104,6 @@ void *cuda_scratch(int slot, size_t bytes);
 // DFLASH_CUDA_PROFILE=1 (profile.cu): device time per op and per cuBLAS
 // product, printed to stderr at exit. begin returns a slot (-1 when off);
 // end names the key of the call the slot began.
-int cuda_prof_on(void);
 void cuda_prof_init(void);
 int cuda_prof_begin(void);
 void cuda_prof_end(int slot, const char *key);

@@ -1,7 +1,8 @@
 // profile.cu: DFLASH_CUDA_PROFILE=1, where the GPU time of a run goes: the
-// device time of every op of the table and of every cuBLAS product (by
-// shape), summed per key and printed to stderr when the process exits.
-// defines: cuda_prof_on, cuda_prof_begin, cuda_prof_end, cuda_prof_wrap
+// device time of every op of the table, of every cuBLAS product (by shape)
+// and of the stages ops mark (cuda_prof_scope), summed per key and printed
+// to stderr when the process exits.
+// defines: cuda_prof_init, cuda_prof_begin, cuda_prof_end, cuda_prof_wrap
 //
 // Each timed call is a pair of CUDA events around the work it queues on the
 // stream, so the launches stay asynchronous; the pairs are read back in
@@ -101,8 +102,6 @@ void print_report() {
 
 } // namespace
 
-int cuda_prof_on(void) { return g_prof.on; }
-
 void cuda_prof_init(void) {
     g_prof.on = 1;
     atexit(print_report);
@@ -137,7 +136,6 @@ void cuda_prof_end(int slot, const char *key) {
 
 #else // the emulation has no events: profiling is a no-op there
 
-int cuda_prof_on(void) { return 0; }
 void cuda_prof_init(void) {}
 int cuda_prof_begin(void) { return -1; }
 void cuda_prof_end(int, const char *) {}
