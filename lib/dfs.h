@@ -131,6 +131,17 @@ int dfs_write_sample(dfs_writer *w, dfs_reader *from, dfs_sample *s, int keep_en
 dfs_sample *dfs_sample_clone(const dfs_sample *s);
 uint64_t dfs_sample_size(const dfs_sample *s);
 void dfs_sample_free(dfs_sample *s);
+/* A sample encoded apart from the writer's own buffers, so that several
+ * threads can encode samples at once (each into its own dfs_encoded) and
+ * the writer then writes them in order: dfs_encode_sample does dfs_write's
+ * checks and encoding (the same errors, the same bytes) and only reads w;
+ * dfs_write_encoded writes the record. The tensors' data is read during
+ * dfs_encode_sample only; names and shapes are copied. */
+typedef struct dfs_encoded dfs_encoded;
+dfs_encoded *dfs_encoded_new(void);
+void dfs_encoded_free(dfs_encoded *e);
+int dfs_encode_sample(const dfs_writer *w, dfs_encoded *e, const char *id, int ntensors, const dfs_tensor_in *t);
+int dfs_write_encoded(dfs_writer *w, const dfs_encoded *e);
 /* Write the end record and free the writer. Returns 0 or DFL_EX_IOERR. */
 int dfs_writer_close(dfs_writer *w);
 /* Free without writing the end record (the output will be discarded). */

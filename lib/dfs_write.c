@@ -28,7 +28,8 @@ struct dfs_writer {
 };
 
 /* One tensor as it goes into a record: its header fields and stored bytes
- * (either in w->payload at `at`, or borrowed from a read sample). */
+ * (either in the record's payload buffer at `at`, or borrowed from a read
+ * sample). */
 typedef struct {
     const char *name;
     dfl_dtype   dtype;
@@ -37,7 +38,7 @@ typedef struct {
     dfs_codec   codec;
     int         shuffle;
     uint64_t    raw, stored, xxh64;
-    const uint8_t *borrowed;   /* NULL: stored in w->payload at `at` */
+    const uint8_t *borrowed;   /* NULL: stored in the payload buffer at `at` */
     size_t      at;
 } out_tensor;
 
@@ -65,12 +66,13 @@ static void put_le(uint8_t *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static int write_error(dfs_writer *w) {
+static int write_error(const dfs_writer *w) {
     return dfl_err(DFL_EX_IOERR, "%s: write failed: %s", w->path, strerror(errno));
 }
 
-/* Write prefix + the packed header + `n` payload pieces. */
-static int write_record(dfs_writer *w, const out_tensor *t, int n) {
+/* Write prefix + the packed header + `n` payload pieces (those not borrowed
+ * are in `payload` at their `at`). */
+static int write_record(dfs_writer *w, const out_tensor *t, int n, const uint8_t *payload) {
     if (w->hdr_len > DFS_MAX_HEADER)
         return dfl_err(DFL_EX_DATA, "%s: record header of %zu bytes exceeds the %u-byte cap", w->path, w->hdr_len,
                        (unsigned)DFS_MAX_HEADER);
@@ -81,7 +83,7 @@ static int write_record(dfs_writer *w, const out_tensor *t, int n) {
     if (fwrite(pre, 1, sizeof pre, w->f) != sizeof pre || fwrite(w->hdr.p, 1, w->hdr_len, w->f) != w->hdr_len)
         return write_error(w);
     for (int i = 0; i < n; i++) {
-        const uint8_t *p = t[i].borrowed ? t[i].borrowed : w->payload.p + t[i].at;
+        const uint8_t *p = t[i].borrowed ? t[i].borrowed : payload + t[i].at;
         if (t[i].stored && fwrite(p, 1, t[i].stored, w->f) != t[i].stored) return write_error(w);
     }
     return 0;
@@ -132,7 +134,7 @@ int dfs_writer_open(dfs_writer **out, FILE *f, const char *path, const json_t *m
     pack_kv_str(&pk, "created", created);
     dfs_mp_pack_cstr(&pk, "meta");
     dfs_mp_pack_json(&pk, meta);
-    int rc = write_record(w, NULL, 0);
+    int rc = write_record(w, NULL, 0, NULL);
     if (rc) {
         dfs_writer_abort(w);
         return rc;
@@ -146,7 +148,7 @@ int dfs_writer_close(dfs_writer *w) {
     pack_kv_u64(&pk, "records", w->records);
     pack_kv_u64(&pk, "raw", w->raw);
     pack_kv_u64(&pk, "stored", w->stored);
-    int rc = write_record(w, NULL, 0);
+    int rc = write_record(w, NULL, 0, NULL);
     if (!rc && (fflush(w->f) != 0 || ferror(w->f))) rc = write_error(w);
     dfs_writer_abort(w);
     return rc;
@@ -174,14 +176,14 @@ static dfs_encoding normalise(dfs_encoding e, dfl_dtype dt) {
     return e;
 }
 
-static int check_id(dfs_writer *w, const char *id) {
+static int check_id(const dfs_writer *w, const char *id) {
     size_t n = strlen(id);
     if (n > DFS_MAX_ID || !dfs_utf8_ok(id, n))
         return dfl_err(DFL_EX_DATA, "%s: sample id \"%.40s...\" is not UTF-8 of at most %d bytes", w->path, id, DFS_MAX_ID);
     return 0;
 }
 
-static int check_tensor(dfs_writer *w, const char *id, const dfs_tensor_in *t, uint64_t *raw) {
+static int check_tensor(const dfs_writer *w, const char *id, const dfs_tensor_in *t, uint64_t *raw) {
     size_t n = strlen(t->name);
     if (n == 0 || n > DFS_MAX_NAME || !dfs_utf8_ok(t->name, n))
         return dfl_err(DFL_EX_DATA, "%s: sample \"%s\": tensor name \"%s\" is not UTF-8 of 1 to %d bytes", w->path, id,
@@ -198,7 +200,7 @@ static int check_tensor(dfs_writer *w, const char *id, const dfs_tensor_in *t, u
     return 0;
 }
 
-static int check_names(dfs_writer *w, const char *id, int n, const char *const *names) {
+static int check_names(const dfs_writer *w, const char *id, int n, const char *const *names) {
     if (n < 0 || n > DFS_MAX_TENSORS)
         return dfl_err(DFL_EX_DATA, "%s: sample \"%s\": %d tensors (at most %d)", w->path, id, n, DFS_MAX_TENSORS);
     for (int i = 0; i < n; i++)
@@ -208,7 +210,7 @@ static int check_names(dfs_writer *w, const char *id, int n, const char *const *
     return 0;
 }
 
-static int emit_sample(dfs_writer *w, const char *id, out_tensor *o, int n) {
+static int emit_sample(dfs_writer *w, const char *id, const out_tensor *o, int n, const uint8_t *payload_buf) {
     uint64_t payload = 0;
     for (int i = 0; i < n; i++) payload += o[i].stored;
     msgpack_packer pk = start_header(w, "sample", 4, payload);
@@ -229,7 +231,7 @@ static int emit_sample(dfs_writer *w, const char *id, out_tensor *o, int n) {
         pack_kv_u64(&pk, "stored", o[i].stored);
         pack_kv_u64(&pk, "xxh64", o[i].xxh64);
     }
-    int rc = write_record(w, o, n);
+    int rc = write_record(w, o, n, payload_buf);
     if (rc) return rc;
     w->records++;
     for (int i = 0; i < n; i++) {
@@ -239,15 +241,19 @@ static int emit_sample(dfs_writer *w, const char *id, out_tensor *o, int n) {
     return 0;
 }
 
-/* Checksums of the tensors encoded into w->payload (after all of them are
+/* Checksums of the tensors encoded into `payload` (after all of them are
  * encoded, when the buffer no longer moves). */
-static void checksum_encoded(dfs_writer *w, out_tensor *o, int n) {
+static void checksum_encoded(const uint8_t *payload, out_tensor *o, int n) {
     for (int i = 0; i < n; i++)
-        if (!o[i].borrowed) o[i].xxh64 = XXH64(w->payload.p + o[i].at, o[i].stored, 0);
+        if (!o[i].borrowed) o[i].xxh64 = XXH64(payload + o[i].at, o[i].stored, 0);
 }
 
-int dfs_write(dfs_writer *w, const char *id, int ntensors, const dfs_tensor_in *t) {
-    out_tensor o[DFS_MAX_TENSORS];
+/* Check a sample's tensors and encode them into `payload` with codec
+ * context `c`, filling o[] (names and shapes point into t). Touches nothing
+ * of w but reads its path and default encoding, so threads may encode
+ * samples at once, each with its own c and payload. */
+static int encode_tensors(const dfs_writer *w, dfs_codec_ctx *c, dfs_buf *payload, const char *id, int ntensors,
+                          const dfs_tensor_in *t, out_tensor *o) {
     const char *names[DFS_MAX_TENSORS] = {0};
     int rc = check_id(w, id);
     if (rc) return rc;
@@ -266,15 +272,64 @@ int dfs_write(dfs_writer *w, const char *id, int ntensors, const dfs_tensor_in *
         if (e.lz4_accel < 1) e.lz4_accel = 1;
         const char *why = NULL;
         o[i].at = len;
-        if (dfs_encode(&w->codec, &w->payload, &len, t[i].data, o[i].raw, dfl_dtype_size(t[i].dtype), &e, &why))
+        if (dfs_encode(c, payload, &len, t[i].data, o[i].raw, dfl_dtype_size(t[i].dtype), &e, &why))
             return dfl_err(DFL_EX_SOFTWARE, "%s: tensor \"%s\": %s", w->path, t[i].name, why);
         o[i].stored = len - o[i].at;
         o[i].codec = e.codec;
         o[i].shuffle = e.shuffle;
     }
-    checksum_encoded(w, o, ntensors);
-    return emit_sample(w, id, o, ntensors);
+    checksum_encoded(payload->p, o, ntensors);
+    return 0;
 }
+
+int dfs_write(dfs_writer *w, const char *id, int ntensors, const dfs_tensor_in *t) {
+    out_tensor o[DFS_MAX_TENSORS];
+    int rc = encode_tensors(w, &w->codec, &w->payload, id, ntensors, t, o);
+    return rc ? rc : emit_sample(w, id, o, ntensors, w->payload.p);
+}
+
+/* ---- samples encoded apart (dfs_encoded) ---------------------------------- */
+
+struct dfs_encoded {
+    char         *id;
+    int           n;
+    dfs_tensor_in in[DFS_MAX_TENSORS];              /* copies: names point into `names` */
+    char          names[DFS_MAX_TENSORS][DFS_MAX_NAME + 2];
+    out_tensor    o[DFS_MAX_TENSORS];
+    dfs_buf       payload;
+    dfs_codec_ctx codec;
+};
+
+dfs_encoded *dfs_encoded_new(void) {
+    dfs_encoded *e = dfl_calloc(1, sizeof *e);
+    dfs_codec_init(&e->codec);
+    return e;
+}
+
+void dfs_encoded_free(dfs_encoded *e) {
+    if (!e) return;
+    free(e->id);
+    dfs_buf_free(&e->payload);
+    dfs_codec_free(&e->codec);
+    free(e);
+}
+
+int dfs_encode_sample(const dfs_writer *w, dfs_encoded *e, const char *id, int ntensors, const dfs_tensor_in *t) {
+    free(e->id);
+    e->id = dfl_strdup(id);
+    e->n = 0;
+    if (ntensors < 0 || ntensors > DFS_MAX_TENSORS) return check_names(w, id, ntensors, NULL);
+    for (int i = 0; i < ntensors; i++) { /* the sample's own copies (a name too long is refused below) */
+        e->in[i] = t[i];
+        snprintf(e->names[i], sizeof e->names[i], "%s", t[i].name);
+        e->in[i].name = strlen(t[i].name) < sizeof e->names[i] ? e->names[i] : t[i].name;
+    }
+    int rc = encode_tensors(w, &e->codec, &e->payload, id, ntensors, e->in, e->o);
+    if (!rc) e->n = ntensors;
+    return rc;
+}
+
+int dfs_write_encoded(dfs_writer *w, const dfs_encoded *e) { return emit_sample(w, e->id, e->o, e->n, e->payload.p); }
 
 int dfs_write_sample(dfs_writer *w, dfs_reader *from, dfs_sample *s, int keep_encoding) {
     (void)from; /* decoding uses the writer's own buffers, so the reader's decode slots stay untouched */
@@ -305,8 +360,8 @@ int dfs_write_sample(dfs_writer *w, dfs_reader *from, dfs_sample *s, int keep_en
         o[i].codec = want.codec;
         o[i].shuffle = want.shuffle;
     }
-    checksum_encoded(w, o, s->ntensors);
-    return emit_sample(w, s->id, o, s->ntensors);
+    checksum_encoded(w->payload.p, o, s->ntensors);
+    return emit_sample(w, s->id, o, s->ntensors, w->payload.p);
 }
 
 /* ---- samples held in memory ---------------------------------------------- */

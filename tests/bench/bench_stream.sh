@@ -6,7 +6,9 @@
 #
 #   BENCH_MB=256 tests/bench/run.sh stream
 #
-# Throughput is raw tensor bytes per second on one thread. "read" is parsing
+# Throughput is raw tensor bytes per second on one thread ("xN": the write
+# on N threads, records encoded apart and written in order, as
+# dflash-extract does). "read" is parsing
 # plus XXH64 of every tensor; "decode" adds LZ4 decompression and unshuffle
 # into aligned buffers (what a trainer pays). Goal: decode >= 1500 MB/s per
 # core, and lz4+shuffle compressing better than lz4 -1 on the same bytes.

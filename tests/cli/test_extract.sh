@@ -66,6 +66,30 @@ check "stdin to stdout" sh -c "cat '$TG/qwen3-untied/reference/inputs.jsonl' | d
 check "stdin to stdout: matches HF" "$CMP" "$TG/qwen3-untied/reference" "$T/pipe.dfs"
 check "--compress lz4 --byte-shuffle on: extract" dflash-extract -m "$TG/qwen3-untied" -l 1,3 --compress lz4 --byte-shuffle on -o "$T/z.dfs" "$TG/qwen3-untied/reference/inputs.jsonl"
 check "--compress lz4 --byte-shuffle on: matches HF" "$CMP" "$TG/qwen3-untied/reference" "$T/z.dfs"
+
+# Records are encoded on every thread, a wave of samples at a time, then
+# written in order: the stream does not depend on the thread count (the
+# header's time fixed by SOURCE_DATE_EPOCH; 13 samples in batches of ~2,
+# waves of 2 and 6), and its stored bytes are those of the serial writer
+# (dflash-pack re-encoding an uncompressed extraction).
+python3 -c "
+import json, random
+r = random.Random(3)
+for i in range(13):
+    print(json.dumps({'id': 's%d' % i, 'input_ids': [r.randrange(50) for _ in range(r.randrange(1, 30))]}))
+" >"$T/many.jsonl"
+for th in 1 3; do
+    check "encoded on $th thread(s): extract" env SOURCE_DATE_EPOCH=0 dflash-extract -m "$TG/qwen3-untied" -l 1,3 \
+        --threads $th -b 40 --byte-shuffle on -o "$T/th$th.dfs" "$T/many.jsonl"
+done
+check "encoded on 1 or 3 threads: the same bytes" cmp "$T/th1.dfs" "$T/th3.dfs"
+check "uncompressed: extract" dflash-extract -m "$TG/qwen3-untied" -l 1,3 --threads 3 -b 40 -o "$T/th0.dfs" "$T/many.jsonl"
+check "uncompressed, re-encoded by dflash-pack" dflash-pack --byte-shuffle on -o "$T/thp.dfs" "$T/th0.dfs"
+stored_sums() { dflash-pack --inspect "$1" | grep -o '"xxh64":"[0-9a-f]*"'; }
+stored_sums "$T/th3.dfs" >"$T/th3.sums"
+stored_sums "$T/thp.dfs" >"$T/thp.sums"
+check "encoded on 3 threads: every tensor's stored bytes as the serial writer's" cmp "$T/th3.sums" "$T/thp.sums"
+check "  (and there are 13 records of tensors)" test "$(grep -c xxh64 "$T/th3.sums")" -ge 13
 if [ "$(stat -c %s "$T/z.dfs")" -lt "$(stat -c %s "$T/pipe.dfs")" ]; then pass "compressed output is smaller"; else fail "compressed output is smaller"; fi
 
 # Bad samples. Lines 2, 4, 5, 6 are bad; 1, 3, 7 are good.
