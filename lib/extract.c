@@ -231,7 +231,10 @@ static void rec_free(rec_bufs *r) {
  * the tool's slowest host work: ~0.5 GB/s a core, where a GPU makes ~1.7
  * GB/s of Qwen3-8B taps), then written in order, so the stream is the same
  * bytes whatever the thread count. Two slots a thread keep the threads busy
- * when samples differ in length. */
+ * when samples differ in length; at most MAX_SLOTS, as each holds its
+ * largest record raw and encoded (8 x 2 x 168 MB for 4096-token samples of
+ * Qwen3-8B's 5 taps), and 8 encoders make ~4 GB/s. */
+enum { MAX_SLOTS = 8 };
 typedef struct {
     rec_bufs *r;
     int       n;
@@ -285,7 +288,7 @@ static int flush(dfl_target *t, batch *b, slots *sl, dfs_writer *w, const dfl_ex
     int rc = dfl_target_forward(t, &out, &in, &want);
     if (rc) return rc;
     st->batches++;
-    const int wave = 2 * omp_get_max_threads();
+    const int wave = 2 * omp_get_max_threads() < MAX_SLOTS ? 2 * omp_get_max_threads() : MAX_SLOTS;
     slots_reserve(sl, wave);
     for (int64_t s0 = 0; s0 < b->n && !rc; s0 += wave) {
         const int m = (int)(b->n - s0 < wave ? b->n - s0 : wave);

@@ -73,12 +73,13 @@ static double write_all(held *h, int n, dfs_encoding enc, char *buf, size_t cap,
 }
 
 /* The same on every thread, as dflash-extract writes: waves of 2 samples a
- * thread encoded at once (dfs_encode_sample), then written in order. */
+ * thread (at most 8) encoded at once (dfs_encode_sample), then written in
+ * order. */
 static double write_all_apart(held *h, int n, dfs_encoding enc, char *buf, size_t cap, long *len) {
     json_t *meta = json_object();
     FILE *f = fmemopen(buf, cap, "wb");
     setvbuf(f, NULL, _IOFBF, 1 << 20);
-    const int wave = 2 * omp_get_max_threads();
+    const int wave = 2 * omp_get_max_threads() < 8 ? 2 * omp_get_max_threads() : 8;
     dfs_encoded **e = dfl_malloc((size_t)wave * sizeof *e);
     for (int i = 0; i < wave; i++) e[i] = dfs_encoded_new();
     dfs_writer *w;
