@@ -415,36 +415,27 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         float mx[MB][2];
 #pragma unroll
         for (int m = 0; m < MB; m++) mx[m][0] = mx[m][1] = -INFINITY;
-        if (segs.full(it) && (!CAUSAL || k0 + TN - 1 - kbase <= pos_min)) {
+        // scores whose key fails keep(m, kr, h) (kr: the key's place in the
+        // tile; row half h of row block m) become -inf; then the row maxima
+        auto mask_max = [&](auto keep) {
 #pragma unroll
             for (int m = 0; m < MB; m++)
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
+                    for (int e = 0; e < 4; e++) {
+                        if (!keep(m, nb * 8 + 2 * c + (e & 1), e >> 1)) s[m][nb][e] = -INFINITY;
+                        mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
+                    }
+        };
+        if (segs.full(it) && (!CAUSAL || k0 + TN - 1 - kbase <= pos_min)) {
+            mask_max([](int, int, int) { return true; });
         } else if constexpr (CAUSAL) { // one segment: keys relative to k0 in int
             const int64_t left = segs.end(it) - k0;
             const int lim = left < TN ? (int)left : TN, cb = (int)(k0 - kbase);
-#pragma unroll
-            for (int m = 0; m < MB; m++)
-#pragma unroll
-                for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int kr = nb * 8 + 2 * c + (e & 1);
-                        if (!(kr < lim && cb + kr <= pos[m][e >> 1])) s[m][nb][e] = -INFINITY;
-                        mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
-                    }
+            mask_max([&](int m, int kr, int h) { return kr < lim && cb + kr <= pos[m][h]; });
         } else {
-#pragma unroll
-            for (int m = 0; m < MB; m++)
-#pragma unroll
-                for (int nb = 0; nb < NB; nb++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        if (!segs.ok(it, k0 + nb * 8 + 2 * c + (e & 1))) s[m][nb][e] = -INFINITY;
-                        mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
-                    }
+            mask_max([&](int, int kr, int) { return segs.ok(it, k0 + kr); });
         }
 #pragma unroll
         for (int m = 0; m < MB; m++) {
