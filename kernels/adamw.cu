@@ -47,10 +47,8 @@ __global__ void adamw_kernel(float *p, bf16 *wt, const float *grad, float *m, fl
             adamw_one(pp.w, gg.w, mm.w, vv.w, a);
             ((float4 *)p)[i] = pp, ((float4 *)m)[i] = mm, ((float4 *)v)[i] = vv;
             if (wt) {
-                __nv_bfloat162 lo = __floats2bfloat162_rn(pp.x, pp.y), hi = __floats2bfloat162_rn(pp.z, pp.w);
-                uint2 u;
-                u.x = *(uint32_t *)&lo, u.y = *(uint32_t *)&hi;
-                ((uint2 *)wt)[i] = u;
+                const float q4[4] = {pp.x, pp.y, pp.z, pp.w};
+                store_bf16s<4>(wt + 4 * i, q4);
             }
         }
         done = n4 * 4;

@@ -147,36 +147,42 @@ static inline int is_aligned(const void *p, size_t a) { return ((uintptr_t)p % a
 #define DEV_CHECK_ALIGN(p, a) ((void)0)
 #endif
 
-// W consecutive bf16 <-> f32: W = 8 is one 16-byte access (p 16-byte
-// aligned: the launchers check before they pick W = 8), W = 1 one element.
-// Through uint4, whose alignment is 16: a struct of 8 bf16 has alignment
-// 2, and the compiler then splits the "vector" access into eight 2-byte ones.
+// W consecutive bf16 <-> f32 in one access of 2W bytes (W = 2, 4 or 8; p
+// aligned to it: the launchers check before they pick W > 1), or one
+// element (W = 1). Through a plain integer vector type of that size (uint4
+// has alignment 16): a struct of W bf16 has alignment 2, and the compiler
+// then splits the "vector" access into 2-byte ones.
+template <int W> struct bf16_vec;
+template <> struct bf16_vec<2> { typedef uint32_t type; };
+template <> struct bf16_vec<4> { typedef uint2 type; };
+template <> struct bf16_vec<8> { typedef uint4 type; };
+
 template <int W>
 __device__ __forceinline__ void load_bf16s(float *f, const bf16 *p) {
-    static_assert(W == 1 || W == 8, "1 or 8 elements");
-    if (W == 8) {
-        DEV_CHECK_ALIGN(p, 16);
-        uint4 u = *(const uint4 *)p;
+    static_assert(W == 1 || W == 2 || W == 4 || W == 8, "1, 2, 4 or 8 elements");
+    if constexpr (W == 1) {
+        f[0] = bf2f(*p);
+    } else {
+        DEV_CHECK_ALIGN(p, 2 * W);
+        typename bf16_vec<W>::type u = *(const typename bf16_vec<W>::type *)p;
         const bf16 *b = (const bf16 *)&u;
 #pragma unroll
         for (int i = 0; i < W; i++) f[i] = bf2f(b[i]);
-    } else {
-        f[0] = bf2f(*p);
     }
 }
 
 template <int W>
 __device__ __forceinline__ void store_bf16s(bf16 *p, const float *f) {
-    static_assert(W == 1 || W == 8, "1 or 8 elements");
-    if (W == 8) {
-        DEV_CHECK_ALIGN(p, 16);
-        uint4 u;
+    static_assert(W == 1 || W == 2 || W == 4 || W == 8, "1, 2, 4 or 8 elements");
+    if constexpr (W == 1) {
+        *p = f2bf(f[0]);
+    } else {
+        DEV_CHECK_ALIGN(p, 2 * W);
+        typename bf16_vec<W>::type u;
         bf16 *b = (bf16 *)&u;
 #pragma unroll
         for (int i = 0; i < W; i++) b[i] = f2bf(f[i]);
-        *(uint4 *)p = u;
-    } else {
-        *p = f2bf(f[0]);
+        *(typename bf16_vec<W>::type *)p = u;
     }
 }
 

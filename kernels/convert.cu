@@ -16,10 +16,8 @@ __global__ void f32_to_bf16_kernel(bf16 *out, const float *in, int64_t n, int ve
     if (vec) {
         for (int64_t i = first; i < n / 4; i += stride) {
             const float4 f = ((const float4 *)in)[i];
-            __nv_bfloat162 lo = __floats2bfloat162_rn(f.x, f.y), hi = __floats2bfloat162_rn(f.z, f.w);
-            uint2 u;
-            u.x = *(uint32_t *)&lo, u.y = *(uint32_t *)&hi;
-            ((uint2 *)out)[i] = u;
+            const float q4[4] = {f.x, f.y, f.z, f.w};
+            store_bf16s<4>(out + 4 * i, q4);
         }
         done = n / 4 * 4;
     }

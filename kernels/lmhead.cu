@@ -253,14 +253,11 @@ __global__ void __launch_bounds__(ROW_THREADS)
         const float4 *z4 = (const float4 *)z;
         for (int q = threadIdx.x; q < V / 4; q += blockDim.x) {
             const float4 f = z4[q];
-            const int v = 4 * q;
-            __nv_bfloat162 lo = __floats2bfloat162_rn(g * (expf(f.x - lse) - (v == lab ? 1.0f : 0.0f)),
-                                                      g * (expf(f.y - lse) - (v + 1 == lab ? 1.0f : 0.0f)));
-            __nv_bfloat162 hi = __floats2bfloat162_rn(g * (expf(f.z - lse) - (v + 2 == lab ? 1.0f : 0.0f)),
-                                                      g * (expf(f.w - lse) - (v + 3 == lab ? 1.0f : 0.0f)));
-            uint2 u;
-            u.x = *(uint32_t *)&lo, u.y = *(uint32_t *)&hi;
-            ((uint2 *)d)[q] = u;
+            const float zf[4] = {f.x, f.y, f.z, f.w};
+            float out4[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) out4[k] = g * (expf(zf[k] - lse) - (4 * q + k == lab ? 1.0f : 0.0f));
+            store_bf16s<4>(d + 4 * q, out4);
         }
     } else if (MODE == MODE_CE) {
         for (int v = threadIdx.x; v < V; v += blockDim.x)

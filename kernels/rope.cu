@@ -43,39 +43,23 @@ __global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, 
 // element of the row.
 constexpr int HEADS_PER_WARP = 8, MAX_K = 2;
 
-template <int V>
-__device__ __forceinline__ void load_pair(float *f, const bf16 *p) {
-    if (V == 2) {
-        const float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)p);
-        f[0] = t.x, f[1] = t.y;
-    } else {
-        f[0] = bf2f(*p);
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_pair(bf16 *p, const float *f) {
-    if (V == 2) *(__nv_bfloat162 *)p = __floats2bfloat162_rn(f[0], f[1]);
-    else *p = f2bf(f[0]);
-}
-
 // pairs (i + v, i + v + half), v < V, of one row: normed, rotated, stored
 template <int V>
 __device__ __forceinline__ void norm_rotate(bf16 *y, const bf16 *x, const bf16 *w, int i, int half, float r,
                                             float w_add, const float *sn, const float *cs) {
     float a[V], b[V], wa[V], wb[V], ya[V], yb[V];
-    load_pair<V>(a, x + i);
-    load_pair<V>(b, x + i + half);
-    load_pair<V>(wa, w + i);
-    load_pair<V>(wb, w + i + half);
+    load_bf16s<V>(a, x + i);
+    load_bf16s<V>(b, x + i + half);
+    load_bf16s<V>(wa, w + i);
+    load_bf16s<V>(wb, w + i + half);
 #pragma unroll
     for (int v = 0; v < V; v++) {
         const float na = a[v] * r * (wa[v] + w_add), nb = b[v] * r * (wb[v] + w_add);
         ya[v] = na * cs[v] - nb * sn[v];
         yb[v] = nb * cs[v] + na * sn[v];
     }
-    store_pair<V>(y + i, ya);
-    store_pair<V>(y + i + half, yb);
+    store_bf16s<V>(y + i, ya);
+    store_bf16s<V>(y + i + half, yb);
 }
 
 template <int V>
@@ -101,8 +85,8 @@ __global__ void qk_norm_rope_kernel(bf16 *out, const bf16 *in, const bf16 *w, fl
         float ss = 0.0f;
         for (int i = lane * V; i < half; i += 32 * V) {
             float a[V], b[V];
-            load_pair<V>(a, x + i);
-            load_pair<V>(b, x + i + half);
+            load_bf16s<V>(a, x + i);
+            load_bf16s<V>(b, x + i + half);
 #pragma unroll
             for (int v = 0; v < V; v++) ss += a[v] * a[v] + b[v] * b[v];
         }

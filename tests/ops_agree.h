@@ -602,6 +602,18 @@ static void lmhead_kl_case(int64_t N, int64_t H, int64_t V) {
     free(g0), free(tgap);
 }
 
+/* lmhead_argmax on both tables into pred and gap, checked (labels end in `suffix`) */
+static void argmax_check(const char *suffix, const lm_case *c, ag_pair *pred, ag_pair *gap, int64_t N, int64_t H,
+                         int64_t V) {
+    char what[96];
+    REF->lmhead_argmax(pred->r, gap->r, c->h.r, c->w.r, N, H, V);
+    DEV->lmhead_argmax(pred->d, gap->d, c->h.d, c->w.d, N, H, V);
+    snprintf(what, sizeof what, "lmhead_argmax pred%s", suffix);
+    lm_check_pred(what, pred, c->gap);
+    snprintf(what, sizeof what, "lmhead_argmax gap%s", suffix);
+    ag_check(what, gap, 1e-6);
+}
+
 static void lmhead_agrees(void) {
     lmhead_ce_case(37, 64, 1000);
     lmhead_ce_case(21, 40, 999);
@@ -610,19 +622,13 @@ static void lmhead_agrees(void) {
     { /* V % 4 == 0: rows read 16 bytes at a time on CUDA */
         lm_case c4 = lm_new(29, 64, 1000);
         ag_pair pred4 = ag_new(NULL, 29, AG_I32), gap4 = ag_new(NULL, 29, AG_F32);
-        REF->lmhead_argmax(pred4.r, gap4.r, c4.h.r, c4.w.r, 29, 64, 1000);
-        DEV->lmhead_argmax(pred4.d, gap4.d, c4.h.d, c4.w.d, 29, 64, 1000);
-        lm_check_pred("lmhead_argmax pred (V % 4 == 0)", &pred4, c4.gap);
-        ag_check("lmhead_argmax gap (V % 4 == 0)", &gap4, 1e-6);
+        argmax_check(" (V % 4 == 0)", &c4, &pred4, &gap4, 29, 64, 1000);
         lm_free(&c4);
         ag_free(&pred4), ag_free(&gap4);
     }
     lm_case c = lm_new(45, 64, 1001);
     ag_pair pred = ag_new(NULL, 45, AG_I32), gap = ag_new(NULL, 45, AG_F32);
-    REF->lmhead_argmax(pred.r, gap.r, c.h.r, c.w.r, 45, 64, 1001);
-    DEV->lmhead_argmax(pred.d, gap.d, c.h.d, c.w.d, 45, 64, 1001);
-    lm_check_pred("lmhead_argmax pred", &pred, c.gap);
-    ag_check("lmhead_argmax gap", &gap, 1e-6);
+    argmax_check("", &c, &pred, &gap, 45, 64, 1001);
     /* sampling at T = 0.7: the same draw from the same keys on both tables
      * (near ties of the perturbed scores skipped, as for the argmax) */
     uint64_t keys[45];

@@ -52,7 +52,7 @@ if [ -x "$E" ]; then
 fi
 
 for s in tests/gpu/run.sh tests/gpu/model_checks.sh tests/gpu/pack-deps.sh tests/gpu/score_trained.sh \
-    tests/gpu/profile.sh; do
+    tests/gpu/profile.sh tests/gpu/deps.sh; do
     check "bash -n $s" bash -n "$here/$s"
 done
 # profile.sh builds gemm_sweep.cu with nvcc on the GPU machine: it must build

@@ -21,13 +21,8 @@ CORES=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 16)
 LOG=$OUT/profile.log
 : >"$LOG"
 MAKEARGS=(-j"$CORES" BUILD="$B" BIN="$B/bin")
-msgpack=$(pkg-config --exists msgpack-c 2>/dev/null && echo msgpack-c || echo msgpack)
-if ! pkg-config --exists $msgpack liblz4 jansson libxxhash openblas 2>/dev/null; then
-    D=/tmp/dflash-deps
-    rm -rf "$D" && mkdir -p "$D" && tar xzf .gpu-deps/dflash-deps.tar.gz -C "$D"
-    MAKEARGS+=("PKG_CFLAGS=-I$D/include" "PKG_LIBS=-L$D/lib -Wl,-rpath,$D/lib $(cat "$D/libs.txt")")
-    export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+. tests/gpu/deps.sh
+gpu_deps || { echo "profile.sh: no msgpack-c/lz4/jansson/xxhash/OpenBLAS: carry .gpu-deps (tests/gpu/pack-deps.sh)"; exit 1; }
 step() { printf '\n===== %s (at %ss) =====\n' "$1" "$SECONDS" | tee -a "$LOG"; }
 step build
 make "${MAKEARGS[@]}" "$B/gpu/bench_extract" "$B/gpu/bench_train" "$B/tests/test_ops_cuda" >>"$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }

@@ -145,15 +145,9 @@ row "machine" "${GPU:-no GPU found}" "$CORES cores; see env.log"
 
 # ---- 1. build ------------------------------------------------------------------------
 MAKEARGS=(-j"$CORES" BUILD="$B" BIN="$B/bin")
-msgpack=$(pkg-config --exists msgpack-c 2>/dev/null && echo msgpack-c || echo msgpack)
-if [ "$DRY" != 1 ] && pkg-config --exists $msgpack liblz4 jansson libxxhash openblas 2>/dev/null; then
-    deps="system libraries (pkg-config)"
-elif [ -f .gpu-deps/dflash-deps.tar.gz ]; then
-    D=/tmp/dflash-deps
-    rm -rf "$D" && mkdir -p "$D" && tar xzf .gpu-deps/dflash-deps.tar.gz -C "$D"
-    MAKEARGS+=("PKG_CFLAGS=-I$D/include" "PKG_LIBS=-L$D/lib -Wl,-rpath,$D/lib $(cat "$D/libs.txt")")
-    export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    deps="carried .gpu-deps (msgpack-c, lz4, jansson, xxhash, OpenBLAS)"
+. tests/gpu/deps.sh
+if gpu_deps $([ "$DRY" = 1 ] && echo carried-only); then
+    deps=$GPU_DEPS
 else
     row "build" "FAIL" "msgpack-c/lz4/jansson/xxhash/OpenBLAS missing: run tests/gpu/pack-deps.sh here and carry .gpu-deps"
     deps=""
