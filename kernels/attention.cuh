@@ -529,7 +529,8 @@ struct TileLists {
     int *cnt, *list_off, *chunk_off;
     int *list;          // device: [nlist] block indices, by tile then block
     KeyChunk *chunks;   // device: [nchunks]
-    int nlist, nchunks; // host copies of the totals
+    int *tile_off;      // device: [nblk+1] exclusive sums of the tiles each block touches
+    int nlist, nchunks; // host copies of the totals (nlist: also tile_off[nblk])
 };
 
 // Device ints build_tile_lists needs before it runs (caller's scratch).

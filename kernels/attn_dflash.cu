@@ -25,6 +25,14 @@
 //       balance. One CTA per (chunk, KV head) accumulates dK, dV for its 64
 //       keys in registers over its blocks and writes an f32 partial; a
 //       reduce kernel adds each tile's partials in chunk order into dk, dv.
+//   dq, stored dS (the default): the dk/dv kernel has every dS = P (dP -
+//       delta) of a (block, key tile) in registers, rounded to bf16 for its
+//       own products; it also stores them, transposed ([key][row], bf16,
+//       per block and KV head the tiles it touches in key order), and dq is
+//       then one product a tile, dq += scale dS K, where recomputing S and
+//       dP took three. The store is 2 bytes per (row, head, key of a
+//       touched tile): when it would pass DFLASH_CUDA_DS_MAX_MB (default
+//       4096; 0: never), or dk and dv are not wanted, dq recomputes.
 //   The fast kernels read lse and delta in the order they visit rows: per
 //   (block, KV head) the block's B*G rows, padded to a multiple of BR with
 //   lse = +inf (so P = 0 there, and a padded row adds nothing).
@@ -42,6 +50,39 @@ __host__ __device__ __forceinline__ int padded_rows(int B, int G) { return (B * 
 
 __device__ __forceinline__ bool sees(const int64_t *r, int64_t key) {
     return (key >= r[0] && key < r[1]) || (key >= r[2] && key < r[3]);
+}
+
+// The key tiles (of BN keys, at multiples of BN) a block touches, in key
+// order: those meeting its context range or its own range (the tiles whose
+// lists hold the block), as one or two runs of tile indices [a0, a1], [b0, b1].
+struct TouchedTiles {
+    int a0, a1, b0, b1; // inclusive; no second run: b0 > b1
+    __device__ void init(const int64_t *r) {
+        int s[2][2], n = 0;
+        for (int i = 0; i < 2; i++)
+            if (r[2 * i] < r[2 * i + 1]) s[n][0] = (int)(r[2 * i] / BN), s[n][1] = (int)((r[2 * i + 1] - 1) / BN), n++;
+        if (n == 2 && s[1][0] < s[0][0]) { // the runs in key order
+            int t0 = s[0][0], t1 = s[0][1];
+            s[0][0] = s[1][0], s[0][1] = s[1][1], s[1][0] = t0, s[1][1] = t1;
+        }
+        if (n == 2 && s[1][0] <= s[0][1] + 1) { // overlapping or adjacent: one run
+            s[0][1] = s[1][1] > s[0][1] ? s[1][1] : s[0][1];
+            n = 1;
+        }
+        a0 = n ? s[0][0] : 0, a1 = n ? s[0][1] : -1;
+        b0 = n == 2 ? s[1][0] : 0, b1 = n == 2 ? s[1][1] : -1;
+    }
+    __device__ int count() const { return (a1 - a0 + 1) + (b1 - b0 + 1); }
+    __device__ int tile(int i) const { return i <= a1 - a0 ? a0 + i : b0 + i - (a1 - a0 + 1); }
+    __device__ int index(int t) const { return t <= a1 ? t - a0 : (a1 - a0 + 1) + t - b0; }
+};
+
+__device__ __forceinline__ TouchedTiles touched_tiles(const dfl_block &b, int B, int64_t NK) {
+    int64_t r[4];
+    block_ranges(b, B, NK, r);
+    TouchedTiles tt;
+    tt.init(r);
+    return tt;
 }
 
 } // namespace
@@ -150,6 +191,11 @@ __global__ void tile_fill_kernel(int *list, KeyChunk *chunks, const int *cnt, co
     }
 }
 
+// tile_off[j] = the tiles blocks 0..j-1 touch (the stored dS's block offsets)
+__global__ void block_tiles_scan_kernel(int *tile_off, const dfl_block *blocks, int nblk, int B, int64_t NK) {
+    block_scan_exclusive(tile_off, nblk, [&](int j) { return touched_tiles(blocks[j], B, NK).count(); });
+}
+
 // ---------------------------------------------------------------------------
 // CUDA kernels: backward, dq
 
@@ -250,13 +296,85 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     }
 }
 
+// dq from the stored dS: CTA (block, KV head, 64 of its padded rows), one
+// product a touched key tile, dq += scale dS K. A tile's dS^T slice (64
+// keys x 64 rows, bf16) and its K rows arrive by cp.async, double-buffered;
+// A fragments of dS come transposed out of the [key][row] slice (ldmatrix
+// .trans). Keys a block does not see have dS = 0 in the store, rows past
+// the block's B*G too: no masks here.
+constexpr int DSS = BM + 8; // row stride of a dS^T slice in shared memory
+
+template <int D>
+constexpr size_t dq_ds_smem_bytes() { return (size_t)2 * BN * ((D + 8) + DSS) * sizeof(bf16); }
+
+template <int D>
+__global__ void __launch_bounds__(NTHREADS, 4)
+    attn_dflash_dq_ds_kernel(bf16 *dq, const bf16 *ds, const int *tile_off, const bf16 *k, const dfl_block *blocks,
+                             int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale) {
+    constexpr int SD = D + 8, ND = D / 8;
+    DYN_SMEM(bf16, sK);                // [2][BN][SD]
+    bf16 *sS = sK + 2 * BN * SD;       // [2][BN][DSS]: keys x rows
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int j = nblk - 1 - (int)blockIdx.x, hkv = blockIdx.y, r0 = blockIdx.z * BM;
+    const int rows_total = B * G, rtp = padded_rows(B, G);
+    const int64_t tok0 = (int64_t)j * B;
+    const TouchedTiles tt = touched_tiles(blocks[j], B, NK);
+    const int nt = tt.count();
+    const bf16 *dsj = ds + (int64_t)tile_off[j] * Hkv * BN * rtp + r0;
+
+    // tile i: its K rows, and keys x rows [r0, r0+64) of its dS^T
+    auto issue = [&](int i, int buf) {
+        load_keys<D>(sK + buf * BN * SD, k, (int64_t)tt.tile(i) * BN, NK, Hkv, hkv);
+        const bf16 *src = dsj + ((int64_t)i * Hkv + hkv) * BN * rtp;
+        for (int cc = threadIdx.x; cc < BN * (BM / 8); cc += NTHREADS) {
+            const int key = cc / (BM / 8), part = cc % (BM / 8);
+            cp_async16(sS + buf * BN * DSS + key * DSS + part * 8, src + (int64_t)key * rtp + part * 8, true);
+        }
+    };
+    if (nt > 0) issue(0, 0);
+    cp_async_commit();
+
+    float acc[ND][4];
+    zero_frags<ND>(acc);
+    for (int it = 0; it < nt; it++) {
+        const int buf = it & 1;
+        pipeline_step(it + 1 < nt, [&] { issue(it + 1, buf ^ 1); });
+        const bf16 *kt = sK + buf * BN * SD, *st = sS + buf * BN * DSS;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            // A = dS[warp's 16 rows][keys kk*16 ..]: 8x8 matrix m holds keys
+            // kk*16 + (m/2)*8 .., rows warp*16 + (m%2)*8 .. of the slice
+            uint32_t a[4];
+            const int m = lane / 8;
+            ldsm_x4_t(a[0], a[1], a[2], a[3], st + (kk * 16 + (m / 2) * 8 + lane % 8) * DSS + warp * 16 + (m % 2) * 8);
+            mma_tile<ND, SD, true>(acc, a, kt, kk);
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+    const int row[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (row[h] >= rows_total) continue;
+        bf16 *drow = (bf16 *)row_ptr(dq, tok0, row[h], G, hkv, Hq, D);
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++) {
+            __nv_bfloat162 *p = (__nv_bfloat162 *)(drow + nd * 8 + 2 * c);
+            DEV_CHECK_ALIGN(p, 4);
+            float2 old = __bfloat1622float2(*p);
+            *p = __floats2bfloat162_rn(old.x + scale * acc[nd][2 * h], old.y + scale * acc[nd][2 * h + 1]);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // CUDA kernels: backward, dk and dv
 
 template <int D>
 constexpr size_t dkdv_smem_bytes() {
     return (size_t)(2 * BN + 4 * BR) * (D + 8) * sizeof(bf16) + 4 * BR * sizeof(float) +
-           (size_t)CHUNK * (4 * sizeof(int64_t) + sizeof(int));
+           (size_t)CHUNK * (5 * sizeof(int64_t) + sizeof(int));
 }
 
 // CTA (chunk, KV head): warp w owns keys tile*64 + w*16 .. +16 and
@@ -268,12 +386,13 @@ constexpr size_t dkdv_smem_bytes() {
 // row addresses take one division by G a step (where G divides the rows
 // between its chunks: D/8 threads a row, so 8 rows apart at D = 128).
 // Two CTAs a multiprocessor: 255 registers, 107 KiB of shared memory.
+// With ds (not NULL) it also stores each step's dS^T for the dq kernel.
 template <int D>
 __global__ void __launch_bounds__(NTHREADS, 2)
-    attn_dflash_dkdv_kernel(float *part_dk, float *part_dv, const KeyChunk *chunks, const int *list,
-                            const bf16 *dout, const float *lse2p, const float *deltap, const bf16 *q, const bf16 *k,
-                            const bf16 *v, const dfl_block *blocks, int B, int64_t NK, int Hq, int Hkv, int G,
-                            float scale_log2, float scale) {
+    attn_dflash_dkdv_kernel(float *part_dk, float *part_dv, bf16 *ds, const KeyChunk *chunks, const int *list,
+                            const int *tile_off, const bf16 *dout, const float *lse2p, const float *deltap,
+                            const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks, int B, int64_t NK,
+                            int Hq, int Hkv, int G, float scale_log2, float scale) {
     constexpr int SD = D + 8, ND = D / 8, CPR = D / 8, NCH = BR * CPR / NTHREADS, NB = BR / 8;
     static_assert(BR * CPR % NTHREADS == 0 && BR % 16 == 0, "whole row chunks per thread");
     DYN_SMEM(bf16, sK);
@@ -281,7 +400,8 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     bf16 *sQ = sV + BN * SD, *sdO = sQ + 2 * BR * SD; // [2][BR][SD] each
     float *sL = (float *)(sdO + 2 * BR * SD), *sDl = sL + 2 * BR; // [2][BR] each
     int64_t *sRg = (int64_t *)(sDl + 2 * BR);          // [CHUNK][4] key ranges
-    int *sJ = (int *)(sRg + 4 * CHUNK);                // [CHUNK] block indices
+    int64_t *sDs = sRg + 4 * CHUNK;                    // [CHUNK] where each block's dS^T of this tile goes
+    int *sJ = (int *)(sDs + CHUNK);                    // [CHUNK] block indices
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const KeyChunk ch = chunks[blockIdx.x];
     const int hkv = blockIdx.y;
@@ -294,6 +414,11 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         const int jj = list[ch.first + i];
         sJ[i] = jj;
         block_ranges(blocks[jj], B, NK, sRg + 4 * i);
+        if (ds) {
+            TouchedTiles tt;
+            tt.init(sRg + 4 * i);
+            sDs[i] = ((int64_t)(tile_off[jj] + tt.index(ch.tile)) * Hkv + hkv) * BN * rtp;
+        }
     }
     __syncthreads(); // sJ before the first issue
 
@@ -354,6 +479,17 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                 st[nb][e] = p;
                 dpt[nb][e] = p * (dpt[nb][e] - dt[col]);
             }
+        }
+        if (ds) { // dS^T[key][row] of this step, as the products below round it
+            bf16 *dst = ds + sDs[it / nrt] + (it % nrt) * BR;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++) {
+                    uint32_t *p = (uint32_t *)(dst + (warp * 16 + g + 8 * h) * rtp + nb * 8 + 2 * c);
+                    DEV_CHECK_ALIGN(p, 4);
+                    *p = pack_bf16(dpt[nb][2 * h], dpt[nb][2 * h + 1]);
+                }
         }
         // dV += P^T dO, dK += dS^T Q
 #pragma unroll
@@ -436,11 +572,15 @@ void attn::build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, 
     tl->nlist = tot[0];
     tl->nchunks = tot[1];
     size_t list_bytes = ((size_t)tl->nlist * sizeof(int) + 15) / 16 * 16;
-    char *mem = (char *)cuda_scratch(SCRATCH_LISTS, list_bytes + (size_t)tl->nchunks * sizeof(KeyChunk) + 16);
+    size_t chunk_bytes = ((size_t)tl->nchunks * sizeof(KeyChunk) + 15) / 16 * 16;
+    char *mem = (char *)cuda_scratch(SCRATCH_LISTS, list_bytes + chunk_bytes + (size_t)(nblk + 1) * sizeof(int));
     tl->list = (int *)mem;
     tl->chunks = (KeyChunk *)(mem + list_bytes);
+    tl->tile_off = (int *)(mem + list_bytes + chunk_bytes);
     KLAUNCH(tile_fill_kernel, wgrid, 256, 0)(tl->list, tl->chunks, tl->cnt, tl->list_off, tl->chunk_off,
                                                        blocks, (int)nblk, (int)B, NK, ntiles);
+    LAUNCH_CHECK();
+    KLAUNCH(block_tiles_scan_kernel, 1, 1024, 0)(tl->tile_off, blocks, (int)nblk, (int)B, NK);
     LAUNCH_CHECK();
 }
 
@@ -473,8 +613,17 @@ void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const
     else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
 }
 
+// DFLASH_CUDA_DS_MAX_MB: the most bytes the stored dS may take (read at
+// every call, so a test can run both dq kernels in one process).
+static size_t ds_max_bytes(void) {
+    const char *s = getenv("DFLASH_CUDA_DS_MAX_MB");
+    long long mb = s && *s ? atoll(s) : 4096;
+    return mb > 0 ? (size_t)mb << 20 : 0;
+}
+
 // The fast backward: lse and delta in visiting order (row_stats_kernel),
-// then dq and the dk/dv partials and their reduction.
+// then the dk/dv partials (storing dS) and their reduction, and dq (from
+// dS, or recomputing).
 template <int D>
 static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const float *lse,
                        const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks, const TileLists *tl,
@@ -489,8 +638,12 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
                                                                                   rtp, B, G, Hq, Hkv, D);
         LAUNCH_CHECK();
     }
-    if (dq) {
-        cuda_prof_scope ps("k attn_dflash_bwd: dq");
+    // dq from the stored dS when dk/dv run and the store fits (see the top)
+    const size_t ds_bytes = tl ? (size_t)tl->nlist * Hkv * BN * rtp * sizeof(bf16) : 0;
+    bf16 *ds = dq && tl && tl->nchunks > 0 && ds_bytes <= ds_max_bytes() ? (bf16 *)cuda_scratch(SCRATCH_DS, ds_bytes)
+                                                                        : NULL;
+    if (dq && !ds) {
+        cuda_prof_scope ps("k attn_dflash_bwd: dq (recomputing S, dP)");
         size_t smem = dq_smem_bytes<D>();
         static int once = 0;
         if (!once) allow_smem(attn_dflash_dq_kernel<D>, smem), once = 1;
@@ -510,13 +663,23 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
         {
             cuda_prof_scope ps("k attn_dflash_bwd: dk dv partials");
             KLAUNCH(attn_dflash_dkdv_kernel<D>, grid, NTHREADS, smem)(
-                part, part + part_elems, tl->chunks, tl->list, dout, lse2p, deltap, q, k, v, blocks, B, NK, Hq, Hkv, G,
-                scale_log2, scale);
+                part, part + part_elems, ds, tl->chunks, tl->list, tl->tile_off, dout, lse2p, deltap, q, k, v, blocks,
+                B, NK, Hq, Hkv, G, scale_log2, scale);
             LAUNCH_CHECK();
         }
         cuda_prof_scope ps("k attn_dflash_bwd: dk dv reduce");
         KLAUNCH(dkdv_reduce_kernel, dim3((unsigned)tl->ntiles, (unsigned)Hkv), 256, 0)(
             dk, dv, part, part + part_elems, tl->chunk_off, Hkv, NK, D);
+        LAUNCH_CHECK();
+    }
+    if (ds) {
+        cuda_prof_scope ps("k attn_dflash_bwd: dq from dS");
+        size_t smem = dq_ds_smem_bytes<D>();
+        static int once = 0;
+        if (!once) allow_smem(attn_dflash_dq_ds_kernel<D>, smem), once = 1;
+        dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)(rtp / BM));
+        KLAUNCH(attn_dflash_dq_ds_kernel<D>, grid, NTHREADS, smem)(dq, ds, tl->tile_off, k, blocks, (int)nblk, B, NK,
+                                                                     Hq, Hkv, G, scale);
         LAUNCH_CHECK();
     }
 }

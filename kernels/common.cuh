@@ -98,7 +98,7 @@ extern dfl_cuda_state g_cuda;
 
 // Grow-only device scratch, stream-ordered (cudaMallocAsync): valid until the
 // next call with the same slot. An op takes what it needs once and splits it.
-enum { SCRATCH_OP, SCRATCH_STAGING, SCRATCH_LOGITS, SCRATCH_LISTS, SCRATCH_PART, SCRATCH_SLOTS };
+enum { SCRATCH_OP, SCRATCH_STAGING, SCRATCH_LOGITS, SCRATCH_LISTS, SCRATCH_PART, SCRATCH_DS, SCRATCH_SLOTS };
 void *cuda_scratch(int slot, size_t bytes);
 
 // DFLASH_CUDA_PROFILE=1 (profile.cu): device time per op and per cuBLAS

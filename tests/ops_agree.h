@@ -446,6 +446,21 @@ static void dflash_case(const char *name, const dflash_shape *s) {
     ag_check(what, &dk, NMSE_INNER);
     snprintf(what, sizeof what, "%s dv", name);
     ag_check(what, &dv, NMSE_INNER);
+    /* CUDA's other dq kernel: recomputing S and dP where the default reads
+     * the dS its dk/dv kernel stored (DFLASH_CUDA_DS_MAX_MB=0 turns the
+     * store off; read at every call) */
+    {
+        ag_pair dq2 = ag_grad(nq * Hq * D, AG_ACT, ag_rms(g0, nq * Hq * D));
+        REF->attn_dflash_bwd(dq2.r, NULL, NULL, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv,
+                             D);
+        setenv("DFLASH_CUDA_DS_MAX_MB", "0", 1);
+        DEV->attn_dflash_bwd(dq2.d, zk.d, zv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq,
+                             Hkv, D);
+        unsetenv("DFLASH_CUDA_DS_MAX_MB");
+        snprintf(what, sizeof what, "%s dq (recomputed)", name);
+        ag_check(what, &dq2, NMSE_INNER);
+        ag_free(&dq2);
+    }
 
     /* deterministic: the same call on zeroed buffers twice, bit for bit */
     if (DEV->act_bytes == 2) {
@@ -500,8 +515,17 @@ static void attn_dflash_agrees(void) {
     const int32_t ctx_i[] = {130, 66}, anc_i[] = {3, 3};
     dflash_shape i = dflash_layout(ctx_i, 2, anc_i, 7, 6, 2, 64);
     dflash_case("dflash D64 G3 B7", &i);
+    /* blocks laid out by hand: own keys before the context, in the context's
+     * last tile, sharing a tile with it, and right after it (the key tiles a
+     * block touches: one run or two, in either order) */
+    const dfl_block own[] = {{130, 120, 0}, {0, 117, 120}, {30, 90, 120}, {64, 0, 150},
+                              {130, 40, 170}, {0, 0, 190}, {0, 50, 200}};
+    dflash_shape j = {7, 16, 250, 8, 2, 64, NULL};
+    j.blocks = dfl_malloc(sizeof own);
+    memcpy(j.blocks, own, sizeof own);
+    dflash_case("dflash D64 G4 B16 by hand", &j);
     free(a.blocks), free(b.blocks), free(c.blocks), free(d.blocks), free(e.blocks), free(g.blocks);
-    free(h.blocks), free(i.blocks);
+    free(h.blocks), free(i.blocks), free(j.blocks);
     if (AG_BIG) { /* Qwen3-8B drafter heads, a 1024-token sample, 64 anchors */
         const int32_t ctx_f[] = {1024}, anc_f[] = {64};
         dflash_shape f = dflash_layout(ctx_f, 1, anc_f, 16, 32, 8, 128);
