@@ -212,7 +212,7 @@ void cuda_master_to_wt(void *dst, const float *master, int64_t n);
 // matmul.cu
 void cuda_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
 void cuda_matmul_bwd(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M,
-                     int64_t K, int64_t N);
+                     int64_t K, int64_t N, int accumulate);
 void cuda_matmul_grouped(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
                          int64_t w_stride, int64_t K, int64_t N, int accumulate);
 // rmsnorm.cu
@@ -226,7 +226,8 @@ void cuda_qk_norm_rope(void *out, const void *in, const void *w, int plus_one, c
                        const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps);
 // elementwise.cu
 void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n);
-void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
+void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,
+                     int accumulate);
 void cuda_add(void *out, const void *a, const void *b, int64_t n);
 void cuda_sigmoid_mul(void *out, const void *x, const void *g, int64_t n);
 // gdn.cu

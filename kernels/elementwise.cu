@@ -23,8 +23,16 @@ __global__ void swiglu_kernel(bf16 *out, const bf16 *gate, const bf16 *up, int64
     }
 }
 
-// d silu(g)/dg = s (1 + g (1 - s)), s = sigmoid(g)
-template <int W>
+// W values at p, or W zeros where the result overwrites
+template <int W, bool ACC>
+__device__ __forceinline__ void old_or_zero(float *v, const bf16 *p) {
+    if (ACC) load_bf16s<W>(v, p);
+    else
+        for (int k = 0; k < W; k++) v[k] = 0.0f;
+}
+
+// d silu(g)/dg = s (1 + g (1 - s)), s = sigmoid(g); ACC: added to the old values
+template <int W, bool ACC>
 __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up,
                                   int64_t n) {
     for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * W; i < n;
@@ -34,7 +42,7 @@ __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, cons
         load_bf16s<W>(u, up + i);
         load_bf16s<W>(d, dout + i);
         if (dgate) {
-            load_bf16s<W>(acc, dgate + i);
+            old_or_zero<W, ACC>(acc, dgate + i);
 #pragma unroll
             for (int k = 0; k < W; k++) {
                 float s = sigmoid_f(g[k]);
@@ -43,7 +51,7 @@ __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, cons
             store_bf16s<W>(dgate + i, acc);
         }
         if (dup) {
-            load_bf16s<W>(acc, dup + i);
+            old_or_zero<W, ACC>(acc, dup + i);
 #pragma unroll
             for (int k = 0; k < W; k++) acc[k] += d[k] * g[k] * sigmoid_f(g[k]);
             store_bf16s<W>(dup + i, acc);
@@ -110,11 +118,16 @@ void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n) {
     launch_split(n, swiglu_kernel<8>, swiglu_kernel<1>, (bf16 *)out, (const bf16 *)gate, (const bf16 *)up);
 }
 
-void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n) {
+void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,
+                     int accumulate) {
     CU_ASSERT(dout && gate && up && n >= 0);
     if (!dgate && !dup) return;
-    launch_split(n, swiglu_bwd_kernel<8>, swiglu_bwd_kernel<1>, (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout,
-                 (const bf16 *)gate, (const bf16 *)up);
+    if (accumulate)
+        launch_split(n, swiglu_bwd_kernel<8, true>, swiglu_bwd_kernel<1, true>, (bf16 *)dgate, (bf16 *)dup,
+                     (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up);
+    else
+        launch_split(n, swiglu_bwd_kernel<8, false>, swiglu_bwd_kernel<1, false>, (bf16 *)dgate, (bf16 *)dup,
+                     (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up);
 }
 
 void cuda_add(void *out, const void *a, const void *b, int64_t n) {

@@ -627,18 +627,14 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
         const dfl_drafter_layer *W = &d->W.layer[l];
         const dfl_drafter_layer *G = &d->G.layer[l];
         /* MLP: h_next = h1 + down(silu(gate(x2)) * up(x2)) */
-        ops->zero(w->da, (size_t)(Q * I) * ab);
-        ops->matmul_bwd(w->da, G->down, w->dh, a->a, W->down, Q, I, H);
-        ops->zero(w->dg, (size_t)(Q * I) * ab);
-        ops->zero(w->du, (size_t)(Q * I) * ab);
-        ops->swiglu_bwd(w->dg, w->du, w->da, a->g, a->u, Q * I);
-        ops->zero(w->dx2, (size_t)(Q * H) * ab);
-        ops->matmul_bwd(w->dx2, G->gate, w->dg, a->x2, W->gate, Q, H, I);
-        ops->matmul_bwd(w->dx2, G->up, w->du, a->x2, W->up, Q, H, I);
+        /* (the first product into each gradient overwrites it: no zeroing) */
+        ops->matmul_bwd(w->da, G->down, w->dh, a->a, W->down, Q, I, H, 0);
+        ops->swiglu_bwd(w->dg, w->du, w->da, a->g, a->u, Q * I, 0);
+        ops->matmul_bwd(w->dx2, G->gate, w->dg, a->x2, W->gate, Q, H, I, 0);
+        ops->matmul_bwd(w->dx2, G->up, w->du, a->x2, W->up, Q, H, I, 1);
         ops->rmsnorm_bwd(w->dh, G->ln2, w->dx2, a->h1, a->rstd2, W->ln2, Q, H); /* dh: now d/dh1 */
         /* attention: h1 = h + o_proj(att) */
-        ops->zero(w->datt, (size_t)(Q * QD) * ab);
-        ops->matmul_bwd(w->datt, G->o, w->dh, a->att, W->o, Q, QD, H);
+        ops->matmul_bwd(w->datt, G->o, w->dh, a->att, W->o, Q, QD, H, 0);
         ops->zero(w->dq, (size_t)(Q * QD) * ab);
         ops->zero(w->dk, (size_t)(NK * KVD) * ab);
         ops->zero(w->dv, (size_t)(NK * KVD) * ab);
@@ -651,13 +647,12 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
         ops->rmsnorm_bwd(w->dqpre, G->qn, w->dq, a->qpre, a->rstd_q, W->qn, Q * Hq, D);
         ops->zero(w->dkpre, (size_t)(NK * KVD) * ab);
         ops->rmsnorm_bwd(w->dkpre, G->kn, w->dk, a->kpre, a->rstd_k, W->kn, NK * Hkv, D);
-        ops->zero(w->dx, (size_t)(Q * H) * ab);
-        ops->matmul_bwd(w->dx, G->q, w->dqpre, a->x1, W->q, Q, H, QD);
-        ops->matmul_bwd(w->dx, G->k, DFL_AT(ops, w->dkpre, NC * KVD), a->x1, W->k, Q, H, KVD);
-        ops->matmul_bwd(w->dx, G->v, DFL_AT(ops, w->dv, NC * KVD), a->x1, W->v, Q, H, KVD);
+        ops->matmul_bwd(w->dx, G->q, w->dqpre, a->x1, W->q, Q, H, QD, 0);
+        ops->matmul_bwd(w->dx, G->k, DFL_AT(ops, w->dkpre, NC * KVD), a->x1, W->k, Q, H, KVD, 1);
+        ops->matmul_bwd(w->dx, G->v, DFL_AT(ops, w->dv, NC * KVD), a->x1, W->v, Q, H, KVD, 1);
         if (NC > 0) {
-            ops->matmul_bwd(w->dctx, G->k, w->dkpre, w->ctx, W->k, NC, H, KVD);
-            ops->matmul_bwd(w->dctx, G->v, w->dv, w->ctx, W->v, NC, H, KVD);
+            ops->matmul_bwd(w->dctx, G->k, w->dkpre, w->ctx, W->k, NC, H, KVD, 1);
+            ops->matmul_bwd(w->dctx, G->v, w->dv, w->ctx, W->v, NC, H, KVD, 1);
         }
         ops->rmsnorm_bwd(w->dh, G->ln1, w->dx, a->h, a->rstd1, W->ln1, Q, H); /* dh: now d/dh */
     }
@@ -665,6 +660,6 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
     if (NC > 0) {
         ops->zero(w->dctxpre, (size_t)(NC * H) * ab);
         ops->rmsnorm_bwd(w->dctxpre, d->G.hidden_norm, w->dctx, w->ctx_pre, w->rstd_c, d->W.hidden_norm, NC, H);
-        ops->matmul_bwd(NULL, d->G.fc, w->dctxpre, w->feats, d->W.fc, NC, KH, H);
+        ops->matmul_bwd(NULL, d->G.fc, w->dctxpre, w->feats, d->W.fc, NC, KH, H, 1);
     }
 }

@@ -73,9 +73,11 @@ struct dfl_ops {
     /* ---- dense ---- */
     /* out[M,N] = in[M,K] · w[N,K]^T, plus out when accumulate is set. */
     void (*matmul)(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
-    /* din[M,K] += dout[M,N] · w;  dw[N,K] += dout^T · in (f32). */
+    /* din[M,K] = dout[M,N] · w, plus din when accumulate is set;
+     * dw[N,K] += dout^T · in (f32, always accumulated). Either may be NULL.
+     * Overwriting spares the caller a zeroing pass and the product a read. */
     void (*matmul_bwd)(void *din, float *dw, const void *dout, const void *in, const void *w,
-                       int64_t M, int64_t K, int64_t N);
+                       int64_t M, int64_t K, int64_t N, int accumulate);
     /* out = in * rstd * w per row of `dim`, rstd = 1/sqrt(mean(in^2) + eps)
      * computed in f32 and saved in rstd[rows] (f32, may be NULL). */
     void (*rmsnorm)(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
@@ -100,7 +102,10 @@ struct dfl_ops {
                          const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps);
     /* out = silu(gate) * up, elementwise (out may alias gate or up). */
     void (*swiglu)(void *out, const void *gate, const void *up, int64_t n);
-    void (*swiglu_bwd)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n);
+    /* dgate = dout * up * silu'(gate), dup = dout * silu(gate), each plus
+     * its old value when accumulate is set (either may be NULL). */
+    void (*swiglu_bwd)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,
+                       int accumulate);
     /* out = a + b (out may alias a or b). */
     void (*add)(void *out, const void *a, const void *b, int64_t n);
     /* out[T,H] = table[ids[t]] (table: wt [V,H]). */

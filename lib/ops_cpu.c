@@ -151,13 +151,15 @@ void dfl_cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t
     dfl_cpu_gemm_nt(out, in, w, M, K, N, accumulate ? 1.0f : 0.0f);
 }
 
-/* din[M,K] += dout[M,N] . w[N,K];  dw[N,K] += dout^T . in[M,K] */
+/* din[M,K] (+)= dout[M,N] . w[N,K];  dw[N,K] += dout^T . in[M,K] */
 static void cpu_matmul_bwd(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M,
-                           int64_t K, int64_t N) {
-    if (M <= 0 || N <= 0 || K <= 0) return;
+                           int64_t K, int64_t N, int accumulate) {
+    if (M <= 0 || K <= 0) return;
+    if (din && N == 0 && !accumulate) memset(din, 0, (size_t)(M * K) * sizeof(float)); /* an empty sum */
+    if (N <= 0) return;
     if (din)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(M), blas_int(K), blas_int(N), 1.0f, dout,
-                    blas_int(N), w, blas_int(K), 1.0f, din, blas_int(K));
+                    blas_int(N), w, blas_int(K), accumulate ? 1.0f : 0.0f, din, blas_int(K));
     if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(N), blas_int(K), blas_int(M), 1.0f, dout,
                     blas_int(N), in, blas_int(K), 1.0f, dw, blas_int(K));
@@ -276,14 +278,14 @@ static void cpu_swiglu(void *out_, const void *gate_, const void *up_, int64_t n
 
 /* d silu(g)/dg = s (1 + g (1 - s)) with s = sigmoid(g). */
 static void cpu_swiglu_bwd(void *dgate_, void *dup_, const void *dout_, const void *gate_, const void *up_,
-                           int64_t n) {
+                           int64_t n, int accumulate) {
     float *dgate = dgate_, *dup = dup_;
     const float *dout = dout_, *g = gate_, *u = up_;
 #pragma omp parallel for if (n > 16384)
     for (int64_t i = 0; i < n; i++) {
         float s = 1.0f / (1.0f + expf(-g[i]));
-        if (dgate) dgate[i] += dout[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
-        if (dup) dup[i] += dout[i] * (g[i] * s);
+        if (dgate) dgate[i] = (accumulate ? dgate[i] : 0.0f) + dout[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
+        if (dup) dup[i] = (accumulate ? dup[i] : 0.0f) + dout[i] * (g[i] * s);
     }
 }
 

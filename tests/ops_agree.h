@@ -199,17 +199,22 @@ static void matmul_bwd_agrees(void) {
     float *hx = ag_randn(M * K, 1), *hw = ag_randn(N * K, 0.2), *hd = ag_randn(M * N, 1);
     ag_pair x = ag_new(hx, M * K, AG_ACT), w = ag_new(hw, N * K, AG_ACT), dout = ag_new(hd, M * N, AG_ACT);
     ag_pair din = ag_grad(M * K, AG_ACT, 1.0), dw = ag_grad(N * K, AG_F32, 5.0);
-    REF->matmul_bwd(din.r, dw.r, dout.r, x.r, w.r, M, K, N);
-    DEV->matmul_bwd(din.d, dw.d, dout.d, x.d, w.d, M, K, N);
+    REF->matmul_bwd(din.r, dw.r, dout.r, x.r, w.r, M, K, N, 1);
+    DEV->matmul_bwd(din.d, dw.d, dout.d, x.d, w.d, M, K, N, 1);
     ag_check("matmul_bwd din", &din, NMSE_ROUND);
     ag_check("matmul_bwd dw", &dw, NMSE_F32);
     /* each gradient alone (the other NULL) */
-    REF->matmul_bwd(NULL, dw.r, dout.r, x.r, w.r, M, K, N);
-    DEV->matmul_bwd(NULL, dw.d, dout.d, x.d, w.d, M, K, N);
-    REF->matmul_bwd(din.r, NULL, dout.r, x.r, w.r, M, K, N);
-    DEV->matmul_bwd(din.d, NULL, dout.d, x.d, w.d, M, K, N);
+    REF->matmul_bwd(NULL, dw.r, dout.r, x.r, w.r, M, K, N, 1);
+    DEV->matmul_bwd(NULL, dw.d, dout.d, x.d, w.d, M, K, N, 1);
+    REF->matmul_bwd(din.r, NULL, dout.r, x.r, w.r, M, K, N, 1);
+    DEV->matmul_bwd(din.d, NULL, dout.d, x.d, w.d, M, K, N, 1);
     ag_check("matmul_bwd din (2nd)", &din, NMSE_ROUND);
     ag_check("matmul_bwd dw (2nd)", &dw, NMSE_F32);
+    /* din overwritten (it holds the sums above): the reference overwrites too */
+    REF->matmul_bwd(din.r, dw.r, dout.r, x.r, w.r, M, K, N, 0);
+    DEV->matmul_bwd(din.d, dw.d, dout.d, x.d, w.d, M, K, N, 0);
+    ag_check("matmul_bwd din (overwritten)", &din, NMSE_ROUND);
+    ag_check("matmul_bwd dw (3rd)", &dw, NMSE_F32);
     ag_free(&x), ag_free(&w), ag_free(&dout), ag_free(&din), ag_free(&dw);
     free(hx), free(hw), free(hd);
 }
@@ -311,13 +316,17 @@ static void swiglu_case(int64_t n) {
     REF->swiglu(out.r, g.r, u.r, n);
     DEV->swiglu(out.d, g.d, u.d, n);
     ag_check("swiglu", &out, NMSE_ROUND);
-    REF->swiglu_bwd(dg.r, du.r, d.r, g.r, u.r, n);
-    DEV->swiglu_bwd(dg.d, du.d, d.d, g.d, u.d, n);
+    REF->swiglu_bwd(dg.r, du.r, d.r, g.r, u.r, n, 1);
+    DEV->swiglu_bwd(dg.d, du.d, d.d, g.d, u.d, n, 1);
     ag_check("swiglu_bwd dgate", &dg, NMSE_ROUND);
     ag_check("swiglu_bwd dup", &du, NMSE_ROUND);
-    REF->swiglu_bwd(NULL, du.r, d.r, g.r, u.r, n);
-    DEV->swiglu_bwd(NULL, du.d, d.d, g.d, u.d, n);
+    REF->swiglu_bwd(NULL, du.r, d.r, g.r, u.r, n, 1);
+    DEV->swiglu_bwd(NULL, du.d, d.d, g.d, u.d, n, 1);
     ag_check("swiglu_bwd dup (dgate NULL)", &du, NMSE_ROUND);
+    REF->swiglu_bwd(dg.r, du.r, d.r, g.r, u.r, n, 0); /* overwritten */
+    DEV->swiglu_bwd(dg.d, du.d, d.d, g.d, u.d, n, 0);
+    ag_check("swiglu_bwd dgate (overwritten)", &dg, NMSE_ROUND);
+    ag_check("swiglu_bwd dup (overwritten)", &du, NMSE_ROUND);
     REF->add(out.r, out.r, g.r, n); /* out aliases a */
     DEV->add(out.d, out.d, g.d, n);
     ag_check("add (out = a + b, aliased)", &out, NMSE_ROUND);

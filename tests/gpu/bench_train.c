@@ -230,17 +230,14 @@ int main(int argc, char **argv) {
             layer_a *a = &A[l];
             const int64_t *o = LW[l].off;
             /* hres[l+1] = h_mid + down(act): dh is also d h_mid's residual part */
-            zero_act(dact, Q * I);
-            MM_BWD(dact, GR(o[W_D]), dh, a->act, WT(o[W_D]), Q, I, H);
-            zero_act(dgate, Q * I), zero_act(dup, Q * I);
-            OPS->swiglu_bwd(dgate, dup, dact, a->gate, a->up, Q * I);
-            zero_act(dx2, Q * H);
-            MM_BWD(dx2, GR(o[W_G]), dgate, a->x2, WT(o[W_G]), Q, H, I);
-            MM_BWD(dx2, GR(o[W_U]), dup, a->x2, WT(o[W_U]), Q, H, I);
+            /* the first product into each gradient overwrites it (as lib/drafter.c) */
+            MM_BWD(dact, GR(o[W_D]), dh, a->act, WT(o[W_D]), Q, I, H, 0);
+            OPS->swiglu_bwd(dgate, dup, dact, a->gate, a->up, Q * I, 0);
+            MM_BWD(dx2, GR(o[W_G]), dgate, a->x2, WT(o[W_G]), Q, H, I, 0);
+            MM_BWD(dx2, GR(o[W_U]), dup, a->x2, WT(o[W_U]), Q, H, I, 1);
             OPS->rmsnorm_bwd(dh, GR(o[N_POST]), dx2, a->h_mid, a->rstd_post, WT(o[N_POST]), Q, H);
             /* h_mid = hres[l] + o(att) */
-            zero_act(datt, Q * QD);
-            MM_BWD(datt, GR(o[W_O]), dh, a->att, WT(o[W_O]), Q, QD, H);
+            MM_BWD(datt, GR(o[W_O]), dh, a->att, WT(o[W_O]), Q, QD, H, 0);
             zero_act(dq, Q * QD), zero_act(dk, NK * KD), zero_act(dv, NK * KD);
             OPS->attn_dflash_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ,
                                  HKV, D);
@@ -250,18 +247,17 @@ int main(int argc, char **argv) {
             zero_act(dq_pre, Q * QD), zero_act(dk_pre, NK * KD);
             OPS->rmsnorm_bwd(dq_pre, GR(o[N_QN]), dq, a->q_pre, a->rstd_q, WT(o[N_QN]), Q * HQ, D);
             OPS->rmsnorm_bwd(dk_pre, GR(o[N_KN]), dk, a->k_pre, a->rstd_k, WT(o[N_KN]), NK * HKV, D);
-            zero_act(dx, Q * H);
-            MM_BWD(dx, GR(o[W_Q]), dq_pre, a->x, WT(o[W_Q]), Q, H, QD);
-            MM_BWD(dctx, GR(o[W_K]), dk_pre, ctx, WT(o[W_K]), S, H, KD);
-            MM_BWD(dx, GR(o[W_K]), AAT(dk_pre, S, KD), a->x, WT(o[W_K]), Q, H, KD);
-            MM_BWD(dctx, GR(o[W_V]), dv, ctx, WT(o[W_V]), S, H, KD);
-            MM_BWD(dx, GR(o[W_V]), AAT(dv, S, KD), a->x, WT(o[W_V]), Q, H, KD);
+            MM_BWD(dx, GR(o[W_Q]), dq_pre, a->x, WT(o[W_Q]), Q, H, QD, 0);
+            MM_BWD(dctx, GR(o[W_K]), dk_pre, ctx, WT(o[W_K]), S, H, KD, 1);
+            MM_BWD(dx, GR(o[W_K]), AAT(dk_pre, S, KD), a->x, WT(o[W_K]), Q, H, KD, 1);
+            MM_BWD(dctx, GR(o[W_V]), dv, ctx, WT(o[W_V]), S, H, KD, 1);
+            MM_BWD(dx, GR(o[W_V]), AAT(dv, S, KD), a->x, WT(o[W_V]), Q, H, KD, 1);
             /* the first layer's input is the frozen embedding: no din */
             OPS->rmsnorm_bwd(l ? dh : NULL, GR(o[N_IN]), dx, hres[l], a->rstd_in, WT(o[N_IN]), Q, H);
         }
         zero_act(dfc, S * H);
         OPS->rmsnorm_bwd(dfc, GR(OFF_HN), dctx, fcout, rstd_hn, WT(OFF_HN), S, H);
-        MM_BWD(NULL, GR(OFF_FC), dfc, taps, WT(OFF_FC), S, dm.K * H, H);
+        MM_BWD(NULL, GR(OFF_FC), dfc, taps, WT(OFF_FC), S, dm.K * H, H, 1);
         double t3 = instrument ? now_synced() : 0;
         if (step == 0 && grad_out) {
             float *g = dfl_malloc((size_t)NPARAM * 4);

@@ -102,8 +102,8 @@ static inline void MM(void *out, const void *in, const void *w, int64_t M, int64
     FLOPS += 2.0 * (double)M * (double)K * (double)N;
 }
 static inline void MM_BWD(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M, int64_t K,
-                   int64_t N) {
-    OPS->matmul_bwd(din, dw, dout, in, w, M, K, N);
+                   int64_t N, int acc) {
+    OPS->matmul_bwd(din, dw, dout, in, w, M, K, N, acc);
     FLOPS += 2.0 * (double)M * (double)K * (double)N * ((din != NULL) + (dw != NULL));
 }
 

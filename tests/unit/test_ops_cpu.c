@@ -208,16 +208,28 @@ static void test_matmul(void) {
     float *din = fbuf(M * K), *dw = fbuf(N * K);
     for (int64_t i = 0; i < M * K; i++) din[i] = 1.0f;
     for (int64_t i = 0; i < N * K; i++) dw[i] = -1.0f;
-    ops->matmul_bwd(din, dw, dout, x, w, M, K, N);
+    ops->matmul_bwd(din, dw, dout, x, w, M, K, N, 1);
     float *d1 = minus(din, 1.0f, M * K), *d2 = minus(dw, -1.0f, N * K);
     CHECK_NMSE("matmul_bwd din (+=)", d1, rdin, M * K, NMSE_F32);
     CHECK_NMSE("matmul_bwd dw (+=)", d2, rdw, N * K, NMSE_F32);
     /* NULL gradients are skipped */
     memcpy(d1, din, (size_t)(M * K) * 4);
-    ops->matmul_bwd(din, NULL, dout, x, w, M, K, N);
-    ops->matmul_bwd(NULL, NULL, dout, x, w, M, K, N);
+    ops->matmul_bwd(din, NULL, dout, x, w, M, K, N, 1);
+    ops->matmul_bwd(NULL, NULL, dout, x, w, M, K, N, 1);
     for (int64_t i = 0; i < M * K; i++) d1[i] = din[i] - d1[i];
     CHECK_NMSE("matmul_bwd din, dw NULL", d1, rdin, M * K, NMSE_F32);
+    /* accumulate 0: din overwritten (dw still accumulates) */
+    for (int64_t i = 0; i < M * K; i++) din[i] = 1e9f;
+    memcpy(d2, dw, (size_t)(N * K) * 4);
+    ops->matmul_bwd(din, dw, dout, x, w, M, K, N, 0);
+    CHECK_NMSE("matmul_bwd din (=)", din, rdin, M * K, NMSE_F32);
+    for (int64_t i = 0; i < N * K; i++) d2[i] = dw[i] - d2[i];
+    CHECK_NMSE("matmul_bwd dw (+=, din overwritten)", d2, rdw, N * K, NMSE_F32);
+    /* N = 0: an empty sum, so din = 0 when overwritten, unchanged when not */
+    ops->matmul_bwd(din, NULL, dout, x, w, M, K, 0, 1);
+    CHECK_NMSE("matmul_bwd din (N = 0, +=)", din, rdin, M * K, NMSE_F32);
+    ops->matmul_bwd(din, NULL, dout, x, w, M, K, 0, 0);
+    T_CHECK(din[0] == 0 && din[M * K - 1] == 0);
     /* K = 0: out = 0 */
     ops->matmul(out, x, w, M, 0, N, 0);
     T_CHECK(out[0] == 0 && out[M * N - 1] == 0);
@@ -293,7 +305,7 @@ static void test_matmul_fd(void) {
     c.x = fbuf(c.M * c.K), c.w = fbuf(c.N * c.K), c.dout = fbuf(c.M * c.N), c.out = fbuf(c.M * c.N);
     frand(c.x, c.M * c.K, &r, 1), frand(c.w, c.N * c.K, &r, 1), frand(c.dout, c.M * c.N, &r, 1);
     float *din = fbuf(c.M * c.K), *dw = fbuf(c.N * c.K);
-    ops->matmul_bwd(din, dw, c.dout, c.x, c.w, c.M, c.K, c.N);
+    ops->matmul_bwd(din, dw, c.dout, c.x, c.w, c.M, c.K, c.N, 1);
     check_fd("matmul din", mm_loss, &c, c.x, din, c.M * c.K, 11);
     check_fd("matmul dw", mm_loss, &c, c.w, dw, c.N * c.K, 12);
     ops->free(c.x), ops->free(c.w), ops->free(c.dout), ops->free(c.out), ops->free(din), ops->free(dw);
@@ -422,14 +434,18 @@ static void test_swiglu(void) {
     ops->swiglu(out, g, u, n);
     CHECK_NMSE("swiglu out", out, ref, n, NMSE_F32);
     for (int64_t i = 0; i < n; i++) dg[i] = 1, du[i] = -1;
-    ops->swiglu_bwd(dg, du, dout, g, u, n);
+    ops->swiglu_bwd(dg, du, dout, g, u, n, 1);
     float *d1 = minus(dg, 1, n), *d2 = minus(du, -1, n);
     CHECK_NMSE("swiglu_bwd dgate (+=)", d1, rdg, n, NMSE_F32);
     CHECK_NMSE("swiglu_bwd dup (+=)", d2, rdu, n, NMSE_F32);
     memcpy(d1, dg, (size_t)n * 4);
-    ops->swiglu_bwd(dg, NULL, dout, g, u, n);
+    ops->swiglu_bwd(dg, NULL, dout, g, u, n, 1);
     for (int64_t i = 0; i < n; i++) d1[i] = dg[i] - d1[i];
     CHECK_NMSE("swiglu_bwd dgate, dup NULL", d1, rdg, n, NMSE_F32);
+    for (int64_t i = 0; i < n; i++) dg[i] = 1e9f, du[i] = 1e9f; /* overwritten, not accumulated */
+    ops->swiglu_bwd(dg, du, dout, g, u, n, 0);
+    CHECK_NMSE("swiglu_bwd dgate (=)", dg, rdg, n, NMSE_F32);
+    CHECK_NMSE("swiglu_bwd dup (=)", du, rdu, n, NMSE_F32);
     ops->free(g), ops->free(u), ops->free(ref), ops->free(dout), ops->free(rdg), ops->free(rdu);
     ops->free(out), ops->free(dg), ops->free(du), ops->free(d1), ops->free(d2);
 }
@@ -452,7 +468,7 @@ static void test_swiglu_fd(void) {
     c.g = fbuf(c.n), c.u = fbuf(c.n), c.dout = fbuf(c.n), c.out = fbuf(c.n);
     frand(c.g, c.n, &r, 3), frand(c.u, c.n, &r, 1), frand(c.dout, c.n, &r, 1);
     float *dg = fbuf(c.n), *du = fbuf(c.n);
-    ops->swiglu_bwd(dg, du, c.dout, c.g, c.u, c.n);
+    ops->swiglu_bwd(dg, du, c.dout, c.g, c.u, c.n, 1);
     check_fd("swiglu dgate", sw_loss, &c, c.g, dg, c.n, 41);
     check_fd("swiglu dup", sw_loss, &c, c.u, du, c.n, 42);
     ops->free(c.g), ops->free(c.u), ops->free(c.dout), ops->free(c.out), ops->free(dg), ops->free(du);
