@@ -28,6 +28,7 @@
 #include "common.cuh"
 
 #include <math.h>
+#include <string.h>
 
 namespace attn {
 
@@ -96,6 +97,142 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 #endif
+
+// ---------------------------------------------------------------------------
+// Hopper warpgroup products (wgmma.mma_async, sm_90a only): the 4 warps of a
+// warpgroup multiply 64 rows at once, B (and A, where it is a shared tile)
+// read by the tensor cores straight from shared memory through a descriptor:
+// a K/V tile crosses the shared-memory port once per warpgroup, where
+// mma.sync's ldmatrix moves it once per warp. The accumulator and register A
+// layouts are mma.sync's, warp w of the group on rows 16w.. (PTX ISA,
+// "Matrix Fragments for wgmma.mma_async.m64nNk16").
+//
+// Tiles for wgmma use the no-swizzle "core matrix" layout: 8 rows of 16
+// bytes contiguous (128 B), core matrices of a row group in chunk order,
+// row groups one after another: [row/8][D/8][row%8][8] for D-wide rows.
+// One layout serves both operand kinds (PTX ISA, "Shared Memory Matrix
+// Layout", canonical layouts): K-major (S = Q K^T's A = Q and B = K^T:
+// leading byte offset 128 = the next 8 columns, stride byte offset D*16 =
+// the next 8 rows) and N-major (O = P V's B = V: the same tile with the
+// roles swapped, leading offset D*16 = the next 8 keys, stride offset 128 =
+// the next 8 columns).
+
+// the element offset of 16-byte chunk ch of row r in such a tile
+template <int D>
+__device__ __forceinline__ int cm_off(int r, int ch) { return (r / 8) * (D / 8) * 64 + ch * 64 + (r % 8) * 8; }
+
+#ifdef DFLASH_EMU
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return emu::smem_addr(p); }
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
+    emu::wgmma_m64k16(d, N, NULL, da, db, false, scale_d != 0);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs_t(float *d, const uint32_t *a, uint64_t db, int scale_d) {
+    emu::wgmma_m64k16(d, N, a, 0, db, true, scale_d != 0);
+}
+__device__ __forceinline__ void wg_fence() {}
+__device__ __forceinline__ void wg_commit() {}
+__device__ __forceinline__ void wg_wait0() {}
+__device__ __forceinline__ void fence_proxy_async() {}
+#else
+// the sm_90a pass of nvcc defines this; the compute_90 PTX pass cannot
+// assemble wgmma (the launchers use these kernels only on a 9.0 device)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ARCH 1
+#endif
+// d[N/2] (+)= A · B, A = the 64 x 16 tile of descriptor da (K-major), B^T =
+// the N x 16 tile of db (K-major); scale_d 0: d = A · B
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int scale_d);
+// d[N/2] (+)= A · B, A = this thread's 4 registers, B = the 16 x N tile of db
+// (N-major)
+template <int N>
+__device__ __forceinline__ void wgmma_rs_t(float *d, const uint32_t *a, uint64_t db, int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_ss<64>(float *d, uint64_t da, uint64_t db, int scale_d) {
+#ifdef WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(scale_d));
+#else
+    __trap();
+#endif
+}
+template <>
+__device__ __forceinline__ void wgmma_rs_t<64>(float *d, const uint32_t *a, uint64_t db, int scale_d) {
+#ifdef WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+#else
+    __trap();
+#endif
+}
+template <>
+__device__ __forceinline__ void wgmma_rs_t<128>(float *d, const uint32_t *a, uint64_t db, int scale_d) {
+#ifdef WG_ARCH
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+#else
+    __trap();
+#endif
+}
+// before a warpgroup's first wgmma after its registers were written
+__device__ __forceinline__ void wg_fence() {
+#ifdef WG_ARCH
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#ifdef WG_ARCH
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// every committed wgmma of this warpgroup done (its registers may be read)
+__device__ __forceinline__ void wg_wait0() {
+#ifdef WG_ARCH
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+// shared memory written by this thread (cp.async) made visible to the async
+// proxy that wgmma reads it through; then a barrier for the other threads
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef WG_ARCH
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+#endif
+
+// A descriptor of a tile at p (16-byte aligned, in shared memory), no
+// swizzle, with the given leading and stride byte offsets.
+__device__ __forceinline__ uint64_t wg_desc(const bf16 *p, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((smem_u32(p) & 0x3ffff) >> 4) | (uint64_t)((lbo & 0x3ffff) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3ffff) >> 4) << 32;
+}
 
 // two f32 -> one register of two bf16 (the lower column in the low half)
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -185,7 +322,9 @@ __device__ __forceinline__ void two_scores(float (*x)[4], float (*y)[4], const b
 // then makes all threads' copies of stage it visible to the whole CTA. The
 // caller ends each step with another __syncthreads, so that the next step's
 // issue does not overwrite a buffer a slower warp is still reading.
-template <typename F>
+// ASYNC_PROXY: the stage is read by wgmma (through the async proxy), so each
+// thread fences its landed copies for it before the barrier.
+template <bool ASYNC_PROXY = false, typename F>
 __device__ __forceinline__ void pipeline_step(bool more, F issue_next) {
     if (more) {
         issue_next();
@@ -194,6 +333,7 @@ __device__ __forceinline__ void pipeline_step(bool more, F issue_next) {
     } else {
         cp_async_wait<0>();
     }
+    if (ASYNC_PROXY) fence_proxy_async();
     __syncthreads();
 }
 
@@ -228,6 +368,31 @@ __device__ __forceinline__ void load_keys(bf16 *s, const bf16 *base, int64_t k0,
     }
 }
 
+// The same two copies into core-matrix tiles (cm_off) for wgmma: c counts
+// the tile's 16-byte chunks in shared-memory order (row group, chunk, row
+// in the group), so a warp's copies land in 512 contiguous bytes.
+template <int D>
+__device__ __forceinline__ void load_qrows_cm(bf16 *s, int nrows, const bf16 *base, int64_t tok0, int r0,
+                                              int rows_total, int G, int hkv, int Hq) {
+    constexpr int CPR = D / 8;
+    for (int c = threadIdx.x; c < nrows * CPR; c += blockDim.x) {
+        const int i = c / (8 * CPR) * 8 + c % 8, k = c / 8 % CPR;
+        const bool ok = r0 + i < rows_total;
+        const bf16 *g = ok ? row_ptr(base, tok0, r0 + i, G, hkv, Hq, D) + k * 8 : base;
+        cp_async16(s + c * 8, g, ok);
+    }
+}
+template <int D, int TN>
+__device__ __forceinline__ void load_keys_cm(bf16 *s, const bf16 *base, int64_t k0, int64_t kend, int Hkv, int hkv) {
+    constexpr int CPR = D / 8;
+    for (int c = threadIdx.x; c < TN * CPR; c += blockDim.x) {
+        const int i = c / (8 * CPR) * 8 + c % 8, k = c / 8 % CPR;
+        const bool ok = k0 + i < kend;
+        const bf16 *g = ok ? base + ((k0 + i) * Hkv + hkv) * (int64_t)D + k * 8 : base;
+        cp_async16(s + c * 8, g, ok);
+    }
+}
+
 // The keys a CTA visits: segment 0 [s0,e0) then segment 1 [s1,e1) minus
 // segment 0 (the DFlash union); tiles of TN keys, each within one segment.
 template <int TN>
@@ -258,12 +423,18 @@ using KeySegs = KeySegsT<BN>;
 
 // cp.async key tile i of `segs` from k and v into buffer `buf` of sK and sV
 // ([2][TN][D+8] each).
-template <int D, int TN = BN>
+// CM: core-matrix tiles ([2][TN][D] each) for wgmma.
+template <int D, int TN = BN, bool CM = false>
 __device__ __forceinline__ void load_kv_tile(bf16 *sK, bf16 *sV, const bf16 *k, const bf16 *v,
                                              const KeySegsT<TN> &segs, int i, int buf, int Hkv, int hkv) {
-    constexpr int SD = D + 8;
-    load_keys<D, TN>(sK + buf * TN * SD, k, segs.start(i), segs.end(i), Hkv, hkv);
-    load_keys<D, TN>(sV + buf * TN * SD, v, segs.start(i), segs.end(i), Hkv, hkv);
+    if constexpr (CM) {
+        load_keys_cm<D, TN>(sK + buf * TN * D, k, segs.start(i), segs.end(i), Hkv, hkv);
+        load_keys_cm<D, TN>(sV + buf * TN * D, v, segs.start(i), segs.end(i), Hkv, hkv);
+    } else {
+        constexpr int SD = D + 8;
+        load_keys<D, TN>(sK + buf * TN * SD, k, segs.start(i), segs.end(i), Hkv, hkv);
+        load_keys<D, TN>(sV + buf * TN * SD, v, segs.start(i), segs.end(i), Hkv, hkv);
+    }
 }
 
 // Exclusive prefix sums out[0..n] (out[n] = total) of val(0..n-1), by one
@@ -291,6 +462,18 @@ __device__ void block_scan_exclusive(int *out, int n, F val) {
         run += val(i);
     }
     if (tid == nt - 1) out[n] = part[nt - 1];
+}
+
+// The forward attention kernels on wgmma (flash_fwd_cta's WGS path)? Only
+// on a 9.0 device (the sm_90a code) and for D = 64 or 128; opted into with
+// DFLASH_CUDA_WGMMA=1 until a GPU run has measured it against mma.sync
+// (=3: the causal kernel with three warpgroups a CTA instead of two).
+// Read at every call, so that a test can run both paths in one process.
+// Returns 0 (mma.sync), or the warpgroups a causal CTA should have.
+static inline int use_wgmma(int64_t D) {
+    const char *s = getenv("DFLASH_CUDA_WGMMA");
+    if (!g_cuda.sm90 || (D != 64 && D != 128) || !s || !*s || strcmp(s, "0") == 0) return 0;
+    return strcmp(s, "3") == 0 ? 3 : 2;
 }
 
 // Raise a kernel's dynamic shared memory limit once, when it needs > 48 KiB.
@@ -333,6 +516,9 @@ using FwdSegs = KeySegsT<FWD_KEYS<D>>;
 
 template <int D, int ROWS = BM>
 constexpr size_t fwd_smem_bytes() { return (size_t)(ROWS + 4 * FWD_KEYS<D>) * (D + 8) * sizeof(bf16); }
+// the wgmma path's (core-matrix tiles, no padding; D = 64 or 128)
+template <int D, int ROWS>
+constexpr size_t fwd_wg_smem_bytes() { return (size_t)(ROWS + 4 * BN) * D * sizeof(bf16); }
 
 // A CTA of 4 warps (NTHREADS), each with MB blocks of 16 rows (rows
 // warp*16*MB + m*16 + ..): MB = 1 (64 rows) for the DFlash forward, whose
@@ -341,18 +527,27 @@ constexpr size_t fwd_smem_bytes() { return (size_t)(ROWS + 4 * FWD_KEYS<D>) * (D
 // ldmatrix traffic per product and give each warp two independent chains
 // (the kernel is latency-bound at 16 rows a warp), and a K/V tile in
 // shared memory serves 128 rows: half the L2 traffic.
-template <int D, bool CAUSAL, int MB = 1>
+//
+// WGS > 0: the wgmma path (D = 64 or 128, MB = 1): WGS warpgroups (4*WGS
+// warps, 64*WGS rows) whose products S = Q K^T and O += P V are warpgroup
+// wgmmas on core-matrix tiles (Q and K/V from shared memory, P from
+// registers); the masks and the online softmax are the same code, on the
+// same fragments.
+template <int D, bool CAUSAL, int MB = 1, int WGS = 0>
 __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                               int Hq, int Hkv, int G, int64_t tok0, int rows_total, int r0, int hkv,
                                               const FwdSegs<D> &segs, int64_t kbase, float scale_log2) {
-    constexpr int SD = D + 8, ND = D / 8, KS = D / 16, ROWS = BM * MB;
+    constexpr bool WG = WGS > 0;
+    static_assert(!WG || (MB == 1 && (D == 64 || D == 128)), "wgmma: one row block a warp, D 64 or 128");
+    constexpr int SD = WG ? D : D + 8, ND = D / 8, KS = D / 16, ROWS = WG ? 64 * WGS : BM * MB;
     constexpr int TN = FWD_KEYS<D>, NB = TN / 8; // keys per tile, 8-key score fragments
-    constexpr bool QREG = FWD_Q_IN_REGS<D> && MB == 1;
+    constexpr bool QREG = FWD_Q_IN_REGS<D> && MB == 1 && !WG;
     DYN_SMEM(bf16, sQ);
     bf16 *sK = sQ + ROWS * SD; // [2][TN][SD]
     bf16 *sV = sK + 2 * TN * SD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    const bf16 *sQw = sQ + warp * 16 * MB * SD; // this warp's 16*MB rows
+    const bf16 *sQw = sQ + warp * 16 * MB * SD; // this warp's 16*MB rows (mma.sync)
+    const bf16 *sQg = sQ + (warp / 4) * 64 * D;  // this warpgroup's 64 rows (wgmma)
 
     // this thread's rows: row block m, rows g and g+8 of it
     const int row0 = r0 + warp * 16 * MB + g; // + m*16 + 8h
@@ -366,8 +561,9 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
     const int64_t pos_min = r0 / G;
 
     const int nt = segs.ntiles();
-    load_qrows<D>(sQ, ROWS, q, tok0, r0, rows_total, G, hkv, Hq);
-    if (nt > 0) load_kv_tile<D, TN>(sK, sV, k, v, segs, 0, 0, Hkv, hkv);
+    if constexpr (WG) load_qrows_cm<D>(sQ, ROWS, q, tok0, r0, rows_total, G, hkv, Hq);
+    else load_qrows<D>(sQ, ROWS, q, tok0, r0, rows_total, G, hkv, Hq);
+    if (nt > 0) load_kv_tile<D, TN, WG>(sK, sV, k, v, segs, 0, 0, Hkv, hkv);
     cp_async_commit();
 
     float o[MB][ND][4];
@@ -380,7 +576,8 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 
     for (int it = 0; it < nt; it++) {
         const int buf = it & 1;
-        pipeline_step(it + 1 < nt, [&] { load_kv_tile<D, TN>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
+        pipeline_step<WG>(it + 1 < nt,
+                          [&] { load_kv_tile<D, TN, WG>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
         if constexpr (QREG) {
             if (it == 0) {
 #pragma unroll
@@ -392,6 +589,15 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 
         // S = Q K^T for 16*MB rows x TN keys
         float s[MB][NB][4];
+        if constexpr (WG) { // the warpgroup's 64 rows: K-major A (Q) and B^T (K) tiles, 16 columns a step
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                wgmma_ss<TN>(&s[0][0][0], wg_desc(sQg + ks * 128, 128, D * 16), wg_desc(kt + ks * 128, 128, D * 16),
+                             ks);
+            wg_commit();
+            wg_wait0();
+        } else {
 #pragma unroll
         for (int m = 0; m < MB; m++) zero_frags<NB>(s[m]);
 #pragma unroll
@@ -404,6 +610,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
                 for (int m = 0; m < MB; m++) load_a<SD>(a[m], sQw + m * 16 * SD, ks);
                 mma_tile_rows<MB, NB, SD, false>(s, a, kt, ks);
             }
+        }
         }
 
         // mask, online softmax in log2 units. Most tiles lie inside their
@@ -473,12 +680,25 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         }
 
         // O += P V
+        if constexpr (WG) { // P from registers (its own A fragments, all converted before the first
+                            // product reads them), V as an N-major B, 16 keys a step
+            uint32_t a[NB / 2][4];
+#pragma unroll
+            for (int kk = 0; kk < NB / 2; kk++) c_to_a(a[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < NB / 2; kk++)
+                wgmma_rs_t<D>(&o[0][0][0], a[kk], wg_desc(vt + kk * 16 * D, D * 16, 128), 1);
+            wg_commit();
+            wg_wait0();
+        } else {
 #pragma unroll
         for (int kk = 0; kk < NB / 2; kk++) {
             uint32_t a[MB][4];
 #pragma unroll
             for (int m = 0; m < MB; m++) c_to_a(a[m], s[m][2 * kk], s[m][2 * kk + 1]);
             mma_tile_rows<MB, ND, SD, true>(o, a, vt, kk);
+        }
         }
         __syncthreads(); // the next iteration's prefetch overwrites this buffer
     }

@@ -103,6 +103,20 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                             0, scale_log2);
 }
 
+// the same on wgmma: one warpgroup a CTA (flash_fwd_cta's WGS path)
+template <int D>
+__global__ void __launch_bounds__(128, 2)
+    attn_dflash_wg_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
+                          int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale_log2) {
+    int j = nblk - 1 - (int)blockIdx.x;
+    int64_t r[4];
+    block_ranges(blocks[j], B, NK, r);
+    FwdSegs<D> segs;
+    segs.init(r[0], r[1], r[2], r[3]);
+    flash_fwd_cta<D, false, 1, 1>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM, blockIdx.y,
+                                  segs, 0, scale_log2);
+}
+
 // ---------------------------------------------------------------------------
 // CUDA kernels: backward helpers
 
@@ -584,16 +598,18 @@ void attn::build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, 
     LAUNCH_CHECK();
 }
 
-template <int D>
+template <int D, bool WG = false>
 static void launch_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
                        int64_t nblk, int B, int64_t NK, int Hq, int Hkv) {
     int G = Hq / Hkv;
-    size_t smem = fwd_smem_bytes<D>();
+    size_t smem = WG ? fwd_wg_smem_bytes<D, BM>() : fwd_smem_bytes<D>();
+    auto kernel = attn_dflash_kernel<D>;
+    if constexpr (WG) kernel = attn_dflash_wg_kernel<D>;
     static int once = 0;
-    if (!once) allow_smem(attn_dflash_kernel<D>, smem), once = 1;
+    if (!once) allow_smem(kernel, smem), once = 1;
     dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)CEIL_DIV(B * G, BM));
-    KLAUNCH(attn_dflash_kernel<D>, grid, NTHREADS, smem)(out, lse, q, k, v, blocks, (int)nblk, B, NK, Hq,
-                                                                   Hkv, G, LOG2E / sqrtf((float)D));
+    KLAUNCH(kernel, grid, NTHREADS, smem)(out, lse, q, k, v, blocks, (int)nblk, B, NK, Hq, Hkv, G,
+                                          LOG2E / sqrtf((float)D));
     LAUNCH_CHECK();
 }
 
@@ -607,7 +623,10 @@ void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
-    if (!g_cuda.simple && aligned && D == 128) launch_fwd<128>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    if (!g_cuda.simple && aligned && use_wgmma(D)) {
+        if (D == 128) launch_fwd<128, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+        else launch_fwd<64, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    } else if (!g_cuda.simple && aligned && D == 128) launch_fwd<128>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 256) launch_fwd<256>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 64) launch_fwd<64>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);

@@ -176,6 +176,7 @@ extern "C" int dfl_ops_cuda(int dev, const dfl_ops **out) {
     memset(&g_cuda, 0, sizeof g_cuda);
     g_cuda.dev = dev;
     g_cuda.sm_count = prop.multiProcessorCount;
+    g_cuda.sm90 = prop.major == 9 && prop.minor == 0;
     g_cuda.smem_optin = prop.sharedMemPerBlockOptin;
     int pools = 0;
     if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) != cudaSuccess) {

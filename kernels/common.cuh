@@ -93,6 +93,7 @@ struct dfl_cuda_state {
     int64_t lmhead_rows;  // DFLASH_CUDA_LMHEAD_ROWS=n: rows per LM-head chunk (tests)
     int64_t conv_rows;    // DFLASH_CUDA_CONV_ROWS=n: rows per conv1d_silu thread (tests)
     int no_grouped;       // DFLASH_CUDA_NO_GROUPED=1: matmul_grouped as one GEMM per group
+    int sm90;             // a compute capability 9.0 device (the sm_90a code, wgmma, runs)
 };
 extern dfl_cuda_state g_cuda;
 

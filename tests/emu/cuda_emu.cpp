@@ -10,7 +10,7 @@
 
 namespace emu {
 
-enum { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
+enum { RUN, WAIT_BLOCK, WAIT_WARP, WAIT_WG, DONE };
 enum { OP_NONE, OP_SYNC, OP_SHFL, OP_BALLOT, OP_LDSM, OP_LDSM_T, OP_MMA };
 
 // One cp.async in flight: it lands when its thread waits for its group.
@@ -44,6 +44,15 @@ struct Warp {
     void *out[32][4];
 };
 
+// One warpgroup's pending wgmma: operands of each of its 128 threads.
+struct WGroup {
+    int arrived, N;
+    bool tnsp_b, scale_d, a_smem;
+    uint64_t a_desc, b_desc;
+    uint32_t a[128][4];
+    float *d[128];
+};
+
 Fiber *cur;
 emu_uint3 g_block;
 dim3 g_blockdim, g_griddim;
@@ -51,6 +60,7 @@ dim3 g_blockdim, g_griddim;
 static const size_t STACK = 256 << 10;
 static std::vector<Fiber> fibers;
 static std::vector<Warp> warps;
+static std::vector<WGroup> wgroups;
 static jmp_buf sched;
 static int nthreads, block_arrived, done_count;
 static Body *body;
@@ -186,19 +196,27 @@ void cp_async_wait(int n) {
     maybe_yield();
 }
 
-// warp w reads the 16 bytes at p with ldmatrix
-static void check_read(const void *p, int w) {
-    if ((uintptr_t)p % 16) die("ldmatrix row address not 16-byte aligned");
+// warp w reads the 16 bytes at p (with ldmatrix, or as one of a warpgroup's
+// four warps whose wgmma reads them)
+static void check_read(const void *p, int w, const char *who = "ldmatrix") {
+    char msg[256];
+    if ((uintptr_t)p % 16) {
+        snprintf(msg, sizeof msg, "%s row address not 16-byte aligned", who);
+        die(msg);
+    }
     Granule *g = granule(p);
     if (!g) return;
-    if (g->w_done == PENDING)
-        race("ldmatrix reads bytes whose cp.async has not landed (no cp.async.wait_group covers it yet)", g->w_tid);
-    else if (g->w_done == g_epoch) {
+    if (g->w_done == PENDING) {
+        snprintf(msg, sizeof msg, "%s reads bytes whose cp.async has not landed (no cp.async.wait_group covers it yet)",
+                 who);
+        race(msg, g->w_tid);
+    } else if (g->w_done == g_epoch) {
         const int ww = fibers[g->w_tid].warp;
-        if (ww != w || g->w_wsync == warps[w].wsync)
-            race("ldmatrix reads another thread's cp.async data in the barrier interval of its wait: a "
-                 "__syncthreads (or __syncwarp) is missing after the wait",
-                 g->w_tid);
+        if (ww != w || g->w_wsync == warps[w].wsync) {
+            snprintf(msg, sizeof msg, "%s reads another thread's cp.async data in the barrier interval of its wait: a "
+                     "__syncthreads (or __syncwarp) is missing after the wait", who);
+            race(msg, g->w_tid);
+        }
     }
     if (g->r_epoch != g_epoch) g->r_epoch = g_epoch, g->r_warps = 0;
     g->r_warps |= 1u << w;
@@ -300,6 +318,92 @@ static float bf(uint16_t h) {
     return __bfloat162float(b);
 }
 
+// ---- wgmma ------------------------------------------------------------------------
+
+uint32_t smem_addr(const void *p) {
+    const unsigned char *c = (const unsigned char *)p;
+    if (!smem_buf || c < smem_buf || c >= smem_buf + SMEM_MAX) die("a shared-memory address outside dynamic shared memory");
+    return (uint32_t)(c - smem_buf);
+}
+
+// Element (r, k) of an operand whose 8x8 core matrices (8 rows of 16 bytes)
+// a descriptor places: r along M or N, k along K. K-major (canonical
+// ((8,m),(8,2k)):((8,SBO),(1,LBO)) in bf16 elements): a core matrix's rows
+// are 8 values of r, each holding 8 consecutive k; MN-major
+// (((8,1,m),(8,k)):((1,8,SBO),(8,LBO))): its rows are 8 values of k, each
+// holding 8 consecutive r. Either way SBO steps r by 8 and LBO steps k by 8.
+static float desc_elem(uint64_t desc, bool mn_major, int r, int k, int warp0) {
+    if (desc >> 62) die("wgmma: a swizzled shared-memory layout (only no-swizzle is emulated)");
+    if ((desc >> 49) & 7) die("wgmma: a non-zero matrix base offset");
+    const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4,
+                   sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4;
+    uint32_t off = start + (uint32_t)(r / 8) * sbo + (uint32_t)(k / 8) * lbo;
+    off += mn_major ? (uint32_t)(k % 8) * 16 + (uint32_t)(r % 8) * 2 : (uint32_t)(r % 8) * 16 + (uint32_t)(k % 8) * 2;
+    if (off + 2 > SMEM_MAX) die("wgmma: an operand past the end of shared memory");
+    const unsigned char *p = smem_buf + off;
+    for (int w = 0; w < 4; w++) check_read(p - (off % 16), warp0 + w, "wgmma"); // its 16-byte row, all four warps
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return bf(h);
+}
+
+static void compute_wgroup(WGroup &g, int wg) {
+    const int N = g.N;
+    std::vector<float> A(64 * 16), B(16 * N), D(64 * N);
+    for (int t = 0; t < 128; t++) { // the accumulator and register layouts: mma.sync's, warp w on rows 16w..
+        const int w = t / 32, l = t % 32, r = 16 * w + l / 4, c = l % 4;
+        if (!g.a_smem) {
+            const uint32_t *a = g.a[t];
+            A[r * 16 + 2 * c] = bf(a[0] & 0xffff), A[r * 16 + 2 * c + 1] = bf(a[0] >> 16);
+            A[(r + 8) * 16 + 2 * c] = bf(a[1] & 0xffff), A[(r + 8) * 16 + 2 * c + 1] = bf(a[1] >> 16);
+            A[r * 16 + 2 * c + 8] = bf(a[2] & 0xffff), A[r * 16 + 2 * c + 9] = bf(a[2] >> 16);
+            A[(r + 8) * 16 + 2 * c + 8] = bf(a[3] & 0xffff), A[(r + 8) * 16 + 2 * c + 9] = bf(a[3] >> 16);
+        }
+        for (int i = 0; i < N / 8; i++)
+            for (int e = 0; e < 4; e++)
+                D[(r + 8 * (e / 2)) * N + 8 * i + 2 * c + e % 2] = g.scale_d ? g.d[t][4 * i + e] : 0.0f;
+    }
+    if (g.a_smem)
+        for (int m = 0; m < 64; m++)
+            for (int k = 0; k < 16; k++) A[m * 16 + k] = desc_elem(g.a_desc, false, m, k, 4 * wg);
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < N; n++) B[k * N + n] = desc_elem(g.b_desc, g.tnsp_b, n, k, 4 * wg);
+    for (int m = 0; m < 64; m++)
+        for (int n = 0; n < N; n++) {
+            float s = D[m * N + n];
+            for (int k = 0; k < 16; k++) s += A[m * 16 + k] * B[k * N + n];
+            D[m * N + n] = s;
+        }
+    for (int t = 0; t < 128; t++) {
+        const int w = t / 32, l = t % 32, r = 16 * w + l / 4, c = l % 4;
+        for (int i = 0; i < N / 8; i++)
+            for (int e = 0; e < 4; e++) g.d[t][4 * i + e] = D[(r + 8 * (e / 2)) * N + 8 * i + 2 * c + e % 2];
+    }
+}
+
+void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t b_desc, bool tnsp_b, bool scale_d) {
+    if (N < 8 || N > 256 || N % 8) die("wgmma: N not a multiple of 8 in [8, 256]");
+    const int t = fiber_index(cur), wg = t / 128;
+    if ((size_t)(wg + 1) * 128 > (size_t)nthreads) die("wgmma in a partial warpgroup");
+    WGroup &g = wgroups[wg];
+    if (g.arrived == 0) {
+        g.N = N, g.tnsp_b = tnsp_b, g.scale_d = scale_d, g.a_smem = a == NULL, g.a_desc = a_desc, g.b_desc = b_desc;
+    } else if (g.N != N || g.tnsp_b != tnsp_b || g.scale_d != scale_d || g.a_smem != (a == NULL) ||
+               (a == NULL && g.a_desc != a_desc) || g.b_desc != b_desc) {
+        die("wgmma: the threads of a warpgroup disagree on its shape, flags or descriptors");
+    }
+    if (a) memcpy(g.a[t % 128], a, sizeof g.a[0]);
+    g.d[t % 128] = d;
+    cur->state = WAIT_WG;
+    if (++g.arrived == 128) {
+        compute_wgroup(g, wg);
+        g.arrived = 0;
+        for (int i = 128 * wg; i < 128 * wg + 128; i++)
+            if (fibers[i].state == WAIT_WG) fibers[i].state = RUN;
+    }
+    yield();
+}
+
 static void compute_warp(Warp &w, int wi) {
     (void)wi;
     if ((w.op == OP_LDSM || w.op == OP_LDSM_T || w.op == OP_MMA || w.op == OP_SHFL) && w.size != 32)
@@ -389,6 +493,7 @@ static void run_block() {
     g_epoch++; // nothing of the previous block is in this block's epochs
     for (size_t i = 0; i < warps.size(); i++)
         warps[i].arrived = warps[i].done = 0, warps[i].op = OP_NONE, warps[i].wsync = 0;
+    for (auto &g : wgroups) g.arrived = 0;
     for (int i = 0; i < nthreads; i++) {
         Fiber &f = fibers[i];
         f.state = RUN;
@@ -480,6 +585,7 @@ void run_grid(dim3 grid, dim3 block, size_t smem, Body *b, const void *fn) {
     }
     nthreads = (int)n;
     warps.assign((n + 31) / 32, Warp());
+    wgroups.resize((size_t)(n / 128));
     for (int i = 0; i < n; i++) {
         Fiber &f = fibers[i];
         f.tid.x = (unsigned)i % block.x;

@@ -12,7 +12,11 @@
 //   do a __syncthreads that some thread of the block exited before reaching
 //   and a full-mask warp collective with exited lanes.
 // - ldmatrix (.x4, .trans) and mma.sync m16n8k16 (bf16 in, f32 accumulate)
-//   follow the fragment layouts of the PTX ISA. cp.async is deferred: the
+//   follow the fragment layouts of the PTX ISA; so does wgmma m64nNk16
+//   (a warpgroup collective; its shared-memory operands by the canonical
+//   no-swizzle layouts of their descriptors, checked uniform across the
+//   warpgroup and read through the race detector), executed synchronously:
+//   a missing wgmma.wait_group is not seen here. cp.async is deferred: the
 //   16 bytes land only when the issuing thread's cp.async.wait_group covers
 //   its group (or the thread ends), so reading them earlier sees stale bytes.
 //   Dynamic shared memory is filled with 0xFF bytes (NaN in bf16 and f32)
@@ -136,6 +140,16 @@ uint32_t shfl_xor(uint32_t v, int o);
 uint32_t ballot(bool p);
 void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p, bool trans);
 void mma_m16n8k16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
+// wgmma.mma_async.m64nNk16 (bf16 in, f32 accumulate), a collective of the
+// 128 threads of a warpgroup (4 consecutive warps from a multiple of 4),
+// carried out at once: d[N/2] this thread's accumulators (added to when
+// scale_d), A from this thread's 4 registers a, or from shared memory by
+// a_desc when a is NULL; B from shared memory by b_desc, N-major when
+// tnsp_b. Descriptors as the PTX ISA defines them (start, leading and
+// stride byte offsets >> 4), no-swizzle layouts only, addresses in the
+// dynamic shared memory's window (smem_addr).
+void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t b_desc, bool tnsp_b, bool scale_d);
+uint32_t smem_addr(const void *p);
 void *dyn_smem();
 // cp.async 16 bytes (zeros when !valid), deferred to the wait that covers it
 void cp_async16(void *smem, const void *gmem, bool valid);

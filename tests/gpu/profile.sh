@@ -44,6 +44,16 @@ DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 >>"$LOG" 2>&1
 step "bench_train (plain, then profiled)"
 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 >>"$LOG" 2>&1
+step "bench_train, dq recomputing S and dP (DFLASH_CUDA_DS_MAX_MB=0; the default reads the stored dS)"
+DFLASH_CUDA_DS_MAX_MB=0 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
+for wg in 1 3; do
+    step "bench_extract, causal attention on wgmma (DFLASH_CUDA_WGMMA=$wg), plain then profiled"
+    DFLASH_CUDA_WGMMA=$wg "$B/gpu/bench_extract" --iters 3 2>&1 | tee -a "$LOG"
+    DFLASH_CUDA_WGMMA=$wg DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 >>"$LOG" 2>&1
+done
+step "bench_train, DFlash forward attention on wgmma (DFLASH_CUDA_WGMMA=1), plain then profiled"
+DFLASH_CUDA_WGMMA=1 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
+DFLASH_CUDA_WGMMA=1 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 >>"$LOG" 2>&1
 
 step "Qwen3.5-27B attention layer (head dim 256), tensor cores"
 make "${MAKEARGS[@]}" "$B/gpu/bench_gdn" >>"$LOG" 2>&1 && "$B/gpu/bench_gdn" --attn-only 2>&1 | tee -a "$LOG"

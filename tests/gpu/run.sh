@@ -243,11 +243,28 @@ if [ "$built" = 1 ]; then
         [ $rc -eq 0 ] && row "extraction incl. D2H of the 5 taps (pageable)" "$(value "$X" 'tokens/s') tok/s" \
             "non-finite sampled values: $(value "$X" 'non-finite')"
     fi
+    # the forward attention on wgmma (kernels/attention.cuh; opt-in until measured here)
+    for wg in 1 3; do
+        [ "$(left)" -gt 150 ] || break
+        DFLASH_CUDA_WGMMA=$wg bench bench_extract 120
+        [ $rc -eq 0 ] && row "the same extraction, causal attention on wgmma (DFLASH_CUDA_WGMMA=$wg)" \
+            "$(value "$X" 'tokens/s') tok/s" "MFU $(value "$X" 'MFU') %; $([ $wg = 3 ] && echo three || echo two) warpgroups a CTA"
+    done
     bench bench_train 150
     if [ $rc -eq 0 ]; then
         row "train step, Qwen3-8B drafter, 512 anchors x 16, 3072 tokens" "MFU $(value "$X" 'MFU') %" \
             "$(value "$X" 'step time s') s/step, $(value "$X" 'achieved TFLOP/s') TFLOP/s of $(value "$X" 'model TFLOP per step') TFLOP/step; goal 55 %; phases: fwd $(value "$X" 'phase forward') s, head $(value "$X" 'phase LM head') s, bwd $(value "$X" 'phase backward') s, opt $(value "$X" 'phase optimizer') s; GPU memory peak $peak (predicted ~29 GiB)"
     else row "train-step benchmark" "FAIL" "exit $rc; see bench.log"; fi
+    if [ "$(left)" -gt 130 ]; then # the DFlash forward on wgmma
+        DFLASH_CUDA_WGMMA=1 bench bench_train 150
+        [ $rc -eq 0 ] && row "the same step, DFlash forward attention on wgmma (DFLASH_CUDA_WGMMA=1)" \
+            "MFU $(value "$X" 'MFU') %" "$(value "$X" 'step time s') s/step; phase fwd $(value "$X" 'phase forward') s"
+    fi
+    if [ "$(left)" -gt 120 ]; then # the other dq kernel, for the record (kernels/attn_dflash.cu)
+        DFLASH_CUDA_DS_MAX_MB=0 bench bench_train 150
+        [ $rc -eq 0 ] && row "the same step, dq recomputing S and dP (DFLASH_CUDA_DS_MAX_MB=0)" \
+            "MFU $(value "$X" 'MFU') %" "$(value "$X" 'step time s') s/step; phase bwd $(value "$X" 'phase backward') s; GPU memory peak $peak"
+    fi
     # where the time goes: device time per op, product shape and attention
     # stage (DFLASH_CUDA_PROFILE=1, kernels/profile.cu), in bench.log
     if [ "$DRY" != 1 ] && [ "$(left)" -gt 100 ]; then

@@ -254,10 +254,12 @@ static void *dput(const void *host, int64_t n, ag_kind kind) { return ag_put(DEV
 static bytes schedule_run(void) {
     bytes b = {NULL, 0};
     dfl_rng_seed(&AG_RNG, 77);
-    /* DFlash attention forward and backward: tensor cores (D 64) and simple (D 40) */
+    /* DFlash attention forward and backward: tensor cores (D 64; the
+     * forward also on wgmma) and simple (D 40) */
     const int32_t ctx[] = {100, 80}, anc[] = {5, 3};
-    for (int pass = 0; pass < 2; pass++) {
-        dflash_shape s = dflash_layout(ctx, 2, anc, pass ? 5 : 16, 8, 2, pass ? 40 : 64);
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 2) setenv("DFLASH_CUDA_WGMMA", "1", 1);
+        dflash_shape s = dflash_layout(ctx, 2, anc, pass == 1 ? 5 : 16, 8, 2, pass == 1 ? 40 : 64);
         const int64_t nq = s.nblk * s.B, QN = nq * s.Hq * s.D, KN = s.NK * s.Hkv * s.D;
         float *hq = ag_randn(QN, 1), *hk = ag_randn(KN, 1), *hv = ag_randn(KN, 1), *hd = ag_randn(QN, 1);
         void *q = dput(hq, QN, AG_ACT), *k = dput(hk, KN, AG_ACT), *v = dput(hv, KN, AG_ACT);
@@ -271,11 +273,14 @@ static bytes schedule_run(void) {
         void *bufs[] = {q, k, v, dout, blk, out, lse, dq, dk, dv};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) DEV->free(bufs[i]);
         free(hq), free(hk), free(hv), free(hd), free(s.blocks);
+        unsetenv("DFLASH_CUDA_WGMMA");
     }
-    /* causal attention, tensor cores, G = 3 (D 64) and G = 6 (D 256) */
-    for (int pass = 0; pass < 2; pass++) {
+    /* causal attention, tensor cores, G = 3 (D 64, also on wgmma with two
+     * and three warpgroups) and G = 6 (D 256) */
+    for (int pass = 0; pass < 4; pass++) {
         const int32_t cu[] = {0, 17, 20, 84, 150};
-        const int64_t T = 150, Hq = 6, Hkv = pass ? 1 : 2, D = pass ? 256 : 64;
+        const int64_t T = 150, Hq = 6, Hkv = pass == 1 ? 1 : 2, D = pass == 1 ? 256 : 64;
+        if (pass >= 2) setenv("DFLASH_CUDA_WGMMA", pass == 2 ? "1" : "3", 1);
         float *hq = ag_randn(T * Hq * D, 1), *hk = ag_randn(T * Hkv * D, 1), *hv = ag_randn(T * Hkv * D, 1);
         void *q = dput(hq, T * Hq * D, AG_ACT), *k = dput(hk, T * Hkv * D, AG_ACT), *v = dput(hv, T * Hkv * D, AG_ACT);
         void *c = dput(cu, 5, AG_I32), *out = dput(NULL, T * Hq * D, AG_ACT);
@@ -283,6 +288,7 @@ static bytes schedule_run(void) {
         take(&b, out, T * Hq * D, AG_ACT);
         DEV->free(q), DEV->free(k), DEV->free(v), DEV->free(c), DEV->free(out);
         free(hq), free(hk), free(hv);
+        unsetenv("DFLASH_CUDA_WGMMA");
     }
     /* RMSNorm backward (per-warp shared rows), vector and scalar paths */
     for (int64_t dim = 37; dim <= 96; dim += 59) {
@@ -519,6 +525,17 @@ int main(void) {
     printf("CUDA backend%s%s\n", simple && strcmp(simple, "0") ? " (simple attention kernels)" : "",
            AG_BIG ? ", with the real-size shapes" : "");
     ops_agree_all(20261130);
+    /* the forward attention kernels again on wgmma (used on a 9.0 device
+     * only: elsewhere these repeat the mma.sync kernels), the causal one with
+     * two warpgroups a CTA and with three */
+    static const char *const wg[] = {"1", "3"};
+    for (int i = 0; i < 2; i++) {
+        setenv("DFLASH_CUDA_WGMMA", wg[i], 1);
+        printf("DFLASH_CUDA_WGMMA=%s\n", wg[i]);
+        AG_RUN(attn_causal_agrees);
+        if (i == 0) AG_RUN(attn_dflash_agrees);
+        unsetenv("DFLASH_CUDA_WGMMA");
+    }
     AG_RUN(sigmoid_mul_agrees);
     AG_RUN(conv1d_silu_agrees);
     AG_RUN(gated_delta_agrees);
