@@ -385,9 +385,9 @@ __global__ void __launch_bounds__(NTHREADS, 4)
 // ---------------------------------------------------------------------------
 // CUDA kernels: backward, dk and dv
 
-template <int D>
+template <int D, bool WG = false>
 constexpr size_t dkdv_smem_bytes() {
-    return (size_t)(2 * BN + 4 * BR) * (D + 8) * sizeof(bf16) + 4 * BR * sizeof(float) +
+    return (size_t)(2 * BN + 4 * BR) * (WG ? D : D + 8) * sizeof(bf16) + 4 * BR * sizeof(float) +
            (size_t)CHUNK * (5 * sizeof(int64_t) + sizeof(int));
 }
 
@@ -401,14 +401,21 @@ constexpr size_t dkdv_smem_bytes() {
 // between its chunks: D/8 threads a row, so 8 rows apart at D = 128).
 // Two CTAs a multiprocessor: 255 registers, 107 KiB of shared memory.
 // With ds (not NULL) it also stores each step's dS^T for the dq kernel.
-template <int D>
+//
+// WG: the four products on wgmma (the CTA is one warpgroup, its 64 keys the
+// M of every product): S^T and dP^T with K, V and Q, dO all from shared
+// memory (core-matrix tiles), dV and dK with P^T and dS^T from registers
+// and dO, Q as N-major operands. The pointwise part is the same code on the
+// same fragments.
+template <int D, bool WG = false>
 __global__ void __launch_bounds__(NTHREADS, 2)
     attn_dflash_dkdv_kernel(float *part_dk, float *part_dv, bf16 *ds, const KeyChunk *chunks, const int *list,
                             const int *tile_off, const bf16 *dout, const float *lse2p, const float *deltap,
                             const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks, int B, int64_t NK,
                             int Hq, int Hkv, int G, float scale_log2, float scale) {
-    constexpr int SD = D + 8, ND = D / 8, CPR = D / 8, NCH = BR * CPR / NTHREADS, NB = BR / 8;
+    constexpr int SD = WG ? D : D + 8, ND = D / 8, CPR = D / 8, NCH = BR * CPR / NTHREADS, NB = BR / 8;
     static_assert(BR * CPR % NTHREADS == 0 && BR % 16 == 0, "whole row chunks per thread");
+    static_assert(!WG || (BN == 64 && NTHREADS == 128), "wgmma: the CTA is one warpgroup, M = its 64 keys");
     DYN_SMEM(bf16, sK);
     bf16 *sV = sK + BN * SD;
     bf16 *sQ = sV + BN * SD, *sdO = sQ + 2 * BR * SD; // [2][BR][SD] each
@@ -422,8 +429,13 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     const int64_t kt0 = (int64_t)ch.tile * BN;
     const int rows_total = B * G, rtp = padded_rows(B, G), nrt = rtp / BR, total = ch.count * nrt;
 
-    load_keys<D>(sK, k, kt0, NK, Hkv, hkv);
-    load_keys<D>(sV, v, kt0, NK, Hkv, hkv);
+    if constexpr (WG) {
+        load_keys_cm<D, BN>(sK, k, kt0, NK, Hkv, hkv);
+        load_keys_cm<D, BN>(sV, v, kt0, NK, Hkv, hkv);
+    } else {
+        load_keys<D>(sK, k, kt0, NK, Hkv, hkv);
+        load_keys<D>(sV, v, kt0, NK, Hkv, hkv);
+    }
     for (int i = threadIdx.x; i < ch.count; i += NTHREADS) {
         const int jj = list[ch.first + i];
         sJ[i] = jj;
@@ -445,6 +457,17 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         const int bi = it / nrt, rr = (it % nrt) * BR, jj = sJ[bi];
         const int64_t tok0 = (int64_t)jj * B;
         bf16 *sq = sQ + buf * BR * SD, *sd = sdO + buf * BR * SD;
+        if constexpr (WG) { // core-matrix tiles: chunk c of the step in shared-memory order (load_qrows_cm)
+#pragma unroll
+            for (int n = 0; n < NCH; n++) {
+                const int c = threadIdx.x + n * NTHREADS, i = c / (8 * CPR) * 8 + c % 8, kk = c / 8 % CPR;
+                const int r = rr + i;
+                const bool ok = r < rows_total;
+                const int64_t off = ((tok0 + r / G) * Hq + (int64_t)hkv * G + r % G) * D + kk * 8;
+                cp_async16(sq + c * 8, ok ? q + off : q, ok);
+                cp_async16(sd + c * 8, ok ? dout + off : dout, ok);
+            }
+        } else {
         const int r0 = rr + ri, p0 = r0 / G, m0 = r0 % G;
 #pragma unroll
         for (int n = 0; n < NCH; n++) {
@@ -455,6 +478,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
             const int at = (ri + n * RSTEP) * SD + kc * 8;
             cp_async16(sq + at, ok ? q + off : q, ok);
             cp_async16(sd + at, ok ? dout + off : dout, ok);
+        }
         }
         const int64_t sb = ((int64_t)jj * Hkv + hkv) * rtp + rr;
         if (threadIdx.x < BR / 4) cp_async16(sL + buf * BR + 4 * threadIdx.x, lse2p + sb + 4 * threadIdx.x, true);
@@ -473,7 +497,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 
     for (int it = 0; it < total; it++) {
         const int buf = it & 1;
-        pipeline_step(it + 1 < total, [&] { issue(it + 1, buf ^ 1); });
+        pipeline_step<WG>(it + 1 < total, [&] { issue(it + 1, buf ^ 1); });
         const int64_t *rg = sRg + 4 * (it / nrt);
         const bool vis[2] = {key[0] < NK && sees(rg, key[0]), key[1] < NK && sees(rg, key[1])};
         const bf16 *qt = sQ + buf * BR * SD, *ot = sdO + buf * BR * SD;
@@ -481,7 +505,19 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 
         // S^T = K Q^T and dP^T = V dO^T: this warp's 16 K and V rows against the step's BR rows
         float st[NB][4], dpt[NB][4];
-        two_scores<NB, D>(st, dpt, sK + warp * 16 * SD, sV + warp * 16 * SD, qt, ot);
+        if constexpr (WG) { // M = the 64 keys, N = the step's rows, 16 columns a step
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) {
+                wgmma_ss<BR>(&st[0][0], wg_desc(sK + ks * 128, 128, D * 16), wg_desc(qt + ks * 128, 128, D * 16), ks);
+                wgmma_ss<BR>(&dpt[0][0], wg_desc(sV + ks * 128, 128, D * 16), wg_desc(ot + ks * 128, 128, D * 16),
+                             ks);
+            }
+            wg_commit();
+            wg_wait0();
+        } else {
+            two_scores<NB, D>(st, dpt, sK + warp * 16 * SD, sV + warp * 16 * SD, qt, ot);
+        }
         // P^T on visible keys (padded rows: lse +inf, P 0); dS^T = P^T (dP^T - delta) into dpt
 #pragma unroll
         for (int nb = 0; nb < NB; nb++) {
@@ -506,6 +542,21 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                 }
         }
         // dV += P^T dO, dK += dS^T Q
+        if constexpr (WG) { // 16 rows a step; each product's A fragments all converted before it is issued
+            uint32_t ap[NB / 2][4], ad[NB / 2][4];
+#pragma unroll
+            for (int kk = 0; kk < NB / 2; kk++) c_to_a(ap[kk], st[2 * kk], st[2 * kk + 1]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < NB / 2; kk++) wgmma_rs_t<D>(&dv[0][0], ap[kk], wg_desc(ot + kk * 16 * D, D * 16, 128), 1);
+#pragma unroll
+            for (int kk = 0; kk < NB / 2; kk++) c_to_a(ad[kk], dpt[2 * kk], dpt[2 * kk + 1]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < NB / 2; kk++) wgmma_rs_t<D>(&dk[0][0], ad[kk], wg_desc(qt + kk * 16 * D, D * 16, 128), 1);
+            wg_commit();
+            wg_wait0();
+        } else {
 #pragma unroll
         for (int kk = 0; kk < NB / 2; kk++) {
             uint32_t ap[4], ad[4];
@@ -513,6 +564,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
             c_to_a(ad, dpt[2 * kk], dpt[2 * kk + 1]);
             mma_tile<ND, SD, true>(dv, ap, ot, kk);
             mma_tile<ND, SD, true>(dk, ad, qt, kk);
+        }
         }
         __syncthreads();
     }
@@ -675,13 +727,15 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
     if (tl && tl->nchunks > 0) {
         size_t part_elems = (size_t)tl->nchunks * Hkv * BN * D;
         float *part = (float *)cuda_scratch(SCRATCH_PART, 2 * part_elems * sizeof(float));
-        size_t smem = dkdv_smem_bytes<D>();
-        static int once = 0;
-        if (!once) allow_smem(attn_dflash_dkdv_kernel<D>, smem), once = 1;
+        const bool wg = use_wgmma(D) != 0;
+        size_t smem = wg ? dkdv_smem_bytes<D, true>() : dkdv_smem_bytes<D>();
+        auto kernel = wg ? attn_dflash_dkdv_kernel<D, true> : attn_dflash_dkdv_kernel<D>;
+        static int once[2];
+        if (!once[wg]) allow_smem(kernel, smem), once[wg] = 1;
         dim3 grid((unsigned)tl->nchunks, (unsigned)Hkv);
         {
-            cuda_prof_scope ps("k attn_dflash_bwd: dk dv partials");
-            KLAUNCH(attn_dflash_dkdv_kernel<D>, grid, NTHREADS, smem)(
+            cuda_prof_scope ps(wg ? "k attn_dflash_bwd: dk dv partials (wgmma)" : "k attn_dflash_bwd: dk dv partials");
+            KLAUNCH(kernel, grid, NTHREADS, smem)(
                 part, part + part_elems, ds, tl->chunks, tl->list, tl->tile_off, dout, lse2p, deltap, q, k, v, blocks,
                 B, NK, Hq, Hkv, G, scale_log2, scale);
             LAUNCH_CHECK();
