@@ -464,7 +464,8 @@ __device__ void block_scan_exclusive(int *out, int n, F val) {
     if (tid == nt - 1) out[n] = part[nt - 1];
 }
 
-// The forward attention kernels on wgmma (flash_fwd_cta's WGS path)? Only
+// The attention kernels on wgmma (flash_fwd_cta's WGS path, the DFlash dk/dv
+// kernel's WG path)? Only
 // on a 9.0 device (the sm_90a code) and for D = 64 or 128; opted into with
 // DFLASH_CUDA_WGMMA=1 until a GPU run has measured it against mma.sync
 // (=3: the causal kernel with three warpgroups a CTA instead of two).

@@ -51,7 +51,7 @@ for wg in 1 3; do
     DFLASH_CUDA_WGMMA=$wg "$B/gpu/bench_extract" --iters 3 2>&1 | tee -a "$LOG"
     DFLASH_CUDA_WGMMA=$wg DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 >>"$LOG" 2>&1
 done
-step "bench_train, DFlash forward attention on wgmma (DFLASH_CUDA_WGMMA=1), plain then profiled"
+step "bench_train, DFlash attention forward and dk/dv on wgmma (DFLASH_CUDA_WGMMA=1), plain then profiled"
 DFLASH_CUDA_WGMMA=1 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_WGMMA=1 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 >>"$LOG" 2>&1
 

@@ -257,8 +257,8 @@ if [ "$built" = 1 ]; then
     else row "train-step benchmark" "FAIL" "exit $rc; see bench.log"; fi
     if [ "$(left)" -gt 130 ]; then # the DFlash forward on wgmma
         DFLASH_CUDA_WGMMA=1 bench bench_train 150
-        [ $rc -eq 0 ] && row "the same step, DFlash forward attention on wgmma (DFLASH_CUDA_WGMMA=1)" \
-            "MFU $(value "$X" 'MFU') %" "$(value "$X" 'step time s') s/step; phase fwd $(value "$X" 'phase forward') s"
+        [ $rc -eq 0 ] && row "the same step, DFlash attention forward and dk/dv on wgmma (DFLASH_CUDA_WGMMA=1)" \
+            "MFU $(value "$X" 'MFU') %" "$(value "$X" 'step time s') s/step; phases fwd $(value "$X" 'phase forward') s, bwd $(value "$X" 'phase backward') s"
     fi
     if [ "$(left)" -gt 120 ]; then # the other dq kernel, for the record (kernels/attn_dflash.cu)
         DFLASH_CUDA_DS_MAX_MB=0 bench bench_train 150
