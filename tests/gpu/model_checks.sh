@@ -58,6 +58,17 @@ for cfg in tiny small; do
     fi
     cat "$T/cmp"
 done
+# the same small step with the attention on wgmma (DFLASH_CUDA_WGMMA=1, experimental)
+if [ "$DEV" = cuda ]; then
+    : >"$T/cmp"
+    if DFLASH_CUDA_WGMMA=1 "$BENCH" --device cuda --small --grad-out "$T/g-wg.bin" &&
+        $CMP grads "$T/g-cpu-small.bin" "$T/g-wg.bin" 2e-3 >"$T/cmp" 2>&1; then
+        result "model: drafter step gradients, bench_train --small, DFLASH_CUDA_WGMMA=1" "ok" "$(cat "$T/cmp")"
+    else
+        result "model: drafter step gradients, bench_train --small, DFLASH_CUDA_WGMMA=1" "FAIL" "$(cat "$T/cmp")"
+    fi
+    cat "$T/cmp"
+fi
 
 MKT=$BUILD/tests/mktarget
 if [ ! -x "$MKT" ] || ! command -v dflash-extract >/dev/null; then
