@@ -465,10 +465,10 @@ __device__ void block_scan_exclusive(int *out, int n, F val) {
 }
 
 // The attention kernels on wgmma (flash_fwd_cta's WGS path, the DFlash dk/dv
-// kernel's WG path)? Only
-// on a 9.0 device (the sm_90a code) and for D = 64 or 128; opted into with
-// DFLASH_CUDA_WGMMA=1 until a GPU run has measured it against mma.sync
-// (=3: the causal kernel with three warpgroups a CTA instead of two).
+// kernel's WG path)? Only on a 9.0 device (the sm_90a code) and for D = 64
+// or 128; opted into with DFLASH_CUDA_WGMMA=1 until a GPU run has measured
+// it against mma.sync (=3: the causal kernel with three warpgroups a CTA
+// instead of two).
 // Read at every call, so that a test can run both paths in one process.
 // Returns 0 (mma.sync), or the warpgroups a causal CTA should have.
 static inline int use_wgmma(int64_t D) {
@@ -600,18 +600,18 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
             wg_wait0();
         } else {
 #pragma unroll
-        for (int m = 0; m < MB; m++) zero_frags<NB>(s[m]);
+            for (int m = 0; m < MB; m++) zero_frags<NB>(s[m]);
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            if constexpr (QREG) {
-                mma_tile_rows<1, NB, SD, false>(s, &qf[ks], kt, ks);
-            } else {
-                uint32_t a[MB][4];
+            for (int ks = 0; ks < KS; ks++) {
+                if constexpr (QREG) {
+                    mma_tile_rows<1, NB, SD, false>(s, &qf[ks], kt, ks);
+                } else {
+                    uint32_t a[MB][4];
 #pragma unroll
-                for (int m = 0; m < MB; m++) load_a<SD>(a[m], sQw + m * 16 * SD, ks);
-                mma_tile_rows<MB, NB, SD, false>(s, a, kt, ks);
+                    for (int m = 0; m < MB; m++) load_a<SD>(a[m], sQw + m * 16 * SD, ks);
+                    mma_tile_rows<MB, NB, SD, false>(s, a, kt, ks);
+                }
             }
-        }
         }
 
         // mask, online softmax in log2 units. Most tiles lie inside their
@@ -694,12 +694,12 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
             wg_wait0();
         } else {
 #pragma unroll
-        for (int kk = 0; kk < NB / 2; kk++) {
-            uint32_t a[MB][4];
+            for (int kk = 0; kk < NB / 2; kk++) {
+                uint32_t a[MB][4];
 #pragma unroll
-            for (int m = 0; m < MB; m++) c_to_a(a[m], s[m][2 * kk], s[m][2 * kk + 1]);
-            mma_tile_rows<MB, ND, SD, true>(o, a, vt, kk);
-        }
+                for (int m = 0; m < MB; m++) c_to_a(a[m], s[m][2 * kk], s[m][2 * kk + 1]);
+                mma_tile_rows<MB, ND, SD, true>(o, a, vt, kk);
+            }
         }
         __syncthreads(); // the next iteration's prefetch overwrites this buffer
     }

@@ -468,17 +468,17 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                 cp_async16(sd + c * 8, ok ? dout + off : dout, ok);
             }
         } else {
-        const int r0 = rr + ri, p0 = r0 / G, m0 = r0 % G;
+            const int r0 = rr + ri, p0 = r0 / G, m0 = r0 % G;
 #pragma unroll
-        for (int n = 0; n < NCH; n++) {
-            const int r = r0 + n * RSTEP;
-            const bool ok = r < rows_total;
-            const int pq = g_divides ? p0 + n * (RSTEP / G) : r / G, pm = g_divides ? m0 : r % G;
-            const int64_t off = ((tok0 + pq) * Hq + (int64_t)hkv * G + pm) * D + kc * 8;
-            const int at = (ri + n * RSTEP) * SD + kc * 8;
-            cp_async16(sq + at, ok ? q + off : q, ok);
-            cp_async16(sd + at, ok ? dout + off : dout, ok);
-        }
+            for (int n = 0; n < NCH; n++) {
+                const int r = r0 + n * RSTEP;
+                const bool ok = r < rows_total;
+                const int pq = g_divides ? p0 + n * (RSTEP / G) : r / G, pm = g_divides ? m0 : r % G;
+                const int64_t off = ((tok0 + pq) * Hq + (int64_t)hkv * G + pm) * D + kc * 8;
+                const int at = (ri + n * RSTEP) * SD + kc * 8;
+                cp_async16(sq + at, ok ? q + off : q, ok);
+                cp_async16(sd + at, ok ? dout + off : dout, ok);
+            }
         }
         const int64_t sb = ((int64_t)jj * Hkv + hkv) * rtp + rr;
         if (threadIdx.x < BR / 4) cp_async16(sL + buf * BR + 4 * threadIdx.x, lse2p + sb + 4 * threadIdx.x, true);
@@ -548,23 +548,25 @@ __global__ void __launch_bounds__(NTHREADS, 2)
             for (int kk = 0; kk < NB / 2; kk++) c_to_a(ap[kk], st[2 * kk], st[2 * kk + 1]);
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < NB / 2; kk++) wgmma_rs_t<D>(&dv[0][0], ap[kk], wg_desc(ot + kk * 16 * D, D * 16, 128), 1);
+            for (int kk = 0; kk < NB / 2; kk++)
+                wgmma_rs_t<D>(&dv[0][0], ap[kk], wg_desc(ot + kk * 16 * D, D * 16, 128), 1);
 #pragma unroll
             for (int kk = 0; kk < NB / 2; kk++) c_to_a(ad[kk], dpt[2 * kk], dpt[2 * kk + 1]);
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < NB / 2; kk++) wgmma_rs_t<D>(&dk[0][0], ad[kk], wg_desc(qt + kk * 16 * D, D * 16, 128), 1);
+            for (int kk = 0; kk < NB / 2; kk++)
+                wgmma_rs_t<D>(&dk[0][0], ad[kk], wg_desc(qt + kk * 16 * D, D * 16, 128), 1);
             wg_commit();
             wg_wait0();
         } else {
 #pragma unroll
-        for (int kk = 0; kk < NB / 2; kk++) {
-            uint32_t ap[4], ad[4];
-            c_to_a(ap, st[2 * kk], st[2 * kk + 1]);
-            c_to_a(ad, dpt[2 * kk], dpt[2 * kk + 1]);
-            mma_tile<ND, SD, true>(dv, ap, ot, kk);
-            mma_tile<ND, SD, true>(dk, ad, qt, kk);
-        }
+            for (int kk = 0; kk < NB / 2; kk++) {
+                uint32_t ap[4], ad[4];
+                c_to_a(ap, st[2 * kk], st[2 * kk + 1]);
+                c_to_a(ad, dpt[2 * kk], dpt[2 * kk + 1]);
+                mma_tile<ND, SD, true>(dv, ap, ot, kk);
+                mma_tile<ND, SD, true>(dk, ad, qt, kk);
+            }
         }
         __syncthreads();
     }
