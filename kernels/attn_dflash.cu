@@ -213,6 +213,26 @@ __global__ void block_tiles_scan_kernel(int *tile_off, const dfl_block *blocks, 
 // ---------------------------------------------------------------------------
 // CUDA kernels: backward, dq
 
+// dq += scale * acc on this thread's two rows (rows g and g+8 of its warp's
+// 16, each row belonging to one CTA alone); acc in the C fragment layout
+template <int D>
+__device__ __forceinline__ void add_dq_rows(bf16 *dq, const float (*acc)[4], const int *row, int rows_total,
+                                            int64_t tok0, int G, int hkv, int Hq, float scale) {
+    const int c = threadIdx.x % 4;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (row[h] >= rows_total) continue;
+        bf16 *drow = (bf16 *)row_ptr(dq, tok0, row[h], G, hkv, Hq, D);
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            __nv_bfloat162 *p = (__nv_bfloat162 *)(drow + nd * 8 + 2 * c);
+            DEV_CHECK_ALIGN(p, 4);
+            float2 old = __bfloat1622float2(*p);
+            *p = __floats2bfloat162_rn(old.x + scale * acc[nd][2 * h], old.y + scale * acc[nd][2 * h + 1]);
+        }
+    }
+}
+
 template <int D>
 constexpr size_t dq_smem_bytes() { return (size_t)(2 * BM + 4 * BN) * (D + 8) * sizeof(bf16); }
 
@@ -295,19 +315,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     }
     cp_async_wait<0>();
 
-    // dq += scale * acc (each row belongs to this CTA alone)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        if (row[h] >= rows_total) continue;
-        bf16 *drow = (bf16 *)row_ptr(dq, tok0, row[h], G, hkv, Hq, D);
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++) {
-            __nv_bfloat162 *p = (__nv_bfloat162 *)(drow + nd * 8 + 2 * c);
-            DEV_CHECK_ALIGN(p, 4);
-            float2 old = __bfloat1622float2(*p);
-            *p = __floats2bfloat162_rn(old.x + scale * acc[nd][2 * h], old.y + scale * acc[nd][2 * h + 1]);
-        }
-    }
+    add_dq_rows<D>(dq, acc, row, rows_total, tok0, G, hkv, Hq, scale);
 }
 
 // dq from the stored dS: CTA (block, KV head, 64 of its padded rows), one
@@ -328,7 +336,7 @@ __global__ void __launch_bounds__(NTHREADS, 4)
     constexpr int SD = D + 8, ND = D / 8;
     DYN_SMEM(bf16, sK);                // [2][BN][SD]
     bf16 *sS = sK + 2 * BN * SD;       // [2][BN][DSS]: keys x rows
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
     const int j = nblk - 1 - (int)blockIdx.x, hkv = blockIdx.y, r0 = blockIdx.z * BM;
     const int rows_total = B * G, rtp = padded_rows(B, G);
     const int64_t tok0 = (int64_t)j * B;
@@ -368,18 +376,7 @@ __global__ void __launch_bounds__(NTHREADS, 4)
     cp_async_wait<0>();
 
     const int row[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        if (row[h] >= rows_total) continue;
-        bf16 *drow = (bf16 *)row_ptr(dq, tok0, row[h], G, hkv, Hq, D);
-#pragma unroll
-        for (int nd = 0; nd < ND; nd++) {
-            __nv_bfloat162 *p = (__nv_bfloat162 *)(drow + nd * 8 + 2 * c);
-            DEV_CHECK_ALIGN(p, 4);
-            float2 old = __bfloat1622float2(*p);
-            *p = __floats2bfloat162_rn(old.x + scale * acc[nd][2 * h], old.y + scale * acc[nd][2 * h + 1]);
-        }
-    }
+    add_dq_rows<D>(dq, acc, row, rows_total, tok0, G, hkv, Hq, scale);
 }
 
 // ---------------------------------------------------------------------------
