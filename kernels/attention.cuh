@@ -248,6 +248,21 @@ __device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float
     a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// acc[D/2] += P · T over 16*NK2 rows of T: P = this warpgroup's 64 x 16*NK2
+// accumulator fragments p (NK2 pairs of 8-column blocks, rounded to bf16 as
+// A fragments, all converted before the first product reads them), T the
+// core-matrix tile t (16*NK2 rows of D) as an N-major B. Issued, not
+// committed: the caller commits and waits.
+template <int D, int NK2>
+__device__ __forceinline__ void wg_product_rs(float *acc, const float (*p)[4], const bf16 *t) {
+    uint32_t a[NK2][4];
+#pragma unroll
+    for (int kk = 0; kk < NK2; kk++) c_to_a(a[kk], p[2 * kk], p[2 * kk + 1]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < NK2; kk++) wgmma_rs_t<D>(acc, a[kk], wg_desc(t + kk * 16 * D, D * 16, 128), 1);
+}
+
 // n accumulator fragments set to zero
 template <int N>
 __device__ __forceinline__ void zero_frags(float (*c)[4]) {
@@ -681,15 +696,8 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         }
 
         // O += P V
-        if constexpr (WG) { // P from registers (its own A fragments, all converted before the first
-                            // product reads them), V as an N-major B, 16 keys a step
-            uint32_t a[NB / 2][4];
-#pragma unroll
-            for (int kk = 0; kk < NB / 2; kk++) c_to_a(a[kk], s[0][2 * kk], s[0][2 * kk + 1]);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < NB / 2; kk++)
-                wgmma_rs_t<D>(&o[0][0][0], a[kk], wg_desc(vt + kk * 16 * D, D * 16, 128), 1);
+        if constexpr (WG) { // P from registers, V as an N-major B, 16 keys a step
+            wg_product_rs<D, NB / 2>(&o[0][0][0], s[0], vt);
             wg_commit();
             wg_wait0();
         } else {

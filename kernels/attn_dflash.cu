@@ -539,20 +539,9 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                 }
         }
         // dV += P^T dO, dK += dS^T Q
-        if constexpr (WG) { // 16 rows a step; each product's A fragments all converted before it is issued
-            uint32_t ap[NB / 2][4], ad[NB / 2][4];
-#pragma unroll
-            for (int kk = 0; kk < NB / 2; kk++) c_to_a(ap[kk], st[2 * kk], st[2 * kk + 1]);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < NB / 2; kk++)
-                wgmma_rs_t<D>(&dv[0][0], ap[kk], wg_desc(ot + kk * 16 * D, D * 16, 128), 1);
-#pragma unroll
-            for (int kk = 0; kk < NB / 2; kk++) c_to_a(ad[kk], dpt[2 * kk], dpt[2 * kk + 1]);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < NB / 2; kk++)
-                wgmma_rs_t<D>(&dk[0][0], ad[kk], wg_desc(qt + kk * 16 * D, D * 16, 128), 1);
+        if constexpr (WG) { // P^T and dS^T from registers, dO and Q as N-major Bs, 16 rows a step
+            wg_product_rs<D, NB / 2>(&dv[0][0], st, ot);
+            wg_product_rs<D, NB / 2>(&dk[0][0], dpt, qt);
             wg_commit();
             wg_wait0();
         } else {
