@@ -324,18 +324,20 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 // A fragments of dS come transposed out of the [key][row] slice (ldmatrix
 // .trans). Keys a block does not see have dS = 0 in the store, rows past
 // the block's B*G too: no masks here.
+// WG: the product on wgmma, both operands from core-matrix tiles: the dS^T
+// slice is dS as an M-major A, the K tile an N-major B.
 constexpr int DSS = BM + 8; // row stride of a dS^T slice in shared memory
 
-template <int D>
-constexpr size_t dq_ds_smem_bytes() { return (size_t)2 * BN * ((D + 8) + DSS) * sizeof(bf16); }
+template <int D, bool WG = false>
+constexpr size_t dq_ds_smem_bytes() { return (size_t)2 * BN * (WG ? D + BM : (D + 8) + DSS) * sizeof(bf16); }
 
-template <int D>
+template <int D, bool WG = false>
 __global__ void __launch_bounds__(NTHREADS, 4)
     attn_dflash_dq_ds_kernel(bf16 *dq, const bf16 *ds, const int *tile_off, const bf16 *k, const dfl_block *blocks,
                              int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale) {
-    constexpr int SD = D + 8, ND = D / 8;
+    constexpr int SD = WG ? D : D + 8, SS = WG ? BM : DSS, ND = D / 8, CPK = BM / 8;
     DYN_SMEM(bf16, sK);                // [2][BN][SD]
-    bf16 *sS = sK + 2 * BN * SD;       // [2][BN][DSS]: keys x rows
+    bf16 *sS = sK + 2 * BN * SD;       // [2][BN][SS]: keys x rows
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
     const int j = nblk - 1 - (int)blockIdx.x, hkv = blockIdx.y, r0 = blockIdx.z * BM;
     const int rows_total = B * G, rtp = padded_rows(B, G);
@@ -344,13 +346,16 @@ __global__ void __launch_bounds__(NTHREADS, 4)
     const int nt = tt.count();
     const bf16 *dsj = ds + (int64_t)tile_off[j] * Hkv * BN * rtp + r0;
 
-    // tile i: its K rows, and keys x rows [r0, r0+64) of its dS^T
+    // tile i: its K rows, and keys x rows [r0, r0+64) of its dS^T (chunk
+    // `part` of key `key`; core-matrix tiles for wgmma, as load_keys_cm)
     auto issue = [&](int i, int buf) {
-        load_keys<D>(sK + buf * BN * SD, k, (int64_t)tt.tile(i) * BN, NK, Hkv, hkv);
         const bf16 *src = dsj + ((int64_t)i * Hkv + hkv) * BN * rtp;
-        for (int cc = threadIdx.x; cc < BN * (BM / 8); cc += NTHREADS) {
-            const int key = cc / (BM / 8), part = cc % (BM / 8);
-            cp_async16(sS + buf * BN * DSS + key * DSS + part * 8, src + (int64_t)key * rtp + part * 8, true);
+        if constexpr (WG) load_keys_cm<D, BN>(sK + buf * BN * SD, k, (int64_t)tt.tile(i) * BN, NK, Hkv, hkv);
+        else load_keys<D>(sK + buf * BN * SD, k, (int64_t)tt.tile(i) * BN, NK, Hkv, hkv);
+        for (int cc = threadIdx.x; cc < BN * CPK; cc += NTHREADS) {
+            const int key = WG ? cc / (8 * CPK) * 8 + cc % 8 : cc / CPK, part = WG ? cc / 8 % CPK : cc % CPK;
+            bf16 *dst = sS + buf * BN * SS + (WG ? cc * 8 : key * DSS + part * 8);
+            cp_async16(dst, src + (int64_t)key * rtp + part * 8, true);
         }
     };
     if (nt > 0) issue(0, 0);
@@ -360,16 +365,27 @@ __global__ void __launch_bounds__(NTHREADS, 4)
     zero_frags<ND>(acc);
     for (int it = 0; it < nt; it++) {
         const int buf = it & 1;
-        pipeline_step(it + 1 < nt, [&] { issue(it + 1, buf ^ 1); });
-        const bf16 *kt = sK + buf * BN * SD, *st = sS + buf * BN * DSS;
+        pipeline_step<WG>(it + 1 < nt, [&] { issue(it + 1, buf ^ 1); });
+        const bf16 *kt = sK + buf * BN * SD, *st = sS + buf * BN * SS;
+        if constexpr (WG) { // 16 keys a step: A = dS (M-major: the next 8 rows 128 B on, the next 8 keys BM*16)
+            wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            // A = dS[warp's 16 rows][keys kk*16 ..]: 8x8 matrix m holds keys
-            // kk*16 + (m/2)*8 .., rows warp*16 + (m%2)*8 .. of the slice
-            uint32_t a[4];
-            const int m = lane / 8;
-            ldsm_x4_t(a[0], a[1], a[2], a[3], st + (kk * 16 + (m / 2) * 8 + lane % 8) * DSS + warp * 16 + (m % 2) * 8);
-            mma_tile<ND, SD, true>(acc, a, kt, kk);
+            for (int kk = 0; kk < BN / 16; kk++)
+                wgmma_ss_tt<D>(&acc[0][0], wg_desc(st + kk * 16 * BM, BM * 16, 128), wg_desc(kt + kk * 16 * D, D * 16, 128),
+                               1);
+            wg_commit();
+            wg_wait0();
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                // A = dS[warp's 16 rows][keys kk*16 ..]: 8x8 matrix m holds keys
+                // kk*16 + (m/2)*8 .., rows warp*16 + (m%2)*8 .. of the slice
+                uint32_t a[4];
+                const int m = lane / 8;
+                ldsm_x4_t(a[0], a[1], a[2], a[3],
+                          st + (kk * 16 + (m / 2) * 8 + lane % 8) * DSS + warp * 16 + (m % 2) * 8);
+                mma_tile<ND, SD, true>(acc, a, kt, kk);
+            }
         }
         __syncthreads();
     }
@@ -734,13 +750,14 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
         LAUNCH_CHECK();
     }
     if (ds) {
-        cuda_prof_scope ps("k attn_dflash_bwd: dq from dS");
-        size_t smem = dq_ds_smem_bytes<D>();
-        static int once = 0;
-        if (!once) allow_smem(attn_dflash_dq_ds_kernel<D>, smem), once = 1;
+        const bool wg = use_wgmma(D) != 0;
+        cuda_prof_scope ps(wg ? "k attn_dflash_bwd: dq from dS (wgmma)" : "k attn_dflash_bwd: dq from dS");
+        size_t smem = wg ? dq_ds_smem_bytes<D, true>() : dq_ds_smem_bytes<D>();
+        auto kernel = wg ? attn_dflash_dq_ds_kernel<D, true> : attn_dflash_dq_ds_kernel<D>;
+        static int once[2];
+        if (!once[wg]) allow_smem(kernel, smem), once[wg] = 1;
         dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)(rtp / BM));
-        KLAUNCH(attn_dflash_dq_ds_kernel<D>, grid, NTHREADS, smem)(dq, ds, tl->tile_off, k, blocks, (int)nblk, B, NK,
-                                                                     Hq, Hkv, G, scale);
+        KLAUNCH(kernel, grid, NTHREADS, smem)(dq, ds, tl->tile_off, k, blocks, (int)nblk, B, NK, Hq, Hkv, G, scale);
         LAUNCH_CHECK();
     }
 }

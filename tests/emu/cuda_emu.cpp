@@ -47,7 +47,7 @@ struct Warp {
 // One warpgroup's pending wgmma: operands of each of its 128 threads.
 struct WGroup {
     int arrived, N;
-    bool tnsp_b, scale_d, a_smem;
+    bool tnsp_a, tnsp_b, scale_d, a_smem;
     uint64_t a_desc, b_desc;
     uint32_t a[128][4];
     float *d[128];
@@ -365,7 +365,7 @@ static void compute_wgroup(WGroup &g, int wg) {
     }
     if (g.a_smem)
         for (int m = 0; m < 64; m++)
-            for (int k = 0; k < 16; k++) A[m * 16 + k] = desc_elem(g.a_desc, false, m, k, 4 * wg);
+            for (int k = 0; k < 16; k++) A[m * 16 + k] = desc_elem(g.a_desc, g.tnsp_a, m, k, 4 * wg);
     for (int k = 0; k < 16; k++)
         for (int n = 0; n < N; n++) B[k * N + n] = desc_elem(g.b_desc, g.tnsp_b, n, k, 4 * wg);
     for (int m = 0; m < 64; m++)
@@ -381,14 +381,17 @@ static void compute_wgroup(WGroup &g, int wg) {
     }
 }
 
-void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t b_desc, bool tnsp_b, bool scale_d) {
+void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t b_desc, bool tnsp_a, bool tnsp_b,
+                  bool scale_d) {
+    if (a && tnsp_a) die("wgmma: a transposed A in registers (only shared-memory A may be M-major)");
     if (N < 8 || N > 256 || N % 8) die("wgmma: N not a multiple of 8 in [8, 256]");
     const int t = fiber_index(cur), wg = t / 128;
     if ((size_t)(wg + 1) * 128 > (size_t)nthreads) die("wgmma in a partial warpgroup");
     WGroup &g = wgroups[wg];
     if (g.arrived == 0) {
-        g.N = N, g.tnsp_b = tnsp_b, g.scale_d = scale_d, g.a_smem = a == NULL, g.a_desc = a_desc, g.b_desc = b_desc;
-    } else if (g.N != N || g.tnsp_b != tnsp_b || g.scale_d != scale_d || g.a_smem != (a == NULL) ||
+        g.N = N, g.tnsp_a = tnsp_a, g.tnsp_b = tnsp_b, g.scale_d = scale_d, g.a_smem = a == NULL, g.a_desc = a_desc;
+        g.b_desc = b_desc;
+    } else if (g.N != N || g.tnsp_a != tnsp_a || g.tnsp_b != tnsp_b || g.scale_d != scale_d || g.a_smem != (a == NULL) ||
                (a == NULL && g.a_desc != a_desc) || g.b_desc != b_desc) {
         die("wgmma: the threads of a warpgroup disagree on its shape, flags or descriptors");
     }

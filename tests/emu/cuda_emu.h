@@ -144,11 +144,12 @@ void mma_m16n8k16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
 // 128 threads of a warpgroup (4 consecutive warps from a multiple of 4),
 // carried out at once: d[N/2] this thread's accumulators (added to when
 // scale_d), A from this thread's 4 registers a, or from shared memory by
-// a_desc when a is NULL; B from shared memory by b_desc, N-major when
-// tnsp_b. Descriptors as the PTX ISA defines them (start, leading and
+// a_desc when a is NULL (M-major when tnsp_a); B from shared memory by
+// b_desc, N-major when tnsp_b. Descriptors as the PTX ISA defines them (start, leading and
 // stride byte offsets >> 4), no-swizzle layouts only, addresses in the
 // dynamic shared memory's window (smem_addr).
-void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t b_desc, bool tnsp_b, bool scale_d);
+void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t b_desc, bool tnsp_a, bool tnsp_b,
+                  bool scale_d);
 uint32_t smem_addr(const void *p);
 void *dyn_smem();
 // cp.async 16 bytes (zeros when !valid), deferred to the wait that covers it
