@@ -32,7 +32,8 @@
 //       then one product a tile, dq += scale dS K, where recomputing S and
 //       dP took three. The store is 2 bytes per (row, head, key of a
 //       touched tile): when it would pass DFLASH_CUDA_DS_MAX_MB (default
-//       4096; 0: never), or dk and dv are not wanted, dq recomputes.
+//       4096; 0: never), or the device has not the memory for it, or dk and
+//       dv are not wanted, dq recomputes.
 //   The fast kernels read lse and delta in the order they visit rows: per
 //   (block, KV head) the block's B*G rows, padded to a multiple of BR with
 //   lse = +inf (so P = 0 there, and a padded row adds nothing).
@@ -715,8 +716,9 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
     }
     // dq from the stored dS when dk/dv run and the store fits (see the top)
     const size_t ds_bytes = tl ? (size_t)tl->nlist * Hkv * BN * rtp * sizeof(bf16) : 0;
-    bf16 *ds = dq && tl && tl->nchunks > 0 && ds_bytes <= ds_max_bytes() ? (bf16 *)cuda_scratch(SCRATCH_DS, ds_bytes)
-                                                                        : NULL;
+    bf16 *ds = dq && tl && tl->nchunks > 0 && ds_bytes <= ds_max_bytes()
+                   ? (bf16 *)cuda_scratch_try(SCRATCH_DS, ds_bytes) // no memory for it: recompute instead
+                   : NULL;
     if (dq && !ds) {
         cuda_prof_scope ps("k attn_dflash_bwd: dq (recomputing S, dP)");
         size_t smem = dq_smem_bytes<D>();

@@ -65,7 +65,11 @@ static void cuda_download(void *host_dst, const void *src, size_t bytes) {
 
 static void cuda_sync(void) { cudaCheck(cudaStreamSynchronize(g_cuda.stream)); }
 
-static struct { void *p; size_t cap; } g_scratch[SCRATCH_SLOTS];
+static struct {
+    void *p;
+    size_t cap;
+    size_t failed; // the smallest size cuda_scratch_try could not get (0: none): not tried again
+} g_scratch[SCRATCH_SLOTS];
 
 // Grow-only: a slot is reallocated only when an op needs more than ever
 // before, so this is rare and the allocation is no hot-loop cost. Stream-
@@ -73,9 +77,10 @@ static struct { void *p; size_t cap; } g_scratch[SCRATCH_SLOTS];
 // device supports memory pools; otherwise (some virtualised GPUs report no
 // pool support, and cudaMallocAsync then fails with "operation not
 // supported") a drained stream and plain cudaFree/cudaMalloc.
-void *cuda_scratch(int slot, size_t bytes) {
+void *cuda_scratch_try(int slot, size_t bytes) {
     CU_ASSERT(slot >= 0 && slot < SCRATCH_SLOTS);
     if (bytes <= g_scratch[slot].cap) return g_scratch[slot].p;
+    if (g_scratch[slot].failed && bytes >= g_scratch[slot].failed) return NULL;
     size_t cap = bytes + bytes / 4 + 256;
     cudaError_t e;
     if (g_cuda.pools) {
@@ -87,12 +92,23 @@ void *cuda_scratch(int slot, size_t bytes) {
         e = cudaMalloc(&g_scratch[slot].p, cap);
     }
     if (e != cudaSuccess) {
-        fprintf(stderr, "dflash: out of GPU memory allocating %zu bytes of scratch: %s\n", cap,
-                cudaGetErrorString(e));
-        exit(DFL_EX_SOFTWARE);
+        (void)cudaGetLastError(); // an allocation failure is not sticky: clear it for the next check
+        g_scratch[slot].p = NULL;
+        g_scratch[slot].cap = 0;
+        g_scratch[slot].failed = bytes;
+        return NULL;
     }
     g_scratch[slot].cap = cap;
     return g_scratch[slot].p;
+}
+
+void *cuda_scratch(int slot, size_t bytes) {
+    void *p = cuda_scratch_try(slot, bytes);
+    if (!p && bytes) {
+        fprintf(stderr, "dflash: out of GPU memory allocating %zu bytes of scratch\n", bytes + bytes / 4 + 256);
+        exit(DFL_EX_SOFTWARE);
+    }
+    return p;
 }
 
 // ---------------------------------------------------------------------------

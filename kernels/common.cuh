@@ -101,6 +101,9 @@ extern dfl_cuda_state g_cuda;
 // next call with the same slot. An op takes what it needs once and splits it.
 enum { SCRATCH_OP, SCRATCH_STAGING, SCRATCH_LOGITS, SCRATCH_LISTS, SCRATCH_PART, SCRATCH_DS, SCRATCH_SLOTS };
 void *cuda_scratch(int slot, size_t bytes);
+// The same, but NULL (the slot then empty) where the device has not the
+// memory: for a buffer an op can do without.
+void *cuda_scratch_try(int slot, size_t bytes);
 
 // DFLASH_CUDA_PROFILE=1 (profile.cu): device time per op and per cuBLAS
 // product, printed to stderr at exit. begin returns a slot (-1 when off);
