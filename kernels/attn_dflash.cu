@@ -60,8 +60,11 @@ struct TouchedTiles {
     int a0, a1, b0, b1; // inclusive; no second run: b0 > b1
     __device__ void init(const int64_t *r) {
         int s[2][2], n = 0;
-        for (int i = 0; i < 2; i++)
-            if (r[2 * i] < r[2 * i + 1]) s[n][0] = (int)(r[2 * i] / BN), s[n][1] = (int)((r[2 * i + 1] - 1) / BN), n++;
+        for (int i = 0; i < 2; i++) {
+            if (r[2 * i] >= r[2 * i + 1]) continue; // an empty range touches no tile
+            s[n][0] = (int)(r[2 * i] / BN), s[n][1] = (int)((r[2 * i + 1] - 1) / BN);
+            n++;
+        }
         if (n == 2 && s[1][0] < s[0][0]) { // the runs in key order
             int t0 = s[0][0], t1 = s[0][1];
             s[0][0] = s[1][0], s[0][1] = s[1][1], s[1][0] = t0, s[1][1] = t1;
@@ -372,8 +375,8 @@ __global__ void __launch_bounds__(NTHREADS, 4)
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++)
-                wgmma_ss_tt<D>(&acc[0][0], wg_desc(st + kk * 16 * BM, BM * 16, 128), wg_desc(kt + kk * 16 * D, D * 16, 128),
-                               1);
+                wgmma_ss_tt<D>(&acc[0][0], wg_desc(st + kk * 16 * BM, BM * 16, 128),
+                               wg_desc(kt + kk * 16 * D, D * 16, 128), 1);
             wg_commit();
             wg_wait0();
         } else {
@@ -523,7 +526,8 @@ __global__ void __launch_bounds__(NTHREADS, 2)
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++) {
-                wgmma_ss<BR>(&st[0][0], wg_desc(sK + ks * 128, 128, D * 16), wg_desc(qt + ks * 128, 128, D * 16), ks);
+                wgmma_ss<BR>(&st[0][0], wg_desc(sK + ks * 128, 128, D * 16), wg_desc(qt + ks * 128, 128, D * 16),
+                             ks);
                 wgmma_ss<BR>(&dpt[0][0], wg_desc(sV + ks * 128, 128, D * 16), wg_desc(ot + ks * 128, 128, D * 16),
                              ks);
             }
