@@ -2,7 +2,10 @@
 # tests/gpu/profile.sh: where the GPU time of the two benchmarks with goals
 # goes (extraction, Qwen3-8B shape; the Qwen3-8B drafter's training step):
 # the device time per op and per cuBLAS product shape (DFLASH_CUDA_PROFILE=1),
-# then every product shape timed as kernels/matmul.cu calls it against
+# the variants that wait for a measurement (the training step with dq
+# recomputing, DFLASH_CUDA_DS_MAX_MB=0; both benchmarks with the attention
+# on wgmma, DFLASH_CUDA_WGMMA=1 and 3), then every product shape timed as
+# kernels/matmul.cu calls it against
 # the algorithms cuBLASLt offers (tests/gpu/gemm_sweep.cu) and torch.matmul.
 # Writes profile.log, smi.csv (clocks, power), shapes.txt, gemm_sweep.txt and
 # torch_mm.txt under $OUT. About 90 s on an H200.
@@ -10,8 +13,8 @@
 #   run(command="bash tests/gpu/profile.sh", carry=[".gpu-deps"], timeout_s=300)
 #
 # PROFILE_GEMM=0 skips the product sweep (gemm_sweep, torch.matmul);
-# PROFILE_NCU=1 adds Nsight Compute on the attention kernels (ncu_*.txt:
-# occupancy, stall reasons), about 10 s more.
+# PROFILE_NCU=1 adds Nsight Compute on the attention kernels, mma.sync and
+# wgmma (ncu_*.txt: occupancy, stall reasons), about 20 s more.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -100,9 +103,18 @@ if [ "${PROFILE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
         "$B/gpu/bench_extract" --iters 1 >"$OUT/ncu_causal.txt" 2>&1
     tail -5 "$OUT/ncu_causal.txt" | tee -a "$LOG"
     step "ncu: the DFlash backward kernels (one layer)"
-    timeout 120 ncu "${SECTIONS[@]}" --kernel-name regex:'attn_dflash_(dkdv|dq)_kernel' --launch-skip 10 --launch-count 2 \
-        "$B/gpu/bench_train" --steps 1 >"$OUT/ncu_dflash.txt" 2>&1
+    timeout 120 ncu "${SECTIONS[@]}" --kernel-name regex:'attn_dflash_(dkdv|dq|dq_ds)_kernel' --launch-skip 10 \
+        --launch-count 2 "$B/gpu/bench_train" --steps 1 >"$OUT/ncu_dflash.txt" 2>&1
     tail -5 "$OUT/ncu_dflash.txt" | tee -a "$LOG"
+    # the same kernels on wgmma (DFLASH_CUDA_WGMMA=1)
+    step "ncu: attn_causal_kernel on wgmma"
+    DFLASH_CUDA_WGMMA=1 timeout 120 ncu "${SECTIONS[@]}" --kernel-name regex:attn_causal_kernel --launch-skip 40 \
+        --launch-count 1 "$B/gpu/bench_extract" --iters 1 >"$OUT/ncu_causal_wg.txt" 2>&1
+    tail -5 "$OUT/ncu_causal_wg.txt" | tee -a "$LOG"
+    step "ncu: the DFlash backward kernels on wgmma"
+    DFLASH_CUDA_WGMMA=1 timeout 120 ncu "${SECTIONS[@]}" --kernel-name regex:'attn_dflash_(dkdv|dq_ds)_kernel' \
+        --launch-skip 10 --launch-count 2 "$B/gpu/bench_train" --steps 1 >"$OUT/ncu_dflash_wg.txt" 2>&1
+    tail -5 "$OUT/ncu_dflash_wg.txt" | tee -a "$LOG"
 fi
 [ "${PROFILE_GEMM:-1}" = 1 ] || { step done; echo "profile.sh: $SECONDS s"; exit 0; }
 step "gemm_sweep: GemmEx as called vs cuBLASLt's algorithms"
