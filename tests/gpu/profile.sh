@@ -5,8 +5,8 @@
 # the variants that wait for a measurement (the training step with dq
 # recomputing, DFLASH_CUDA_DS_MAX_MB=0; both benchmarks with the attention
 # on wgmma, DFLASH_CUDA_WGMMA=1 and 3), then every product shape timed as
-# kernels/matmul.cu calls it against
-# the algorithms cuBLASLt offers (tests/gpu/gemm_sweep.cu) and torch.matmul.
+# kernels/matmul.cu calls it against the algorithms cuBLASLt offers
+# (tests/gpu/gemm_sweep.cu) and torch.matmul.
 # Writes profile.log, smi.csv (clocks, power), shapes.txt, gemm_sweep.txt and
 # torch_mm.txt under $OUT. About 90 s on an H200.
 #
