@@ -216,7 +216,7 @@ void cuda_master_to_wt(void *dst, const float *master, int64_t n);
 // matmul.cu
 void cuda_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
 void cuda_matmul_bwd(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M,
-                     int64_t K, int64_t N, int accumulate);
+                     int64_t K, int64_t N, int acc);
 void cuda_matmul_grouped(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
                          int64_t w_stride, int64_t K, int64_t N, int accumulate);
 // rmsnorm.cu

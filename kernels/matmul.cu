@@ -62,17 +62,17 @@ void cuda_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K,
     gemm_nt(out, 0, (const bf16 *)in, (const bf16 *)w, M, N, K, K, K, N, 1.0f, accumulate ? 1.0f : 0.0f);
 }
 
-// din[M,K] (+)= dout[M,N] · w[N,K];  dw[N,K] += dout^T · in   (dw f32)
+// din[M,K] (+)= dout[M,N] · w[N,K];  dw[N,K] (+)= dout^T · in   (dw f32)
 void cuda_matmul_bwd(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M, int64_t K,
-                     int64_t N, int accumulate) {
+                     int64_t N, int acc) {
     CU_ASSERT(dout && M >= 0 && K >= 0 && N >= 0);
     if (din) {
         CU_ASSERT(w);
-        gemm_nn(din, 0, (const bf16 *)dout, (const bf16 *)w, M, K, N, N, K, K, 1.0f, accumulate ? 1.0f : 0.0f);
+        gemm_nn(din, 0, (const bf16 *)dout, (const bf16 *)w, M, K, N, N, K, K, 1.0f, acc & DFL_ACC_DIN ? 1.0f : 0.0f);
     }
     if (dw) {
         CU_ASSERT(in);
-        gemm_tn(dw, 1, (const bf16 *)dout, (const bf16 *)in, N, K, M, N, K, K, 1.0f, 1.0f);
+        gemm_tn(dw, 1, (const bf16 *)dout, (const bf16 *)in, N, K, M, N, K, K, 1.0f, acc & DFL_ACC_DW ? 1.0f : 0.0f);
     }
 }
 

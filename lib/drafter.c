@@ -442,6 +442,14 @@ void dfl_drafter_init_weights(dfl_drafter *d, double init_std, double (*next_nor
 void dfl_drafter_zero_grad(dfl_drafter *d) {
     DFL_ASSERT(d->grad); /* not a frozen (inference) drafter */
     d->ops->zero(d->grad, (size_t)d->nparams * 4);
+    d->grad_fresh = 0;
+}
+
+void dfl_drafter_start_grad(dfl_drafter *d) {
+    DFL_ASSERT(d->grad);
+    for (int t = 0; t < d->ntensors; t++)
+        if (d->info[t].ndim != 2) d->ops->zero(d->grad + d->info[t].offset, (size_t)d->info[t].numel * 4);
+    d->grad_fresh = 1;
 }
 
 void dfl_drafter_set_target(dfl_drafter *d, const float *embed, const float *lm_head, const float *target_norm,
@@ -617,6 +625,10 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
     struct dfl_drafter_ws *w = d->ws;
     const size_t ab = (size_t)ops->act_bytes;
     const int32_t *qpos = w->pos + NC;
+    /* a weight matrix's first product: adds to its gradient, or writes it
+     * (the first backward after dfl_drafter_start_grad); later ones add */
+    const int first_dw = d->grad_fresh ? 0 : DFL_ACC_DW;
+    const int din = DFL_ACC_DIN;
 
     /* dh: gradient of the residual stream, carried down through the layers */
     ops->zero(w->dh, (size_t)(Q * H) * ab);
@@ -627,14 +639,14 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
         const dfl_drafter_layer *W = &d->W.layer[l];
         const dfl_drafter_layer *G = &d->G.layer[l];
         /* MLP: h_next = h1 + down(silu(gate(x2)) * up(x2)) */
-        /* (the first product into each gradient overwrites it: no zeroing) */
-        ops->matmul_bwd(w->da, G->down, w->dh, a->a, W->down, Q, I, H, 0);
+        /* (the first product into each input gradient overwrites it: no zeroing) */
+        ops->matmul_bwd(w->da, G->down, w->dh, a->a, W->down, Q, I, H, first_dw);
         ops->swiglu_bwd(w->dg, w->du, w->da, a->g, a->u, Q * I, 0);
-        ops->matmul_bwd(w->dx2, G->gate, w->dg, a->x2, W->gate, Q, H, I, 0);
-        ops->matmul_bwd(w->dx2, G->up, w->du, a->x2, W->up, Q, H, I, 1);
+        ops->matmul_bwd(w->dx2, G->gate, w->dg, a->x2, W->gate, Q, H, I, first_dw);
+        ops->matmul_bwd(w->dx2, G->up, w->du, a->x2, W->up, Q, H, I, din | first_dw);
         ops->rmsnorm_bwd(w->dh, G->ln2, w->dx2, a->h1, a->rstd2, W->ln2, Q, H); /* dh: now d/dh1 */
         /* attention: h1 = h + o_proj(att) */
-        ops->matmul_bwd(w->datt, G->o, w->dh, a->att, W->o, Q, QD, H, 0);
+        ops->matmul_bwd(w->datt, G->o, w->dh, a->att, W->o, Q, QD, H, first_dw);
         ops->zero(w->dq, (size_t)(Q * QD) * ab);
         ops->zero(w->dk, (size_t)(NK * KVD) * ab);
         ops->zero(w->dv, (size_t)(NK * KVD) * ab);
@@ -647,12 +659,12 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
         ops->rmsnorm_bwd(w->dqpre, G->qn, w->dq, a->qpre, a->rstd_q, W->qn, Q * Hq, D);
         ops->zero(w->dkpre, (size_t)(NK * KVD) * ab);
         ops->rmsnorm_bwd(w->dkpre, G->kn, w->dk, a->kpre, a->rstd_k, W->kn, NK * Hkv, D);
-        ops->matmul_bwd(w->dx, G->q, w->dqpre, a->x1, W->q, Q, H, QD, 0);
-        ops->matmul_bwd(w->dx, G->k, DFL_AT(ops, w->dkpre, NC * KVD), a->x1, W->k, Q, H, KVD, 1);
-        ops->matmul_bwd(w->dx, G->v, DFL_AT(ops, w->dv, NC * KVD), a->x1, W->v, Q, H, KVD, 1);
+        ops->matmul_bwd(w->dx, G->q, w->dqpre, a->x1, W->q, Q, H, QD, first_dw);
+        ops->matmul_bwd(w->dx, G->k, DFL_AT(ops, w->dkpre, NC * KVD), a->x1, W->k, Q, H, KVD, din | first_dw);
+        ops->matmul_bwd(w->dx, G->v, DFL_AT(ops, w->dv, NC * KVD), a->x1, W->v, Q, H, KVD, din | first_dw);
         if (NC > 0) {
-            ops->matmul_bwd(w->dctx, G->k, w->dkpre, w->ctx, W->k, NC, H, KVD, 1);
-            ops->matmul_bwd(w->dctx, G->v, w->dv, w->ctx, W->v, NC, H, KVD, 1);
+            ops->matmul_bwd(w->dctx, G->k, w->dkpre, w->ctx, W->k, NC, H, KVD, din | DFL_ACC_DW);
+            ops->matmul_bwd(w->dctx, G->v, w->dv, w->ctx, W->v, NC, H, KVD, din | DFL_ACC_DW);
         }
         ops->rmsnorm_bwd(w->dh, G->ln1, w->dx, a->h, a->rstd1, W->ln1, Q, H); /* dh: now d/dh */
     }
@@ -660,6 +672,9 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
     if (NC > 0) {
         ops->zero(w->dctxpre, (size_t)(NC * H) * ab);
         ops->rmsnorm_bwd(w->dctxpre, d->G.hidden_norm, w->dctx, w->ctx_pre, w->rstd_c, d->W.hidden_norm, NC, H);
-        ops->matmul_bwd(NULL, d->G.fc, w->dctxpre, w->feats, d->W.fc, NC, KH, H, 1);
+        ops->matmul_bwd(NULL, d->G.fc, w->dctxpre, w->feats, d->W.fc, NC, KH, H, first_dw);
+    } else if (d->grad_fresh) { /* no context: fc's gradient is 0, written here as no product writes it */
+        ops->zero(d->G.fc, (size_t)(H * KH) * 4);
     }
+    d->grad_fresh = 0;
 }

@@ -119,6 +119,9 @@ struct dfl_drafter {
     int    target_norm_plus_one; /* Qwen3.5's final norm scales by (1 + w) */
     float *inv_freq;                /* f32 [D/2] */
     struct dfl_drafter_ws *ws;      /* activations, grown as needed */
+    int grad_fresh;                 /* dfl_drafter_start_grad was called and no backward has run
+                                       since: the next one writes each weight matrix's gradient
+                                       instead of adding to it */
 };
 
 /* Create the drafter for `cfg` (copied; the caller keeps ownership of its
@@ -167,9 +170,16 @@ const void *dfl_drafter_output(const dfl_drafter *d);
 void dfl_drafter_loss(dfl_drafter *d, const dfl_drafter_batch *b, int kl, int backward,
                       float *loss, int32_t *pred, int32_t *tpred);
 /* Backward pass of the last forward/loss: ACCUMULATES d(Σ gscale*loss)/dθ
- * into d->grad (zero it with dfl_drafter_zero_grad at the step start). */
+ * into d->grad (zero it with dfl_drafter_zero_grad at the step start, or
+ * begin with dfl_drafter_start_grad). */
 void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b);
 void dfl_drafter_zero_grad(dfl_drafter *d);
+/* The gradient's start without zeroing all of it: the vectors (norm
+ * weights) are zeroed here, the weight matrices are overwritten by the next
+ * backward pass's first products into them (~4 GB of memset fewer a step
+ * at the Qwen3-8B drafter's size). The gradient reads as the sum of the
+ * backward passes since, once one has run. */
+void dfl_drafter_start_grad(dfl_drafter *d);
 
 /* Bytes of activation workspace a micro-batch of NC context rows and nblk
  * blocks needs (for --progress / planning). */

@@ -46,6 +46,9 @@ typedef struct {
     int32_t ctx_off, ctx_len, blk_off;
 } dfl_block;
 
+/* matmul_bwd's acc: which gradients add to what they hold */
+enum { DFL_ACC_DIN = 1, DFL_ACC_DW = 2 };
+
 struct dfl_ops {
     const char *name;  /* "cpu" or "cuda" */
     int act_bytes;     /* 4 or 2 */
@@ -73,11 +76,12 @@ struct dfl_ops {
     /* ---- dense ---- */
     /* out[M,N] = in[M,K] · w[N,K]^T, plus out when accumulate is set. */
     void (*matmul)(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
-    /* din[M,K] = dout[M,N] · w, plus din when accumulate is set;
-     * dw[N,K] += dout^T · in (f32, always accumulated). Either may be NULL.
-     * Overwriting spares the caller a zeroing pass and the product a read. */
+    /* din[M,K] = dout[M,N] · w, plus din when acc has DFL_ACC_DIN;
+     * dw[N,K] = dout^T · in (f32), plus dw when acc has DFL_ACC_DW. Either
+     * may be NULL. Overwriting spares the caller a zeroing pass and the
+     * product a read. */
     void (*matmul_bwd)(void *din, float *dw, const void *dout, const void *in, const void *w,
-                       int64_t M, int64_t K, int64_t N, int accumulate);
+                       int64_t M, int64_t K, int64_t N, int acc);
     /* out = in * rstd * w per row of `dim`, rstd = 1/sqrt(mean(in^2) + eps)
      * computed in f32 and saved in rstd[rows] (f32, may be NULL). */
     void (*rmsnorm)(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps);

@@ -151,18 +151,20 @@ void dfl_cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t
     dfl_cpu_gemm_nt(out, in, w, M, K, N, accumulate ? 1.0f : 0.0f);
 }
 
-/* din[M,K] (+)= dout[M,N] . w[N,K];  dw[N,K] += dout^T . in[M,K] */
+/* din[M,K] (+)= dout[M,N] . w[N,K];  dw[N,K] (+)= dout^T . in[M,K] */
 static void cpu_matmul_bwd(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M,
-                           int64_t K, int64_t N, int accumulate) {
-    if (M <= 0 || K <= 0) return;
-    if (din && N == 0 && !accumulate) memset(din, 0, (size_t)(M * K) * sizeof(float)); /* an empty sum */
-    if (N <= 0) return;
+                           int64_t K, int64_t N, int acc) {
+    if (K <= 0) return;
+    /* empty sums: an overwritten gradient becomes 0 */
+    if (din && M > 0 && N <= 0 && !(acc & DFL_ACC_DIN)) memset(din, 0, (size_t)(M * K) * sizeof(float));
+    if (dw && N > 0 && M <= 0 && !(acc & DFL_ACC_DW)) memset(dw, 0, (size_t)(N * K) * sizeof(float));
+    if (M <= 0 || N <= 0) return;
     if (din)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(M), blas_int(K), blas_int(N), 1.0f, dout,
-                    blas_int(N), w, blas_int(K), accumulate ? 1.0f : 0.0f, din, blas_int(K));
+                    blas_int(N), w, blas_int(K), acc & DFL_ACC_DIN ? 1.0f : 0.0f, din, blas_int(K));
     if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(N), blas_int(K), blas_int(M), 1.0f, dout,
-                    blas_int(N), in, blas_int(K), 1.0f, dw, blas_int(K));
+                    blas_int(N), in, blas_int(K), acc & DFL_ACC_DW ? 1.0f : 0.0f, dw, blas_int(K));
 }
 
 /* Per row: rstd = 1/sqrt(mean(x^2) + eps), out = (x * rstd) * w, the order

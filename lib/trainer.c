@@ -227,7 +227,7 @@ int dfl_trainer_step(dfl_trainer *t, dfl_step_log *log, int *made) {
     const int64_t B = c->block_size;
     dfl_train_stats st;
     memset(&st, 0, sizeof st);
-    dfl_drafter_zero_grad(t->d);
+    dfl_drafter_start_grad(t->d);
     dfl_train_mb_reset(&t->mb);
     int64_t nseq = 0, tokens = 0, rec0 = t->records;
     int rc = 0;

@@ -199,22 +199,27 @@ static void matmul_bwd_agrees(void) {
     float *hx = ag_randn(M * K, 1), *hw = ag_randn(N * K, 0.2), *hd = ag_randn(M * N, 1);
     ag_pair x = ag_new(hx, M * K, AG_ACT), w = ag_new(hw, N * K, AG_ACT), dout = ag_new(hd, M * N, AG_ACT);
     ag_pair din = ag_grad(M * K, AG_ACT, 1.0), dw = ag_grad(N * K, AG_F32, 5.0);
-    REF->matmul_bwd(din.r, dw.r, dout.r, x.r, w.r, M, K, N, 1);
-    DEV->matmul_bwd(din.d, dw.d, dout.d, x.d, w.d, M, K, N, 1);
+    REF->matmul_bwd(din.r, dw.r, dout.r, x.r, w.r, M, K, N, DFL_ACC_DIN | DFL_ACC_DW);
+    DEV->matmul_bwd(din.d, dw.d, dout.d, x.d, w.d, M, K, N, DFL_ACC_DIN | DFL_ACC_DW);
     ag_check("matmul_bwd din", &din, NMSE_ROUND);
     ag_check("matmul_bwd dw", &dw, NMSE_F32);
     /* each gradient alone (the other NULL) */
-    REF->matmul_bwd(NULL, dw.r, dout.r, x.r, w.r, M, K, N, 1);
-    DEV->matmul_bwd(NULL, dw.d, dout.d, x.d, w.d, M, K, N, 1);
-    REF->matmul_bwd(din.r, NULL, dout.r, x.r, w.r, M, K, N, 1);
-    DEV->matmul_bwd(din.d, NULL, dout.d, x.d, w.d, M, K, N, 1);
+    REF->matmul_bwd(NULL, dw.r, dout.r, x.r, w.r, M, K, N, DFL_ACC_DIN | DFL_ACC_DW);
+    DEV->matmul_bwd(NULL, dw.d, dout.d, x.d, w.d, M, K, N, DFL_ACC_DIN | DFL_ACC_DW);
+    REF->matmul_bwd(din.r, NULL, dout.r, x.r, w.r, M, K, N, DFL_ACC_DIN | DFL_ACC_DW);
+    DEV->matmul_bwd(din.d, NULL, dout.d, x.d, w.d, M, K, N, DFL_ACC_DIN | DFL_ACC_DW);
     ag_check("matmul_bwd din (2nd)", &din, NMSE_ROUND);
     ag_check("matmul_bwd dw (2nd)", &dw, NMSE_F32);
     /* din overwritten (it holds the sums above): the reference overwrites too */
-    REF->matmul_bwd(din.r, dw.r, dout.r, x.r, w.r, M, K, N, 0);
-    DEV->matmul_bwd(din.d, dw.d, dout.d, x.d, w.d, M, K, N, 0);
+    REF->matmul_bwd(din.r, dw.r, dout.r, x.r, w.r, M, K, N, DFL_ACC_DW);
+    DEV->matmul_bwd(din.d, dw.d, dout.d, x.d, w.d, M, K, N, DFL_ACC_DW);
     ag_check("matmul_bwd din (overwritten)", &din, NMSE_ROUND);
     ag_check("matmul_bwd dw (3rd)", &dw, NMSE_F32);
+    /* dw overwritten (it holds three sums), din added to */
+    REF->matmul_bwd(din.r, dw.r, dout.r, x.r, w.r, M, K, N, DFL_ACC_DIN);
+    DEV->matmul_bwd(din.d, dw.d, dout.d, x.d, w.d, M, K, N, DFL_ACC_DIN);
+    ag_check("matmul_bwd din (4th)", &din, NMSE_ROUND);
+    ag_check("matmul_bwd dw (overwritten)", &dw, NMSE_F32);
     ag_free(&x), ag_free(&w), ag_free(&dout), ag_free(&din), ag_free(&dw);
     free(hx), free(hw), free(hd);
 }

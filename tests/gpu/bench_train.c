@@ -101,6 +101,12 @@ int main(int argc, char **argv) {
 
     /* parameters: f32 master, gradient, moments; bf16 compute copy */
     master = f32_new(NPARAM), grad = f32_new(NPARAM), mom1 = f32_new(NPARAM), mom2 = f32_new(NPARAM);
+    if (grad_out) { /* the gradient starts as NaN: --grad-out shows any element the step did not write */
+        float *nan = dfl_malloc((size_t)NPARAM * 4);
+        for (int64_t i = 0; i < NPARAM; i++) nan[i] = NAN;
+        OPS->upload(grad, nan, (size_t)NPARAM * 4);
+        free(nan);
+    }
     wt = OPS->alloc((size_t)NPARAM * OPS->wt_bytes);
     pool_fill(master, NPARAM, POOL_MASTER);
     OPS->master_to_wt(wt, master, NPARAM);
@@ -186,7 +192,10 @@ int main(int argc, char **argv) {
         double t0 = instrument ? now_synced() : 0;
         if (step == 1) t_fwd = now_synced(); /* timed steps start */
         FLOPS = 0;
-        OPS->zero(grad, (size_t)NPARAM * 4);
+        /* the gradient's start (dfl_drafter_start_grad): the norm weights' zeroed,
+         * the matrices' written by their first products below */
+        for (int l = 0; l < dm.L; l++) OPS->zero(GR(LW[l].off[N_QN]), (size_t)(2 * dm.D + 2 * H) * 4);
+        OPS->zero(GR(OFF_HN), (size_t)(2 * H) * 4);
         /* ---- forward ---- */
         MM(fcout, taps, WT(OFF_FC), S, dm.K * H, H, 0);
         OPS->rmsnorm(ctx, rstd_hn, fcout, WT(OFF_HN), S, H, eps);
@@ -230,11 +239,12 @@ int main(int argc, char **argv) {
             layer_a *a = &A[l];
             const int64_t *o = LW[l].off;
             /* hres[l+1] = h_mid + down(act): dh is also d h_mid's residual part */
-            /* the first product into each gradient overwrites it (as lib/drafter.c) */
+            /* the first product into each gradient, input or weight, overwrites it (as lib/drafter.c
+             * after dfl_drafter_start_grad) */
             MM_BWD(dact, GR(o[W_D]), dh, a->act, WT(o[W_D]), Q, I, H, 0);
             OPS->swiglu_bwd(dgate, dup, dact, a->gate, a->up, Q * I, 0);
             MM_BWD(dx2, GR(o[W_G]), dgate, a->x2, WT(o[W_G]), Q, H, I, 0);
-            MM_BWD(dx2, GR(o[W_U]), dup, a->x2, WT(o[W_U]), Q, H, I, 1);
+            MM_BWD(dx2, GR(o[W_U]), dup, a->x2, WT(o[W_U]), Q, H, I, DFL_ACC_DIN);
             OPS->rmsnorm_bwd(dh, GR(o[N_POST]), dx2, a->h_mid, a->rstd_post, WT(o[N_POST]), Q, H);
             /* h_mid = hres[l] + o(att) */
             MM_BWD(datt, GR(o[W_O]), dh, a->att, WT(o[W_O]), Q, QD, H, 0);
@@ -248,16 +258,16 @@ int main(int argc, char **argv) {
             OPS->rmsnorm_bwd(dq_pre, GR(o[N_QN]), dq, a->q_pre, a->rstd_q, WT(o[N_QN]), Q * HQ, D);
             OPS->rmsnorm_bwd(dk_pre, GR(o[N_KN]), dk, a->k_pre, a->rstd_k, WT(o[N_KN]), NK * HKV, D);
             MM_BWD(dx, GR(o[W_Q]), dq_pre, a->x, WT(o[W_Q]), Q, H, QD, 0);
-            MM_BWD(dctx, GR(o[W_K]), dk_pre, ctx, WT(o[W_K]), S, H, KD, 1);
-            MM_BWD(dx, GR(o[W_K]), AAT(dk_pre, S, KD), a->x, WT(o[W_K]), Q, H, KD, 1);
-            MM_BWD(dctx, GR(o[W_V]), dv, ctx, WT(o[W_V]), S, H, KD, 1);
-            MM_BWD(dx, GR(o[W_V]), AAT(dv, S, KD), a->x, WT(o[W_V]), Q, H, KD, 1);
+            MM_BWD(dctx, GR(o[W_K]), dk_pre, ctx, WT(o[W_K]), S, H, KD, DFL_ACC_DIN);
+            MM_BWD(dx, GR(o[W_K]), AAT(dk_pre, S, KD), a->x, WT(o[W_K]), Q, H, KD, DFL_ACC_DIN | DFL_ACC_DW);
+            MM_BWD(dctx, GR(o[W_V]), dv, ctx, WT(o[W_V]), S, H, KD, DFL_ACC_DIN);
+            MM_BWD(dx, GR(o[W_V]), AAT(dv, S, KD), a->x, WT(o[W_V]), Q, H, KD, DFL_ACC_DIN | DFL_ACC_DW);
             /* the first layer's input is the frozen embedding: no din */
             OPS->rmsnorm_bwd(l ? dh : NULL, GR(o[N_IN]), dx, hres[l], a->rstd_in, WT(o[N_IN]), Q, H);
         }
         zero_act(dfc, S * H);
         OPS->rmsnorm_bwd(dfc, GR(OFF_HN), dctx, fcout, rstd_hn, WT(OFF_HN), S, H);
-        MM_BWD(NULL, GR(OFF_FC), dfc, taps, WT(OFF_FC), S, dm.K * H, H, 1);
+        MM_BWD(NULL, GR(OFF_FC), dfc, taps, WT(OFF_FC), S, dm.K * H, H, 0);
         double t3 = instrument ? now_synced() : 0;
         if (step == 0 && grad_out) {
             float *g = dfl_malloc((size_t)NPARAM * 4);

@@ -650,12 +650,29 @@ static void fixture_opts(const fixture *f, dfl_train_opts *o) {
     o->gamma = f->gamma;
 }
 
+/* Fill the gradient with NaN (what a buffer nobody zeroed may hold). */
+static void poison_grad(dfl_drafter *d) {
+    float *nan = dfl_malloc((size_t)d->nparams * 4);
+    for (int64_t i = 0; i < d->nparams; i++) nan[i] = NAN;
+    ops->upload(d->grad, nan, (size_t)d->nparams * 4);
+    free(nan);
+}
+
+/* fixture_step starts the gradient with dfl_drafter_start_grad over a
+ * poisoned buffer (instead of dfl_drafter_zero_grad) when set */
+static int g_start_grad;
+
 static void fixture_step(fixture *f, int kl, int split, dfl_train_stats *st, dfl_train_opts *o,
                          int32_t (*anc)[16], const int *nanc, const int *which, int nw) {
     dfl_rng r;
     dfl_rng_seed(&r, 1);
     memset(st, 0, sizeof *st);
-    dfl_drafter_zero_grad(f->d);
+    if (g_start_grad) {
+        poison_grad(f->d);
+        dfl_drafter_start_grad(f->d);
+    } else {
+        dfl_drafter_zero_grad(f->d);
+    }
     dfl_train_mb mb;
     dfl_train_mb_init(&mb);
     for (int i = 0; i < nw; i++) {
@@ -739,6 +756,59 @@ static void test_fixture_kl(void) {
     check_loss(&f, &o, &st, "kl.loss", 0);
     check_step_grads(&f, &st, "kl.grad");
     fixture_close(&f);
+}
+
+/* The same steps from dfl_drafter_start_grad on a gradient full of NaN:
+ * the first backward must write every element the reference has (the
+ * matrices by their first products, the norm weights zeroed), the second
+ * micro-batch (split) must add. */
+static void test_fixture_start_grad(void) {
+    g_start_grad = 1;
+    test_fixture_ce();
+    test_fixture_kl();
+    g_start_grad = 0;
+}
+
+/* With no context rows in the micro-batch (every anchor at 0) no product
+ * writes fc's gradient: dfl_drafter_start_grad's backward must leave it 0,
+ * and every gradient as dfl_drafter_zero_grad's does. */
+static void test_start_grad_no_context(void) {
+    dfl_drafter_config c;
+    dfl_rng r;
+    test_seq a;
+    dfl_drafter *d = small_drafter(&c, &r, &a, 1, 23, 13, 0.4, 10, 0);
+    int32_t anc[] = {0};
+    dfl_train_opts o;
+    dfl_train_opts_default(&o, c.block_size);
+    dfl_train_seq sq = as_seq(&a);
+    float *g[2];
+    for (int pass = 0; pass < 2; pass++) {
+        dfl_rng rr;
+        dfl_rng_seed(&rr, 3);
+        dfl_train_mb mb;
+        dfl_train_mb_init(&mb);
+        dfl_train_mb_add(&mb, &c, &o, &sq, anc, 1, &rr);
+        T_CHECK(mb.b.NC == 0);
+        dfl_train_stats st;
+        memset(&st, 0, sizeof st);
+        if (pass) {
+            poison_grad(d);
+            dfl_drafter_start_grad(d);
+        } else {
+            dfl_drafter_zero_grad(d);
+        }
+        dfl_train_mb_run(d, &o, &mb, &st, 1);
+        g[pass] = dfl_malloc((size_t)d->nparams * 4);
+        ops->download(g[pass], d->grad, (size_t)d->nparams * 4);
+        dfl_train_mb_free(&mb);
+    }
+    int64_t differ = 0, nonzero_fc = 0;
+    for (int64_t i = 0; i < d->nparams; i++) differ += !(g[0][i] == g[1][i]); /* NaN differs */
+    for (int64_t i = 0; i < d->info[0].numel; i++) nonzero_fc += g[1][d->info[0].offset + i] != 0.0f;
+    T_CHECKF(differ == 0, "%lld gradient elements differ from the zeroed start's", (long long)differ);
+    T_CHECKF(nonzero_fc == 0, "%lld of fc's gradient elements are not 0", (long long)nonzero_fc);
+    free(g[0]), free(g[1]);
+    small_free(&c, d, &a);
 }
 
 /* Three AdamW steps with warm-up, cosine, clipping and weight decay; the
@@ -867,6 +937,8 @@ int main(void) {
     T_RUN(test_fd_kl);
     T_RUN(test_fixture_ce);
     T_RUN(test_fixture_kl);
+    T_RUN(test_fixture_start_grad);
+    T_RUN(test_start_grad_no_context);
     T_RUN(test_fixture_adamw);
     return t_exit();
 }

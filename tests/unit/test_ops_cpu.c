@@ -208,28 +208,38 @@ static void test_matmul(void) {
     float *din = fbuf(M * K), *dw = fbuf(N * K);
     for (int64_t i = 0; i < M * K; i++) din[i] = 1.0f;
     for (int64_t i = 0; i < N * K; i++) dw[i] = -1.0f;
-    ops->matmul_bwd(din, dw, dout, x, w, M, K, N, 1);
+    ops->matmul_bwd(din, dw, dout, x, w, M, K, N, DFL_ACC_DIN | DFL_ACC_DW);
     float *d1 = minus(din, 1.0f, M * K), *d2 = minus(dw, -1.0f, N * K);
     CHECK_NMSE("matmul_bwd din (+=)", d1, rdin, M * K, NMSE_F32);
     CHECK_NMSE("matmul_bwd dw (+=)", d2, rdw, N * K, NMSE_F32);
     /* NULL gradients are skipped */
     memcpy(d1, din, (size_t)(M * K) * 4);
-    ops->matmul_bwd(din, NULL, dout, x, w, M, K, N, 1);
-    ops->matmul_bwd(NULL, NULL, dout, x, w, M, K, N, 1);
+    ops->matmul_bwd(din, NULL, dout, x, w, M, K, N, DFL_ACC_DIN | DFL_ACC_DW);
+    ops->matmul_bwd(NULL, NULL, dout, x, w, M, K, N, DFL_ACC_DIN | DFL_ACC_DW);
     for (int64_t i = 0; i < M * K; i++) d1[i] = din[i] - d1[i];
     CHECK_NMSE("matmul_bwd din, dw NULL", d1, rdin, M * K, NMSE_F32);
-    /* accumulate 0: din overwritten (dw still accumulates) */
+    /* without DFL_ACC_DIN: din overwritten (dw still accumulates) */
     for (int64_t i = 0; i < M * K; i++) din[i] = 1e9f;
     memcpy(d2, dw, (size_t)(N * K) * 4);
-    ops->matmul_bwd(din, dw, dout, x, w, M, K, N, 0);
+    ops->matmul_bwd(din, dw, dout, x, w, M, K, N, DFL_ACC_DW);
     CHECK_NMSE("matmul_bwd din (=)", din, rdin, M * K, NMSE_F32);
     for (int64_t i = 0; i < N * K; i++) d2[i] = dw[i] - d2[i];
     CHECK_NMSE("matmul_bwd dw (+=, din overwritten)", d2, rdw, N * K, NMSE_F32);
     /* N = 0: an empty sum, so din = 0 when overwritten, unchanged when not */
-    ops->matmul_bwd(din, NULL, dout, x, w, M, K, 0, 1);
+    ops->matmul_bwd(din, NULL, dout, x, w, M, K, 0, DFL_ACC_DIN | DFL_ACC_DW);
     CHECK_NMSE("matmul_bwd din (N = 0, +=)", din, rdin, M * K, NMSE_F32);
-    ops->matmul_bwd(din, NULL, dout, x, w, M, K, 0, 0);
+    ops->matmul_bwd(din, NULL, dout, x, w, M, K, 0, DFL_ACC_DW);
     T_CHECK(din[0] == 0 && din[M * K - 1] == 0);
+    /* without DFL_ACC_DW: dw overwritten (din accumulates) */
+    for (int64_t i = 0; i < N * K; i++) dw[i] = 1e9f;
+    memcpy(d1, din, (size_t)(M * K) * 4);
+    ops->matmul_bwd(din, dw, dout, x, w, M, K, N, DFL_ACC_DIN);
+    CHECK_NMSE("matmul_bwd dw (=)", dw, rdw, N * K, NMSE_F32);
+    for (int64_t i = 0; i < M * K; i++) d1[i] = din[i] - d1[i];
+    CHECK_NMSE("matmul_bwd din (+=, dw overwritten)", d1, rdin, M * K, NMSE_F32);
+    /* M = 0: dw an empty sum, 0 when overwritten */
+    ops->matmul_bwd(NULL, dw, dout, x, w, 0, K, N, 0);
+    T_CHECK(dw[0] == 0 && dw[N * K - 1] == 0);
     /* K = 0: out = 0 */
     ops->matmul(out, x, w, M, 0, N, 0);
     T_CHECK(out[0] == 0 && out[M * N - 1] == 0);
@@ -305,7 +315,7 @@ static void test_matmul_fd(void) {
     c.x = fbuf(c.M * c.K), c.w = fbuf(c.N * c.K), c.dout = fbuf(c.M * c.N), c.out = fbuf(c.M * c.N);
     frand(c.x, c.M * c.K, &r, 1), frand(c.w, c.N * c.K, &r, 1), frand(c.dout, c.M * c.N, &r, 1);
     float *din = fbuf(c.M * c.K), *dw = fbuf(c.N * c.K);
-    ops->matmul_bwd(din, dw, c.dout, c.x, c.w, c.M, c.K, c.N, 1);
+    ops->matmul_bwd(din, dw, c.dout, c.x, c.w, c.M, c.K, c.N, DFL_ACC_DIN | DFL_ACC_DW);
     check_fd("matmul din", mm_loss, &c, c.x, din, c.M * c.K, 11);
     check_fd("matmul dw", mm_loss, &c, c.w, dw, c.N * c.K, 12);
     ops->free(c.x), ops->free(c.w), ops->free(c.dout), ops->free(c.out), ops->free(din), ops->free(dw);
