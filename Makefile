@@ -91,7 +91,8 @@ EMU_CXXFLAGS := -std=c++17 -O2 -g -DDFLASH_EMU -DDFLASH_HAVE_CUDA -Ilib -Ikernel
 EMU_SRC    := $(sort $(wildcard kernels/*.cu)) $(sort $(wildcard tests/emu/*.cpp))
 EMU_OBJ    := $(EMU_SRC:%=$(BUILD)/emu/%.o) $(BUILD)/emu/lib/ops.c.o
 EMU_TOOLS  := $(TOOL_SRC:tools/%.c=$(BUILD)/emu/bin/%)
-EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu $(BUILD)/gpu/bench_train_emu $(EMU_TOOLS))
+EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu $(BUILD)/gpu/bench_train_emu \
+                $(BUILD)/gpu/wgmma_probe_emu $(EMU_TOOLS))
 
 .PHONY: all check check-build test deps demo bench fuzz fixtures man install clean status gpu-check
 .DEFAULT_GOAL := all
@@ -151,6 +152,12 @@ $(BUILD)/emu/bin/%: tools/%.c $(EMU_OBJ) $(LIB_OBJ)
 $(BUILD)/gpu/bench_train_emu: tests/gpu/bench_train.c tests/gpu/bench_util.h $(EMU_OBJ) $(LIB_OBJ)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
+# the GPU run's wgmma layout probe against the emulation (its own main and
+# g_cuda: no backend linked): tests/cli/test_gpu_bench.sh
+$(BUILD)/gpu/wgmma_probe_emu: $(BUILD)/emu/tests/gpu/wgmma_probe.cu.o $(BUILD)/emu/tests/emu/cuda_emu.cpp.o \
+                              $(BUILD)/lib/common.o $(BUILD)/lib/dtype.o
+	@mkdir -p $(@D)
+	$(CXX) $^ -lm -o $@
 
 check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN) $(EMU_TEST) $(GPU_BIN)
 

@@ -61,6 +61,19 @@ if [ -n "$NVCC" ]; then
     check "gemm_sweep.cu builds (nvcc, sm_90a)" "$NVCC" -O2 -std=c++17 -arch=sm_90a "$here/tests/gpu/gemm_sweep.cu" \
         -lcublasLt -lcublas -o "$T/gemm_sweep"
 fi
+# profile.sh and run.sh run wgmma_probe.cu first on the GPU: built against
+# the emulation here, the kernels' layouts must hold and the four swapped
+# ones fail (the probe can tell them apart); and it must build with nvcc
+P=$DFLASH_BUILD/gpu/wgmma_probe_emu
+if [ -x "$P" ]; then
+    check "wgmma_probe (emulated): the kernels' layouts hold" sh -c "'$P' >'$T/probe.txt' 2>&1"
+    check "wgmma_probe (emulated): 3 forms ok, the 4 swapped layouts fail" sh -c \
+        "test \$(grep -c ' ok (nmse' '$T/probe.txt') -eq 3 && test \$(grep -c 'swapped.* FAIL' '$T/probe.txt') -eq 4"
+fi
+if [ -n "$NVCC" ]; then
+    check "wgmma_probe.cu builds (nvcc, sm_90a)" "$NVCC" -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a \
+        -I"$here/lib" -I"$here/kernels" "$here/tests/gpu/wgmma_probe.cu" -o "$T/wgmma_probe"
+fi
 check "python scripts compile" python3 -m py_compile "$here/tests/gpu/compare.py" "$here/tests/gpu/torch_step.py"
 
 # The online scoring benchmark of the GPU run, on the CPU with its smallest

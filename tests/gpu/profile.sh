@@ -29,6 +29,13 @@ gpu_deps || { echo "profile.sh: no msgpack-c/lz4/jansson/xxhash/OpenBLAS: carry 
 step() { printf '\n===== %s (at %ss) =====\n' "$1" "$SECONDS" | tee -a "$LOG"; }
 step build
 make "${MAKEARGS[@]}" "$B/gpu/bench_extract" "$B/gpu/bench_train" "$B/tests/test_ops_cuda" >>"$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
+step "wgmma layout probe (tests/gpu/wgmma_probe.cu: the descriptors the attention kernels use, on the card)"
+if nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Ilib -Ikernels tests/gpu/wgmma_probe.cu \
+    -o "$B/wgmma_probe" >>"$LOG" 2>&1; then
+    timeout 30 "$B/wgmma_probe" 2>&1 | tee -a "$LOG"
+else
+    echo "wgmma_probe did not build" | tee -a "$LOG"
+fi
 step "op agreement (test_ops_cuda, synced launches)"
 DFLASH_CUDA_SYNC=1 timeout 60 "$B/tests/test_ops_cuda" >>"$LOG" 2>&1
 echo "test_ops_cuda: exit $?, $(grep -c '^PASS' "$LOG") passed, $(grep -c '^FAIL' "$LOG") failed" | tee -a "$LOG"

@@ -203,6 +203,19 @@ if [ "$built" = 1 ]; then
         run_test "ops: real-size shapes" DFLASH_TEST_BIG=1
         # the MoE tests again with the grouped GEMM's fallback (per-expert calls)
         run_test "ops: MoE, one cuBLAS call per expert" DFLASH_CUDA_NO_GROUPED=1 DFLASH_TEST_ONLY=moe
+        # the wgmma descriptors on the card (tests/gpu/wgmma_probe.cu): which layouts it reads
+        section "wgmma layout probe" "$TEST_LOG"
+        if nvcc -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Ilib -Ikernels tests/gpu/wgmma_probe.cu \
+            -o "$B/wgmma_probe" >>"$TEST_LOG" 2>&1; then
+            timeout 30 "$B/wgmma_probe" >"$X.probe" 2>&1
+            rc=$?
+            cat "$X.probe" >>"$TEST_LOG"
+            detail=$(grep -E ' (ok|FAIL) \(nmse' "$X.probe" | sed -E 's/ +/ /g; s/ \(nmse [^)]*\)//' | paste -sd ';' -)
+            [ $rc -eq 0 ] && row "wgmma layout probe" "ok" "$detail" || row "wgmma layout probe" "FAIL" "exit $rc: $detail"
+            rm -f "$X.probe"
+        else
+            row "wgmma layout probe" "FAIL" "did not build; see tests.log"
+        fi
     fi
 
     # ---- 3. whole-model agreement ----------------------------------------------------------
