@@ -123,13 +123,9 @@ __device__ __forceinline__ int cm_off(int r, int ch) { return (r / 8) * (D / 8) 
 
 #ifdef DFLASH_EMU
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return emu::smem_addr(p); }
-template <int N>
+template <int N, bool TRANS = false>
 __device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
-    emu::wgmma_m64k16(d, N, NULL, da, db, false, false, scale_d != 0);
-}
-template <int N>
-__device__ __forceinline__ void wgmma_ss_tt(float *d, uint64_t da, uint64_t db, int scale_d) {
-    emu::wgmma_m64k16(d, N, NULL, da, db, true, true, scale_d != 0);
+    emu::wgmma_m64k16(d, N, NULL, da, db, TRANS, TRANS, scale_d != 0);
 }
 template <int N>
 __device__ __forceinline__ void wgmma_rs_t(float *d, const uint32_t *a, uint64_t db, int scale_d) {
@@ -145,18 +141,6 @@ __device__ __forceinline__ void fence_proxy_async() {}
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_ARCH 1
 #endif
-// d[N/2] (+)= A · B, A = the 64 x 16 tile of descriptor da (K-major), B^T =
-// the N x 16 tile of db (K-major); scale_d 0: d = A · B
-template <int N>
-__device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int scale_d);
-// d[N/2] (+)= A · B, A = the 64 x 16 tile of da (M-major), B = the 16 x N
-// tile of db (N-major)
-template <int N>
-__device__ __forceinline__ void wgmma_ss_tt(float *d, uint64_t da, uint64_t db, int scale_d);
-// d[N/2] (+)= A · B, A = this thread's 4 registers, B = the 16 x N tile of db
-// (N-major)
-template <int N>
-__device__ __forceinline__ void wgmma_rs_t(float *d, const uint32_t *a, uint64_t db, int scale_d);
 // The accumulator operands of an m64nNk16 wgmma: N/2 f32 registers, %0.. in
 // the instruction text, d[0..] as asm operands.
 #define WG_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -172,57 +156,45 @@ __device__ __forceinline__ void wgmma_rs_t(float *d, const uint32_t *a, uint64_t
     "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
     "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-template <>
-__device__ __forceinline__ void wgmma_ss<64>(float *d, uint64_t da, uint64_t db, int scale_d) {
+// d[N/2] (+)= A · B (N = 64 or 128; scale_d 0: d = A · B), A the 64 x 16
+// tile of descriptor da, B the 16 x N tile of db: K-major both (A = Q, B^T =
+// K: S = Q K^T), or with TRANS M-major A and N-major B (dS^T and K: dQ).
+template <int N, bool TRANS = false>
+__device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
 #ifdef WG_ARCH
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WG_ACC32(d)
-                 : "l"(da), "l"(db), "r"(scale_d));
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, "
+                     "%32, %33, p, 1, 1, %35, %35;\n}\n"
+                     : WG_ACC32(d)
+                     : "l"(da), "l"(db), "r"(scale_d), "n"((int)TRANS));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, "
+                     "%64, %65, p, 1, 1, %67, %67;\n}\n"
+                     : WG_ACC64(d)
+                     : "l"(da), "l"(db), "r"(scale_d), "n"((int)TRANS));
 #else
     __trap();
 #endif
 }
-template <>
-__device__ __forceinline__ void wgmma_rs_t<64>(float *d, const uint32_t *a, uint64_t db, int scale_d) {
+// d[N/2] (+)= A · B, A = this thread's 4 registers, B = the 16 x N tile of db
+// (N-major: V, dO, Q in P V, P^T dO, dS^T Q)
+template <int N>
+__device__ __forceinline__ void wgmma_rs_t(float *d, const uint32_t *a, uint64_t db, int scale_d) {
 #ifdef WG_ARCH
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : WG_ACC32(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-#else
-    __trap();
-#endif
-}
-template <>
-__device__ __forceinline__ void wgmma_rs_t<128>(float *d, const uint32_t *a, uint64_t db, int scale_d) {
-#ifdef WG_ARCH
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : WG_ACC64(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-#else
-    __trap();
-#endif
-}
-template <>
-__device__ __forceinline__ void wgmma_ss_tt<64>(float *d, uint64_t da, uint64_t db, int scale_d) {
-#ifdef WG_ARCH
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-                 : WG_ACC32(d)
-                 : "l"(da), "l"(db), "r"(scale_d));
-#else
-    __trap();
-#endif
-}
-template <>
-__device__ __forceinline__ void wgmma_ss_tt<128>(float *d, uint64_t da, uint64_t db, int scale_d) {
-#ifdef WG_ARCH
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, %64, %65, p, 1, 1, 1, 1;\n}\n"
-                 : WG_ACC64(d)
-                 : "l"(da), "l"(db), "r"(scale_d));
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, "
+                     "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                     : WG_ACC32(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, "
+                     "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                     : WG_ACC64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 #else
     __trap();
 #endif

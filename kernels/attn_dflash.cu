@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(NTHREADS, 4)
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++)
-                wgmma_ss_tt<D>(&acc[0][0], wg_desc(st + kk * 16 * BM, BM * 16, 128),
+                wgmma_ss<D, true>(&acc[0][0], wg_desc(st + kk * 16 * BM, BM * 16, 128),
                                wg_desc(kt + kk * 16 * D, D * 16, 128), 1);
             wg_commit();
             wg_wait0();

@@ -109,7 +109,7 @@ __global__ void probe_dq(float *out, const bf16 *dst, const bf16 *k, uint32_t al
     for (int i = 0; i < PD / 2; i++) acc[i] = 0.0f;
     wg_fence();
     for (int kk = 0; kk < PK / 16; kk++)
-        wgmma_ss_tt<PD>(acc, wg_desc(sS + kk * 16 * PK, alo, aso), wg_desc(sK + kk * 16 * PD, blo, bso), 1);
+        wgmma_ss<PD, true>(acc, wg_desc(sS + kk * 16 * PK, alo, aso), wg_desc(sK + kk * 16 * PD, blo, bso), 1);
     wg_commit();
     wg_wait0();
     store_acc<PD>(out, acc);
