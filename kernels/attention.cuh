@@ -132,8 +132,9 @@ __device__ __forceinline__ void wgmma_rs_t(float *d, const uint32_t *a, uint64_t
     emu::wgmma_m64k16(d, N, a, 0, db, false, true, scale_d != 0);
 }
 __device__ __forceinline__ void wg_fence() {}
-__device__ __forceinline__ void wg_commit() {}
-__device__ __forceinline__ void wg_wait0() {}
+__device__ __forceinline__ void wg_commit() { emu::wgmma_commit(); }
+template <int N>
+__device__ __forceinline__ void wg_wait() { emu::wgmma_wait(N); }
 __device__ __forceinline__ void fence_proxy_async() {}
 #else
 // the sm_90a pass of nvcc defines this; the compute_90 PTX pass cannot
@@ -210,10 +211,12 @@ __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
-// every committed wgmma of this warpgroup done (its registers may be read)
-__device__ __forceinline__ void wg_wait0() {
+// every committed wgmma of this warpgroup but the N most recent groups done
+// (their registers may be read, their shared-memory operands overwritten)
+template <int N>
+__device__ __forceinline__ void wg_wait() {
 #ifdef WG_ARCH
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
 // shared memory written by this thread (cp.async) made visible to the async
@@ -610,7 +613,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
                 wgmma_ss<TN>(&s[0][0][0], wg_desc(sQg + ks * 128, 128, D * 16), wg_desc(kt + ks * 128, 128, D * 16),
                              ks);
             wg_commit();
-            wg_wait0();
+            wg_wait<0>();
         } else {
 #pragma unroll
             for (int m = 0; m < MB; m++) zero_frags<NB>(s[m]);
@@ -697,7 +700,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         if constexpr (WG) { // P from registers, V as an N-major B, 16 keys a step
             wg_product_rs<D, NB / 2>(&o[0][0][0], s[0], vt);
             wg_commit();
-            wg_wait0();
+            wg_wait<0>();
         } else {
 #pragma unroll
             for (int kk = 0; kk < NB / 2; kk++) {

@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(NTHREADS, 4)
                 wgmma_ss<D, true>(&acc[0][0], wg_desc(st + kk * 16 * BM, BM * 16, 128),
                                wg_desc(kt + kk * 16 * D, D * 16, 128), 1);
             wg_commit();
-            wg_wait0();
+            wg_wait<0>();
         } else {
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                              ks);
             }
             wg_commit();
-            wg_wait0();
+            wg_wait<0>();
         } else {
             two_scores<NB, D>(st, dpt, sK + warp * 16 * SD, sV + warp * 16 * SD, qt, ot);
         }
@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
             wg_product_rs<D, NB / 2>(&dv[0][0], st, ot);
             wg_product_rs<D, NB / 2>(&dk[0][0], dpt, qt);
             wg_commit();
-            wg_wait0();
+            wg_wait<0>();
         } else {
 #pragma unroll
             for (int kk = 0; kk < NB / 2; kk++) {

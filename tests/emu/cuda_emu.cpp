@@ -6,6 +6,7 @@
 #include <ucontext.h>
 
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 namespace emu {
@@ -32,6 +33,7 @@ struct Fiber {
     int warp, lane, state;
     std::vector<Copy> copies; // issued, not yet landed
     int committed;            // cp.async groups committed so far
+    int wg_commits;           // wgmma groups committed so far
 };
 
 // One warp's pending collective: every live lane deposits its operands and
@@ -44,13 +46,34 @@ struct Warp {
     void *out[32][4];
 };
 
-// One warpgroup's pending wgmma: operands of each of its 128 threads.
-struct WGroup {
-    int arrived, N;
+// One wgmma of a warpgroup: its shape, flags and descriptors, the A
+// registers of each of its 128 threads (copied at issue), where each
+// thread's accumulators are, and the commit group it belongs to.
+struct WgOp {
+    int N, group;
     bool tnsp_a, tnsp_b, scale_d, a_smem;
     uint64_t a_desc, b_desc;
     uint32_t a[128][4];
     float *d[128];
+};
+
+// Accumulators that a wgmma in flight owns: their values when it was
+// issued; meanwhile the registers hold POISON, so that a read before the
+// wait sees NaN and a write before it is seen at the wait.
+struct Held {
+    int n;
+    std::vector<float> saved;
+};
+static const uint32_t POISON = 0x7fdeadbfu; // a quiet NaN
+
+// A warpgroup: the collective being gathered (an issue or a wait), and its
+// wgmma in flight, which run when a wait covers their group.
+enum { WG_ISSUE = 1, WG_WAIT };
+struct WGroup {
+    int arrived, op, wait_n, commits;
+    WgOp next;
+    std::vector<WgOp> flight;
+    std::unordered_map<float *, Held> held;
 };
 
 Fiber *cur;
@@ -249,6 +272,9 @@ static void complete_warp_if_ready(int wi) {
 static void fiber_main() {
     body->run();
     land_groups(cur, INT_MAX); // a thread's copies land even if it never waited
+    const size_t wg = (size_t)fiber_index(cur) / 128;
+    if (wg < wgroups.size() && !wgroups[wg].flight.empty())
+        die("a thread ended with a wgmma in flight (no wgmma.wait_group covers its group)");
     cur->state = DONE;
     done_count++;
     warps[cur->warp].done++;
@@ -347,7 +373,7 @@ static float desc_elem(uint64_t desc, bool mn_major, int r, int k, int warp0) {
     return bf(h);
 }
 
-static void compute_wgroup(WGroup &g, int wg) {
+static void compute_wgroup(WgOp &g, int wg) {
     const int N = g.N;
     std::vector<float> A(64 * 16), B(16 * N), D(64 * N);
     for (int t = 0; t < 128; t++) { // the accumulator and register layouts: mma.sync's, warp w on rows 16w..
@@ -381,6 +407,62 @@ static void compute_wgroup(WGroup &g, int wg) {
     }
 }
 
+static bool poisoned(const float *d, int n) {
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, d + i, 4);
+        if (u != POISON) return false;
+    }
+    return true;
+}
+
+// d becomes owned by a wgmma in flight: keep its values, poison it
+static void hold(WGroup &g, float *d, int n) {
+    auto it = g.held.find(d);
+    if (it != g.held.end()) {
+        if (it->second.n != n) die("wgmma: accumulators of two sizes at one address");
+        if (!poisoned(d, n))
+            die("wgmma: accumulator registers written while a wgmma on them is in flight (before the "
+                "wgmma.wait_group that covers it)");
+        return;
+    }
+    Held h{n, std::vector<float>(d, d + n)};
+    for (int i = 0; i < n; i++) memcpy(d + i, &POISON, 4);
+    g.held.emplace(d, std::move(h));
+}
+
+// d is given back by the wgmma in flight: it must still be poisoned
+static void release(WGroup &g, float *d) {
+    auto it = g.held.find(d);
+    if (it == g.held.end()) return; // already released for an earlier op of this wait
+    if (!poisoned(d, it->second.n))
+        die("wgmma: accumulator registers written while a wgmma on them is in flight (before the "
+            "wgmma.wait_group that covers it)");
+    memcpy(d, it->second.saved.data(), (size_t)it->second.n * 4);
+    g.held.erase(it);
+}
+
+// Gather thread t of warpgroup g into the collective `op` (all 128 threads
+// must take part in the same one, with the same committed groups).
+static bool gather(WGroup &g, int op, const char *what) {
+    if (g.arrived == 0) g.op = op, g.commits = cur->wg_commits;
+    else if (g.op != op) die("wgmma: some threads of a warpgroup issue a wgmma while others wait for one");
+    else if (g.commits != cur->wg_commits) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "wgmma: the threads of a warpgroup disagree on their committed groups (at a %s)",
+                 what);
+        die(msg);
+    }
+    cur->state = WAIT_WG;
+    return ++g.arrived == 128;
+}
+
+static void release_wgroup(int wg) {
+    wgroups[wg].arrived = 0;
+    for (int i = 128 * wg; i < 128 * wg + 128; i++)
+        if (fibers[i].state == WAIT_WG) fibers[i].state = RUN;
+}
+
 void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t b_desc, bool tnsp_a, bool tnsp_b,
                   bool scale_d) {
     if (a && tnsp_a) die("wgmma: a transposed A in registers (only shared-memory A may be M-major)");
@@ -388,21 +470,51 @@ void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t 
     const int t = fiber_index(cur), wg = t / 128;
     if ((size_t)(wg + 1) * 128 > (size_t)nthreads) die("wgmma in a partial warpgroup");
     WGroup &g = wgroups[wg];
-    if (g.arrived == 0) {
-        g.N = N, g.tnsp_a = tnsp_a, g.tnsp_b = tnsp_b, g.scale_d = scale_d, g.a_smem = a == NULL, g.a_desc = a_desc;
-        g.b_desc = b_desc;
-    } else if (g.N != N || g.tnsp_a != tnsp_a || g.tnsp_b != tnsp_b || g.scale_d != scale_d || g.a_smem != (a == NULL) ||
-               (a == NULL && g.a_desc != a_desc) || g.b_desc != b_desc) {
+    WgOp &o = g.next;
+    const bool first = g.arrived == 0;
+    if (first) {
+        o.N = N, o.tnsp_a = tnsp_a, o.tnsp_b = tnsp_b, o.scale_d = scale_d, o.a_smem = a == NULL, o.a_desc = a_desc;
+        o.b_desc = b_desc;
+    } else if (g.op == WG_ISSUE &&
+               (o.N != N || o.tnsp_a != tnsp_a || o.tnsp_b != tnsp_b || o.scale_d != scale_d ||
+                o.a_smem != (a == NULL) || (a == NULL && o.a_desc != a_desc) || o.b_desc != b_desc)) {
         die("wgmma: the threads of a warpgroup disagree on its shape, flags or descriptors");
     }
-    if (a) memcpy(g.a[t % 128], a, sizeof g.a[0]);
-    g.d[t % 128] = d;
-    cur->state = WAIT_WG;
-    if (++g.arrived == 128) {
-        compute_wgroup(g, wg);
-        g.arrived = 0;
-        for (int i = 128 * wg; i < 128 * wg + 128; i++)
-            if (fibers[i].state == WAIT_WG) fibers[i].state = RUN;
+    if (a) memcpy(o.a[t % 128], a, sizeof o.a[0]);
+    o.d[t % 128] = d;
+    if (gather(g, WG_ISSUE, "wgmma")) { // issued: it runs at the wait that covers its group
+        o.group = g.commits;
+        for (int i = 0; i < 128; i++) hold(g, o.d[i], N / 2);
+        g.flight.push_back(o);
+        release_wgroup(wg);
+    }
+    yield();
+}
+
+void wgmma_commit() { cur->wg_commits++; }
+
+// wgmma.wait_group n: the warpgroup's wgmma in groups older than its n most
+// recent committed ones run now, in issue order (their shared-memory
+// operands read now, the latest the hardware may read them)
+void wgmma_wait(int n) {
+    const int t = fiber_index(cur), wg = t / 128;
+    if (n < 0) die("wgmma.wait_group with a negative count");
+    if ((size_t)(wg + 1) * 128 > (size_t)nthreads) die("wgmma.wait_group in a partial warpgroup");
+    WGroup &g = wgroups[wg];
+    if (g.arrived && g.op == WG_WAIT && g.wait_n != n) die("wgmma: the threads of a warpgroup wait for different counts");
+    g.wait_n = n;
+    if (gather(g, WG_WAIT, "wgmma.wait_group")) {
+        const int upto = g.commits - n;
+        size_t ndone = 0;
+        while (ndone < g.flight.size() && g.flight[ndone].group < upto) ndone++;
+        for (size_t k = 0; k < ndone; k++)
+            for (int i = 0; i < 128; i++) release(g, g.flight[k].d[i]);
+        for (size_t k = 0; k < ndone; k++) compute_wgroup(g.flight[k], wg);
+        g.flight.erase(g.flight.begin(), g.flight.begin() + (ptrdiff_t)ndone);
+        for (auto &o : g.flight) // a later op in flight on the same accumulators keeps them
+            for (int i = 0; i < 128; i++)
+                if (!g.held.count(o.d[i])) hold(g, o.d[i], o.N / 2);
+        release_wgroup(wg);
     }
     yield();
 }
@@ -496,13 +608,14 @@ static void run_block() {
     g_epoch++; // nothing of the previous block is in this block's epochs
     for (size_t i = 0; i < warps.size(); i++)
         warps[i].arrived = warps[i].done = 0, warps[i].op = OP_NONE, warps[i].wsync = 0;
-    for (auto &g : wgroups) g.arrived = 0;
+    for (auto &g : wgroups) g.arrived = 0, g.flight.clear(), g.held.clear();
     for (int i = 0; i < nthreads; i++) {
         Fiber &f = fibers[i];
         f.state = RUN;
         f.started = false;
         f.copies.clear();
         f.committed = 0;
+        f.wg_commits = 0;
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack;
         f.ctx.uc_stack.ss_size = STACK;

@@ -15,8 +15,12 @@
 //   follow the fragment layouts of the PTX ISA; so does wgmma m64nNk16
 //   (a warpgroup collective; its shared-memory operands by the canonical
 //   no-swizzle layouts of their descriptors, checked uniform across the
-//   warpgroup and read through the race detector), executed synchronously:
-//   a missing wgmma.wait_group is not seen here. cp.async is deferred: the
+//   warpgroup and read through the race detector), deferred like the
+//   hardware's: a wgmma runs when a wgmma.wait_group covers its commit
+//   group, reading its shared-memory operands then; from its issue until
+//   then its accumulator registers hold NaN (a read too early gives NaN), a
+//   write to them in that time aborts, and so does a thread that ends with
+//   a wgmma in flight. cp.async is deferred: the
 //   16 bytes land only when the issuing thread's cp.async.wait_group covers
 //   its group (or the thread ends), so reading them earlier sees stale bytes.
 //   Dynamic shared memory is filled with 0xFF bytes (NaN in bf16 and f32)
@@ -142,7 +146,8 @@ void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const v
 void mma_m16n8k16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
 // wgmma.mma_async.m64nNk16 (bf16 in, f32 accumulate), a collective of the
 // 128 threads of a warpgroup (4 consecutive warps from a multiple of 4),
-// carried out at once: d[N/2] this thread's accumulators (added to when
+// carried out at the wgmma_wait that covers it (the A registers are copied
+// at issue): d[N/2] this thread's accumulators (added to when
 // scale_d), A from this thread's 4 registers a, or from shared memory by
 // a_desc when a is NULL (M-major when tnsp_a); B from shared memory by
 // b_desc, N-major when tnsp_b. Descriptors as the PTX ISA defines them (start, leading and
@@ -150,6 +155,11 @@ void mma_m16n8k16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
 // dynamic shared memory's window (smem_addr).
 void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t b_desc, bool tnsp_a, bool tnsp_b,
                   bool scale_d);
+// wgmma.commit_group (the wgmma issued since the last commit form a group)
+// and wgmma.wait_group n (all but the n most recent groups complete), the
+// latter a collective of the warpgroup
+void wgmma_commit();
+void wgmma_wait(int n);
 uint32_t smem_addr(const void *p);
 void *dyn_smem();
 // cp.async 16 bytes (zeros when !valid), deferred to the wait that covers it

@@ -84,6 +84,43 @@ __global__ void toy_double_buffer(float *out, const bf16 *src, int fixed) {
     for (int e = 0; e < 8; e++) out[t * 8 + e] = acc[e];
 }
 
+// ---- wgmma in flight ----------------------------------------------------------------
+// One warpgroup multiplies A (64 x 16, all ones) by B (16 x 64, column n all
+// n), both K-major in shared memory: thread t's accumulator j (fragment
+// i = j/4, element e = j%4) is 16 * (8i + 2(lane%4) + e%2), written to
+// out[t*32 + j]. The buggy modes: read the accumulators before the wait,
+// write one of them before it, overwrite B before it, never wait.
+enum { WG_FIX = 0, WG_EARLY_READ, WG_WRITE, WG_OVERWRITE, WG_NO_WAIT };
+
+__global__ void toy_wgmma(float *out, int mode) {
+    DYN_SMEM(bf16, sa); // [64][16] A, then [64][16] B^T, 8x8 core matrices: LBO 128 B, SBO 256 B
+    bf16 *sb = sa + 64 * 16;
+    const int t = threadIdx.x;
+    auto fill_b = [&](float scale) {
+        for (int i = t; i < 64 * 16; i += 128) {
+            const int r = i / 16, k = i % 16, off = (r / 8) * 128 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
+            sa[off] = f2bf(1.0f);
+            sb[off] = f2bf(scale * (float)r);
+        }
+        fence_proxy_async();
+        __syncthreads();
+    };
+    fill_b(1.0f);
+    float d[32];
+    for (int j = 0; j < 32; j++) d[j] = 0.0f;
+    wg_fence();
+    wgmma_ss<64>(d, wg_desc(sa, 128, 256), wg_desc(sb, 128, 256), 0);
+    wg_commit();
+    if (mode == WG_EARLY_READ)
+        for (int j = 0; j < 32; j++) out[t * 32 + j] = d[j];
+    if (mode == WG_WRITE) d[5] = 1.0f;
+    if (mode == WG_OVERWRITE) fill_b(0.0f);
+    if (mode == WG_NO_WAIT) return;
+    wg_wait<0>();
+    if (mode != WG_EARLY_READ)
+        for (int j = 0; j < 32; j++) out[t * 32 + j] = d[j];
+}
+
 // ---- launch and alignment checks -----------------------------------------------------
 __global__ void toy_big_smem(float *out) {
     DYN_SMEM(float, s);
@@ -136,6 +173,15 @@ extern "C" int dfl_emu_toy(const char *name, int fixed, float *out, int n) {
         KLAUNCH(toy_double_buffer, 1, 128, 2 * 64 * 8 * sizeof(bf16))(out, src, fixed);
         free(src);
         return 1024;
+    }
+    if (!strncmp(name, "wgmma_", 6)) { // 128 x 32 floats; the aborting modes write none
+        static const char *modes[] = {"early_read", "write_in_flight", "overwrite", "no_wait"};
+        int mode = -1;
+        for (int m = 0; m < 4; m++)
+            if (!strcmp(name + 6, modes[m])) mode = m + 1;
+        if (mode < 0 || ((mode == WG_EARLY_READ || mode == WG_OVERWRITE || fixed) && n < 4096)) return -1;
+        KLAUNCH(toy_wgmma, 1, 128, 2 * 64 * 16 * sizeof(bf16))(out, fixed ? WG_FIX : mode);
+        return 4096;
     }
     if (!strcmp(name, "big_smem")) { // 64 KiB
         if (n < 32) return -1;

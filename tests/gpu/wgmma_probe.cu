@@ -69,7 +69,7 @@ __global__ void probe_s(float *out, const bf16 *q, const bf16 *k) {
     for (int ks = 0; ks < PD / 16; ks++)
         wgmma_ss<PK>(s, wg_desc(sQ + ks * 128, 128, PD * 16), wg_desc(sK + ks * 128, 128, PD * 16), ks);
     wg_commit();
-    wg_wait0();
+    wg_wait<0>();
     store_acc<PK>(out, s);
 }
 
@@ -93,7 +93,7 @@ __global__ void probe_o(float *out, const bf16 *p, const bf16 *v, uint32_t lbo, 
     wg_fence();
     for (int kk = 0; kk < PK / 16; kk++) wgmma_rs_t<PD>(o, a[kk], wg_desc(sV + kk * 16 * PD, lbo, sbo), 1);
     wg_commit();
-    wg_wait0();
+    wg_wait<0>();
     store_acc<PD>(out, o);
 }
 
@@ -111,7 +111,7 @@ __global__ void probe_dq(float *out, const bf16 *dst, const bf16 *k, uint32_t al
     for (int kk = 0; kk < PK / 16; kk++)
         wgmma_ss<PD, true>(acc, wg_desc(sS + kk * 16 * PK, alo, aso), wg_desc(sK + kk * 16 * PD, blo, bso), 1);
     wg_commit();
-    wg_wait0();
+    wg_wait<0>();
     store_acc<PD>(out, acc);
 }
 

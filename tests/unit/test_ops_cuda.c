@@ -494,6 +494,30 @@ static int toy_aborts(const char *name, const char *msg) {
     return ok;
 }
 
+/* wgmma runs deferred, as on the GPU: its accumulators read before the
+ * wait that covers it are NaN, B overwritten before that wait changes the
+ * product, a write to the accumulators in flight or a thread that never
+ * waits aborts; the correct twin gives the exact product. */
+static void emu_wgmma_in_flight(void) {
+    static float out[4096];
+    const int mode_fix = 1, mode_bug = 0;
+    T_CHECK(dfl_emu_toy("wgmma_early_read", mode_fix, out, 4096) == 4096);
+    int wrong = 0;
+    for (int t = 0; t < 128; t++)
+        for (int j = 0; j < 32; j++) wrong += out[t * 32 + j] != 16.0f * (float)(8 * (j / 4) + 2 * (t % 4) + j % 2);
+    T_CHECKF(wrong == 0, "wgmma toy: %d of 4096 accumulators wrong", wrong);
+    T_CHECK(dfl_emu_toy("wgmma_early_read", mode_bug, out, 4096) == 4096);
+    int nan = 0;
+    for (int i = 0; i < 4096; i++) nan += isnan(out[i]);
+    T_CHECKF(nan == 4096, "wgmma read before its wait: %d of 4096 accumulators NaN", nan);
+    T_CHECK(dfl_emu_toy("wgmma_overwrite", mode_bug, out, 4096) == 4096);
+    int zero = 0;
+    for (int i = 0; i < 4096; i++) zero += out[i] == 0.0f;
+    T_CHECKF(zero == 4096, "wgmma with B overwritten in flight: %d of 4096 products from the new B", zero);
+    T_CHECK(toy_aborts("wgmma_write_in_flight", "written while a wgmma on them is in flight"));
+    T_CHECK(toy_aborts("wgmma_no_wait", "ended with a wgmma in flight"));
+}
+
 /* What fails a launch or faults on the GPU aborts the emulation too: shared
  * memory over 48 KiB without the kernel's attribute raised, a 16-byte
  * access that is not 16-byte aligned. The correct versions run. */
@@ -550,6 +574,7 @@ int main(void) {
         T_RUN(emu_race_detector_catches_toys);
         T_RUN(emu_schedules_expose_plain_races);
         T_RUN(emu_launch_checks_abort);
+        T_RUN(emu_wgmma_in_flight);
     }
     return t_exit();
 }
