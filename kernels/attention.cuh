@@ -136,6 +136,8 @@ __device__ __forceinline__ void wg_commit() { emu::wgmma_commit(); }
 template <int N>
 __device__ __forceinline__ void wg_wait() { emu::wgmma_wait(N); }
 __device__ __forceinline__ void fence_proxy_async() {}
+template <int N>
+__device__ __forceinline__ void reg_fence(float *) {}
 #else
 // the sm_90a pass of nvcc defines this; the compute_90 PTX pass cannot
 // assemble wgmma (the launchers use these kernels only on a 9.0 device)
@@ -219,6 +221,13 @@ __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+// x[0..N) computed here, before any volatile asm that follows (a wgmma
+// wait): an empty asm that claims to read and write them
+template <int N>
+__device__ __forceinline__ void reg_fence(float *x) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(x[i])::"memory");
+}
 // shared memory written by this thread (cp.async) made visible to the async
 // proxy that wgmma reads it through; then a barrier for the other threads
 __device__ __forceinline__ void fence_proxy_async() {
@@ -249,6 +258,14 @@ __device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float
     a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// acc[D/2] += A · T, A = this warpgroup's 64 x 16*NK2 bf16 A fragments a,
+// T as in wg_product_rs. Issued, not committed; the caller fences first.
+template <int D, int NK2>
+__device__ __forceinline__ void wg_product_ra(float *acc, const uint32_t (*a)[4], const bf16 *t) {
+#pragma unroll
+    for (int kk = 0; kk < NK2; kk++) wgmma_rs_t<D>(acc, a[kk], wg_desc(t + kk * 16 * D, D * 16, 128), 1);
+}
+
 // acc[D/2] += P · T over 16*NK2 rows of T: P = this warpgroup's 64 x 16*NK2
 // accumulator fragments p (NK2 pairs of 8-column blocks, rounded to bf16 as
 // A fragments, all converted before the first product reads them), T the
@@ -260,8 +277,22 @@ __device__ __forceinline__ void wg_product_rs(float *acc, const float (*p)[4], c
 #pragma unroll
     for (int kk = 0; kk < NK2; kk++) c_to_a(a[kk], p[2 * kk], p[2 * kk + 1]);
     wg_fence();
+    wg_product_ra<D, NK2>(acc, a, t);
+}
+
+// a if A, else b (two arrays of one shape, or not)
+template <bool A, typename X, typename Y>
+__device__ __forceinline__ auto &select_ref(X &a, Y &b) {
+    if constexpr (A) return a;
+    else return b;
+}
+
+// n accumulator fragments times their rows' factors (alpha[0]: rows g,
+// alpha[1]: rows g+8)
+template <int N>
+__device__ __forceinline__ void rescale_frags(float (*c)[4], const float *alpha) {
 #pragma unroll
-    for (int kk = 0; kk < NK2; kk++) wgmma_rs_t<D>(acc, a[kk], wg_desc(t + kk * 16 * D, D * 16, 128), 1);
+    for (int i = 0; i < N; i++) c[i][0] *= alpha[0], c[i][1] *= alpha[0], c[i][2] *= alpha[1], c[i][3] *= alpha[1];
 }
 
 // n accumulator fragments set to zero
@@ -493,6 +524,13 @@ static inline int use_wgmma(int64_t D) {
     return strcmp(s, "3") == 0 ? 3 : 2;
 }
 
+// The wgmma forward kernels with flash_fwd_cta's PIPE overlap, unless
+// DFLASH_CUDA_WGMMA_PIPE=0 (read at every call, like use_wgmma).
+static inline bool wgmma_pipe(void) {
+    const char *s = getenv("DFLASH_CUDA_WGMMA_PIPE");
+    return !(s && strcmp(s, "0") == 0);
+}
+
 // Raise a kernel's dynamic shared memory limit once, when it needs > 48 KiB.
 template <typename K>
 static void allow_smem(K kernel, size_t bytes) {
@@ -534,8 +572,9 @@ using FwdSegs = KeySegsT<FWD_KEYS<D>>;
 template <int D, int ROWS = BM>
 constexpr size_t fwd_smem_bytes() { return (size_t)(ROWS + 4 * FWD_KEYS<D>) * (D + 8) * sizeof(bf16); }
 // the wgmma path's (core-matrix tiles, no padding; D = 64 or 128)
-template <int D, int ROWS>
-constexpr size_t fwd_wg_smem_bytes() { return (size_t)(ROWS + 4 * BN) * D * sizeof(bf16); }
+// (PIPE: three K/V stages instead of two)
+template <int D, int ROWS, bool PIPE = false>
+constexpr size_t fwd_wg_smem_bytes() { return (size_t)(ROWS + (PIPE ? 6 : 4) * BN) * D * sizeof(bf16); }
 
 // A CTA of 4 warps (NTHREADS), each with MB blocks of 16 rows (rows
 // warp*16*MB + m*16 + ..): MB = 1 (64 rows) for the DFlash forward, whose
@@ -550,18 +589,29 @@ constexpr size_t fwd_wg_smem_bytes() { return (size_t)(ROWS + 4 * BN) * D * size
 // wgmmas on core-matrix tiles (Q and K/V from shared memory, P from
 // registers); the masks and the online softmax are the same code, on the
 // same fragments.
-template <int D, bool CAUSAL, int MB = 1, int WGS = 0>
+//
+// PIPE (wgmma only): FlashAttention-3's intra-warpgroup overlap. Tile it's
+// S = Q K^T and tile it-1's O += P V are issued together; the softmax of
+// tile it runs while the P V product is still on the tensor cores. So O is
+// rescaled one tile late: by tile it-1's factor, just before P V of tile
+// it-1 adds to it (both then relative to tile it-1's row maxima). P V of
+// tile it-1 reads V while tile it+1 loads, so K/V have three stages, and
+// one barrier a tile suffices: tile it+1 goes into the stage of tile it-2,
+// whose P V every warpgroup waited for before the barrier.
+template <int D, bool CAUSAL, int MB = 1, int WGS = 0, bool PIPE = false>
 __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                               int Hq, int Hkv, int G, int64_t tok0, int rows_total, int r0, int hkv,
                                               const FwdSegs<D> &segs, int64_t kbase, float scale_log2) {
     constexpr bool WG = WGS > 0;
     static_assert(!WG || (MB == 1 && (D == 64 || D == 128)), "wgmma: one row block a warp, D 64 or 128");
+    static_assert(!PIPE || WG, "the pipelined forward is a wgmma path");
+    constexpr int NSTAGE = PIPE ? 3 : 2;
     constexpr int SD = WG ? D : D + 8, ND = D / 8, KS = D / 16, ROWS = WG ? 64 * WGS : BM * MB;
     constexpr int TN = FWD_KEYS<D>, NB = TN / 8; // keys per tile, 8-key score fragments
     constexpr bool QREG = FWD_Q_IN_REGS<D> && MB == 1 && !WG;
     DYN_SMEM(bf16, sQ);
-    bf16 *sK = sQ + ROWS * SD; // [2][TN][SD]
-    bf16 *sV = sK + 2 * TN * SD;
+    bf16 *sK = sQ + ROWS * SD; // [NSTAGE][TN][SD]
+    bf16 *sV = sK + NSTAGE * TN * SD;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const bf16 *sQw = sQ + warp * 16 * MB * SD; // this warp's 16*MB rows (mma.sync)
     const bf16 *sQg = sQ + (warp / 4) * 64 * D;  // this warpgroup's 64 rows (wgmma)
@@ -590,11 +640,35 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
 #pragma unroll
     for (int m = 0; m < MB; m++) mrow[m][0] = mrow[m][1] = -INFINITY, l[m][0] = l[m][1] = 0.0f;
     uint32_t qf[QREG ? KS : 1][4];
+    // PIPE: the previous tile's P (f32, then as bf16 A fragments) and its O
+    // factors. P has registers of its own (without PIPE it replaces S in
+    // place), converted at the top of the next step: ptxas hoists a wgmma
+    // wait above the exponentials that precede it in the same basic block,
+    // which would take them out of the overlap.
+    float p_own[PIPE ? MB : 1][PIPE ? NB : 1][4];
+    uint32_t pa[PIPE ? NB / 2 : 1][4];
+    float alpha_prev[2] = {0.0f, 0.0f};
+    auto take_p = [&] { // once the P V product in flight is done: P is its next A
+        wg_wait<0>();
+#pragma unroll
+        for (int kk = 0; kk < NB / 2; kk++) c_to_a(pa[kk], p_own[0][2 * kk], p_own[0][2 * kk + 1]);
+    };
 
     for (int it = 0; it < nt; it++) {
-        const int buf = it & 1;
-        pipeline_step<WG>(it + 1 < nt,
-                          [&] { load_kv_tile<D, TN, WG>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
+        const int buf = it % NSTAGE;
+        if constexpr (PIPE) { // tile it landed and visible; then tile it+1 into tile it-2's stage
+            if (it > 0) take_p();
+            cp_async_wait<0>();
+            fence_proxy_async();
+            __syncthreads();
+            if (it + 1 < nt) {
+                load_kv_tile<D, TN, true>(sK, sV, k, v, segs, it + 1, (it + 1) % NSTAGE, Hkv, hkv);
+                cp_async_commit();
+            }
+        } else {
+            pipeline_step<WG>(it + 1 < nt,
+                              [&] { load_kv_tile<D, TN, WG>(sK, sV, k, v, segs, it + 1, buf ^ 1, Hkv, hkv); });
+        }
         if constexpr (QREG) {
             if (it == 0) {
 #pragma unroll
@@ -607,13 +681,24 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         // S = Q K^T for 16*MB rows x TN keys
         float s[MB][NB][4];
         if constexpr (WG) { // the warpgroup's 64 rows: K-major A (Q) and B^T (K) tiles, 16 columns a step
+            if constexpr (PIPE) rescale_frags<ND>(o[0], alpha_prev); // before the fence: P V reads O
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
                 wgmma_ss<TN>(&s[0][0][0], wg_desc(sQg + ks * 128, 128, D * 16), wg_desc(kt + ks * 128, 128, D * 16),
                              ks);
             wg_commit();
-            wg_wait<0>();
+            if constexpr (PIPE) {
+                if (it > 0) { // the previous tile's O += P V, in flight during this tile's softmax
+                    wg_product_ra<D, NB / 2>(&o[0][0][0], pa, sV + (it - 1) % NSTAGE * TN * SD);
+                    wg_commit();
+                    wg_wait<1>();
+                } else {
+                    wg_wait<0>();
+                }
+            } else {
+                wg_wait<0>();
+            }
         } else {
 #pragma unroll
             for (int m = 0; m < MB; m++) zero_frags<NB>(s[m]);
@@ -661,25 +746,27 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         } else {
             mask_max([&](int, int kr, int) { return segs.ok(it, k0 + kr); });
         }
+        float alpha[MB][2];
+        auto &pt = select_ref<PIPE>(p_own, s); // P
 #pragma unroll
         for (int m = 0; m < MB; m++) {
-            float alpha[2], base[2];
+            float base[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 mx[m][h] = fmaxf(mx[m][h], __shfl_xor_sync(0xffffffffu, mx[m][h], 1));
                 mx[m][h] = fmaxf(mx[m][h], __shfl_xor_sync(0xffffffffu, mx[m][h], 2));
                 float mnew = fmaxf(mrow[m][h], mx[m][h] * scale_log2);
                 base[h] = mnew == -INFINITY ? 0.0f : mnew; // a row with no key yet
-                alpha[h] = exp2f(mrow[m][h] - base[h]);
+                alpha[m][h] = exp2f(mrow[m][h] - base[h]);
                 mrow[m][h] = mnew;
-                l[m][h] *= alpha[h];
+                l[m][h] *= alpha[m][h];
             }
 #pragma unroll
             for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    s[m][nb][e] = exp2f(fmaf(s[m][nb][e], scale_log2, -base[e >> 1]));
-                    l[m][e >> 1] += s[m][nb][e];
+                    pt[m][nb][e] = exp2f(fmaf(s[m][nb][e], scale_log2, -base[e >> 1]));
+                    l[m][e >> 1] += pt[m][nb][e];
                 }
             }
             // unconditional: a branch skipping it when every alpha is 1
@@ -687,17 +774,13 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
             // cause of D = 256's slowdown in the same run (the branch keeps
             // the 128 multiplies from interleaving with the P V products;
             // tests/gpu/NOTES.md)
-#pragma unroll
-            for (int nd = 0; nd < ND; nd++) {
-                o[m][nd][0] *= alpha[0];
-                o[m][nd][1] *= alpha[0];
-                o[m][nd][2] *= alpha[1];
-                o[m][nd][3] *= alpha[1];
-            }
+            if constexpr (!PIPE) rescale_frags<ND>(o[m], alpha[m]);
         }
 
         // O += P V
-        if constexpr (WG) { // P from registers, V as an N-major B, 16 keys a step
+        if constexpr (PIPE) { // issued at the next step
+            alpha_prev[0] = alpha[0][0], alpha_prev[1] = alpha[0][1];
+        } else if constexpr (WG) { // P from registers, V as an N-major B, 16 keys a step
             wg_product_rs<D, NB / 2>(&o[0][0][0], s[0], vt);
             wg_commit();
             wg_wait<0>();
@@ -710,7 +793,17 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
                 mma_tile_rows<MB, ND, SD, true>(o, a, vt, kk);
             }
         }
-        __syncthreads(); // the next iteration's prefetch overwrites this buffer
+        if constexpr (!PIPE) __syncthreads(); // the next iteration's prefetch overwrites this buffer
+    }
+    if constexpr (PIPE) { // the last tile's O += P V
+        if (nt > 0) {
+            take_p();
+            rescale_frags<ND>(o[0], alpha_prev);
+            wg_fence();
+            wg_product_ra<D, NB / 2>(&o[0][0][0], pa, sV + (nt - 1) % NSTAGE * TN * SD);
+            wg_commit();
+            wg_wait<0>();
+        }
     }
     cp_async_wait<0>(); // (no tile at all: the Q copy is still in flight)
 

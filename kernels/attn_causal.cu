@@ -30,8 +30,9 @@ constexpr int CAUSAL_MB = D <= 128 ? 2 : 1;
 
 // WGS = 2 or 3: the wgmma path, two or three warpgroups of 64 rows (128 or
 // 192 rows, 256 or 384 threads), one CTA a multiprocessor (~150 registers a
-// thread at D = 128), 96 or 112 KiB of shared memory.
-template <int D, int MB = CAUSAL_MB<D>, int WGS = 0>
+// thread at D = 128), 96 or 112 KiB of shared memory (PIPE: the overlapped
+// loop with three K/V stages, 128 or 144 KiB).
+template <int D, int MB = CAUSAL_MB<D>, int WGS = 0, bool PIPE = false>
 __global__ void __launch_bounds__(WGS ? 128 * WGS : NTHREADS, WGS ? 1 : 2)
     attn_causal_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, const int *tile_off,
                        int nseq, int Hq, int Hkv, int G, float scale_log2) {
@@ -52,14 +53,14 @@ __global__ void __launch_bounds__(WGS ? 128 * WGS : NTHREADS, WGS ? 1 : 2)
     int rlast = (r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1;
     FwdSegs<D> segs;
     segs.init(start, start + rlast / G + 1, 0, 0);
-    flash_fwd_cta<D, true, WGS ? 1 : MB, WGS>(out, NULL, q, k, v, Hq, Hkv, G, start, rows_total, r0, blockIdx.y,
-                                              segs, start, scale_log2);
+    flash_fwd_cta<D, true, WGS ? 1 : MB, WGS, PIPE>(out, NULL, q, k, v, Hq, Hkv, G, start, rows_total, r0,
+                                                    blockIdx.y, segs, start, scale_log2);
 }
 
 // ---------------------------------------------------------------------------
 // kernel launchers
 
-template <int D, int WGS = 0>
+template <int D, int WGS = 0, bool PIPE = false>
 static void launch_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
                           int64_t T, int Hq, int Hkv) {
     constexpr int MB = CAUSAL_MB<D>, ROWS = WGS ? 64 * WGS : BM * MB, THREADS = WGS ? 128 * WGS : NTHREADS;
@@ -67,15 +68,27 @@ static void launch_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
     int *tile_off = (int *)cuda_scratch(SCRATCH_OP, (size_t)(nseq + 1) * sizeof(int));
     KLAUNCH(causal_tiles_kernel, 1, 1024, 0)(tile_off, cu, (int)nseq, G, ROWS);
     LAUNCH_CHECK();
-    size_t smem = WGS ? fwd_wg_smem_bytes<D, ROWS>() : fwd_smem_bytes<D, ROWS>();
-    auto kernel = attn_causal_kernel<D, MB, WGS>;
+    size_t smem = WGS ? fwd_wg_smem_bytes<D, ROWS, PIPE>() : fwd_smem_bytes<D, ROWS>();
+    auto kernel = attn_causal_kernel<D, MB, WGS, PIPE>;
     static int once = 0;
     if (!once) allow_smem(kernel, smem), once = 1;
     dim3 grid((unsigned)(CEIL_DIV(T * G, (int64_t)ROWS) + nseq), (unsigned)Hkv);
     float scale_log2 = LOG2E / sqrtf((float)D);
-    cuda_prof_scope ps(WGS ? "k attn_causal: kernel (wgmma)" : "k attn_causal: kernel");
+    cuda_prof_scope ps(PIPE ? "k attn_causal: kernel (wgmma, overlapped)"
+                       : WGS ? "k attn_causal: kernel (wgmma)"
+                             : "k attn_causal: kernel");
     KLAUNCH(kernel, grid, THREADS, smem)(out, q, k, v, cu, tile_off, (int)nseq, Hq, Hkv, G, scale_log2);
     LAUNCH_CHECK();
+}
+
+// the wgmma kernels: wgs warpgroups a CTA, overlapped (PIPE) or not
+template <int D>
+static void launch_causal_wg(int wgs, bool pipe, bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
+                             const int32_t *cu, int64_t nseq, int64_t T, int Hq, int Hkv) {
+    if (wgs == 3 && pipe) launch_causal<D, 3, true>(out, q, k, v, cu, nseq, T, Hq, Hkv);
+    else if (wgs == 3) launch_causal<D, 3>(out, q, k, v, cu, nseq, T, Hq, Hkv);
+    else if (pipe) launch_causal<D, 2, true>(out, q, k, v, cu, nseq, T, Hq, Hkv);
+    else launch_causal<D, 2>(out, q, k, v, cu, nseq, T, Hq, Hkv);
 }
 
 void cuda_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu, int64_t nseq,
@@ -88,10 +101,8 @@ void cuda_attn_causal(void *out, const void *q, const void *k, const void *v, co
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
     const int wgs = aligned && !g_cuda.simple ? use_wgmma(D) : 0;
-    if (wgs == 3 && D == 128) launch_causal<128, 3>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else if (wgs == 3) launch_causal<64, 3>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else if (wgs && D == 128) launch_causal<128, 2>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else if (wgs) launch_causal<64, 2>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
+    if (wgs && D == 128) launch_causal_wg<128>(wgs, wgmma_pipe(), o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
+    else if (wgs) launch_causal_wg<64>(wgs, wgmma_pipe(), o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 128) launch_causal<128>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 256) launch_causal<256>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 64) launch_causal<64>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);

@@ -107,8 +107,10 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                             0, scale_log2);
 }
 
-// the same on wgmma: one warpgroup a CTA (flash_fwd_cta's WGS path)
-template <int D>
+// the same on wgmma: one warpgroup a CTA (flash_fwd_cta's WGS path; PIPE:
+// overlapped, 112 KiB of shared memory at D = 128, still two a
+// multiprocessor)
+template <int D, bool PIPE = false>
 __global__ void __launch_bounds__(128, 2)
     attn_dflash_wg_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
                           int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale_log2) {
@@ -117,8 +119,8 @@ __global__ void __launch_bounds__(128, 2)
     block_ranges(blocks[j], B, NK, r);
     FwdSegs<D> segs;
     segs.init(r[0], r[1], r[2], r[3]);
-    flash_fwd_cta<D, false, 1, 1>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM, blockIdx.y,
-                                  segs, 0, scale_log2);
+    flash_fwd_cta<D, false, 1, 1, PIPE>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM,
+                                        blockIdx.y, segs, 0, scale_log2);
 }
 
 // ---------------------------------------------------------------------------
@@ -659,13 +661,13 @@ void attn::build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, 
     LAUNCH_CHECK();
 }
 
-template <int D, bool WG = false>
+template <int D, bool WG = false, bool PIPE = false>
 static void launch_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
                        int64_t nblk, int B, int64_t NK, int Hq, int Hkv) {
     int G = Hq / Hkv;
-    size_t smem = WG ? fwd_wg_smem_bytes<D, BM>() : fwd_smem_bytes<D>();
+    size_t smem = WG ? fwd_wg_smem_bytes<D, BM, PIPE>() : fwd_smem_bytes<D>();
     auto kernel = attn_dflash_kernel<D>;
-    if constexpr (WG) kernel = attn_dflash_wg_kernel<D>;
+    if constexpr (WG) kernel = attn_dflash_wg_kernel<D, PIPE>;
     static int once = 0;
     if (!once) allow_smem(kernel, smem), once = 1;
     dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)CEIL_DIV(B * G, BM));
@@ -685,7 +687,10 @@ void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
     if (!g_cuda.simple && aligned && use_wgmma(D)) {
-        if (D == 128) launch_fwd<128, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+        const bool pipe = wgmma_pipe();
+        if (D == 128 && pipe) launch_fwd<128, true, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+        else if (D == 128) launch_fwd<128, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+        else if (pipe) launch_fwd<64, true, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
         else launch_fwd<64, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     } else if (!g_cuda.simple && aligned && D == 128) launch_fwd<128>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 256) launch_fwd<256>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);

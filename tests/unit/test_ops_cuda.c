@@ -254,11 +254,12 @@ static void *dput(const void *host, int64_t n, ag_kind kind) { return ag_put(DEV
 static bytes schedule_run(void) {
     bytes b = {NULL, 0};
     dfl_rng_seed(&AG_RNG, 77);
-    /* DFlash attention forward and backward: tensor cores (D 64; the
-     * forward also on wgmma) and simple (D 40) */
+    /* DFlash attention forward and backward: tensor cores (D 64; also on
+     * wgmma, with the forward overlapped and not) and simple (D 40) */
     const int32_t ctx[] = {100, 80}, anc[] = {5, 3};
-    for (int pass = 0; pass < 3; pass++) {
-        if (pass == 2) setenv("DFLASH_CUDA_WGMMA", "1", 1);
+    for (int pass = 0; pass < 4; pass++) {
+        if (pass >= 2) setenv("DFLASH_CUDA_WGMMA", "1", 1);
+        if (pass == 3) setenv("DFLASH_CUDA_WGMMA_PIPE", "0", 1);
         dflash_shape s = dflash_layout(ctx, 2, anc, pass == 1 ? 5 : 16, 8, 2, pass == 1 ? 40 : 64);
         const int64_t nq = s.nblk * s.B, QN = nq * s.Hq * s.D, KN = s.NK * s.Hkv * s.D;
         float *hq = ag_randn(QN, 1), *hk = ag_randn(KN, 1), *hv = ag_randn(KN, 1), *hd = ag_randn(QN, 1);
@@ -273,14 +274,15 @@ static bytes schedule_run(void) {
         void *bufs[] = {q, k, v, dout, blk, out, lse, dq, dk, dv};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) DEV->free(bufs[i]);
         free(hq), free(hk), free(hv), free(hd), free(s.blocks);
-        unsetenv("DFLASH_CUDA_WGMMA");
+        unsetenv("DFLASH_CUDA_WGMMA"), unsetenv("DFLASH_CUDA_WGMMA_PIPE");
     }
     /* causal attention, tensor cores, G = 3 (D 64, also on wgmma with two
-     * and three warpgroups) and G = 6 (D 256) */
-    for (int pass = 0; pass < 4; pass++) {
+     * and three warpgroups, overlapped and not) and G = 6 (D 256) */
+    for (int pass = 0; pass < 6; pass++) {
         const int32_t cu[] = {0, 17, 20, 84, 150};
         const int64_t T = 150, Hq = 6, Hkv = pass == 1 ? 1 : 2, D = pass == 1 ? 256 : 64;
-        if (pass >= 2) setenv("DFLASH_CUDA_WGMMA", pass == 2 ? "1" : "3", 1);
+        if (pass >= 2) setenv("DFLASH_CUDA_WGMMA", pass % 2 ? "3" : "1", 1);
+        if (pass >= 4) setenv("DFLASH_CUDA_WGMMA_PIPE", "0", 1);
         float *hq = ag_randn(T * Hq * D, 1), *hk = ag_randn(T * Hkv * D, 1), *hv = ag_randn(T * Hkv * D, 1);
         void *q = dput(hq, T * Hq * D, AG_ACT), *k = dput(hk, T * Hkv * D, AG_ACT), *v = dput(hv, T * Hkv * D, AG_ACT);
         void *c = dput(cu, 5, AG_I32), *out = dput(NULL, T * Hq * D, AG_ACT);
@@ -288,7 +290,7 @@ static bytes schedule_run(void) {
         take(&b, out, T * Hq * D, AG_ACT);
         DEV->free(q), DEV->free(k), DEV->free(v), DEV->free(c), DEV->free(out);
         free(hq), free(hk), free(hv);
-        unsetenv("DFLASH_CUDA_WGMMA");
+        unsetenv("DFLASH_CUDA_WGMMA"), unsetenv("DFLASH_CUDA_WGMMA_PIPE");
     }
     /* RMSNorm backward (per-warp shared rows), vector and scalar paths */
     for (int64_t dim = 37; dim <= 96; dim += 59) {
@@ -532,15 +534,21 @@ static void emu_launch_checks_abort(void) {
 
 /* The attention kernels again on wgmma (DFLASH_CUDA_WGMMA; used on a 9.0
  * device only, elsewhere these repeat the mma.sync kernels): the causal one
- * with two warpgroups a CTA and with three, the DFlash forward and dk/dv. */
-static void with_wgmma(const char *value, void (*test)(void)) {
+ * with two warpgroups a CTA and with three, the DFlash forward and dk/dv;
+ * the forward kernels overlapped (the default) and not
+ * (DFLASH_CUDA_WGMMA_PIPE=0). */
+static void with_wgmma(const char *value, const char *pipe, void (*test)(void)) {
     setenv("DFLASH_CUDA_WGMMA", value, 1);
+    setenv("DFLASH_CUDA_WGMMA_PIPE", pipe, 1);
     test();
-    unsetenv("DFLASH_CUDA_WGMMA");
+    unsetenv("DFLASH_CUDA_WGMMA"), unsetenv("DFLASH_CUDA_WGMMA_PIPE");
 }
-static void attn_causal_agrees_wgmma2(void) { with_wgmma("1", attn_causal_agrees); }
-static void attn_causal_agrees_wgmma3(void) { with_wgmma("3", attn_causal_agrees); }
-static void attn_dflash_agrees_wgmma(void) { with_wgmma("1", attn_dflash_agrees); }
+static void attn_causal_agrees_wgmma2(void) { with_wgmma("1", "1", attn_causal_agrees); }
+static void attn_causal_agrees_wgmma3(void) { with_wgmma("3", "1", attn_causal_agrees); }
+static void attn_dflash_agrees_wgmma(void) { with_wgmma("1", "1", attn_dflash_agrees); }
+static void attn_causal_agrees_wgmma2_serial(void) { with_wgmma("1", "0", attn_causal_agrees); }
+static void attn_causal_agrees_wgmma3_serial(void) { with_wgmma("3", "0", attn_causal_agrees); }
+static void attn_dflash_agrees_wgmma_serial(void) { with_wgmma("1", "0", attn_dflash_agrees); }
 
 int main(void) {
     setenv("DFLASH_CUDA_LMHEAD_ROWS", "16", 0); /* several LM-head chunks at test sizes */
@@ -568,6 +576,9 @@ int main(void) {
     AG_RUN(attn_causal_agrees_wgmma2);
     AG_RUN(attn_causal_agrees_wgmma3);
     AG_RUN(attn_dflash_agrees_wgmma);
+    AG_RUN(attn_causal_agrees_wgmma2_serial);
+    AG_RUN(attn_causal_agrees_wgmma3_serial);
+    AG_RUN(attn_dflash_agrees_wgmma_serial);
     if (dfl_emu_set_schedule && dfl_emu_toy && !getenv("DFLASH_TEST_ONLY")) {
         T_RUN(emu_kernels_race_free);
         T_RUN(emu_schedules_give_identical_bits);
