@@ -64,7 +64,9 @@ struct Held {
     int n;
     std::vector<float> saved;
 };
-static const uint32_t POISON = 0x7fdeadbfu; // a quiet NaN
+// a signalling NaN: arithmetic on it (even x * 1) gives a quiet NaN, other
+// bits, so a write in flight is seen even when it is a rescaling
+static const uint32_t POISON = 0x7f80deadu;
 
 // A warpgroup: the collective being gathered (an issue or a wait), and its
 // wgmma in flight, which run when a wait covers their group.
