@@ -4,7 +4,8 @@
 # the device time per op and per cuBLAS product shape (DFLASH_CUDA_PROFILE=1),
 # the variants that wait for a measurement (the training step with dq
 # recomputing, DFLASH_CUDA_DS_MAX_MB=0; both benchmarks with the attention
-# on wgmma, DFLASH_CUDA_WGMMA=1 and 3), then every product shape timed as
+# on wgmma, DFLASH_CUDA_WGMMA=1 and 3, and without the forward's overlap,
+# DFLASH_CUDA_WGMMA_PIPE=0), then every product shape timed as
 # kernels/matmul.cu calls it against the algorithms cuBLASLt offers
 # (tests/gpu/gemm_sweep.cu) and torch.matmul.
 # Writes profile.log, smi.csv (clocks, power), shapes.txt, gemm_sweep.txt and
@@ -64,6 +65,9 @@ done
 step "bench_train, DFlash attention forward and dk/dv on wgmma (DFLASH_CUDA_WGMMA=1), plain then profiled"
 DFLASH_CUDA_WGMMA=1 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_WGMMA=1 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 >>"$LOG" 2>&1
+step "the same two on wgmma without the forward's overlap (DFLASH_CUDA_WGMMA_PIPE=0), profiled"
+DFLASH_CUDA_WGMMA=1 DFLASH_CUDA_WGMMA_PIPE=0 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 2>&1 | tee -a "$LOG"
+DFLASH_CUDA_WGMMA=1 DFLASH_CUDA_WGMMA_PIPE=0 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 2>&1 | tee -a "$LOG"
 
 step "Qwen3.5-27B attention layer (head dim 256), tensor cores"
 make "${MAKEARGS[@]}" "$B/gpu/bench_gdn" >>"$LOG" 2>&1 && "$B/gpu/bench_gdn" --attn-only 2>&1 | tee -a "$LOG"

@@ -256,12 +256,14 @@ if [ "$built" = 1 ]; then
         [ $rc -eq 0 ] && row "extraction incl. D2H of the 5 taps (pageable)" "$(value "$X" 'tokens/s') tok/s" \
             "non-finite sampled values: $(value "$X" 'non-finite')"
     fi
-    # the forward attention on wgmma (kernels/attention.cuh; opt-in until measured here)
-    for wg in 1 3; do
+    # the forward attention on wgmma (kernels/attention.cuh; opt-in until
+    # measured here): two or three warpgroups a CTA, overlapped; then two,
+    # not overlapped (DFLASH_CUDA_WGMMA_PIPE=0)
+    for wg in 1 3 1p0; do
         [ "$(left)" -gt 150 ] || break
-        DFLASH_CUDA_WGMMA=$wg bench bench_extract 120
-        [ $rc -eq 0 ] && row "the same extraction, causal attention on wgmma (DFLASH_CUDA_WGMMA=$wg)" \
-            "$(value "$X" 'tokens/s') tok/s" "MFU $(value "$X" 'MFU') %; $([ $wg = 3 ] && echo three || echo two) warpgroups a CTA"
+        DFLASH_CUDA_WGMMA=${wg%p0} DFLASH_CUDA_WGMMA_PIPE=$([ $wg = 1p0 ] && echo 0 || echo 1) bench bench_extract 120
+        [ $rc -eq 0 ] && row "the same extraction, causal attention on wgmma (DFLASH_CUDA_WGMMA=${wg%p0}$([ $wg = 1p0 ] && echo ', DFLASH_CUDA_WGMMA_PIPE=0'))" \
+            "$(value "$X" 'tokens/s') tok/s" "MFU $(value "$X" 'MFU') %; $([ $wg = 3 ] && echo three || echo two) warpgroups a CTA, $([ $wg = 1p0 ] && echo 'softmax not overlapped' || echo 'softmax overlapped with P V')"
     done
     bench bench_train 150
     if [ $rc -eq 0 ]; then
@@ -272,6 +274,11 @@ if [ "$built" = 1 ]; then
         DFLASH_CUDA_WGMMA=1 bench bench_train 150
         [ $rc -eq 0 ] && row "the same step, DFlash attention forward and dk/dv on wgmma (DFLASH_CUDA_WGMMA=1)" \
             "MFU $(value "$X" 'MFU') %" "$(value "$X" 'step time s') s/step; phases fwd $(value "$X" 'phase forward') s, bwd $(value "$X" 'phase backward') s"
+    fi
+    if [ "$(left)" -gt 130 ]; then # the DFlash forward on wgmma, not overlapped
+        DFLASH_CUDA_WGMMA=1 DFLASH_CUDA_WGMMA_PIPE=0 bench bench_train 150
+        [ $rc -eq 0 ] && row "the same step on wgmma, the forward not overlapped (DFLASH_CUDA_WGMMA_PIPE=0)" \
+            "MFU $(value "$X" 'MFU') %" "$(value "$X" 'step time s') s/step; phase fwd $(value "$X" 'phase forward') s"
     fi
     if [ "$(left)" -gt 120 ]; then # the other dq kernel, for the record (kernels/attn_dflash.cu)
         DFLASH_CUDA_DS_MAX_MB=0 bench bench_train 150
