@@ -772,7 +772,17 @@ static bool in_device_memory(const void *p, size_t n) {
     return (const char *)p + n <= it->first + it->second;
 }
 
+// dfl_emu_alloc_limit: allocations over this many bytes fail, as on a
+// device without the memory (0: no limit); g_alloc_refused counts them
+static size_t g_alloc_limit;
+static unsigned long g_alloc_refused;
+
 cudaError_t cudaMalloc(void **p, size_t n) {
+    if (g_alloc_limit && n > g_alloc_limit) {
+        g_alloc_refused++;
+        *p = NULL;
+        return cudaErrorMemoryAllocation;
+    }
     *p = aligned_alloc(256, (n + 255) / 256 * 256);
     if (*p) g_dev_allocs[(const char *)*p] = n;
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -823,6 +833,8 @@ const char *cublasGetStatusString(cublasStatus_t s) {
 static bool g_grouped_not_supported;
 static unsigned long g_gemm_calls, g_grouped_calls;
 extern "C" void dfl_emu_grouped_not_supported(int on) { g_grouped_not_supported = on != 0; }
+extern "C" void dfl_emu_alloc_limit(size_t bytes) { g_alloc_limit = bytes; }
+extern "C" unsigned long dfl_emu_alloc_refused(void) { return g_alloc_refused; }
 extern "C" void dfl_emu_blas_calls(unsigned long *gemm, unsigned long *grouped) {
     *gemm = g_gemm_calls;
     *grouped = g_grouped_calls;

@@ -56,7 +56,9 @@
 //   that its pointer arrays and every matrix lie in (emulated) device
 //   memory, and the bf16 pointer alignment the cuBLAS documentation asks
 //   for (both fault on the GPU), and can be made to answer
-//   CUBLAS_STATUS_NOT_SUPPORTED (dfl_emu_grouped_not_supported).
+//   CUBLAS_STATUS_NOT_SUPPORTED (dfl_emu_grouped_not_supported); allocations
+//   over a size can be made to fail (dfl_emu_alloc_limit), as on a device
+//   without the memory.
 // Not emulated: timing, bank conflicts, the asynchrony of streams, memory
 // ordering between blocks.
 #ifndef DFLASH_CUDA_EMU_H
@@ -310,6 +312,10 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperatio
 // default); count the calls of cublasGemmEx and of the grouped call that
 // computed something (returned success).
 extern "C" void dfl_emu_grouped_not_supported(int on);
+// cudaMalloc (and cudaMallocAsync) of more than `bytes` fails with
+// cudaErrorMemoryAllocation (0: no limit); how many have failed so far
+extern "C" void dfl_emu_alloc_limit(size_t bytes);
+extern "C" unsigned long dfl_emu_alloc_refused(void);
 extern "C" void dfl_emu_blas_calls(unsigned long *gemm, unsigned long *grouped);
 
 

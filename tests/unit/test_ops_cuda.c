@@ -232,6 +232,8 @@ extern void dfl_emu_set_schedule(unsigned seed) __attribute__((weak));
 extern void dfl_emu_race_fatal(int on) __attribute__((weak));
 extern unsigned long dfl_emu_races(void) __attribute__((weak));
 extern int dfl_emu_toy(const char *name, int fixed, float *out, int n) __attribute__((weak));
+extern void dfl_emu_alloc_limit(size_t bytes) __attribute__((weak));
+extern unsigned long dfl_emu_alloc_refused(void) __attribute__((weak));
 
 /* bytes of device outputs, appended */
 typedef struct {
@@ -532,6 +534,48 @@ static void emu_launch_checks_abort(void) {
     for (int i = 0; i < 8; i++) T_CHECK(out[i] == (float)(8 + i));
 }
 
+/* The DFlash backward's store of dS (dq from dS) is the one large buffer it
+ * can do without: where the device cannot allocate it, dq is recomputed
+ * (the bits of DFLASH_CUDA_DS_MAX_MB=0) and nothing exits. Run in a child
+ * process, since the device scratch is grow-only and process-wide: the
+ * backward runs once with DFLASH_CUDA_DS_MAX_MB=0 (every other scratch
+ * buffer is then in place), then with the store wanted and every new
+ * allocation refused by the emulated device. */
+static int ds_fallback_child(void) {
+    const int32_t ctx[] = {900, 800}, anc[] = {30, 24}; /* a larger store than any earlier test's (else exit 3) */
+    dflash_shape s = dflash_layout(ctx, 2, anc, 16, 8, 2, 64);
+    const int64_t nq = s.nblk * s.B, QN = nq * s.Hq * s.D, KN = s.NK * s.Hkv * s.D;
+    float *hq = ag_randn(QN, 1), *hk = ag_randn(KN, 1), *hv = ag_randn(KN, 1), *hd = ag_randn(QN, 1);
+    void *q = dput(hq, QN, AG_ACT), *k = dput(hk, KN, AG_ACT), *v = dput(hv, KN, AG_ACT);
+    void *dout = dput(hd, QN, AG_ACT), *blk = dput(s.blocks, s.nblk * 3, AG_I32);
+    void *out = dput(NULL, QN, AG_ACT), *lse = dput(NULL, nq * s.Hq, AG_F32);
+    void *dq = dput(NULL, QN, AG_ACT), *dk = dput(NULL, KN, AG_ACT), *dv = dput(NULL, KN, AG_ACT);
+    DEV->attn_dflash(out, lse, q, k, v, blk, s.nblk, s.B, s.NK, s.Hq, s.Hkv, s.D);
+    bytes got[2] = {{NULL, 0}, {NULL, 0}};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0) setenv("DFLASH_CUDA_DS_MAX_MB", "0", 1);
+        else unsetenv("DFLASH_CUDA_DS_MAX_MB"), dfl_emu_alloc_limit(1);
+        DEV->zero(dq, (size_t)QN * 2), DEV->zero(dk, (size_t)KN * 2), DEV->zero(dv, (size_t)KN * 2);
+        DEV->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blk, s.nblk, s.B, s.NK, s.Hq, s.Hkv, s.D);
+        take(&got[pass], dq, QN, AG_ACT), take(&got[pass], dk, KN, AG_ACT), take(&got[pass], dv, KN, AG_ACT);
+    }
+    if (dfl_emu_alloc_refused() == 0) return 3;        /* the store was never asked for */
+    if (got[0].n != got[1].n || memcmp(got[0].p, got[1].p, got[0].n) != 0) return 4;
+    return 0;
+}
+
+static void attn_dflash_bwd_without_memory_for_ds(void) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) _exit(ds_fallback_child());
+    int st = 0;
+    waitpid(pid, &st, 0);
+    T_CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+             "child status %d (exit 3: no allocation refused; 4: other results than DFLASH_CUDA_DS_MAX_MB=0; 70: a "
+             "refused allocation ended the process)",
+             st);
+}
+
 /* The attention kernels again on wgmma (DFLASH_CUDA_WGMMA; used on a 9.0
  * device only, elsewhere these repeat the mma.sync kernels): the causal one
  * with two warpgroups a CTA and with three, the DFlash forward and dk/dv;
@@ -586,6 +630,7 @@ int main(void) {
         T_RUN(emu_schedules_expose_plain_races);
         T_RUN(emu_launch_checks_abort);
         T_RUN(emu_wgmma_in_flight);
+        T_RUN(attn_dflash_bwd_without_memory_for_ds);
     }
     return t_exit();
 }
