@@ -251,6 +251,40 @@ static void take(bytes *b, const void *dev, int64_t n, ag_kind kind) {
 
 static void *dput(const void *host, int64_t n, ag_kind kind) { return ag_put(DEV, host, n, kind); }
 
+/* One DFlash attention case on the device: random q, k, v, dout of shape s
+ * (which it takes over), room for out, lse, dq, dk, dv. */
+typedef struct {
+    dflash_shape s;
+    int64_t QN, KN;
+    void *q, *k, *v, *dout, *blk, *out, *lse, *dq, *dk, *dv;
+} dflash_dev;
+
+static dflash_dev dflash_dev_new(dflash_shape s) {
+    dflash_dev c = {s, s.nblk * s.B * s.Hq * s.D, s.NK * s.Hkv * s.D, NULL, NULL, NULL, NULL, NULL,
+                    NULL, NULL, NULL, NULL, NULL};
+    float *hq = ag_randn(c.QN, 1), *hk = ag_randn(c.KN, 1), *hv = ag_randn(c.KN, 1), *hd = ag_randn(c.QN, 1);
+    c.q = dput(hq, c.QN, AG_ACT), c.k = dput(hk, c.KN, AG_ACT), c.v = dput(hv, c.KN, AG_ACT);
+    c.dout = dput(hd, c.QN, AG_ACT), c.blk = dput(s.blocks, s.nblk * 3, AG_I32);
+    c.out = dput(NULL, c.QN, AG_ACT), c.lse = dput(NULL, s.nblk * s.B * s.Hq, AG_F32);
+    c.dq = dput(NULL, c.QN, AG_ACT), c.dk = dput(NULL, c.KN, AG_ACT), c.dv = dput(NULL, c.KN, AG_ACT);
+    free(hq), free(hk), free(hv), free(hd);
+    return c;
+}
+
+static void dflash_dev_free(dflash_dev *c) {
+    void *bufs[] = {c->q, c->k, c->v, c->dout, c->blk, c->out, c->lse, c->dq, c->dk, c->dv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) DEV->free(bufs[i]);
+    free(c->s.blocks);
+}
+
+/* forward, then backward into dq, dk, dv (accumulated: the caller zeroes) */
+static void dflash_dev_run(dflash_dev *c) {
+    const dflash_shape *s = &c->s;
+    DEV->attn_dflash(c->out, c->lse, c->q, c->k, c->v, c->blk, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D);
+    DEV->attn_dflash_bwd(c->dq, c->dk, c->dv, c->dout, c->out, c->lse, c->q, c->k, c->v, c->blk, s->nblk, s->B,
+                         s->NK, s->Hq, s->Hkv, s->D);
+}
+
 /* Every op with shared memory, warp collectives or a cross-thread order, on
  * fixed inputs, under the emulation's current schedule: all output bytes. */
 static bytes schedule_run(void) {
@@ -262,20 +296,11 @@ static bytes schedule_run(void) {
     for (int pass = 0; pass < 4; pass++) {
         if (pass >= 2) setenv("DFLASH_CUDA_WGMMA", "1", 1);
         if (pass == 3) setenv("DFLASH_CUDA_WGMMA_PIPE", "0", 1);
-        dflash_shape s = dflash_layout(ctx, 2, anc, pass == 1 ? 5 : 16, 8, 2, pass == 1 ? 40 : 64);
-        const int64_t nq = s.nblk * s.B, QN = nq * s.Hq * s.D, KN = s.NK * s.Hkv * s.D;
-        float *hq = ag_randn(QN, 1), *hk = ag_randn(KN, 1), *hv = ag_randn(KN, 1), *hd = ag_randn(QN, 1);
-        void *q = dput(hq, QN, AG_ACT), *k = dput(hk, KN, AG_ACT), *v = dput(hv, KN, AG_ACT);
-        void *dout = dput(hd, QN, AG_ACT), *blk = dput(s.blocks, s.nblk * 3, AG_I32);
-        void *out = dput(NULL, QN, AG_ACT), *lse = dput(NULL, nq * s.Hq, AG_F32);
-        void *dq = dput(NULL, QN, AG_ACT), *dk = dput(NULL, KN, AG_ACT), *dv = dput(NULL, KN, AG_ACT);
-        DEV->attn_dflash(out, lse, q, k, v, blk, s.nblk, s.B, s.NK, s.Hq, s.Hkv, s.D);
-        DEV->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blk, s.nblk, s.B, s.NK, s.Hq, s.Hkv, s.D);
-        take(&b, out, QN, AG_ACT), take(&b, lse, nq * s.Hq, AG_F32);
-        take(&b, dq, QN, AG_ACT), take(&b, dk, KN, AG_ACT), take(&b, dv, KN, AG_ACT);
-        void *bufs[] = {q, k, v, dout, blk, out, lse, dq, dk, dv};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) DEV->free(bufs[i]);
-        free(hq), free(hk), free(hv), free(hd), free(s.blocks);
+        dflash_dev c = dflash_dev_new(dflash_layout(ctx, 2, anc, pass == 1 ? 5 : 16, 8, 2, pass == 1 ? 40 : 64));
+        dflash_dev_run(&c);
+        take(&b, c.out, c.QN, AG_ACT), take(&b, c.lse, c.s.nblk * c.s.B * c.s.Hq, AG_F32);
+        take(&b, c.dq, c.QN, AG_ACT), take(&b, c.dk, c.KN, AG_ACT), take(&b, c.dv, c.KN, AG_ACT);
+        dflash_dev_free(&c);
         unsetenv("DFLASH_CUDA_WGMMA"), unsetenv("DFLASH_CUDA_WGMMA_PIPE");
     }
     /* causal attention, tensor cores, G = 3 (D 64, also on wgmma with two
@@ -543,21 +568,14 @@ static void emu_launch_checks_abort(void) {
  * allocation refused by the emulated device. */
 static int ds_fallback_child(void) {
     const int32_t ctx[] = {900, 800}, anc[] = {30, 24}; /* a larger store than any earlier test's (else exit 3) */
-    dflash_shape s = dflash_layout(ctx, 2, anc, 16, 8, 2, 64);
-    const int64_t nq = s.nblk * s.B, QN = nq * s.Hq * s.D, KN = s.NK * s.Hkv * s.D;
-    float *hq = ag_randn(QN, 1), *hk = ag_randn(KN, 1), *hv = ag_randn(KN, 1), *hd = ag_randn(QN, 1);
-    void *q = dput(hq, QN, AG_ACT), *k = dput(hk, KN, AG_ACT), *v = dput(hv, KN, AG_ACT);
-    void *dout = dput(hd, QN, AG_ACT), *blk = dput(s.blocks, s.nblk * 3, AG_I32);
-    void *out = dput(NULL, QN, AG_ACT), *lse = dput(NULL, nq * s.Hq, AG_F32);
-    void *dq = dput(NULL, QN, AG_ACT), *dk = dput(NULL, KN, AG_ACT), *dv = dput(NULL, KN, AG_ACT);
-    DEV->attn_dflash(out, lse, q, k, v, blk, s.nblk, s.B, s.NK, s.Hq, s.Hkv, s.D);
+    dflash_dev c = dflash_dev_new(dflash_layout(ctx, 2, anc, 16, 8, 2, 64));
     bytes got[2] = {{NULL, 0}, {NULL, 0}};
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 0) setenv("DFLASH_CUDA_DS_MAX_MB", "0", 1);
         else unsetenv("DFLASH_CUDA_DS_MAX_MB"), dfl_emu_alloc_limit(1);
-        DEV->zero(dq, (size_t)QN * 2), DEV->zero(dk, (size_t)KN * 2), DEV->zero(dv, (size_t)KN * 2);
-        DEV->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blk, s.nblk, s.B, s.NK, s.Hq, s.Hkv, s.D);
-        take(&got[pass], dq, QN, AG_ACT), take(&got[pass], dk, KN, AG_ACT), take(&got[pass], dv, KN, AG_ACT);
+        DEV->zero(c.dq, (size_t)c.QN * 2), DEV->zero(c.dk, (size_t)c.KN * 2), DEV->zero(c.dv, (size_t)c.KN * 2);
+        dflash_dev_run(&c);
+        take(&got[pass], c.dq, c.QN, AG_ACT), take(&got[pass], c.dk, c.KN, AG_ACT), take(&got[pass], c.dv, c.KN, AG_ACT);
     }
     if (dfl_emu_alloc_refused() == 0) return 3;        /* the store was never asked for */
     if (got[0].n != got[1].n || memcmp(got[0].p, got[1].p, got[0].n) != 0) return 4;
