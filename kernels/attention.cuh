@@ -136,8 +136,6 @@ __device__ __forceinline__ void wg_commit() { emu::wgmma_commit(); }
 template <int N>
 __device__ __forceinline__ void wg_wait() { emu::wgmma_wait(N); }
 __device__ __forceinline__ void fence_proxy_async() {}
-template <int N>
-__device__ __forceinline__ void reg_fence(float *) {}
 #else
 // the sm_90a pass of nvcc defines this; the compute_90 PTX pass cannot
 // assemble wgmma (the launchers use these kernels only on a 9.0 device)
@@ -220,13 +218,6 @@ __device__ __forceinline__ void wg_wait() {
 #ifdef WG_ARCH
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
-}
-// x[0..N) computed here, before any volatile asm that follows (a wgmma
-// wait): an empty asm that claims to read and write them
-template <int N>
-__device__ __forceinline__ void reg_fence(float *x) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(x[i])::"memory");
 }
 // shared memory written by this thread (cp.async) made visible to the async
 // proxy that wgmma reads it through; then a barrier for the other threads
