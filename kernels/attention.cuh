@@ -681,6 +681,7 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
             wg_commit();
             if constexpr (PIPE) {
                 if (it > 0) { // the previous tile's O += P V, in flight during this tile's softmax
+                    wg_fence(); // (ptxas schedules P's conversion past the first fence)
                     wg_product_ra<D, NB / 2>(&o[0][0][0], pa, sV + (it - 1) % NSTAGE * TN * SD);
                     wg_commit();
                     wg_wait<1>();
