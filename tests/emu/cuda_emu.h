@@ -274,6 +274,18 @@ static inline cudaError_t cudaFuncSetAttribute(K k, int attr, int v) {
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
     return emu::set_max_dyn_smem(reinterpret_cast<const void *>(k), v) ? cudaSuccess : cudaErrorInvalidValue;
 }
+// blocks of `threads` threads and `smem` bytes of dynamic shared memory that
+// fit on one multiprocessor by Hopper's limits: 2048 threads, 32 blocks,
+// 228 KiB of shared memory with 1 KiB reserved a block (registers are not
+// modelled)
+template <typename K>
+static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, K, int threads, size_t smem) {
+    if (threads <= 0 || threads > 1024) return cudaErrorInvalidValue;
+    const int by_threads = 2048 / threads, by_smem = (int)((size_t)(228 << 10) / (smem + 1024));
+    *n = by_threads < by_smem ? by_threads : by_smem;
+    if (*n > 32) *n = 32;
+    return cudaSuccess;
+}
 
 // ---- cuBLAS -----------------------------------------------------------------
 
