@@ -51,7 +51,8 @@
 //   (DEV_CHECK_ALIGN in kernels/common.cuh).
 // - The runtime: device memory is host memory, copies are memcpy, streams
 //   are no-ops; one fake device with 132 SMs and 227 KiB of opt-in shared
-//   memory. cuBLAS: cublasGemmEx and cublasGemmGroupedBatchedEx by their
+//   memory, whose occupancy query counts blocks by Hopper's thread and
+//   shared-memory limits. cuBLAS: cublasGemmEx and cublasGemmGroupedBatchedEx by their
 //   column-major definitions, f32 accumulation; the grouped call checks
 //   that its pointer arrays and every matrix lie in (emulated) device
 //   memory, and the bf16 pointer alignment the cuBLAS documentation asks
