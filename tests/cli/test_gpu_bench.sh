@@ -62,13 +62,14 @@ if [ -n "$NVCC" ]; then
         -lcublasLt -lcublas -o "$T/gemm_sweep"
 fi
 # profile.sh and run.sh run wgmma_probe.cu first on the GPU: built against
-# the emulation here, the kernels' layouts must hold and the four swapped
-# ones fail (the probe can tell them apart); and it must build with nvcc
+# the emulation here, the kernels' layouts must hold, the four swapped ones
+# fail (the probe can tell them apart) and the overlap's two groups in
+# flight give both products; and it must build with nvcc
 P=$DFLASH_BUILD/gpu/wgmma_probe_emu
 if [ -x "$P" ]; then
     check "wgmma_probe (emulated): the kernels' layouts hold" sh -c "'$P' >'$T/probe.txt' 2>&1"
-    check "wgmma_probe (emulated): 3 forms ok, the 4 swapped layouts fail" sh -c \
-        "test \$(grep -c ' ok (nmse' '$T/probe.txt') -eq 3 && test \$(grep -c 'swapped.* FAIL' '$T/probe.txt') -eq 4"
+    check "wgmma_probe (emulated): 3 forms and 2 overlap rows ok, the 4 swapped layouts fail" sh -c \
+        "test \$(grep -c ' ok (nmse' '$T/probe.txt') -eq 5 && test \$(grep -c '^overlap: .* ok (nmse' '$T/probe.txt') -eq 2 && test \$(grep -c 'swapped.* FAIL' '$T/probe.txt') -eq 4"
 fi
 if [ -n "$NVCC" ]; then
     check "wgmma_probe.cu builds (nvcc, sm_90a)" "$NVCC" -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a \

@@ -8,6 +8,9 @@
 //   O  = P V    A from registers, B N-major (forward P V, dk/dv P^T dO)
 //   dQ = dS K   A M-major, B N-major (dq from the stored dS)
 //
+// and the overlapped forward's two groups in flight (S, then P V), waited
+// for one at a time.
+//
 // For the transposed operands it also tries each descriptor with its two
 // byte offsets swapped, so that a failing run says which reading the card
 // has. Exit 0 when every form passes as the kernels build it, 1 when one
@@ -73,21 +76,27 @@ __global__ void probe_s(float *out, const bf16 *q, const bf16 *k) {
     store_acc<PK>(out, s);
 }
 
-// O[64][PD] = P[64][64] V[64][PD]: P from registers, V N-major with
-// leading/stride byte offsets lbo/sbo (the kernels: PD*16, 128)
-__global__ void probe_o(float *out, const bf16 *p, const bf16 *v, uint32_t lbo, uint32_t sbo) {
-    DYN_SMEM(bf16, sV);
-    to_cm(sV, v, PK, PD);
+// this thread's A fragments of P[64][64] (row-major in global memory), as
+// the kernels hold P in registers
+__device__ void p_frags(uint32_t (*a)[4], const bf16 *p) {
     const int w = threadIdx.x / 32, l = threadIdx.x % 32, r = 16 * w + l / 4, c = l % 4;
     auto pair = [&](int row, int col) { // two bf16 of P, the lower column in the low half
         const uint16_t lo = *(const uint16_t *)&p[row * PK + col], hi = *(const uint16_t *)&p[row * PK + col + 1];
         return (uint32_t)lo | (uint32_t)hi << 16;
     };
-    uint32_t a[PK / 16][4];
     for (int kk = 0; kk < PK / 16; kk++) {
         const int k0 = 16 * kk + 2 * c;
         a[kk][0] = pair(r, k0), a[kk][1] = pair(r + 8, k0), a[kk][2] = pair(r, k0 + 8), a[kk][3] = pair(r + 8, k0 + 8);
     }
+}
+
+// O[64][PD] = P[64][64] V[64][PD]: P from registers, V N-major with
+// leading/stride byte offsets lbo/sbo (the kernels: PD*16, 128)
+__global__ void probe_o(float *out, const bf16 *p, const bf16 *v, uint32_t lbo, uint32_t sbo) {
+    DYN_SMEM(bf16, sV);
+    to_cm(sV, v, PK, PD);
+    uint32_t a[PK / 16][4];
+    p_frags(a, p);
     float o[PD / 2];
     for (int i = 0; i < PD / 2; i++) o[i] = 0.0f;
     wg_fence();
@@ -113,6 +122,31 @@ __global__ void probe_dq(float *out, const bf16 *dst, const bf16 *k, uint32_t al
     wg_commit();
     wg_wait<0>();
     store_acc<PD>(out, acc);
+}
+
+// The overlapped forward's schedule in miniature: S = Q K^T committed as
+// one group, O = P V as the next; after wait_group 1 the older group (S) is
+// complete and S is read; after wait_group 0, O.
+__global__ void probe_pipe(float *out_s, float *out_o, const bf16 *q, const bf16 *k, const bf16 *p, const bf16 *v) {
+    DYN_SMEM(bf16, sQ);
+    bf16 *sK = sQ + PK * PD, *sV = sK + PK * PD;
+    to_cm(sQ, q, PK, PD);
+    to_cm(sK, k, PK, PD);
+    to_cm(sV, v, PK, PD);
+    uint32_t a[PK / 16][4];
+    p_frags(a, p);
+    float s[PK / 2], o[PD / 2];
+    for (int i = 0; i < PD / 2; i++) o[i] = 0.0f;
+    wg_fence();
+    for (int ks = 0; ks < PD / 16; ks++)
+        wgmma_ss<PK>(s, wg_desc(sQ + ks * 128, 128, PD * 16), wg_desc(sK + ks * 128, 128, PD * 16), ks);
+    wg_commit();
+    for (int kk = 0; kk < PK / 16; kk++) wgmma_rs_t<PD>(o, a[kk], wg_desc(sV + kk * 16 * PD, PD * 16, 128), 1);
+    wg_commit();
+    wg_wait<1>();
+    store_acc<PK>(out_s, s);
+    wg_wait<0>();
+    store_acc<PD>(out_o, o);
 }
 
 // ---- host --------------------------------------------------------------------
@@ -230,6 +264,19 @@ int main(void) {
         const int ok = report(what, nmse(out, ref, PK * PD));
         if (!variant) all &= ok;
     }
+    // two groups in flight, waited for one at a time (DFLASH_CUDA_WGMMA_PIPE)
+    float *out2;
+    CK(cudaMalloc((void **)&out2, PK * PK * 4));
+    const size_t pipe_smem = 3 * PK * PD * sizeof(bf16);
+    CK(cudaFuncSetAttribute(probe_pipe, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pipe_smem));
+    KLAUNCH(probe_pipe, 1, 128, pipe_smem)(out2, out, q, k, p, v);
+    finish();
+    ref_product(ref, hq, false, hk, true, PK, PD, PK);
+    all &= report("overlap: S after wait_group 1, P V still in flight", nmse(out2, ref, PK * PK));
+    ref_product(ref, hp, false, hv, false, PK, PK, PD);
+    all &= report("overlap: P V after wait_group 0", nmse(out, ref, PK * PD));
+    CK(cudaFree(out2));
+
     printf("wgmma_probe: %s\n", all ? "the kernels' layouts hold" : "a layout the kernels use does NOT hold");
     return all ? 0 : 1;
 }
