@@ -120,6 +120,12 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // the element offset of 16-byte chunk ch of row r in such a tile
 template <int D>
 __device__ __forceinline__ int cm_off(int r, int ch) { return (r / 8) * (D / 8) * 64 + ch * 64 + (r % 8) * 8; }
+// the inverse: the c-th 16-byte chunk of such a tile in shared-memory order
+// is chunk cm_chunk(c) of row cm_row(c) (cm_off(cm_row(c), cm_chunk(c)) == 8c)
+template <int D>
+__device__ __forceinline__ int cm_row(int c) { return c / D * 8 + c % 8; }
+template <int D>
+__device__ __forceinline__ int cm_chunk(int c) { return c / 8 % (D / 8); }
 
 #ifdef DFLASH_EMU
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return emu::smem_addr(p); }
@@ -414,7 +420,7 @@ __device__ __forceinline__ void load_qrows_cm(bf16 *s, int nrows, const bf16 *ba
                                               int rows_total, int G, int hkv, int Hq) {
     constexpr int CPR = D / 8;
     for (int c = threadIdx.x; c < nrows * CPR; c += blockDim.x) {
-        const int i = c / (8 * CPR) * 8 + c % 8, k = c / 8 % CPR;
+        const int i = cm_row<D>(c), k = cm_chunk<D>(c);
         const bool ok = r0 + i < rows_total;
         const bf16 *g = ok ? row_ptr(base, tok0, r0 + i, G, hkv, Hq, D) + k * 8 : base;
         cp_async16(s + c * 8, g, ok);
@@ -424,7 +430,7 @@ template <int D, int TN>
 __device__ __forceinline__ void load_keys_cm(bf16 *s, const bf16 *base, int64_t k0, int64_t kend, int Hkv, int hkv) {
     constexpr int CPR = D / 8;
     for (int c = threadIdx.x; c < TN * CPR; c += blockDim.x) {
-        const int i = c / (8 * CPR) * 8 + c % 8, k = c / 8 % CPR;
+        const int i = cm_row<D>(c), k = cm_chunk<D>(c);
         const bool ok = k0 + i < kend;
         const bf16 *g = ok ? base + ((k0 + i) * Hkv + hkv) * (int64_t)D + k * 8 : base;
         cp_async16(s + c * 8, g, ok);

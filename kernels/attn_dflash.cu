@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(NTHREADS, 4)
         if constexpr (WG) load_keys_cm<D, BN>(sK + buf * BN * SD, k, (int64_t)tt.tile(i) * BN, NK, Hkv, hkv);
         else load_keys<D>(sK + buf * BN * SD, k, (int64_t)tt.tile(i) * BN, NK, Hkv, hkv);
         for (int cc = threadIdx.x; cc < BN * CPK; cc += NTHREADS) {
-            const int key = WG ? cc / (8 * CPK) * 8 + cc % 8 : cc / CPK, part = WG ? cc / 8 % CPK : cc % CPK;
+            const int key = WG ? cm_row<BM>(cc) : cc / CPK, part = WG ? cm_chunk<BM>(cc) : cc % CPK;
             bf16 *dst = sS + buf * BN * SS + (WG ? cc * 8 : key * DSS + part * 8);
             cp_async16(dst, src + (int64_t)key * rtp + part * 8, true);
         }
@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         if constexpr (WG) { // core-matrix tiles: chunk c of the step in shared-memory order (load_qrows_cm)
 #pragma unroll
             for (int n = 0; n < NCH; n++) {
-                const int c = threadIdx.x + n * NTHREADS, i = c / (8 * CPR) * 8 + c % 8, kk = c / 8 % CPR;
+                const int c = threadIdx.x + n * NTHREADS, i = cm_row<D>(c), kk = cm_chunk<D>(c);
                 const int r = rr + i;
                 const bool ok = r < rows_total;
                 const int64_t off = ((tok0 + r / G) * Hq + (int64_t)hkv * G + r % G) * D + kk * 8;

@@ -44,10 +44,11 @@ constexpr int PK = 64;  // keys (and rows) of a tile
 
 // a row-major [rows][cols] tile into core-matrix order in shared memory
 // (cm_off), by plain stores
-__device__ void to_cm(bf16 *s, const bf16 *g, int rows, int cols) {
-    for (int i = threadIdx.x; i < rows * cols; i += blockDim.x) {
-        const int r = i / cols, c = i % cols;
-        s[(r / 8) * (cols / 8) * 64 + (c / 8) * 64 + (r % 8) * 8 + c % 8] = g[i];
+template <int COLS>
+__device__ void to_cm(bf16 *s, const bf16 *g, int rows) {
+    for (int i = threadIdx.x; i < rows * COLS; i += blockDim.x) {
+        const int r = i / COLS, c = i % COLS;
+        s[cm_off<COLS>(r, c / 8) + c % 8] = g[i];
     }
     fence_proxy_async(); // generic stores, read by wgmma through the async proxy
     __syncthreads();
@@ -65,8 +66,8 @@ __device__ void store_acc(float *out, const float *acc) {
 __global__ void probe_s(float *out, const bf16 *q, const bf16 *k) {
     DYN_SMEM(bf16, sQ);
     bf16 *sK = sQ + PK * PD;
-    to_cm(sQ, q, PK, PD);
-    to_cm(sK, k, PK, PD);
+    to_cm<PD>(sQ, q, PK);
+    to_cm<PD>(sK, k, PK);
     float s[PK / 2];
     wg_fence();
     for (int ks = 0; ks < PD / 16; ks++)
@@ -94,7 +95,7 @@ __device__ void p_frags(uint32_t (*a)[4], const bf16 *p) {
 // leading/stride byte offsets lbo/sbo (the kernels: PD*16, 128)
 __global__ void probe_o(float *out, const bf16 *p, const bf16 *v, uint32_t lbo, uint32_t sbo) {
     DYN_SMEM(bf16, sV);
-    to_cm(sV, v, PK, PD);
+    to_cm<PD>(sV, v, PK);
     uint32_t a[PK / 16][4];
     p_frags(a, p);
     float o[PD / 2];
@@ -112,8 +113,8 @@ __global__ void probe_dq(float *out, const bf16 *dst, const bf16 *k, uint32_t al
                          uint32_t bso) {
     DYN_SMEM(bf16, sS);
     bf16 *sK = sS + PK * PK;
-    to_cm(sS, dst, PK, PK);
-    to_cm(sK, k, PK, PD);
+    to_cm<PK>(sS, dst, PK);
+    to_cm<PD>(sK, k, PK);
     float acc[PD / 2];
     for (int i = 0; i < PD / 2; i++) acc[i] = 0.0f;
     wg_fence();
@@ -130,9 +131,9 @@ __global__ void probe_dq(float *out, const bf16 *dst, const bf16 *k, uint32_t al
 __global__ void probe_pipe(float *out_s, float *out_o, const bf16 *q, const bf16 *k, const bf16 *p, const bf16 *v) {
     DYN_SMEM(bf16, sQ);
     bf16 *sK = sQ + PK * PD, *sV = sK + PK * PD;
-    to_cm(sQ, q, PK, PD);
-    to_cm(sK, k, PK, PD);
-    to_cm(sV, v, PK, PD);
+    to_cm<PD>(sQ, q, PK);
+    to_cm<PD>(sK, k, PK);
+    to_cm<PD>(sV, v, PK);
     uint32_t a[PK / 16][4];
     p_frags(a, p);
     float s[PK / 2], o[PD / 2];
