@@ -141,7 +141,7 @@ __device__ __forceinline__ void wg_fence() {}
 __device__ __forceinline__ void wg_commit() { emu::wgmma_commit(); }
 template <int N>
 __device__ __forceinline__ void wg_wait() { emu::wgmma_wait(N); }
-__device__ __forceinline__ void fence_proxy_async() {}
+__device__ __forceinline__ void fence_proxy_async() { emu::fence_proxy_async(); }
 #else
 // the sm_90a pass of nvcc defines this; the compute_90 PTX pass cannot
 // assemble wgmma (the launchers use these kernels only on a 9.0 device)

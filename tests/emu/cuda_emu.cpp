@@ -34,6 +34,7 @@ struct Fiber {
     std::vector<Copy> copies; // issued, not yet landed
     int committed;            // cp.async groups committed so far
     int wg_commits;           // wgmma groups committed so far
+    std::vector<uint32_t> unfenced; // granules its cp.async wrote since its last fence.proxy.async
 };
 
 // One warp's pending collective: every live lane deposits its operands and
@@ -141,8 +142,10 @@ static void maybe_yield() {
 // Epochs: a counter that every completed __syncthreads (and every new block)
 // advances, so two accesses with the same stamp are not ordered by a block
 // barrier. Per 16-byte granule: the last cp.async (thread, epoch of issue,
-// epoch it landed or PENDING, the writer warp's __syncwarp count then) and
-// the warps that read it by ldmatrix in the latest epoch.
+// epoch it landed or PENDING, the writer warp's __syncwarp count then),
+// the warps that read it by ldmatrix in the latest epoch, and the thread
+// whose landed cp.async wrote it with no fence.proxy.async by that thread
+// since (-1: none), with the block it was in.
 
 static const uint64_t PENDING = ~0ull;
 struct Granule {
@@ -151,9 +154,12 @@ struct Granule {
     uint32_t w_wsync;
     uint64_t r_epoch;
     uint32_t r_warps;
+    int nf_tid;
+    uint64_t nf_block;
 };
-static std::vector<Granule> shadow(SMEM_MAX / 16, Granule{-1, 0, 0, 0, 0});
+static std::vector<Granule> shadow(SMEM_MAX / 16, Granule{-1, 0, 0, 0, 0, -1, 0});
 static uint64_t g_epoch = 1;
+static uint64_t g_block_serial; // blocks run so far
 static unsigned long g_races;
 static bool g_race_fatal = true;
 
@@ -183,6 +189,8 @@ static void land(Fiber *f, const Copy &c) {
     if (Granule *g = granule(c.dst)) {
         g->w_done = g_epoch;
         g->w_wsync = warps[f->warp].wsync;
+        g->nf_tid = fiber_index(f), g->nf_block = g_block_serial;
+        f->unfenced.push_back((uint32_t)(g - shadow.data()));
     }
 }
 
@@ -215,6 +223,16 @@ void cp_async16(void *smem, const void *gmem, bool valid) {
 }
 
 void cp_async_commit() { cur->committed++; }
+
+// fence.proxy.async.shared::cta: this thread's writes so far become visible
+// to the async proxy, through which wgmma reads shared memory
+void fence_proxy_async() {
+    const int me = fiber_index(cur);
+    for (uint32_t i : cur->unfenced)
+        if (shadow[i].nf_tid == me && shadow[i].nf_block == g_block_serial) shadow[i].nf_tid = -1;
+    cur->unfenced.clear();
+    maybe_yield();
+}
 
 void cp_async_wait(int n) {
     land_groups(cur, cur->committed - n);
@@ -360,7 +378,9 @@ uint32_t smem_addr(const void *p) {
 // are 8 values of r, each holding 8 consecutive k; MN-major
 // (((8,1,m),(8,k)):((1,8,SBO),(8,LBO))): its rows are 8 values of k, each
 // holding 8 consecutive r. Either way SBO steps r by 8 and LBO steps k by 8.
-static float desc_elem(uint64_t desc, bool mn_major, int r, int k, int warp0) {
+// the byte offset in shared memory of element (r, k) of a descriptor's
+// operand (r: its M or N index)
+static uint32_t desc_off(uint64_t desc, bool mn_major, int r, int k) {
     if (desc >> 62) die("wgmma: a swizzled shared-memory layout (only no-swizzle is emulated)");
     if ((desc >> 49) & 7) die("wgmma: a non-zero matrix base offset");
     const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4,
@@ -368,11 +388,31 @@ static float desc_elem(uint64_t desc, bool mn_major, int r, int k, int warp0) {
     uint32_t off = start + (uint32_t)(r / 8) * sbo + (uint32_t)(k / 8) * lbo;
     off += mn_major ? (uint32_t)(k % 8) * 16 + (uint32_t)(r % 8) * 2 : (uint32_t)(r % 8) * 16 + (uint32_t)(k % 8) * 2;
     if (off + 2 > SMEM_MAX) die("wgmma: an operand past the end of shared memory");
+    return off;
+}
+
+static float desc_elem(uint64_t desc, bool mn_major, int r, int k, int warp0) {
+    const uint32_t off = desc_off(desc, mn_major, r, k);
     const unsigned char *p = smem_buf + off;
     for (int w = 0; w < 4; w++) check_read(p - (off % 16), warp0 + w, "wgmma"); // its 16-byte row, all four warps
     uint16_t h;
     memcpy(&h, p, 2);
     return bf(h);
+}
+
+// At a wgmma's issue: no byte of its shared-memory operand (rows x 16) may
+// still be a cp.async's write that its thread has not fenced for the async
+// proxy (fence.proxy.async after the wait, before the barrier, as CUTLASS
+// does it). Plain stores to shared memory are not followed.
+static void check_fenced(uint64_t desc, bool mn_major, int rows) {
+    for (int r = 0; r < rows; r++)
+        for (int k = 0; k < 16; k++) {
+            const Granule *g = granule(smem_buf + desc_off(desc, mn_major, r, k));
+            if (g && g->nf_tid >= 0 && g->nf_block == g_block_serial)
+                race("wgmma reads bytes that a cp.async wrote with no fence.proxy.async by its thread between "
+                     "that cp.async's wait and the wgmma",
+                     g->nf_tid);
+        }
 }
 
 static void compute_wgroup(WgOp &g, int wg) {
@@ -486,6 +526,8 @@ void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t 
     o.d[t % 128] = d;
     if (gather(g, WG_ISSUE, "wgmma")) { // issued: it runs at the wait that covers its group
         o.group = g.commits;
+        if (o.a_smem) check_fenced(o.a_desc, o.tnsp_a, 64);
+        check_fenced(o.b_desc, o.tnsp_b, N);
         for (int i = 0; i < 128; i++) hold(g, o.d[i], N / 2);
         g.flight.push_back(o);
         release_wgroup(wg);
@@ -608,6 +650,7 @@ static bool sweep(const std::vector<int> &order) {
 static void run_block() {
     block_arrived = done_count = 0;
     g_epoch++; // nothing of the previous block is in this block's epochs
+    g_block_serial++;
     for (size_t i = 0; i < warps.size(); i++)
         warps[i].arrived = warps[i].done = 0, warps[i].op = OP_NONE, warps[i].wsync = 0;
     for (auto &g : wgroups) g.arrived = 0, g.flight.clear(), g.held.clear();
@@ -616,6 +659,7 @@ static void run_block() {
         f.state = RUN;
         f.started = false;
         f.copies.clear();
+        f.unfenced.clear();
         f.committed = 0;
         f.wg_commits = 0;
         getcontext(&f.ctx);

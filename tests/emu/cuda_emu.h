@@ -31,7 +31,10 @@
 //   cp.async is not yet waited for, a read in the same interval as another
 //   thread's wait (a __syncthreads is missing after it), and a cp.async over
 //   bytes another warp read, or another thread wrote, in the same interval
-//   (a __syncthreads is missing before the overwrite). A race aborts, unless
+//   (a __syncthreads is missing before the overwrite); and a wgmma issued
+//   over bytes whose cp.async landed without a fence.proxy.async by its
+//   thread since (the async proxy, through which wgmma reads, may not see
+//   them). A race aborts, unless
 //   dfl_emu_race_fatal(0) asked for a count (dfl_emu_races) instead. Plain
 //   C++ loads and stores of shared memory cannot be seen; for them, see the
 //   schedules below.
@@ -163,6 +166,10 @@ void wgmma_m64k16(float *d, int N, const uint32_t *a, uint64_t a_desc, uint64_t 
 // latter a collective of the warpgroup
 void wgmma_commit();
 void wgmma_wait(int n);
+// fence.proxy.async.shared::cta: a wgmma may read what this thread's
+// cp.async wrote only after this thread's fence (following the wait that
+// landed it); the emulation aborts otherwise
+void fence_proxy_async();
 uint32_t smem_addr(const void *p);
 void *dyn_smem();
 // cp.async 16 bytes (zeros when !valid), deferred to the wait that covers it

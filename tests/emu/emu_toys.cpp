@@ -121,6 +121,27 @@ __global__ void toy_wgmma(float *out, int mode) {
         for (int j = 0; j < 32; j++) out[t * 32 + j] = d[j];
 }
 
+// The same product with A and B brought in by cp.async: each thread that
+// waits for its copies must fence them for the async proxy before the
+// barrier, or wgmma may read shared memory as it was before they landed.
+// src: A then B^T, already in the core-matrix order of toy_wgmma.
+__global__ void toy_wgmma_cp(float *out, const bf16 *src, int fenced) {
+    DYN_SMEM(bf16, sa); // as toy_wgmma's
+    bf16 *sb = sa + 64 * 16;
+    const int t = threadIdx.x;
+    for (int c = t; c < 2 * 64 * 16 / 8; c += 128) cp_async16(sa + 8 * c, src + 8 * c, true);
+    cp_async_commit();
+    cp_async_wait<0>();
+    if (fenced) fence_proxy_async();
+    __syncthreads();
+    float d[32];
+    wg_fence();
+    wgmma_ss<64>(d, wg_desc(sa, 128, 256), wg_desc(sb, 128, 256), 0);
+    wg_commit();
+    wg_wait<0>();
+    for (int j = 0; j < 32; j++) out[t * 32 + j] = d[j];
+}
+
 // ---- launch and alignment checks -----------------------------------------------------
 __global__ void toy_big_smem(float *out) {
     DYN_SMEM(float, s);
@@ -173,6 +194,18 @@ extern "C" int dfl_emu_toy(const char *name, int fixed, float *out, int n) {
         KLAUNCH(toy_double_buffer, 1, 128, 2 * 64 * 8 * sizeof(bf16))(out, src, fixed);
         free(src);
         return 1024;
+    }
+    if (!strcmp(name, "wgmma_no_proxy_fence")) { // toy_wgmma's product; the buggy version aborts
+        if (fixed && n < 4096) return -1;
+        bf16 *src = (bf16 *)malloc(2 * 64 * 16 * sizeof(bf16));
+        for (int i = 0; i < 64 * 16; i++) {
+            const int r = i / 16, k = i % 16, off = (r / 8) * 128 + (k / 8) * 64 + (r % 8) * 8 + k % 8;
+            src[off] = __float2bfloat16_rn(1.0f);
+            src[64 * 16 + off] = __float2bfloat16_rn((float)r);
+        }
+        KLAUNCH(toy_wgmma_cp, 1, 128, 2 * 64 * 16 * sizeof(bf16))(out, src, fixed);
+        free(src);
+        return 4096;
     }
     if (!strncmp(name, "wgmma_", 6)) { // 128 x 32 floats; the aborting modes write none
         static const char *modes[] = {"early_read", "write_in_flight", "overwrite", "no_wait"};

@@ -526,7 +526,9 @@ static int toy_aborts(const char *name, const char *msg) {
 /* wgmma runs deferred, as on the GPU: its accumulators read before the
  * wait that covers it are NaN, B overwritten before that wait changes the
  * product, a write to the accumulators in flight or a thread that never
- * waits aborts; the correct twin gives the exact product. */
+ * waits aborts, and so does a wgmma over cp.async data that its threads
+ * did not fence for the async proxy; the correct twins give the exact
+ * product. */
 static void emu_wgmma_in_flight(void) {
     static float out[4096];
     const int mode_fix = 1, mode_bug = 0;
@@ -545,6 +547,15 @@ static void emu_wgmma_in_flight(void) {
     T_CHECKF(zero == 4096, "wgmma with B overwritten in flight: %d of 4096 products from the new B", zero);
     T_CHECK(toy_aborts("wgmma_write_in_flight", "written while a wgmma on them is in flight"));
     T_CHECK(toy_aborts("wgmma_no_wait", "ended with a wgmma in flight"));
+    /* operands brought by cp.async: fenced for the async proxy, the same
+     * exact product; unfenced, an abort at the wgmma's issue */
+    memset(out, 0, sizeof out);
+    T_CHECK(dfl_emu_toy("wgmma_no_proxy_fence", mode_fix, out, 4096) == 4096);
+    wrong = 0;
+    for (int t = 0; t < 128; t++)
+        for (int j = 0; j < 32; j++) wrong += out[t * 32 + j] != 16.0f * (float)(8 * (j / 4) + 2 * (t % 4) + j % 2);
+    T_CHECKF(wrong == 0, "wgmma toy from cp.async: %d of 4096 accumulators wrong", wrong);
+    T_CHECK(toy_aborts("wgmma_no_proxy_fence", "no fence.proxy.async"));
 }
 
 /* What fails a launch or faults on the GPU aborts the emulation too: shared
