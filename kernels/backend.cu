@@ -144,6 +144,7 @@ static void fill_table(dfl_ops *t) {
     t->rmsnorm1p = cuda_rmsnorm1p;
     t->rope = cuda_rope;
     t->qk_norm_rope = cuda_qk_norm_rope;
+    t->qk_norm_rope_bwd = cuda_qk_norm_rope_bwd;
     t->swiglu = cuda_swiglu;
     t->swiglu_bwd = cuda_swiglu_bwd;
     t->add = cuda_add;

@@ -188,6 +188,7 @@ void cuda_prof_wrap(dfl_ops *t) {
     PROF_WRAP(rmsnorm1p);
     PROF_WRAP(rope);
     PROF_WRAP(qk_norm_rope);
+    PROF_WRAP(qk_norm_rope_bwd);
     PROF_WRAP(swiglu);
     PROF_WRAP(swiglu_bwd);
     PROF_WRAP(add);

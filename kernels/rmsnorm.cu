@@ -173,10 +173,12 @@ static void launch_bwd(int warps, size_t smem, bf16 *din, float *dw, const bf16 
     float *part = dw ? (float *)cuda_scratch(SCRATCH_OP, (size_t)nblk * dim * 4) : NULL;
     KLAUNCH(rmsnorm_bwd_kernel<VW>, (unsigned)nblk, warps * 32, smem)(din, part, dout, in, rstd, w, rows, dim, rpb);
     LAUNCH_CHECK();
-    if (dw) {
-        KLAUNCH(sum_partials_kernel, (unsigned)CEIL_DIV(dim, 32), 256, 0)(dw, part, (int)nblk, dim);
-        LAUNCH_CHECK();
-    }
+    if (dw) cuda_sum_partials(dw, part, (int)nblk, dim);
+}
+
+void cuda_sum_partials(float *dw, const float *part, int nparts, int dim) {
+    KLAUNCH(sum_partials_kernel, (unsigned)CEIL_DIV(dim, 32), 256, 0)(dw, part, nparts, dim);
+    LAUNCH_CHECK();
 }
 
 void cuda_rmsnorm_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd, const void *w,

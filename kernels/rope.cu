@@ -1,5 +1,5 @@
 // rope.cu: rotary position embedding, NeoX pairing (i, i + d/2), in place.
-// defines: cuda_rope, cuda_qk_norm_rope
+// defines: cuda_rope, cuda_qk_norm_rope, cuda_qk_norm_rope_bwd
 //
 // One thread per (token, pair index): it computes the angle once, in f32
 // exactly as the CPU reference does (pos as float times inv_freq, then a
@@ -38,9 +38,9 @@ __global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, 
 // dims up to 256 at V = 2), on the fly past that. Per head: the sum of
 // squares over the row in f32, then per pair the norm as rmsnorm computes
 // it (x * rstd * (w + w_add)) and the rotation, in f32, one rounding: the
-// normed row is never stored in bf16 between the two. out may alias in: a
-// lane writes only the pairs it read, after the warp's sum has used every
-// element of the row.
+// normed row is never stored in bf16 between the two; rstd, when wanted, as
+// rmsnorm_kernel saves it. out may alias in: a lane writes only the pairs
+// it read, after the warp's sum has used every element of the row.
 constexpr int HEADS_PER_WARP = 8, MAX_K = 2;
 
 // pairs (i + v, i + v + half), v < V, of one row: normed, rotated, stored
@@ -63,8 +63,8 @@ __device__ __forceinline__ void norm_rotate(bf16 *y, const bf16 *x, const bf16 *
 }
 
 template <int V>
-__global__ void qk_norm_rope_kernel(bf16 *out, const bf16 *in, const bf16 *w, float w_add, const int32_t *pos,
-                                    const float *inv_freq, int64_t T, int nh, int d, float eps) {
+__global__ void qk_norm_rope_kernel(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, float w_add,
+                                    const int32_t *pos, const float *inv_freq, int64_t T, int nh, int d, float eps) {
     const int lane = threadIdx.x % 32, half = d / 2, groups = (nh + HEADS_PER_WARP - 1) / HEADS_PER_WARP;
     const int64_t wid = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     if (wid >= T * groups) return;
@@ -92,6 +92,7 @@ __global__ void qk_norm_rope_kernel(bf16 *out, const bf16 *in, const bf16 *w, fl
         }
         ss = warp_sum(ss);
         const float r = rsqrtf(ss / (float)d + eps);
+        if (rstd && lane == 0) rstd[row] = r;
         bf16 *y = out + row * d;
         // a lane's first MAX_K pair groups with the cached angles (indices
         // known at compile time: registers), the rest computing theirs
@@ -109,6 +110,102 @@ __global__ void qk_norm_rope_kernel(bf16 *out, const bf16 *in, const bf16 *w, fl
     }
 }
 
+// qk_norm_rope's backward: per row, g = dout rotated back by -pos (rope's
+// inverse, in f32: never rounded to bf16 in between), then with
+// r = rstd[row]: din = r g w - x r^3 (sum g w x) / d (written), and
+// dw += g x r. The warps and lanes of qk_norm_rope_kernel (angles once a
+// unit); each warp sums dw for its columns in a shared-memory row, the
+// block adds its warps' rows in warp order into its partial, and
+// cuda_sum_partials adds the partials in block order: deterministic.
+// Block b takes units [b*upb, (b+1)*upb), its warp k every nwarps-th.
+template <int V>
+__global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *dout, const bf16 *in,
+                                        const float *rstd, const bf16 *w, const int32_t *pos, const float *inv_freq,
+                                        int64_t T, int nh, int d, int64_t upb) {
+    DYN_SMEM(float, sdw); // [nwarps][d]
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32, half = d / 2;
+    const int groups = (nh + HEADS_PER_WARP - 1) / HEADS_PER_WARP;
+    float *mydw = sdw + (int64_t)warp * d;
+    if (dw_part)
+        for (int c = lane; c < d; c += 32) mydw[c] = 0.0f;
+    __syncwarp(); // lanes then add to columns another lane zeroed
+    const int64_t units = T * groups, u0 = blockIdx.x * upb, u1 = u0 + upb < units ? u0 + upb : units;
+    for (int64_t u = u0 + warp; u < u1; u += nwarps) {
+        const int64_t t = u / groups;
+        const int h0 = (int)(u % groups) * HEADS_PER_WARP, h1 = h0 + HEADS_PER_WARP < nh ? h0 + HEADS_PER_WARP : nh;
+        const float p = (float)pos[t];
+        float sn[MAX_K][V], cs[MAX_K][V];
+#pragma unroll
+        for (int k = 0; k < MAX_K; k++)
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                const int i = lane * V + 32 * V * k + v;
+                if (i < half) sincosf(p * inv_freq[i], &sn[k][v], &cs[k][v]);
+            }
+        for (int h = h0; h < h1; h++) {
+            const int64_t row = t * nh + h;
+            const bf16 *x = in + row * d, *dy = dout + row * d;
+            const float r = rstd[row];
+            // f(i, ga, gb, a, b, wa, wb) for each of the lane's pair groups:
+            // g rotated back, x and w, V pairs (i + v, i + v + half) each
+            auto each_pair = [&](auto f) {
+                auto one = [&](int i, const float *s_, const float *c_) {
+                    float ya[V], yb[V], a[V], b[V], wa[V], wb[V], ga[V], gb[V];
+                    load_bf16s<V>(ya, dy + i);
+                    load_bf16s<V>(yb, dy + i + half);
+                    load_bf16s<V>(a, x + i);
+                    load_bf16s<V>(b, x + i + half);
+                    load_bf16s<V>(wa, w + i);
+                    load_bf16s<V>(wb, w + i + half);
+#pragma unroll
+                    for (int v = 0; v < V; v++) ga[v] = ya[v] * c_[v] + yb[v] * s_[v], gb[v] = yb[v] * c_[v] - ya[v] * s_[v];
+                    f(i, ga, gb, a, b, wa, wb);
+                };
+#pragma unroll
+                for (int k = 0; k < MAX_K; k++) {
+                    const int i = lane * V + 32 * V * k;
+                    if (i < half) one(i, sn[k], cs[k]);
+                }
+                for (int i = lane * V + 32 * V * MAX_K; i < half; i += 32 * V) {
+                    float s_[V], c_[V];
+#pragma unroll
+                    for (int v = 0; v < V; v++) sincosf(p * inv_freq[i + v], &s_[v], &c_[v]);
+                    one(i, s_, c_);
+                }
+            };
+            float gwx = 0.0f;
+            each_pair([&](int, const float *ga, const float *gb, const float *a, const float *b, const float *wa,
+                          const float *wb) {
+#pragma unroll
+                for (int v = 0; v < V; v++) gwx += ga[v] * wa[v] * a[v] + gb[v] * wb[v] * b[v];
+            });
+            gwx = warp_sum(gwx);
+            const float kk = r * r * r * gwx / (float)d;
+            each_pair([&](int i, const float *ga, const float *gb, const float *a, const float *b, const float *wa,
+                          const float *wb) {
+                if (din) {
+                    float da[V], db[V];
+#pragma unroll
+                    for (int v = 0; v < V; v++) da[v] = r * ga[v] * wa[v] - a[v] * kk, db[v] = r * gb[v] * wb[v] - b[v] * kk;
+                    store_bf16s<V>(din + row * d + i, da);
+                    store_bf16s<V>(din + row * d + i + half, db);
+                }
+                if (dw_part) {
+#pragma unroll
+                    for (int v = 0; v < V; v++) mydw[i + v] += ga[v] * a[v] * r, mydw[i + half + v] += gb[v] * b[v] * r;
+                }
+            });
+        }
+    }
+    if (!dw_part) return;
+    __syncthreads();
+    for (int c = threadIdx.x; c < d; c += blockDim.x) { // this block's partial, its warps in order
+        float s = 0.0f;
+        for (int k = 0; k < nwarps; k++) s += sdw[(int64_t)k * d + c];
+        dw_part[blockIdx.x * (int64_t)d + c] = s;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // kernel launchers
 
@@ -121,7 +218,7 @@ void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int64_t T, in
     LAUNCH_CHECK();
 }
 
-void cuda_qk_norm_rope(void *out, const void *in, const void *w, int plus_one, const int32_t *pos,
+void cuda_qk_norm_rope(void *out, float *rstd, const void *in, const void *w, int plus_one, const int32_t *pos,
                        const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps) {
     CU_ASSERT(out && in && w && pos && inv_freq && T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     CU_ASSERT(nh <= INT32_MAX && d <= INT32_MAX);
@@ -131,10 +228,52 @@ void cuda_qk_norm_rope(void *out, const void *in, const void *w, int plus_one, c
     const unsigned grid = (unsigned)CEIL_DIV(units, (int64_t)warps);
     const float w_add = plus_one ? 1.0f : 0.0f;
     if ((d / 2) % 2 == 0 && is_aligned(out, 4) && is_aligned(in, 4) && is_aligned(w, 4))
-        KLAUNCH(qk_norm_rope_kernel<2>, grid, warps * 32, 0)((bf16 *)out, (const bf16 *)in, (const bf16 *)w, w_add,
-                                                             pos, inv_freq, T, (int)nh, (int)d, eps);
+        KLAUNCH(qk_norm_rope_kernel<2>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in, (const bf16 *)w,
+                                                             w_add, pos, inv_freq, T, (int)nh, (int)d, eps);
     else
-        KLAUNCH(qk_norm_rope_kernel<1>, grid, warps * 32, 0)((bf16 *)out, (const bf16 *)in, (const bf16 *)w, w_add,
-                                                             pos, inv_freq, T, (int)nh, (int)d, eps);
+        KLAUNCH(qk_norm_rope_kernel<1>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in, (const bf16 *)w,
+                                                             w_add, pos, inv_freq, T, (int)nh, (int)d, eps);
     LAUNCH_CHECK();
+}
+
+// One wave of blocks (as the RMSNorm backward), each with as many units as
+// that takes, so that the per-block dw partials stay few.
+template <int V>
+static void launch_qk_bwd(bf16 *din, float *dw, const bf16 *dout, const bf16 *in, const float *rstd, const bf16 *w,
+                          const int32_t *pos, const float *inv_freq, int64_t T, int nh, int d) {
+    const int warps = 4;
+    const size_t smem = dw ? (size_t)warps * d * 4 : 0;
+    static size_t smem_set = 48 << 10;
+    if (smem > smem_set) {
+        cudaCheck(cudaFuncSetAttribute(qk_norm_rope_bwd_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+        smem_set = smem;
+    }
+    int per_sm = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qk_norm_rope_bwd_kernel<V>, warps * 32, smem));
+    const int64_t units = T * CEIL_DIV((int64_t)nh, (int64_t)HEADS_PER_WARP);
+    int64_t nblk = (int64_t)g_cuda.sm_count * (per_sm > 0 ? per_sm : 1);
+    int64_t upb = CEIL_DIV(units, nblk);
+    if (upb < warps) upb = warps;
+    nblk = CEIL_DIV(units, upb);
+    float *part = dw ? (float *)cuda_scratch(SCRATCH_OP, (size_t)nblk * d * 4) : NULL;
+    KLAUNCH(qk_norm_rope_bwd_kernel<V>, (unsigned)nblk, warps * 32, smem)(din, part, dout, in, rstd, w, pos,
+                                                                          inv_freq, T, nh, d, upb);
+    LAUNCH_CHECK();
+    if (dw) cuda_sum_partials(dw, part, (int)nblk, d);
+}
+
+void cuda_qk_norm_rope_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd, const void *w,
+                           const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d) {
+    CU_ASSERT(dout && in && rstd && w && pos && inv_freq && T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
+    CU_ASSERT(nh <= INT32_MAX && d <= INT32_MAX);
+    CU_ASSERT((size_t)4 * d * 4 <= g_cuda.smem_optin);
+    if (T == 0 || (!din && !dw)) return;
+    if ((d / 2) % 2 == 0 && (!din || is_aligned(din, 4)) && is_aligned(dout, 4) && is_aligned(in, 4) &&
+        is_aligned(w, 4))
+        launch_qk_bwd<2>((bf16 *)din, dw, (const bf16 *)dout, (const bf16 *)in, rstd, (const bf16 *)w, pos, inv_freq,
+                         T, (int)nh, (int)d);
+    else
+        launch_qk_bwd<1>((bf16 *)din, dw, (const bf16 *)dout, (const bf16 *)in, rstd, (const bf16 *)w, pos, inv_freq,
+                         T, (int)nh, (int)d);
 }

@@ -113,8 +113,7 @@ static void append_context(dfl_drafter_cache *dc, const void *feats, dfl_dtype d
         const dfl_drafter_layer *W = &d->W.layer[l];
         void *kd = DFL_AT(ops, dc->k[l], dc->len * KVD), *vd = DFL_AT(ops, dc->v[l], dc->len * KVD);
         ops->matmul(dc->kpre, dc->ctx, W->k, n, H, KVD, 0);
-        ops->rmsnorm(kd, NULL, dc->kpre, W->kn, n * c->Hkv, c->D, c->eps);
-        ops->rope(kd, dc->pos_new, d->inv_freq, n, c->Hkv, c->D, 0);
+        ops->qk_norm_rope(kd, NULL, dc->kpre, W->kn, 0, dc->pos_new, d->inv_freq, n, c->Hkv, c->D, c->eps);
         ops->matmul(vd, dc->ctx, W->v, n, H, KVD, 0);
     }
     dc->len += n;
@@ -151,11 +150,9 @@ int dfl_drafter_draft(dfl_drafter_cache *dc, const void *feats, dfl_dtype dtype,
         void *kb = DFL_AT(ops, dc->k[l], len * KVD), *vb = DFL_AT(ops, dc->v[l], len * KVD);
         ops->rmsnorm(dc->x, NULL, dc->h, W->ln1, B, H, c->eps);
         ops->matmul(dc->qpre, dc->x, W->q, B, H, QD, 0);
-        ops->rmsnorm(dc->q, NULL, dc->qpre, W->qn, B * Hq, D, c->eps);
-        ops->rope(dc->q, dc->pos_blk, d->inv_freq, B, Hq, D, 0);
+        ops->qk_norm_rope(dc->q, NULL, dc->qpre, W->qn, 0, dc->pos_blk, d->inv_freq, B, Hq, D, c->eps);
         ops->matmul(dc->kpre, dc->x, W->k, B, H, KVD, 0);
-        ops->rmsnorm(kb, NULL, dc->kpre, W->kn, B * Hkv, D, c->eps);
-        ops->rope(kb, dc->pos_blk, d->inv_freq, B, Hkv, D, 0);
+        ops->qk_norm_rope(kb, NULL, dc->kpre, W->kn, 0, dc->pos_blk, d->inv_freq, B, Hkv, D, c->eps);
         ops->matmul(vb, dc->x, W->v, B, H, KVD, 0);
         ops->attn_dflash(dc->att, dc->lse, dc->q, dc->k[l], dc->v[l], dc->block, 1, B, NK, Hq, Hkv, D);
         ops->matmul(dc->h, dc->att, W->o, B, QD, H, 1);              /* h += attn Wo^T */

@@ -97,13 +97,21 @@ struct dfl_ops {
      * x_{i+d/2}' = x_{i+d/2} cos th + x_i sin th. inverse = 1 rotates by -th
      * (the backward pass). pos: i32 [T]; inv_freq: f32 [d/2]. */
     void (*rope)(void *x, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, int inverse);
-    /* A target's per-head q/k norm and its RoPE in one pass (forward only):
-     * for each row (t, h) of in[T, nh, d], y = in * rstd * w (plus_one:
-     * * (1 + w), as rmsnorm1p), then out = y rotated as rope rotates it by
-     * pos[t]; the same as rmsnorm (or rmsnorm1p) into out, then rope on
-     * out. out may alias in. */
-    void (*qk_norm_rope)(void *out, const void *in, const void *w, int plus_one, const int32_t *pos,
+    /* A per-head q/k norm and its RoPE in one pass (the forward of targets
+     * and drafters): for each row (t, h) of in[T, nh, d], y = in * rstd * w
+     * (plus_one: * (1 + w), as rmsnorm1p), then out = y rotated as rope
+     * rotates it by pos[t]; the same as rmsnorm (or rmsnorm1p) into out,
+     * then rope on out. rstd[T * nh] (f32) is saved as rmsnorm saves it
+     * when not NULL (training: rmsnorm_bwd reads it). out may alias in. */
+    void (*qk_norm_rope)(void *out, float *rstd, const void *in, const void *w, int plus_one, const int32_t *pos,
                          const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps);
+    /* Its backward (plain norms, plus_one 0): dout rotated back (rope's
+     * inverse), then rmsnorm_bwd from the saved rstd, except that din is
+     * written, not added to (no zeroing pass before it); dw[d] (f32) is
+     * added to. din may be NULL. */
+    void (*qk_norm_rope_bwd)(void *din, float *dw, const void *dout, const void *in, const float *rstd,
+                             const void *w, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh,
+                             int64_t d);
     /* out = silu(gate) * up, elementwise (out may alias gate or up). */
     void (*swiglu)(void *out, const void *gate, const void *up, int64_t n);
     /* dgate = dout * up * silu'(gate), dup = dout * silu(gate), each plus

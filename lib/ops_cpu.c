@@ -263,11 +263,24 @@ static void cpu_rope(void *x_, const int32_t *pos, const float *inv_freq, int64_
 }
 
 /* The composition, which is what the op is defined as. */
-static void cpu_qk_norm_rope(void *out, const void *in, const void *w, int plus_one, const int32_t *pos,
-                             const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps) {
-    if (plus_one) cpu_rmsnorm1p(out, in, w, T * nh, d, eps);
-    else cpu_rmsnorm(out, NULL, in, w, T * nh, d, eps);
+static void cpu_qk_norm_rope(void *out, float *rstd, const void *in, const void *w, int plus_one,
+                             const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps) {
+    rmsnorm_rows(out, rstd, in, w, plus_one ? 1.0f : 0.0f, T * nh, d, eps);
     cpu_rope(out, pos, inv_freq, T, nh, d, 0);
+}
+
+/* The composition again: rope's inverse on a copy of dout, then the norm's
+ * backward into a zeroed din. */
+static void cpu_qk_norm_rope_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd,
+                                 const void *w, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh,
+                                 int64_t d) {
+    const size_t bytes = (size_t)(T * nh * d) * sizeof(float);
+    float *g = dfl_malloc(bytes ? bytes : 1);
+    memcpy(g, dout, bytes);
+    cpu_rope(g, pos, inv_freq, T, nh, d, 1);
+    if (din) memset(din, 0, bytes);
+    cpu_rmsnorm_bwd(din, dw, g, in, rstd, w, T * nh, d);
+    free(g);
 }
 
 /* silu(g) = g / (1 + exp(-g)), as PyTorch's CPU kernel writes it. */
@@ -384,6 +397,7 @@ static const dfl_ops cpu_ops = {
     .matmul_bwd = cpu_matmul_bwd,
     .rmsnorm = cpu_rmsnorm,
     .qk_norm_rope = cpu_qk_norm_rope,
+    .qk_norm_rope_bwd = cpu_qk_norm_rope_bwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .rmsnorm1p = cpu_rmsnorm1p,
     .rope = cpu_rope,

@@ -435,6 +435,43 @@ static void test_rope_fd(void) {
     ops->free(c.x), ops->free(c.y), ops->free(c.dout), ops->free(c.inv), ops->free(c.pos), ops->free(g);
 }
 
+/* The q/k norm with its RoPE (qk_norm_rope) and its backward, against
+ * finite differences of the forward; din must be written over (its noise
+ * gone), dw added to. */
+typedef struct {
+    float *x, *w, *y, *dout, *inv, *rstd;
+    int32_t *pos;
+    int64_t T, nh, d;
+} qknr_ctx;
+
+static double qknr_loss(void *p) {
+    qknr_ctx *c = p;
+    ops->qk_norm_rope(c->y, c->rstd, c->x, c->w, 0, c->pos, c->inv, c->T, c->nh, c->d, 1e-6f);
+    return dot_d(c->y, c->dout, c->T * c->nh * c->d);
+}
+
+static void test_qk_norm_rope_fd(void) {
+    qknr_ctx c = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, 40, 3, 14}; /* 120 rows: dw over several chunks */
+    dfl_rng r;
+    dfl_rng_seed(&r, 4);
+    const int64_t n = c.T * c.nh * c.d;
+    c.x = fbuf(n), c.w = fbuf(c.d), c.y = fbuf(n), c.dout = fbuf(n), c.inv = fbuf(c.d / 2), c.rstd = fbuf(c.T * c.nh);
+    c.pos = ops->alloc((size_t)c.T * 4);
+    frand(c.x, n, &r, 1), frand(c.w, c.d, &r, 1), frand(c.dout, n, &r, 1);
+    for (int64_t i = 0; i < c.d / 2; i++) c.inv[i] = (float)pow(10000.0, -2.0 * (double)i / (double)c.d);
+    for (int64_t t = 0; t < c.T; t++) c.pos[t] = (int32_t)(t * 37 + 2);
+    float *din = fbuf(n), *dw = fbuf(c.d);
+    for (int64_t i = 0; i < n; i++) din[i] = 1e9f;
+    for (int64_t i = 0; i < c.d; i++) dw[i] = 3.0f;
+    qknr_loss(&c);
+    ops->qk_norm_rope_bwd(din, dw, c.dout, c.x, c.rstd, c.w, c.pos, c.inv, c.T, c.nh, c.d);
+    float *dw1 = minus(dw, 3.0f, c.d);
+    check_fd("qk_norm_rope din (written)", qknr_loss, &c, c.x, din, n, 41);
+    check_fd("qk_norm_rope dw (+=)", qknr_loss, &c, c.w, dw1, c.d, 42);
+    ops->free(c.x), ops->free(c.w), ops->free(c.y), ops->free(c.dout), ops->free(c.inv), ops->free(c.rstd);
+    ops->free(c.pos), ops->free(din), ops->free(dw), ops->free(dw1);
+}
+
 static void test_swiglu(void) {
     int64_t n;
     float *g = fx(fx_dense, "sw.gate", &n), *u = fx(fx_dense, "sw.up", NULL), *ref = fx(fx_dense, "sw.out", NULL),
@@ -1505,6 +1542,7 @@ int main(void) {
     T_RUN(test_rmsnorm_fd);
     T_RUN(test_rope);
     T_RUN(test_rope_fd);
+    T_RUN(test_qk_norm_rope_fd);
     T_RUN(test_swiglu);
     T_RUN(test_swiglu_fd);
     T_RUN(test_add_embed_sumsq);
