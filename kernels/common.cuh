@@ -191,6 +191,38 @@ __device__ __forceinline__ void store_bf16s(bf16 *p, const float *f) {
 }
 
 // ---------------------------------------------------------------------------
+// Column sums over many rows in a fixed order (the norms' weight gradients):
+// each warp adds its rows' terms into a shared-memory row of its own, the
+// block sums its warps' rows in warp order (warp_rows_to_partial), and
+// cuda_sum_partials adds the blocks' partials in block order.
+
+// After the block's last row: part[blockIdx.x][c] = the sum over warps, in
+// warp order, of sdw[warp][c].
+__device__ __forceinline__ void warp_rows_to_partial(float *part, const float *sdw, int dim) {
+    __syncthreads();
+    const int nwarps = blockDim.x / 32;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < nwarps; k++) s += sdw[(int64_t)k * dim + c];
+        part[blockIdx.x * (int64_t)dim + c] = s;
+    }
+}
+
+// One wave of `kernel` (threads and smem bytes a block) over `units`, at
+// least min_per units a block, so that a block's fixed costs (its dW rows,
+// its partial) are paid once a wave and no last wave runs part-full:
+// returns the blocks, and in *per the units of each.
+template <typename K>
+static int64_t one_wave_blocks(K kernel, int threads, size_t smem, int64_t units, int64_t min_per, int64_t *per) {
+    int per_sm = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    const int64_t wave = (int64_t)g_cuda.sm_count * (per_sm > 0 ? per_sm : 1);
+    *per = CEIL_DIV(units, wave);
+    if (*per < min_per) *per = min_per;
+    return CEIL_DIV(units, *per);
+}
+
+// ---------------------------------------------------------------------------
 // GEMM helpers (matmul.cu), used by the LM-head ops too. Row-major shapes.
 
 // C[M,N] (bf16 or f32, per c_f32) = alpha * A[M,K] · B[N,K]^T + beta * C.

@@ -87,14 +87,7 @@ __global__ void rmsnorm_bwd_kernel(bf16 *din, float *dw_part, const bf16 *dout, 
             }
         }
     }
-    if (!dw_part) return;
-    __syncthreads();
-    // this block's partial: its warps' rows added in warp order
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-        float s = 0.0f;
-        for (int k = 0; k < nwarps; k++) s += sdw[(int64_t)k * dim + c];
-        dw_part[blockIdx.x * (int64_t)dim + c] = s;
-    }
+    if (dw_part) warp_rows_to_partial(dw_part, sdw, dim);
 }
 
 // dw[c] += the sum over blocks b of part[b][c], in a fixed order: thread
@@ -151,11 +144,10 @@ void cuda_rmsnorm1p(void *out, const void *in, const void *w, int64_t rows, int6
     launch_rmsnorm(out, NULL, in, w, 1.0f, rows, dim, eps);
 }
 
-// One wave of blocks, each with as many rows as that takes: a block's fixed
-// costs (zeroing its warps' dW rows, summing them, writing its partial) are
-// paid once per wave instead of per 8 rows, and no last wave runs part-full.
-// (The first version launched 8 blocks a multiprocessor, 2.7 waves of 8
-// rows a block at H = 4096: 146 us a call against a ~61 us byte floor.)
+// One wave of blocks (one_wave_blocks), each with as many rows as that
+// takes. (The first version launched 8 blocks a multiprocessor, 2.7 waves
+// of 8 rows a block at H = 4096: 146 us a call against a ~61 us byte
+// floor.)
 template <int VW>
 static void launch_bwd(int warps, size_t smem, bf16 *din, float *dw, const bf16 *dout, const bf16 *in,
                        const float *rstd, const bf16 *w, int64_t rows, int dim) {
@@ -164,12 +156,8 @@ static void launch_bwd(int warps, size_t smem, bf16 *din, float *dw, const bf16 
         cudaCheck(cudaFuncSetAttribute(rmsnorm_bwd_kernel<VW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         smem_set = smem;
     }
-    int per_sm = 0;
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rmsnorm_bwd_kernel<VW>, warps * 32, smem));
-    int64_t nblk = (int64_t)g_cuda.sm_count * (per_sm > 0 ? per_sm : 1);
-    int64_t rpb = CEIL_DIV(rows, nblk);
-    if (rpb < warps) rpb = warps;
-    nblk = CEIL_DIV(rows, rpb);
+    int64_t rpb;
+    const int64_t nblk = one_wave_blocks(rmsnorm_bwd_kernel<VW>, warps * 32, smem, rows, warps, &rpb);
     float *part = dw ? (float *)cuda_scratch(SCRATCH_OP, (size_t)nblk * dim * 4) : NULL;
     KLAUNCH(rmsnorm_bwd_kernel<VW>, (unsigned)nblk, warps * 32, smem)(din, part, dout, in, rstd, w, rows, dim, rpb);
     LAUNCH_CHECK();

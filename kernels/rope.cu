@@ -43,6 +43,41 @@ __global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, 
 // it read, after the warp's sum has used every element of the row.
 constexpr int HEADS_PER_WARP = 8, MAX_K = 2;
 
+// The angles of one lane's pairs at one token (the same in every head):
+// those of its first MAX_K pair groups computed once (indices known at
+// compile time: registers), any further ones on the fly. each(f) calls
+// f(i, sin[V], cos[V]) for every pair group i of the lane.
+template <int V>
+struct LaneAngles {
+    float sn[MAX_K][V], cs[MAX_K][V], p;
+    const float *inv_freq;
+    int lane, half;
+    __device__ LaneAngles(float p_, const float *inv_freq_, int lane_, int half_)
+        : p(p_), inv_freq(inv_freq_), lane(lane_), half(half_) {
+#pragma unroll
+        for (int k = 0; k < MAX_K; k++)
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                const int i = lane * V + 32 * V * k + v;
+                if (i < half) sincosf(p * inv_freq[i], &sn[k][v], &cs[k][v]);
+            }
+    }
+    template <typename F>
+    __device__ __forceinline__ void each(F f) const {
+#pragma unroll
+        for (int k = 0; k < MAX_K; k++) {
+            const int i = lane * V + 32 * V * k;
+            if (i < half) f(i, sn[k], cs[k]);
+        }
+        for (int i = lane * V + 32 * V * MAX_K; i < half; i += 32 * V) {
+            float s_[V], c_[V];
+#pragma unroll
+            for (int v = 0; v < V; v++) sincosf(p * inv_freq[i + v], &s_[v], &c_[v]);
+            f(i, s_, c_);
+        }
+    }
+};
+
 // pairs (i + v, i + v + half), v < V, of one row: normed, rotated, stored
 template <int V>
 __device__ __forceinline__ void norm_rotate(bf16 *y, const bf16 *x, const bf16 *w, int i, int half, float r,
@@ -70,15 +105,7 @@ __global__ void qk_norm_rope_kernel(bf16 *out, float *rstd, const bf16 *in, cons
     if (wid >= T * groups) return;
     const int64_t t = wid / groups;
     const int h0 = (int)(wid % groups) * HEADS_PER_WARP, h1 = h0 + HEADS_PER_WARP < nh ? h0 + HEADS_PER_WARP : nh;
-    const float p = (float)pos[t];
-    float sn[MAX_K][V], cs[MAX_K][V];
-#pragma unroll
-    for (int k = 0; k < MAX_K; k++)
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            const int i = lane * V + 32 * V * k + v;
-            if (i < half) sincosf(p * inv_freq[i], &sn[k][v], &cs[k][v]);
-        }
+    const LaneAngles<V> ang((float)pos[t], inv_freq, lane, half);
     for (int h = h0; h < h1; h++) {
         const int64_t row = t * nh + h;
         const bf16 *x = in + row * d;
@@ -94,19 +121,7 @@ __global__ void qk_norm_rope_kernel(bf16 *out, float *rstd, const bf16 *in, cons
         const float r = rsqrtf(ss / (float)d + eps);
         if (rstd && lane == 0) rstd[row] = r;
         bf16 *y = out + row * d;
-        // a lane's first MAX_K pair groups with the cached angles (indices
-        // known at compile time: registers), the rest computing theirs
-#pragma unroll
-        for (int k = 0; k < MAX_K; k++) {
-            const int i = lane * V + 32 * V * k;
-            if (i < half) norm_rotate<V>(y, x, w, i, half, r, w_add, sn[k], cs[k]);
-        }
-        for (int i = lane * V + 32 * V * MAX_K; i < half; i += 32 * V) {
-            float s_[V], c_[V];
-#pragma unroll
-            for (int v = 0; v < V; v++) sincosf(p * inv_freq[i + v], &s_[v], &c_[v]);
-            norm_rotate<V>(y, x, w, i, half, r, w_add, s_, c_);
-        }
+        ang.each([&](int i, const float *sn, const float *cs) { norm_rotate<V>(y, x, w, i, half, r, w_add, sn, cs); });
     }
 }
 
@@ -133,15 +148,7 @@ __global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *d
     for (int64_t u = u0 + warp; u < u1; u += nwarps) {
         const int64_t t = u / groups;
         const int h0 = (int)(u % groups) * HEADS_PER_WARP, h1 = h0 + HEADS_PER_WARP < nh ? h0 + HEADS_PER_WARP : nh;
-        const float p = (float)pos[t];
-        float sn[MAX_K][V], cs[MAX_K][V];
-#pragma unroll
-        for (int k = 0; k < MAX_K; k++)
-#pragma unroll
-            for (int v = 0; v < V; v++) {
-                const int i = lane * V + 32 * V * k + v;
-                if (i < half) sincosf(p * inv_freq[i], &sn[k][v], &cs[k][v]);
-            }
+        const LaneAngles<V> ang((float)pos[t], inv_freq, lane, half);
         for (int h = h0; h < h1; h++) {
             const int64_t row = t * nh + h;
             const bf16 *x = in + row * d, *dy = dout + row * d;
@@ -149,7 +156,7 @@ __global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *d
             // f(i, ga, gb, a, b, wa, wb) for each of the lane's pair groups:
             // g rotated back, x and w, V pairs (i + v, i + v + half) each
             auto each_pair = [&](auto f) {
-                auto one = [&](int i, const float *s_, const float *c_) {
+                ang.each([&](int i, const float *sn, const float *cs) {
                     float ya[V], yb[V], a[V], b[V], wa[V], wb[V], ga[V], gb[V];
                     load_bf16s<V>(ya, dy + i);
                     load_bf16s<V>(yb, dy + i + half);
@@ -158,20 +165,9 @@ __global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *d
                     load_bf16s<V>(wa, w + i);
                     load_bf16s<V>(wb, w + i + half);
 #pragma unroll
-                    for (int v = 0; v < V; v++) ga[v] = ya[v] * c_[v] + yb[v] * s_[v], gb[v] = yb[v] * c_[v] - ya[v] * s_[v];
+                    for (int v = 0; v < V; v++) ga[v] = ya[v] * cs[v] + yb[v] * sn[v], gb[v] = yb[v] * cs[v] - ya[v] * sn[v];
                     f(i, ga, gb, a, b, wa, wb);
-                };
-#pragma unroll
-                for (int k = 0; k < MAX_K; k++) {
-                    const int i = lane * V + 32 * V * k;
-                    if (i < half) one(i, sn[k], cs[k]);
-                }
-                for (int i = lane * V + 32 * V * MAX_K; i < half; i += 32 * V) {
-                    float s_[V], c_[V];
-#pragma unroll
-                    for (int v = 0; v < V; v++) sincosf(p * inv_freq[i + v], &s_[v], &c_[v]);
-                    one(i, s_, c_);
-                }
+                });
             };
             float gwx = 0.0f;
             each_pair([&](int, const float *ga, const float *gb, const float *a, const float *b, const float *wa,
@@ -197,13 +193,7 @@ __global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *d
             });
         }
     }
-    if (!dw_part) return;
-    __syncthreads();
-    for (int c = threadIdx.x; c < d; c += blockDim.x) { // this block's partial, its warps in order
-        float s = 0.0f;
-        for (int k = 0; k < nwarps; k++) s += sdw[(int64_t)k * d + c];
-        dw_part[blockIdx.x * (int64_t)d + c] = s;
-    }
+    if (dw_part) warp_rows_to_partial(dw_part, sdw, d);
 }
 
 // ---------------------------------------------------------------------------
@@ -236,8 +226,7 @@ void cuda_qk_norm_rope(void *out, float *rstd, const void *in, const void *w, in
     LAUNCH_CHECK();
 }
 
-// One wave of blocks (as the RMSNorm backward), each with as many units as
-// that takes, so that the per-block dw partials stay few.
+// One wave of blocks (one_wave_blocks), as the RMSNorm backward.
 template <int V>
 static void launch_qk_bwd(bf16 *din, float *dw, const bf16 *dout, const bf16 *in, const float *rstd, const bf16 *w,
                           const int32_t *pos, const float *inv_freq, int64_t T, int nh, int d) {
@@ -249,13 +238,9 @@ static void launch_qk_bwd(bf16 *din, float *dw, const bf16 *dout, const bf16 *in
                                        (int)smem));
         smem_set = smem;
     }
-    int per_sm = 0;
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qk_norm_rope_bwd_kernel<V>, warps * 32, smem));
     const int64_t units = T * CEIL_DIV((int64_t)nh, (int64_t)HEADS_PER_WARP);
-    int64_t nblk = (int64_t)g_cuda.sm_count * (per_sm > 0 ? per_sm : 1);
-    int64_t upb = CEIL_DIV(units, nblk);
-    if (upb < warps) upb = warps;
-    nblk = CEIL_DIV(units, upb);
+    int64_t upb;
+    const int64_t nblk = one_wave_blocks(qk_norm_rope_bwd_kernel<V>, warps * 32, smem, units, warps, &upb);
     float *part = dw ? (float *)cuda_scratch(SCRATCH_OP, (size_t)nblk * d * 4) : NULL;
     KLAUNCH(qk_norm_rope_bwd_kernel<V>, (unsigned)nblk, warps * 32, smem)(din, part, dout, in, rstd, w, pos,
                                                                           inv_freq, T, nh, d, upb);

@@ -332,6 +332,24 @@ static bytes schedule_run(void) {
         DEV->free(x), DEV->free(w), DEV->free(d), DEV->free(out), DEV->free(rstd), DEV->free(din), DEV->free(dw);
         free(hx), free(hw), free(hd);
     }
+    /* q/k norm + RoPE and its backward (per-warp shared rows; two head
+     * groups of a token, the second part-full) */
+    {
+        const int64_t T = 21, nh = 12, d = 64, n = T * nh * d;
+        float *hx = ag_randn(n, 2), *hw = ag_randn(d, 1), *hd = ag_randn(n, 1), inv[32];
+        int32_t pos[21];
+        for (int i = 0; i < 32; i++) inv[i] = (float)pow(1e4, -i / 32.0);
+        for (int t = 0; t < 21; t++) pos[t] = 7 * t;
+        void *x = dput(hx, n, AG_ACT), *w = dput(hw, d, AG_ACT), *dy = dput(hd, n, AG_ACT), *p = dput(pos, T, AG_I32);
+        void *f = dput(inv, 32, AG_F32), *out = dput(NULL, n, AG_ACT), *rstd = dput(NULL, T * nh, AG_F32);
+        void *din = dput(NULL, n, AG_ACT), *dw = dput(NULL, d, AG_F32);
+        DEV->qk_norm_rope(out, rstd, x, w, 0, p, f, T, nh, d, 1e-6f);
+        DEV->qk_norm_rope_bwd(din, dw, dy, x, rstd, w, p, f, T, nh, d);
+        take(&b, out, n, AG_ACT), take(&b, rstd, T * nh, AG_F32), take(&b, din, n, AG_ACT), take(&b, dw, d, AG_F32);
+        DEV->free(x), DEV->free(w), DEV->free(dy), DEV->free(p), DEV->free(f), DEV->free(out), DEV->free(rstd);
+        DEV->free(din), DEV->free(dw);
+        free(hx), free(hw), free(hd);
+    }
     /* LM head: block reductions of the softmax statistics */
     {
         const int64_t N = 21, H = 40, V = 333;
