@@ -102,7 +102,7 @@ struct dfl_ops {
      * (plus_one: * (1 + w), as rmsnorm1p), then out = y rotated as rope
      * rotates it by pos[t]; the same as rmsnorm (or rmsnorm1p) into out,
      * then rope on out. rstd[T * nh] (f32) is saved as rmsnorm saves it
-     * when not NULL (training: rmsnorm_bwd reads it). out may alias in. */
+     * when not NULL (training: qk_norm_rope_bwd reads it). out may alias in. */
     void (*qk_norm_rope)(void *out, float *rstd, const void *in, const void *w, int plus_one, const int32_t *pos,
                          const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps);
     /* Its backward (plain norms, plus_one 0): dout rotated back (rope's
