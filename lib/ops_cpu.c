@@ -275,7 +275,7 @@ static void cpu_qk_norm_rope_bwd(void *din, float *dw, const void *dout, const v
                                  const void *w, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh,
                                  int64_t d) {
     const size_t bytes = (size_t)(T * nh * d) * sizeof(float);
-    float *g = dfl_malloc(bytes ? bytes : 1);
+    float *g = dfl_malloc(bytes);
     memcpy(g, dout, bytes);
     cpu_rope(g, pos, inv_freq, T, nh, d, 1);
     if (din) memset(din, 0, bytes);

@@ -449,13 +449,16 @@ static void compute_wgroup(WgOp &g, int wg) {
     }
 }
 
-static bool poisoned(const float *d, int n) {
+// accumulators held by a wgmma in flight must still be POISON: anything
+// else was written before the wait
+static void require_poisoned(const float *d, int n) {
     for (int i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, d + i, 4);
-        if (u != POISON) return false;
+        if (u != POISON)
+            die("wgmma: accumulator registers written while a wgmma on them is in flight (before the "
+                "wgmma.wait_group that covers it)");
     }
-    return true;
 }
 
 // d becomes owned by a wgmma in flight: keep its values, poison it
@@ -463,9 +466,7 @@ static void hold(WGroup &g, float *d, int n) {
     auto it = g.held.find(d);
     if (it != g.held.end()) {
         if (it->second.n != n) die("wgmma: accumulators of two sizes at one address");
-        if (!poisoned(d, n))
-            die("wgmma: accumulator registers written while a wgmma on them is in flight (before the "
-                "wgmma.wait_group that covers it)");
+        require_poisoned(d, n);
         return;
     }
     Held h{n, std::vector<float>(d, d + n)};
@@ -477,9 +478,7 @@ static void hold(WGroup &g, float *d, int n) {
 static void release(WGroup &g, float *d) {
     auto it = g.held.find(d);
     if (it == g.held.end()) return; // already released for an earlier op of this wait
-    if (!poisoned(d, it->second.n))
-        die("wgmma: accumulator registers written while a wgmma on them is in flight (before the "
-            "wgmma.wait_group that covers it)");
+    require_poisoned(d, it->second.n);
     memcpy(d, it->second.saved.data(), (size_t)it->second.n * 4);
     g.held.erase(it);
 }
