@@ -854,11 +854,8 @@ struct TileLists {
     int nlist, nchunks; // host copies of the totals (nlist: also tile_off[nblk])
 };
 
-// Device ints build_tile_lists needs before it runs (caller's scratch).
+// Device ints of the counts (cnt, list_off, chunk_off) behind the lists.
 static inline size_t tile_lists_small_ints(int64_t NK) { return (size_t)3 * (CEIL_DIV(NK, (int64_t)BN) + 1); }
-// Fills *tl on the device (list and chunks in SCRATCH_LISTS); reads the two
-// totals back, which is this op's one host synchronisation.
-void build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK);
 
 // delta[t*Hq + h] = sum_d dout[t,h,d] * out[t,h,d]  (f32), rows n = T*Hq
 void launch_delta(float *delta, const bf16 *dout, const bf16 *out, int64_t n, int D);

@@ -1,5 +1,5 @@
 // attn_dflash.cu: DFlash block attention, forward and backward.
-// defines: cuda_attn_dflash, cuda_attn_dflash_bwd, attn::build_tile_lists, attn::launch_delta
+// defines: cuda_attn_dflash, cuda_attn_dflash_bwd, attn::launch_delta
 //
 // Block j's B queries see exactly the keys [ctx_off, ctx_off+ctx_len) ∪
 // [blk_off, blk_off+B) (dfl_block). Work is proportional to the keys each
@@ -14,22 +14,24 @@
 //
 // Backward fast path: D = 64 or 128 (the simple kernels otherwise).
 //
-// Backward, deterministic (no floating-point atomics anywhere):
+// Backward, deterministic (no floating-point atomics anywhere); it writes
+// dq, dk and dv (no zeroing pass before it, no read of the zeros):
 //   delta = rowsum(dout ∘ out)                        (f32 scratch)
 //   dq: one CTA per (block, KV head, 64 rows), like the forward: recompute
-//       P = exp(S - lse), dP = dO V^T, dS = P (dP - delta), dq += scale dS K.
+//       P = exp(S - lse), dP = dO V^T, dS = P (dP - delta), dq = scale dS K.
 //   dk, dv: keys are shared by every block of a sequence whose context
 //       covers them, so the work is organised by key tile instead: for each
 //       tile of 64 keys, the list of blocks that see it (built on the
 //       device, in block order), cut into chunks of <= 32 blocks for
 //       balance. One CTA per (chunk, KV head) accumulates dK, dV for its 64
 //       keys in registers over its blocks and writes an f32 partial; a
-//       reduce kernel adds each tile's partials in chunk order into dk, dv.
+//       reduce kernel sums each tile's partials in chunk order into dk, dv
+//       (zeros for a tile no block sees).
 //   dq, stored dS (the default): the dk/dv kernel has every dS = P (dP -
 //       delta) of a (block, key tile) in registers, rounded to bf16 for its
 //       own products; it also stores them, transposed ([key][row], bf16,
 //       per block and KV head the tiles it touches in key order), and dq is
-//       then one product a tile, dq += scale dS K, where recomputing S and
+//       then one product a tile, dq = scale dS K, where recomputing S and
 //       dP took three. The store is 2 bytes per (row, head, key of a
 //       touched tile): when it would pass DFLASH_CUDA_DS_MAX_MB (default
 //       4096; 0: never), or the device has not the memory for it, or dk and
@@ -37,7 +39,9 @@
 //   The fast kernels read lse and delta in the order they visit rows: per
 //   (block, KV head) the block's B*G rows, padded to a multiple of BR with
 //   lse = +inf (so P = 0 there, and a padded row adds nothing).
-//   Reading the list totals back is the one host synchronisation.
+//   Reading the list totals back is the one host synchronisation, and a
+//   forward that saves lse does it ahead for its backward, without waiting
+//   (keep_tile_counts below).
 #include "attention.cuh"
 
 using namespace attn;
@@ -140,23 +144,26 @@ __global__ void delta_kernel(float *delta, const bf16 *dout, const bf16 *out, in
 // The rows of block j, KV head hkv, in the fast kernels' order (flattened
 // r = p*G + g), padded: lse2[i] = lse * log2(e) and delta[i] = rowsum(dout
 // o out) of row r = i % rtp of (j, hkv) = (i / rtp) / Hkv, % Hkv; +inf and
-// 0 past the block's B*G rows. One warp per entry.
+// 0 past the block's B*G rows. One warp per entry, D/32 adjacent elements a
+// lane in one load; the index arithmetic in 32 bits (n < 2^31, checked by
+// the launcher), where 64-bit divisions cost ~10x as many instructions.
+template <int D>
 __global__ void row_stats_kernel(float *lse2, float *delta, const float *lse, const bf16 *dout, const bf16 *out,
-                                 int64_t n, int rtp, int B, int G, int Hq, int Hkv, int D) {
-    int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
-    int lane = threadIdx.x % 32;
+                                 int n, int rtp, int B, int G, int Hq, int Hkv) {
+    constexpr int PER = D / 32;
+    const int i = (int)((blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
     if (i >= n) return;
-    const int r = (int)(i % rtp);
-    const int64_t jh = i / rtp;
-    const int hkv = (int)(jh % Hkv);
-    const int64_t j = jh / Hkv;
+    const int r = i % rtp, jh = i / rtp, hkv = jh % Hkv, j = jh / Hkv;
     if (r >= B * G) {
         if (lane == 0) lse2[i] = INFINITY, delta[i] = 0.0f;
         return;
     }
-    const int64_t row = (j * B + r / G) * Hq + (int64_t)hkv * G + r % G;
-    float s = 0.0f;
-    for (int d = lane; d < D; d += 32) s += bf2f(dout[row * D + d]) * bf2f(out[row * D + d]);
+    const int64_t row = ((int64_t)j * B + r / G) * Hq + (int64_t)hkv * G + r % G;
+    float a[PER], b[PER], s = 0.0f;
+    load_bf16s<PER>(a, dout + row * D + lane * PER);
+    load_bf16s<PER>(b, out + row * D + lane * PER);
+#pragma unroll
+    for (int e = 0; e < PER; e++) s += a[e] * b[e];
     s = warp_sum(s);
     if (lane == 0) lse2[i] = lse[row] * LOG2E, delta[i] = s;
 }
@@ -219,11 +226,12 @@ __global__ void block_tiles_scan_kernel(int *tile_off, const dfl_block *blocks, 
 // ---------------------------------------------------------------------------
 // CUDA kernels: backward, dq
 
-// dq += scale * acc on this thread's two rows (rows g and g+8 of its warp's
-// 16, each row belonging to one CTA alone); acc in the C fragment layout
+// dq = scale * acc on this thread's two rows (rows g and g+8 of its warp's
+// 16, each row belonging to one CTA alone: the op writes dq, it does not
+// add to it); acc in the C fragment layout
 template <int D>
-__device__ __forceinline__ void add_dq_rows(bf16 *dq, const float (*acc)[4], const int *row, int rows_total,
-                                            int64_t tok0, int G, int hkv, int Hq, float scale) {
+__device__ __forceinline__ void store_dq_rows(bf16 *dq, const float (*acc)[4], const int *row, int rows_total,
+                                              int64_t tok0, int G, int hkv, int Hq, float scale) {
     const int c = threadIdx.x % 4;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -233,8 +241,7 @@ __device__ __forceinline__ void add_dq_rows(bf16 *dq, const float (*acc)[4], con
         for (int nd = 0; nd < D / 8; nd++) {
             __nv_bfloat162 *p = (__nv_bfloat162 *)(drow + nd * 8 + 2 * c);
             DEV_CHECK_ALIGN(p, 4);
-            float2 old = __bfloat1622float2(*p);
-            *p = __floats2bfloat162_rn(old.x + scale * acc[nd][2 * h], old.y + scale * acc[nd][2 * h + 1]);
+            *p = __floats2bfloat162_rn(scale * acc[nd][2 * h], scale * acc[nd][2 * h + 1]);
         }
     }
 }
@@ -310,7 +317,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
                 }
             }
         }
-        // dQ += dS K
+        // acc += dS K
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
             uint32_t a[4];
@@ -321,11 +328,11 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     }
     cp_async_wait<0>();
 
-    add_dq_rows<D>(dq, acc, row, rows_total, tok0, G, hkv, Hq, scale);
+    store_dq_rows<D>(dq, acc, row, rows_total, tok0, G, hkv, Hq, scale);
 }
 
 // dq from the stored dS: CTA (block, KV head, 64 of its padded rows), one
-// product a touched key tile, dq += scale dS K. A tile's dS^T slice (64
+// product a touched key tile, dq = scale dS K. A tile's dS^T slice (64
 // keys x 64 rows, bf16) and its K rows arrive by cp.async, double-buffered;
 // A fragments of dS come transposed out of the [key][row] slice (ldmatrix
 // .trans). Keys a block does not see have dS = 0 in the store, rows past
@@ -398,7 +405,7 @@ __global__ void __launch_bounds__(NTHREADS, 4)
     cp_async_wait<0>();
 
     const int row[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
-    add_dq_rows<D>(dq, acc, row, rows_total, tok0, G, hkv, Hq, scale);
+    store_dq_rows<D>(dq, acc, row, rows_total, tok0, G, hkv, Hq, scale);
 }
 
 // ---------------------------------------------------------------------------
@@ -596,24 +603,36 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     }
 }
 
-// dk, dv += the sum of each tile's chunk partials, in chunk order
+// dk, dv = the sum of each tile's chunk partials, in chunk order; zeros
+// for keys no block sees (tiles without chunks). A thread sums 4 adjacent
+// elements (16-byte loads of the partials, an 8-byte store), each in the
+// order one thread per element would add it, and unrolls the chunks so that
+// several partials' loads are in flight at once: the kernel is bound by
+// the partials' bytes, which a 4-byte load per element and chunk left
+// latency-bound.
 __global__ void dkdv_reduce_kernel(bf16 *dk, bf16 *dv, const float *part_dk, const float *part_dv, const int *chunk_off,
                                    int Hkv, int64_t NK, int D) {
     const int tile = blockIdx.x, hkv = blockIdx.y;
     const int c0 = chunk_off[tile], c1 = chunk_off[tile + 1];
-    if (c0 == c1) return;
-    for (int idx = threadIdx.x; idx < BN * D; idx += blockDim.x) {
-        int64_t key = (int64_t)tile * BN + idx / D;
+    const int64_t next = (int64_t)Hkv * BN * D / 4; // float4s from one chunk's partial to the next
+    for (int idx = 4 * threadIdx.x; idx < BN * D; idx += 4 * blockDim.x) {
+        const int64_t key = (int64_t)tile * BN + idx / D;
         if (key >= NK) break;
-        float sk = 0.0f, sv = 0.0f;
-        for (int ci = c0; ci < c1; ci++) {
-            int64_t o = ((int64_t)ci * Hkv + hkv) * BN * D + idx;
-            sk += part_dk[o];
-            sv += part_dv[o];
+        float sk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (c1 > c0) {
+            const int64_t first = (((int64_t)c0 * Hkv + hkv) * BN * D + idx) / 4;
+            const float4 *pk = (const float4 *)part_dk + first, *pv = (const float4 *)part_dv + first;
+            DEV_CHECK_ALIGN(pk, 16);
+#pragma unroll 4
+            for (int ci = 0; ci < c1 - c0; ci++) {
+                const float4 a = pk[ci * next], b = pv[ci * next];
+                sk[0] += a.x, sk[1] += a.y, sk[2] += a.z, sk[3] += a.w;
+                sv[0] += b.x, sv[1] += b.y, sv[2] += b.z, sv[3] += b.w;
+            }
         }
-        int64_t o = (key * Hkv + hkv) * D + idx % D;
-        if (dk) dk[o] = f2bf(bf2f(dk[o]) + sk);
-        if (dv) dv[o] = f2bf(bf2f(dv[o]) + sv);
+        const int64_t o = (key * Hkv + hkv) * D + idx % D;
+        if (dk) store_bf16s<4>(dk + o, sk);
+        if (dv) store_bf16s<4>(dv + o, sv);
     }
 }
 
@@ -626,26 +645,48 @@ void attn::launch_delta(float *delta, const bf16 *dout, const bf16 *out, int64_t
     LAUNCH_CHECK();
 }
 
-void attn::build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK) {
-    int ntiles = (int)CEIL_DIV(NK, (int64_t)BN);
-    tl->ntiles = ntiles;
+// ---------------------------------------------------------------------------
+// The key-tile lists of the backward, and the counts a forward keeps for it
+//
+// Sizing the lists, the dk/dv partials and the stored dS, and the dk/dv
+// grid, needs two totals on the host. Counting on the device and reading
+// them back drains the stream and leaves the GPU idle while the host waits
+// and refills it (~0.13 ms a layer at the training benchmark's shape). So a
+// forward that saves lse (training: its backward follows) also counts its
+// blocks' key tiles and copies the totals to pinned host memory behind an
+// event, without waiting. The backward given that lse, the same blocks
+// pointer and the same shape finds them, waits on the event (complete long
+// since: the LM head and the later layers ran in between) and fills the
+// lists without stopping the stream. Otherwise (no forward seen for that
+// lse, its slot reused since, another blocks pointer or shape) it counts and
+// waits itself. lse ties the two calls: it is only valid for the blocks the
+// forward saw, so a backward over other block contents would be wrong with
+// or without the kept counts.
+
+// cnt, list_off and chunk_off in small (tile_lists_small_ints ints); the
+// totals list_off[ntiles], chunk_off[ntiles] copied to tot[0], tot[1] (host)
+// in stream order, not waited for. ntiles > 0.
+static void count_tiles(int *small, int *tot, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK) {
+    const int ntiles = (int)CEIL_DIV(NK, (int64_t)BN);
+    int *cnt = small, *list_off = small + ntiles, *chunk_off = small + 2 * ntiles + 1;
+    KLAUNCH(tile_count_kernel, (unsigned)CEIL_DIV((int64_t)ntiles * 32, (int64_t)256), 256, 0)(cnt, blocks, (int)nblk,
+                                                                                             (int)B, NK, ntiles);
+    LAUNCH_CHECK();
+    KLAUNCH(tile_scan_kernel, 1, 1024, 0)(list_off, chunk_off, cnt, ntiles);
+    LAUNCH_CHECK();
+    cudaCheck(cudaMemcpyAsync(&tot[0], list_off + ntiles, sizeof(int), cudaMemcpyDeviceToHost, g_cuda.stream));
+    cudaCheck(cudaMemcpyAsync(&tot[1], chunk_off + ntiles, sizeof(int), cudaMemcpyDeviceToHost, g_cuda.stream));
+}
+
+// *tl from counts in small and their totals on the host: the lists in
+// SCRATCH_LISTS, filled on the device.
+static void fill_tile_lists(TileLists *tl, int *small, const int *tot, const dfl_block *blocks, int64_t nblk,
+                            int64_t B, int64_t NK) {
+    const int ntiles = tl->ntiles;
     tl->small = small;
     tl->cnt = small;
     tl->list_off = small + ntiles;
     tl->chunk_off = small + 2 * ntiles + 1;
-    tl->nlist = tl->nchunks = 0;
-    tl->list = NULL;
-    tl->chunks = NULL;
-    if (ntiles == 0) return;
-    unsigned wgrid = (unsigned)CEIL_DIV((int64_t)ntiles * 32, (int64_t)256);
-    KLAUNCH(tile_count_kernel, wgrid, 256, 0)(tl->cnt, blocks, (int)nblk, (int)B, NK, ntiles);
-    LAUNCH_CHECK();
-    KLAUNCH(tile_scan_kernel, 1, 1024, 0)(tl->list_off, tl->chunk_off, tl->cnt, ntiles);
-    LAUNCH_CHECK();
-    int tot[2];
-    cudaCheck(cudaMemcpyAsync(&tot[0], tl->list_off + ntiles, sizeof(int), cudaMemcpyDeviceToHost, g_cuda.stream));
-    cudaCheck(cudaMemcpyAsync(&tot[1], tl->chunk_off + ntiles, sizeof(int), cudaMemcpyDeviceToHost, g_cuda.stream));
-    cudaCheck(cudaStreamSynchronize(g_cuda.stream));
     tl->nlist = tot[0];
     tl->nchunks = tot[1];
     size_t list_bytes = ((size_t)tl->nlist * sizeof(int) + 15) / 16 * 16;
@@ -654,11 +695,74 @@ void attn::build_tile_lists(TileLists *tl, int *small, const dfl_block *blocks, 
     tl->list = (int *)mem;
     tl->chunks = (KeyChunk *)(mem + list_bytes);
     tl->tile_off = (int *)(mem + list_bytes + chunk_bytes);
-    KLAUNCH(tile_fill_kernel, wgrid, 256, 0)(tl->list, tl->chunks, tl->cnt, tl->list_off, tl->chunk_off,
-                                                       blocks, (int)nblk, (int)B, NK, ntiles);
+    KLAUNCH(tile_fill_kernel, (unsigned)CEIL_DIV((int64_t)ntiles * 32, (int64_t)256), 256, 0)(
+        tl->list, tl->chunks, tl->cnt, tl->list_off, tl->chunk_off, blocks, (int)nblk, (int)B, NK, ntiles);
     LAUNCH_CHECK();
     KLAUNCH(block_tiles_scan_kernel, 1, 1024, 0)(tl->tile_off, blocks, (int)nblk, (int)B, NK);
     LAUNCH_CHECK();
+}
+
+// A forward's counts: its key, device counts (scratch slot
+// SCRATCH_TILE_COUNTS + its index), pinned totals and their event.
+struct KeptCounts {
+    const float *lse;
+    const dfl_block *blocks;
+    int64_t nblk, B, NK;
+    int *small, *tot;
+    cudaEvent_t ready;
+    uint64_t used; // 0: empty; else when it was last written or read
+};
+static KeptCounts g_kept[TILE_COUNT_SLOTS];
+static uint64_t g_kept_clock;
+
+static bool kept_for(const KeptCounts &e, const float *lse, const dfl_block *blocks, int64_t nblk, int64_t B,
+                     int64_t NK) {
+    return e.used && e.lse == lse && e.blocks == blocks && e.nblk == nblk && e.B == B && e.NK == NK;
+}
+
+// The forward's part: count into the slot of this lse (or the least
+// recently used one), the totals behind an event.
+static void keep_tile_counts(const float *lse, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK) {
+    int slot = 0;
+    for (int i = 0; i < TILE_COUNT_SLOTS; i++) {
+        if (g_kept[i].used && g_kept[i].lse == lse) {
+            slot = i;
+            break;
+        }
+        if (g_kept[i].used < g_kept[slot].used) slot = i;
+    }
+    KeptCounts &e = g_kept[slot];
+    if (!e.tot) {
+        cudaCheck(cudaMallocHost((void **)&e.tot, 2 * sizeof(int)));
+        cudaCheck(cudaEventCreateWithFlags(&e.ready, cudaEventDisableTiming));
+    }
+    e.small = (int *)cuda_scratch(SCRATCH_TILE_COUNTS + slot, tile_lists_small_ints(NK) * sizeof(int));
+    count_tiles(e.small, e.tot, blocks, nblk, B, NK);
+    cudaCheck(cudaEventRecord(e.ready, g_cuda.stream));
+    e.lse = lse, e.blocks = blocks, e.nblk = nblk, e.B = B, e.NK = NK;
+    e.used = ++g_kept_clock;
+}
+
+// The backward's part: *tl from the counts a forward kept for this lse, or
+// counted now into small (tile_lists_small_ints ints of the caller's
+// scratch) with the stream drained to read their totals.
+static void build_tile_lists(TileLists *tl, int *small, const float *lse, const dfl_block *blocks, int64_t nblk,
+                             int64_t B, int64_t NK) {
+    memset(tl, 0, sizeof *tl);
+    tl->ntiles = (int)CEIL_DIV(NK, (int64_t)BN);
+    if (tl->ntiles == 0) return;
+    for (int i = 0; i < TILE_COUNT_SLOTS; i++) {
+        KeptCounts &e = g_kept[i];
+        if (!kept_for(e, lse, blocks, nblk, B, NK)) continue;
+        cudaCheck(cudaEventSynchronize(e.ready));
+        e.used = ++g_kept_clock;
+        fill_tile_lists(tl, e.small, e.tot, blocks, nblk, B, NK);
+        return;
+    }
+    int tot[2];
+    count_tiles(small, tot, blocks, nblk, B, NK);
+    cudaCheck(cudaStreamSynchronize(g_cuda.stream));
+    fill_tile_lists(tl, small, tot, blocks, nblk, B, NK);
 }
 
 template <int D, bool WG = false, bool PIPE = false>
@@ -696,6 +800,8 @@ void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const
     else if (!g_cuda.simple && aligned && D == 256) launch_fwd<256>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 64) launch_fwd<64>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
+    // saving lse means a backward follows: count its key tiles now, unwaited
+    if (lse && NK > 0 && CEIL_DIV(NK, (int64_t)BN) < INT32_MAX / 4) keep_tile_counts(lse, blocks, nblk, B, NK);
 }
 
 // DFLASH_CUDA_DS_MAX_MB: the most bytes the stored dS may take (read at
@@ -719,8 +825,9 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
     float *lse2p = stats, *deltap = stats + n;
     {
         cuda_prof_scope ps("k attn_dflash_bwd: row statistics");
-        KLAUNCH(row_stats_kernel, (unsigned)CEIL_DIV(n * 32, (int64_t)256), 256, 0)(lse2p, deltap, lse, dout, out, n,
-                                                                                  rtp, B, G, Hq, Hkv, D);
+        CU_ASSERT(n <= INT32_MAX);
+        KLAUNCH(row_stats_kernel<D>, (unsigned)CEIL_DIV(n * 32, (int64_t)256), 256, 0)(lse2p, deltap, lse, dout, out,
+                                                                                     (int)n, rtp, B, G, Hq, Hkv);
         LAUNCH_CHECK();
     }
     // dq from the stored dS when dk/dv run and the store fits (see the top)
@@ -739,25 +846,27 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
                                                                           scale);
         LAUNCH_CHECK();
     }
-    if (tl && tl->nchunks > 0) {
+    if (tl && tl->ntiles > 0) {
         size_t part_elems = (size_t)tl->nchunks * Hkv * BN * D;
-        float *part = (float *)cuda_scratch(SCRATCH_PART, 2 * part_elems * sizeof(float));
-        const bool wg = use_wgmma(D) != 0;
-        size_t smem = wg ? dkdv_smem_bytes<D, true>() : dkdv_smem_bytes<D>();
-        auto kernel = wg ? attn_dflash_dkdv_kernel<D, true> : attn_dflash_dkdv_kernel<D>;
-        static int once[2];
-        if (!once[wg]) allow_smem(kernel, smem), once[wg] = 1;
-        dim3 grid((unsigned)tl->nchunks, (unsigned)Hkv);
-        {
+        float *part = NULL;
+        if (tl->nchunks > 0) {
+            part = (float *)cuda_scratch(SCRATCH_PART, 2 * part_elems * sizeof(float));
+            const bool wg = use_wgmma(D) != 0;
+            size_t smem = wg ? dkdv_smem_bytes<D, true>() : dkdv_smem_bytes<D>();
+            auto kernel = wg ? attn_dflash_dkdv_kernel<D, true> : attn_dflash_dkdv_kernel<D>;
+            static int once[2];
+            if (!once[wg]) allow_smem(kernel, smem), once[wg] = 1;
+            dim3 grid((unsigned)tl->nchunks, (unsigned)Hkv);
             cuda_prof_scope ps(wg ? "k attn_dflash_bwd: dk dv partials (wgmma)" : "k attn_dflash_bwd: dk dv partials");
             KLAUNCH(kernel, grid, NTHREADS, smem)(
                 part, part + part_elems, ds, tl->chunks, tl->list, tl->tile_off, dout, lse2p, deltap, q, k, v, blocks,
                 B, NK, Hq, Hkv, G, scale_log2, scale);
             LAUNCH_CHECK();
         }
+        // also when no block sees a key: the reduction writes the zeros then
         cuda_prof_scope ps("k attn_dflash_bwd: dk dv reduce");
         KLAUNCH(dkdv_reduce_kernel, dim3((unsigned)tl->ntiles, (unsigned)Hkv), 256, 0)(
-            dk, dv, part, part + part_elems, tl->chunk_off, Hkv, NK, D);
+            dk, dv, part, part ? part + part_elems : NULL, tl->chunk_off, Hkv, NK, D);
         LAUNCH_CHECK();
     }
     if (ds) {
@@ -780,7 +889,13 @@ void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const 
     CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hkv <= 65535);
     CU_ASSERT(nblk * B * Hq <= INT32_MAX && B * (Hq / Hkv) <= INT32_MAX - BR && CEIL_DIV(B * (Hq / Hkv), BM) <= 65535);
     CU_ASSERT(CEIL_DIV(NK, (int64_t)BN) < INT32_MAX / 4);
-    if (nblk == 0 || (!dq && !dk && !dv)) return;
+    if (!dq && !dk && !dv) return;
+    if (nblk == 0) { // no queries: no key is seen, and the op writes its gradients
+        const size_t kv_bytes = (size_t)(NK * Hkv * D) * sizeof(bf16);
+        if (dk && kv_bytes) cudaCheck(cudaMemsetAsync(dk, 0, kv_bytes, g_cuda.stream));
+        if (dv && kv_bytes) cudaCheck(cudaMemsetAsync(dv, 0, kv_bytes, g_cuda.stream));
+        return;
+    }
     bf16 *gq = (bf16 *)dq, *gk = (bf16 *)dk, *gv = (bf16 *)dv;
     const bf16 *go = (const bf16 *)dout, *oo = (const bf16 *)out, *qq = (const bf16 *)q, *kk = (const bf16 *)k,
                *vv = (const bf16 *)v;
@@ -796,8 +911,8 @@ void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const 
     float *stats = (float *)mem;
     TileLists tl;
     if (want_kv) {
-        cuda_prof_scope ps("k attn_dflash_bwd: key tile lists (host sync)");
-        build_tile_lists(&tl, (int *)(mem + sbytes), blocks, nblk, B, NK);
+        cuda_prof_scope ps("k attn_dflash_bwd: key tile lists");
+        build_tile_lists(&tl, (int *)(mem + sbytes), lse, blocks, nblk, B, NK);
     }
     const TileLists *tlp = want_kv ? &tl : NULL;
     if (fast && D == 128)

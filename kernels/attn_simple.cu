@@ -43,12 +43,13 @@ __device__ __forceinline__ void axpy_vec(float *y, float a, const bf16 *p, int D
     }
 }
 
-// dst[d] = f(dst[d], x[i]) for this lane's dims (accumulate into bf16)
-__device__ __forceinline__ void add_store_vec(bf16 *p, const float *x, float scale, int D, int lane) {
+// p[d] = scale * x[i] for this lane's dims (the backward writes its
+// gradients, it does not add to them)
+__device__ __forceinline__ void store_vec(bf16 *p, const float *x, float scale, int D, int lane) {
 #pragma unroll
     for (int i = 0; i < PL; i++) {
         int d = lane + 32 * i;
-        if (d < D) p[d] = f2bf(bf2f(p[d]) + scale * x[i]);
+        if (d < D) p[d] = f2bf(scale * x[i]);
     }
 }
 
@@ -151,7 +152,7 @@ __global__ void simple_dflash_kernel(bf16 *out, float *lse, const bf16 *q, const
     if (lse && lane == 0) lse[w] = st.l > 0.0f ? st.m + logf(st.l) : -INFINITY;
 }
 
-// dq[t,h] += scale * sum_key P (dP - delta) k
+// dq[t,h] = scale * sum_key P (dP - delta) k
 __global__ void simple_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
                                  const bf16 *k, const bf16 *v, const dfl_block *blocks, int B, int64_t NK,
                                  int64_t nrows, int Hq, int Hkv, int D, float scale) {
@@ -171,7 +172,7 @@ __global__ void simple_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, c
         float ds = p * (dot_vec(go, v + kr, D, lane) - dl);
         axpy_vec(acc, ds, k + kr, D, lane);
     })
-    add_store_vec(dq + w * D, acc, scale, D, lane);
+    store_vec(dq + w * D, acc, scale, D, lane);
 }
 
 // one warp per (key, KV head): the blocks of its tile's list that see it,
@@ -204,8 +205,8 @@ __global__ void simple_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const f
             axpy_vec(gk, ds, q + qi * D, D, lane);
         }
     }
-    if (dk) add_store_vec(dk + w * D, gk, scale, D, lane);
-    if (dv) add_store_vec(dv + w * D, gv, 1.0f, D, lane);
+    if (dk) store_vec(dk + w * D, gk, scale, D, lane);
+    if (dv) store_vec(dv + w * D, gv, 1.0f, D, lane);
 }
 
 // ---------------------------------------------------------------------------
@@ -244,7 +245,7 @@ void attn::simple_attn_dflash_dkdv(bf16 *dk, bf16 *dv, const bf16 *dout, const f
                                    const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
                                    const TileLists *tl, int B, int64_t NK, int Hq, int Hkv, int D) {
     CU_ASSERT(D <= 32 * PL);
-    if (NK == 0 || tl->nlist == 0) return;
+    if (NK == 0) return; // with an empty list every key's warp writes zeros
     KLAUNCH(simple_dkdv_kernel, warps_grid(NK * Hkv), 256, 0)(dk, dv, dout, lse, delta, q, k, v, blocks,
                                                                        tl->list, tl->list_off, B, NK, Hq, Hkv, D,
                                                                        1.0f / sqrtf((float)D));

@@ -99,7 +99,19 @@ extern dfl_cuda_state g_cuda;
 
 // Grow-only device scratch, stream-ordered (cudaMallocAsync): valid until the
 // next call with the same slot. An op takes what it needs once and splits it.
-enum { SCRATCH_OP, SCRATCH_STAGING, SCRATCH_LOGITS, SCRATCH_LISTS, SCRATCH_PART, SCRATCH_DS, SCRATCH_SLOTS };
+// SCRATCH_TILE_COUNTS + i: the key-tile counts a DFlash forward keeps for its
+// backward (attn_dflash.cu), TILE_COUNT_SLOTS of them.
+constexpr int TILE_COUNT_SLOTS = 16;
+enum {
+    SCRATCH_OP,
+    SCRATCH_STAGING,
+    SCRATCH_LOGITS,
+    SCRATCH_LISTS,
+    SCRATCH_PART,
+    SCRATCH_DS,
+    SCRATCH_TILE_COUNTS,
+    SCRATCH_SLOTS = SCRATCH_TILE_COUNTS + TILE_COUNT_SLOTS
+};
 void *cuda_scratch(int slot, size_t bytes);
 // The same, but NULL (the slot then empty) where the device has not the
 // memory: for a buffer an op can do without.

@@ -645,9 +645,7 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
         ops->rmsnorm_bwd(w->dh, G->ln2, w->dx2, a->h1, a->rstd2, W->ln2, Q, H); /* dh: now d/dh1 */
         /* attention: h1 = h + o_proj(att) */
         ops->matmul_bwd(w->datt, G->o, w->dh, a->att, W->o, Q, QD, H, first_dw);
-        ops->zero(w->dq, (size_t)(Q * QD) * ab);
-        ops->zero(w->dk, (size_t)(NK * KVD) * ab);
-        ops->zero(w->dv, (size_t)(NK * KVD) * ab);
+        /* writes dq, dk and dv: no zeroing */
         ops->attn_dflash_bwd(w->dq, w->dk, w->dv, w->datt, a->att, a->lse, a->q, a->k, a->v, w->blocks, nblk, B, NK,
                              Hq, Hkv, D);
         /* RoPE's backward (the inverse rotation), then the q/k norm's: one

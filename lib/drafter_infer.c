@@ -18,7 +18,6 @@ struct dfl_drafter_cache {
     int32_t *pos_new;                        /* i32 [n] */
     /* the block (B rows) */
     void *h, *x, *qpre, *q, *att, *g, *u, *out; /* act */
-    float *lse;
     int32_t *pos_blk, *tokens, *pred;        /* i32 */
     dfl_block *block;
     int32_t *host_pos;
@@ -48,7 +47,6 @@ dfl_drafter_cache *dfl_drafter_cache_new(dfl_drafter *d, int64_t cap) {
     dc->g = ops->alloc(B * I * a);
     dc->u = ops->alloc(B * I * a);
     dc->out = ops->alloc(B * H * a);
-    dc->lse = ops->alloc(B * (size_t)c->Hq * sizeof(float));
     dc->pos_blk = ops->alloc(B * sizeof(int32_t));
     dc->tokens = ops->alloc(B * sizeof(int32_t));
     dc->pred = ops->alloc(B * sizeof(int32_t));
@@ -66,7 +64,7 @@ void dfl_drafter_cache_free(dfl_drafter_cache *dc) {
     free(dc->k);
     free(dc->v);
     void *b[] = {dc->feats, dc->ctx_pre, dc->ctx, dc->kpre, dc->pos_new, dc->h, dc->x, dc->qpre, dc->q, dc->att,
-                 dc->g, dc->u, dc->out, dc->lse, dc->pos_blk, dc->tokens, dc->pred, dc->block};
+                 dc->g, dc->u, dc->out, dc->pos_blk, dc->tokens, dc->pred, dc->block};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (b[i]) ops->free(b[i]);
     free(dc->host_pos);
@@ -154,7 +152,9 @@ int dfl_drafter_draft(dfl_drafter_cache *dc, const void *feats, dfl_dtype dtype,
         ops->matmul(dc->kpre, dc->x, W->k, B, H, KVD, 0);
         ops->qk_norm_rope(kb, NULL, dc->kpre, W->kn, 0, dc->pos_blk, d->inv_freq, B, Hkv, D, c->eps);
         ops->matmul(vb, dc->x, W->v, B, H, KVD, 0);
-        ops->attn_dflash(dc->att, dc->lse, dc->q, dc->k[l], dc->v[l], dc->block, 1, B, NK, Hq, Hkv, D);
+        /* no lse: no backward follows (and the CUDA forward then does not
+         * count key tiles for one) */
+        ops->attn_dflash(dc->att, NULL, dc->q, dc->k[l], dc->v[l], dc->block, 1, B, NK, Hq, Hkv, D);
         ops->matmul(dc->h, dc->att, W->o, B, QD, H, 1);              /* h += attn Wo^T */
         ops->rmsnorm(dc->x, NULL, dc->h, W->ln2, B, H, c->eps);
         ops->matmul(dc->g, dc->x, W->gate, B, H, I, 0);

@@ -16,9 +16,12 @@
  * Model code never dereferences act or wt pointers; it offsets them with
  * DFL_AT(). Shapes are row-major, last index fastest, as in PyTorch.
  *
- * Gradients. Backward ops ACCUMULATE (+=) into every gradient they write,
- * as llm.c does, so one memset zeroes a step. A NULL gradient pointer means
- * "not needed" (frozen weights, inputs that need no gradient).
+ * Gradients. Backward ops ACCUMULATE (+=) into the gradients they write,
+ * as llm.c does, except where an op says it writes them: matmul_bwd and
+ * swiglu_bwd write or add as their flags say, qk_norm_rope_bwd writes din,
+ * attn_dflash_bwd writes dq, dk and dv (a pass over zeros saved each time).
+ * A NULL gradient pointer means "not needed" (frozen weights, inputs that
+ * need no gradient).
  *
  * Naming: out first, then saved-for-backward, then inputs, then weights,
  * then sizes. M,K,N for matmul; T tokens; Hq/Hkv heads; D head dim.
@@ -194,10 +197,15 @@ struct dfl_ops {
                         int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
     /* DFlash block attention: q[nblk*B, Hq, D], k,v[NK, Hkv, D], out like q.
      * Block j sees exactly the keys of blocks[j] (dfl_block, i32 triples).
-     * lse[nblk*B, Hq] (f32) is saved for the backward pass. */
+     * lse[nblk*B, Hq] (f32) is saved for the backward pass; NULL when none
+     * follows (scoring, verifying). The backward must be given the blocks
+     * (the same contents) of the forward that wrote its lse. */
     void (*attn_dflash)(void *out, float *lse, const void *q, const void *k, const void *v,
                         const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
                         int64_t Hq, int64_t Hkv, int64_t D);
+    /* Its backward from the saved lse: dq (like q), dk, dv (like k, v) are
+     * WRITTEN, not added to: every row, zeros for keys no block sees. Any
+     * of the three may be NULL. */
     void (*attn_dflash_bwd)(void *dq, void *dk, void *dv, const void *dout, const void *out,
                             const float *lse, const void *q, const void *k, const void *v,
                             const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,

@@ -336,13 +336,14 @@ void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, co
 
 /* The flash-attention backward with the saved lse, in two passes that
  * each own what they write, so no sums race and the result does not depend
- * on the thread count or the schedule:
+ * on the thread count or the schedule. It writes dq, dk and dv (every row,
+ * zeros for keys no block sees), as the CUDA kernels do:
  *   dq pass, per (block, kv head): over the block's visible keys,
  *     P = exp(scale K.Q^T - lse), dS = P * (V.dO^T - rowsum(dO*O)),
- *     dq += scale dS.K;
+ *     dq = scale dS.K;
  *   dk/dv pass, per (key tile of KT rows, kv head): over the blocks that see
  *     any of those rows, in block order, the same P and dS, then
- *     dk += scale dS^T.Q, dv += P^T.dO.
+ *     dk = scale dS^T.Q, dv = P^T.dO.
  * P and dS are recomputed in both (7 matrix products instead of 5), the
  * price of needing no per-thread [NK, D] partial sums. Backward is for
  * DFlash (non-causal) tiles only. */
@@ -398,7 +399,7 @@ static void tile_bwd_dq(float *dq, const float *dout, const float *lse, const fl
     for (int64_t l = 0; l < L; l++) {
         int64_t g = l / t->nq, i = l % t->nq, head = kvh * a->G + g;
         float *dql = dq + at_head(t->q0 + i, head, a->Hq, D);
-        for (int64_t d = 0; d < D; d++) dql[d] += a->scale * sc->acc[l * D + d];
+        for (int64_t d = 0; d < D; d++) dql[d] = a->scale * sc->acc[l * D + d];
     }
 }
 
@@ -408,6 +409,10 @@ static void key_tile_bwd_dkv(float *dk, float *dv, const float *dout, const floa
                              const attn_dims *a, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
                              int64_t kvh, int64_t t0, int64_t t1, attn_scratch *sc) {
     int64_t D = a->D, L = a->G * B, ld = a->Hkv * D;
+    for (int64_t r = t0; r < t1; r++) { /* the products below add into these rows */
+        if (dk) memset(dk + at_head(r, kvh, a->Hkv, D), 0, (size_t)D * sizeof(float));
+        if (dv) memset(dv + at_head(r, kvh, a->Hkv, D), 0, (size_t)D * sizeof(float));
+    }
     for (int64_t j = 0; j < nblk; j++) {
         attn_tile t = block_tile(&blocks[j], j, B, NK);
         int packed = 0;

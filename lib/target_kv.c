@@ -52,7 +52,6 @@ struct dfl_target_kv {
     void *x, *h, *q, *kpre, *ao, *taps;
     mlp_ws mlp;
     head_ws head;
-    float *lse;
     int32_t *ids, *pos, *cu;
     dfl_block *blocks;
     int32_t *host_pos;
@@ -103,7 +102,7 @@ dfl_target_kv *dfl_target_kv_new(dfl_target *t, int64_t cap) {
 }
 
 static void free_bufs(const dfl_ops *ops, dfl_target_kv *kv) {
-    void *b[] = {kv->x, kv->h, kv->q, kv->kpre, kv->ao, kv->taps, kv->lse, kv->ids, kv->pos, kv->blocks};
+    void *b[] = {kv->x, kv->h, kv->q, kv->kpre, kv->ao, kv->taps, kv->ids, kv->pos, kv->blocks};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (b[i]) ops->free(b[i]);
     dfl_target_head_free(ops, &kv->head);
@@ -188,7 +187,6 @@ static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nro
         kv->kpre = dfl_target_regrow(ops, kv->kpre, (size_t)(n * KD) * a);
         kv->ao = dfl_target_regrow(ops, kv->ao, (size_t)(n * (QD > KD ? QD : KD)) * a);
         dfl_target_mlp_reserve(kv->t, &kv->mlp, n);
-        kv->lse = dfl_target_regrow(ops, kv->lse, (size_t)(n * c->num_attention_heads) * sizeof(float));
         kv->ids = dfl_target_regrow(ops, kv->ids, (size_t)n * sizeof(int32_t));
         kv->pos = dfl_target_regrow(ops, kv->pos, (size_t)n * sizeof(int32_t));
         kv->blocks = dfl_target_regrow(ops, kv->blocks, (size_t)n * sizeof(dfl_block));
@@ -303,7 +301,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     if (len == 0)
         ops->attn_causal(kv->ao, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D);
     else
-        ops->attn_dflash(kv->ao, kv->lse, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D);
+        ops->attn_dflash(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D); /* no backward */
     if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
         ops->matmul(kv->lin.agate, kv->h, lw->attn_gate, n, H, Hq * D, 0);
         ops->sigmoid_mul(kv->ao, kv->ao, kv->lin.agate, n * Hq * D);

@@ -517,11 +517,11 @@ static void dflash_case(const char *name, const dflash_shape *s) {
         ag_free(&dq2);
     }
 
-    /* deterministic: the same call on zeroed buffers twice, bit for bit */
+    /* deterministic: the same call twice, bit for bit (the second over what
+     * the first wrote: the op writes, it does not add) */
     if (DEV->act_bytes == 2) {
         uint16_t *b1 = dfl_malloc((size_t)NK * Hkv * D * 2), *b2 = dfl_malloc((size_t)NK * Hkv * D * 2);
         for (int rep = 0; rep < 2; rep++) {
-            DEV->zero(zk.d, (size_t)NK * Hkv * D * 2);
             DEV->attn_dflash_bwd(NULL, zk.d, NULL, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK,
                                  Hq, Hkv, D);
             DEV->act_to_bf16(rep ? b2 : b1, zk.d, NK * Hkv * D);
@@ -579,6 +579,14 @@ static void attn_dflash_agrees(void) {
     j.blocks = dfl_malloc(sizeof own);
     memcpy(j.blocks, own, sizeof own);
     dflash_case("dflash D64 G4 B16 by hand", &j);
+    /* keys 30..199 seen by no block: whole key tiles (64..191) without a
+     * chunk, whose dk, dv the backward must still write (as zeros) */
+    const dfl_block unseen[] = {{0, 10, 200}, {0, 30, 216}};
+    dflash_shape u = {2, 16, 232, 8, 2, 64, NULL};
+    u.blocks = dfl_malloc(sizeof unseen);
+    memcpy(u.blocks, unseen, sizeof unseen);
+    dflash_case("dflash D64 G4 B16 unseen tiles", &u);
+    free(u.blocks);
     free(a.blocks), free(b.blocks), free(c.blocks), free(d.blocks), free(e.blocks), free(g.blocks);
     free(h.blocks), free(i.blocks), free(j.blocks);
     if (AG_BIG) { /* Qwen3-8B drafter heads, a 1024-token sample, 64 anchors */
@@ -587,6 +595,30 @@ static void attn_dflash_agrees(void) {
         dflash_case("dflash Qwen3-8B heads", &f);
         free(f.blocks);
     }
+}
+
+/* No blocks, no queries: every key is unseen, and dk, dv (pre-filled) come
+ * back as zeros on both sides. */
+static void attn_dflash_bwd_without_blocks(void) {
+    const int64_t NK = 70, Hq = 4, Hkv = 2, D = 64, n = NK * Hkv * D;
+    float *hk = ag_randn(n, 1), *hv = ag_randn(n, 1), *hq = ag_randn(Hq * D, 1);
+    ag_pair k = ag_new(hk, n, AG_ACT), v = ag_new(hv, n, AG_ACT), q = ag_new(hq, Hq * D, AG_ACT);
+    ag_pair dk = ag_grad(n, AG_ACT, 1), dv = ag_grad(n, AG_ACT, 1), blk = ag_new(NULL, 3, AG_I32);
+    ag_pair lse = ag_new(NULL, Hq, AG_F32);
+    for (int side = 0; side < 2; side++) {
+        const dfl_ops *o = side ? DEV : REF;
+        void *b_dk = side ? dk.d : dk.r, *b_dv = side ? dv.d : dv.r, *b_q = side ? q.d : q.r;
+        /* q stands in for dout and out: with no blocks nothing of them is read */
+        o->attn_dflash_bwd(NULL, b_dk, b_dv, b_q, b_q, side ? lse.d : lse.r, b_q, side ? k.d : k.r,
+                           side ? v.d : v.r, side ? blk.d : blk.r, 0, 16, NK, Hq, Hkv, D);
+        float *gk = ag_get(o, b_dk, n, AG_ACT), *gv = ag_get(o, b_dv, n, AG_ACT);
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < n; i++) nonzero += gk[i] != 0.0f || gv[i] != 0.0f;
+        T_CHECKF(nonzero == 0, "%s: %lld dk/dv values are not zero", o->name, (long long)nonzero);
+        free(gk), free(gv);
+    }
+    ag_free(&k), ag_free(&v), ag_free(&q), ag_free(&dk), ag_free(&dv), ag_free(&blk), ag_free(&lse);
+    free(hk), free(hv), free(hq);
 }
 
 /* ---- LM head ------------------------------------------------------------------ */
@@ -1166,6 +1198,7 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(embed_agrees);
     AG_RUN(attn_causal_agrees);
     AG_RUN(attn_dflash_agrees);
+    AG_RUN(attn_dflash_bwd_without_blocks);
     AG_RUN(lmhead_agrees);
     AG_RUN(views_agree);
     AG_RUN(adamw_agrees);

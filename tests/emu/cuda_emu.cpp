@@ -801,7 +801,39 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
     *s = NULL;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+static unsigned long g_stream_syncs;
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    g_stream_syncs++;
+    return cudaSuccess;
+}
+extern "C" unsigned long dfl_emu_stream_syncs(void) { return g_stream_syncs; }
+
+// An event only needs to exist: the stream is idle whenever the host runs.
+struct emu_event {
+    int recorded;
+};
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+    *e = new emu_event{0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    if (!e) return cudaErrorInvalidValue;
+    e->recorded = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaMallocHost(void **p, size_t n) {
+    *p = malloc(n ? n : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void *p) {
+    free(p);
+    return cudaSuccess;
+}
 // The live device allocations, start -> bytes: what the grouped GEMM checks
 // its pointers against (the GPU faults on a host pointer where it reads
 // device memory, and on an address past an allocation).

@@ -277,6 +277,16 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
 cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, cudaStream_t s);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev);
+// Pinned host memory and events: the emulated stream has finished its work
+// when a call returns, so every event is complete once recorded.
+typedef struct emu_event *cudaEvent_t;
+enum { cudaEventDisableTiming = 2 };
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
 template <typename K>
 static inline cudaError_t cudaFuncSetAttribute(K k, int attr, int v) {
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
@@ -337,6 +347,9 @@ extern "C" void dfl_emu_grouped_not_supported(int on);
 extern "C" void dfl_emu_alloc_limit(size_t bytes);
 extern "C" unsigned long dfl_emu_alloc_refused(void);
 extern "C" void dfl_emu_blas_calls(unsigned long *gemm, unsigned long *grouped);
+// cudaStreamSynchronize calls so far (the host waiting for the whole stream;
+// an event synchronisation is not counted: it waits for work long issued)
+extern "C" unsigned long dfl_emu_stream_syncs(void);
 
 
 #endif

@@ -246,7 +246,6 @@ int main(int argc, char **argv) {
             OPS->rmsnorm_bwd(dh, GR(o[N_POST]), dx2, a->h_mid, a->rstd_post, WT(o[N_POST]), Q, H);
             /* h_mid = hres[l] + o(att) */
             MM_BWD(datt, GR(o[W_O]), dh, a->att, WT(o[W_O]), Q, QD, H, 0);
-            zero_act(dq, Q * QD), zero_act(dk, NK * KD), zero_act(dv, NK * KD);
             OPS->attn_dflash_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ,
                                  HKV, D);
             FLOPS += 8.0 * attn_keys * (double)D * (double)HQ;

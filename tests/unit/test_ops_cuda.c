@@ -234,6 +234,7 @@ extern unsigned long dfl_emu_races(void) __attribute__((weak));
 extern int dfl_emu_toy(const char *name, int fixed, float *out, int n) __attribute__((weak));
 extern void dfl_emu_alloc_limit(size_t bytes) __attribute__((weak));
 extern unsigned long dfl_emu_alloc_refused(void) __attribute__((weak));
+extern unsigned long dfl_emu_stream_syncs(void) __attribute__((weak));
 
 /* bytes of device outputs, appended */
 typedef struct {
@@ -277,7 +278,7 @@ static void dflash_dev_free(dflash_dev *c) {
     free(c->s.blocks);
 }
 
-/* forward, then backward into dq, dk, dv (accumulated: the caller zeroes) */
+/* forward, then backward into dq, dk, dv (which it writes) */
 static void dflash_dev_run(dflash_dev *c) {
     const dflash_shape *s = &c->s;
     DEV->attn_dflash(c->out, c->lse, c->q, c->k, c->v, c->blk, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D);
@@ -588,6 +589,65 @@ static void emu_launch_checks_abort(void) {
     for (int i = 0; i < 8; i++) T_CHECK(out[i] == (float)(8 + i));
 }
 
+/* dq, dk, dv of a backward over lse, blocks blk */
+static bytes dflash_bwd_bits(dflash_dev *c, const void *lse, const void *blk, unsigned long *syncs) {
+    const dflash_shape *s = &c->s;
+    bytes b = {NULL, 0};
+    unsigned long s0 = dfl_emu_stream_syncs ? dfl_emu_stream_syncs() : 0;
+    DEV->attn_dflash_bwd(c->dq, c->dk, c->dv, c->dout, c->out, lse, c->q, c->k, c->v, blk, s->nblk, s->B, s->NK,
+                         s->Hq, s->Hkv, s->D);
+    *syncs = dfl_emu_stream_syncs ? dfl_emu_stream_syncs() - s0 : 0;
+    take(&b, c->dq, c->QN, AG_ACT), take(&b, c->dk, c->KN, AG_ACT), take(&b, c->dv, c->KN, AG_ACT);
+    return b;
+}
+
+static int same_bits(const bytes *a, const bytes *b) { return a->n == b->n && memcmp(a->p, b->p, a->n) == 0; }
+
+/* A forward that saves lse counts its key tiles for the backward, which
+ * then fills its lists without draining the stream (emulation: no
+ * cudaStreamSynchronize in the backward), and gives the bits of a backward
+ * that counts by itself (over a copy of lse, which no forward wrote). The
+ * counts are kept per lse: two forwards over other blocks, into another
+ * lse and then into the same one, each leave their own. */
+static void attn_dflash_bwd_takes_forward_counts(void) {
+    const int32_t ctx[] = {300, 140}, anc[] = {9, 5};
+    dflash_dev c = dflash_dev_new(dflash_layout(ctx, 2, anc, 16, 8, 2, 64));
+    const dflash_shape *s = &c.s;
+    dflash_shape s2 = dflash_layout(ctx, 2, anc, 16, 8, 2, 64); /* other anchors, the same sizes */
+    void *blk2 = dput(s2.blocks, s->nblk * 3, AG_I32), *lse2 = dput(NULL, s->nblk * s->B * s->Hq, AG_F32);
+    void *lse_copy = dput(NULL, s->nblk * s->B * s->Hq, AG_F32);
+    const size_t lse_bytes = (size_t)(s->nblk * s->B * s->Hq) * 4;
+    unsigned long syncs = 0;
+
+    DEV->attn_dflash(c.out, c.lse, c.q, c.k, c.v, c.blk, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D);
+    bytes kept = dflash_bwd_bits(&c, c.lse, c.blk, &syncs);
+    T_CHECKF(syncs == 0, "the backward after its forward drained the stream %lu times", syncs);
+    DEV->copy(lse_copy, c.lse, lse_bytes);
+    bytes counted = dflash_bwd_bits(&c, lse_copy, c.blk, &syncs);
+    T_CHECKF(!dfl_emu_stream_syncs || syncs == 1, "a backward counting by itself: %lu syncs, not 1", syncs);
+    T_CHECK(same_bits(&kept, &counted));
+
+    /* blocks 2 into lse2: lse keeps blocks 1's counts */
+    void *out2 = dput(NULL, c.QN, AG_ACT);
+    DEV->attn_dflash(out2, lse2, c.q, c.k, c.v, blk2, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D);
+    bytes again = dflash_bwd_bits(&c, c.lse, c.blk, &syncs);
+    T_CHECKF(syncs == 0 && same_bits(&kept, &again), "after another lse's forward: %lu syncs, bits %s", syncs,
+             same_bits(&kept, &again) ? "equal" : "differ");
+    /* blocks 2 into lse itself: its counts are now blocks 2's */
+    DEV->attn_dflash(c.out, c.lse, c.q, c.k, c.v, blk2, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D);
+    bytes kept2 = dflash_bwd_bits(&c, c.lse, blk2, &syncs);
+    T_CHECKF(syncs == 0, "the backward after its forward drained the stream %lu times", syncs);
+    DEV->copy(lse_copy, c.lse, lse_bytes);
+    bytes counted2 = dflash_bwd_bits(&c, lse_copy, blk2, &syncs);
+    T_CHECK(same_bits(&kept2, &counted2));
+    T_CHECK(!same_bits(&kept, &kept2)); /* the two block sets do differ */
+
+    free(kept.p), free(counted.p), free(again.p), free(kept2.p), free(counted2.p);
+    DEV->free(blk2), DEV->free(lse2), DEV->free(lse_copy), DEV->free(out2);
+    free(s2.blocks);
+    dflash_dev_free(&c);
+}
+
 /* The DFlash backward's store of dS (dq from dS) is the one large buffer it
  * can do without: where the device cannot allocate it, dq is recomputed
  * (the bits of DFLASH_CUDA_DS_MAX_MB=0) and nothing exits. Run in a child
@@ -602,8 +662,7 @@ static int ds_fallback_child(void) {
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 0) setenv("DFLASH_CUDA_DS_MAX_MB", "0", 1);
         else unsetenv("DFLASH_CUDA_DS_MAX_MB"), dfl_emu_alloc_limit(1);
-        DEV->zero(c.dq, (size_t)c.QN * 2), DEV->zero(c.dk, (size_t)c.KN * 2), DEV->zero(c.dv, (size_t)c.KN * 2);
-        dflash_dev_run(&c);
+        dflash_dev_run(&c); /* the second pass over the first's results: they must not show */
         take(&got[pass], c.dq, c.QN, AG_ACT), take(&got[pass], c.dk, c.KN, AG_ACT), take(&got[pass], c.dv, c.KN, AG_ACT);
     }
     if (dfl_emu_alloc_refused() == 0) return 3;        /* the store was never asked for */
@@ -663,6 +722,7 @@ int main(void) {
     AG_RUN(sigmoid_mul_agrees);
     AG_RUN(conv1d_silu_agrees);
     AG_RUN(gated_delta_agrees);
+    AG_RUN(attn_dflash_bwd_takes_forward_counts);
     /* last, so that a wgmma kernel that faults on a GPU costs no other result */
     AG_RUN(attn_causal_agrees_wgmma2);
     AG_RUN(attn_causal_agrees_wgmma3);
