@@ -82,6 +82,11 @@ int dfs_read(dfs_reader *r, dfs_sample **s);
 /* Decode a tensor of the current sample into t->data (decompress and
  * unshuffle). Returns 0 or DFL_EX_DATA. */
 int dfs_decode(dfs_reader *r, dfs_tensor *t);
+/* Take the decoded bytes of tensor t (after dfs_decode) out of the reader,
+ * so that they outlive the next dfs_read without a copy: the reader's
+ * buffer and *buf (capacity *cap; NULL and 0, or a buffer an earlier call
+ * gave) change places, and t->data is then *buf. Free it with free(). */
+void dfs_take_decoded(dfs_reader *r, dfs_tensor *t, void **buf, size_t *cap);
 /* The tensor named `name` in `s`, or NULL. */
 dfs_tensor *dfs_find(dfs_sample *s, const char *name);
 /* Meta map of the first segment's stream header (never NULL after open). */

@@ -412,6 +412,16 @@ int dfs_decode(dfs_reader *r, dfs_tensor *t) {
     return 0;
 }
 
+void dfs_take_decoded(dfs_reader *r, dfs_tensor *t, void **buf, size_t *cap) {
+    DFL_ASSERT(t >= r->s.t && t < r->s.t + r->s.ntensors);
+    dfs_buf *b = &r->dec[t - r->s.t];
+    DFL_ASSERT(t->data && t->data == b->p); /* decoded, into the reader's buffer */
+    uint8_t *p = b->p;
+    size_t c = b->cap;
+    b->p = *buf, b->cap = *cap; /* 64-byte aligned too: it came from a reader (or is NULL, capacity 0) */
+    *buf = p, *cap = c;
+}
+
 dfs_tensor *dfs_find(dfs_sample *s, const char *name) {
     for (int i = 0; i < s->ntensors; i++)
         if (!strcmp(s->t[i].name, name)) return &s->t[i];

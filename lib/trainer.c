@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,15 +26,17 @@ void dfl_trainer_init(dfl_trainer *t, dfl_drafter *d, const dfl_model_config *tc
     t->seed = seed;
     dfl_rng_seed(&t->rng, seed);
     dfl_train_mb_init(&t->mb);
+    t->read_ahead = -1; /* the input decides (dfl_trainer_open) */
 }
 
+static void read_ahead_free(dfl_trainer *t);
+
 void dfl_trainer_free(dfl_trainer *t) {
+    read_ahead_free(t); /* first: its thread uses the reader */
     if (t->r) dfs_reader_close(t->r);
     free(t->path);
     free(t->real);
     free(t->anchors);
-    free(t->ids);
-    free(t->mask);
     dfl_train_mb_free(&t->mb);
     memset(t, 0, sizeof *t);
 }
@@ -111,21 +114,28 @@ int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epo
         char *rp = realpath(path, NULL);
         t->real = rp ? rp : dfl_strdup(path);
     }
+    DFL_ASSERT(!t->ra); /* opened once */
     int rc = reopen(t);
     if (rc) return rc;
-    t->epoch = epoch;
-    t->records = 0;
-    t->usable = skip > 0; /* records were used before the resume */
-    t->ended = 0;
+    t->epoch = t->in_epoch = epoch;
+    t->records = t->in_records = 0;
+    t->in_usable = skip > 0; /* records were used before the resume */
+    t->ended = t->in_ended = 0;
     for (int64_t i = 0; i < skip; i++) {
         dfs_sample *s;
         rc = dfs_read(t->r, &s);
         if (rc == 0) return dfl_err(DFL_EX_DATA, "%s: resuming after record %" PRId64 ", but the stream holds only %" PRId64,
                                     t->path, skip, i);
         if (rc != 1) return rc;
-        t->records++;
+        t->records++, t->in_records++;
     }
+    if (t->read_ahead < 0) t->read_ahead = strcmp(path, "-") != 0;
     return 0;
+}
+
+void dfl_trainer_read_ahead(dfl_trainer *t, int on) {
+    DFL_ASSERT(!t->ra); /* before the first step */
+    t->read_ahead = on && t->path && strcmp(t->path, "-") != 0;
 }
 
 /* A decoded tensor of the sample with the expected dtype class and shape. */
@@ -152,28 +162,53 @@ static int bad_sample(dfl_trainer *t, dfs_sample *s, const char *what) {
                    what);
 }
 
-/* The next record as a training sequence. *got = 0 at the end of the input. */
-static int next_seq(dfl_trainer *t, dfl_train_seq *q, int *got) {
-    *got = 0;
-    if (t->ended) return 0;
+/* ---- records, read on the reader's side ------------------------------------------- */
+
+/* One record as the reader hands it over: a sequence in buffers the slot
+ * owns (grown, then reused), or the end of the input, or an error. */
+typedef struct {
+    int rc;                  /* 1: a sequence; 0: the end of the input; else an exit code */
+    char *err;               /* rc's message (the reader's thread has its own dfl_errmsg) */
+    int64_t records, epoch;  /* the input's position once this record is consumed */
+    uint64_t offset;         /* the record's, and its id, for messages */
+    char *id;
+    dfl_train_seq q;         /* points into the buffers below */
+    int32_t *ids, *tids, *cand;
+    uint8_t *mask;
+    void *hidden, *last;
+    size_t cap_t, cap_hidden, cap_last;
+} read_slot;
+
+static void read_slot_free(read_slot *s) {
+    free(s->err), free(s->id), free(s->ids), free(s->tids), free(s->cand), free(s->mask);
+    free(s->hidden), free(s->last);
+    memset(s, 0, sizeof *s);
+}
+
+
+/* The next record into o: read, checked and decoded, its tensors kept in
+ * o (the reader's buffers are reused by the next read). Returns 1, 0 at
+ * the end of the input, or an exit code. */
+static int read_record(dfl_trainer *t, read_slot *o) {
+    if (t->in_ended) return 0;
     dfs_sample *s;
     int rc = dfs_read(t->r, &s);
     if (rc == 0 && t->loop) {
-        if (t->usable == 0)
+        if (t->in_usable == 0)
             return dfl_err(DFL_EX_DATA, "%s: --loop over a stream with no usable record (none has two consecutive "
                            "supervised tokens)", t->path);
-        t->epoch++;
-        t->records = 0;
-        t->usable = 0;
+        t->in_epoch++;
+        t->in_records = 0;
+        t->in_usable = 0;
         if ((rc = reopen(t))) return rc;
         rc = dfs_read(t->r, &s);
     }
     if (rc == 0) {
-        t->ended = 1;
+        t->in_ended = 1;
         return 0;
     }
     if (rc != 1) return rc;
-    t->records++;
+    t->in_records++;
     const dfl_drafter_config *c = &t->d->cfg;
     dfs_tensor *ids = dfs_find(s, "input_ids");
     if (!ids || ids->ndim != 1 || ids->shape[0] < 1 || ids->shape[0] > MAX_SEQ_TOKENS)
@@ -190,12 +225,6 @@ static int next_seq(dfl_trainer *t, dfl_train_seq *q, int *got) {
     if (hid->dtype != DFL_BF16 && hid->dtype != DFL_F16 && hid->dtype != DFL_F32)
         return bad_sample(t, s, "\"hidden\" must be bf16, f16 or f32");
     if (last && last->dtype != hid->dtype) return bad_sample(t, s, "\"last_hidden\" must have the dtype of \"hidden\"");
-    if (T > t->cap) {
-        t->cap = T;
-        t->anchors = dfl_realloc(t->anchors, (size_t)T * 4);
-        t->ids = dfl_realloc(t->ids, (size_t)T * 4);
-        t->mask = dfl_realloc(t->mask, (size_t)T);
-    }
     const int32_t *iv = ids->data, *tv = tid ? tid->data : NULL;
     const uint8_t *mv = mask->data;
     for (int64_t i = 0; i < T; i++) {
@@ -203,17 +232,143 @@ static int next_seq(dfl_trainer *t, dfl_train_seq *q, int *got) {
             return bad_sample(t, s, "a token id is outside the vocabulary");
         if (mv[i] > 1) return bad_sample(t, s, "\"loss_mask\" holds a value other than 0 and 1");
     }
+    if ((size_t)T > o->cap_t) {
+        free(o->ids), free(o->tids), free(o->cand), free(o->mask);
+        o->cap_t = (size_t)T;
+        o->ids = dfl_malloc((size_t)T * 4), o->tids = dfl_malloc((size_t)T * 4), o->cand = dfl_malloc((size_t)T * 4);
+        o->mask = dfl_malloc((size_t)T);
+    }
+    memcpy(o->ids, iv, (size_t)T * 4);
+    memcpy(o->mask, mv, (size_t)T);
+    if (tv) memcpy(o->tids, tv, (size_t)T * 4);
+    /* the large ones change buffers with the reader instead of being copied */
+    dfs_take_decoded(t->r, hid, &o->hidden, &o->cap_hidden);
+    if (last) dfs_take_decoded(t->r, last, &o->last, &o->cap_last);
+    /* what --loop asks of a pass: a record the steps can use (an anchor) */
+    if (dfl_anchor_candidates(o->cand, o->mask, T) > 0) t->in_usable++;
+    free(o->id);
+    o->id = dfl_strdup(s->id ? s->id : "");
+    o->offset = s->offset;
+    o->q = (dfl_train_seq){T, o->ids, o->mask, o->hidden, hid->dtype, tv ? o->tids : NULL, last ? o->last : NULL,
+                           last ? last->dtype : DFL_F32};
+    return 1;
+}
+
+/* read_record, its result and position kept in the slot */
+static void fill_slot(dfl_trainer *t, read_slot *o) {
+    o->rc = read_record(t, o);
+    free(o->err);
+    o->err = o->rc > 1 ? dfl_strdup(dfl_errmsg()) : NULL;
+    o->records = t->in_records;
+    o->epoch = t->in_epoch;
+}
+
+/* ---- reading ahead ------------------------------------------------------------------ */
+
+/* Two slots: the thread fills one while the step holds the other. A slot
+ * is EMPTY (the thread's to fill), FULL (a record waiting for the step) or
+ * HELD (the step's, until it asks for the next record). */
+enum { SLOT_EMPTY, SLOT_FULL, SLOT_HELD };
+
+struct dfl_read_ahead {
+    read_slot slot[2];
+    int state[2];
+    int fill, take, held; /* the slot the thread fills next, the step takes next, the step holds (-1) */
+    int threaded, stop, final; /* final: the step holds the last record there is (the end, an error) */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void *read_ahead_main(void *arg) {
+    dfl_trainer *t = arg;
+    struct dfl_read_ahead *ra = t->ra;
+    for (;;) {
+        pthread_mutex_lock(&ra->mu);
+        while (!ra->stop && ra->state[ra->fill] != SLOT_EMPTY) pthread_cond_wait(&ra->cv, &ra->mu);
+        const int stop = ra->stop, i = ra->fill;
+        pthread_mutex_unlock(&ra->mu);
+        if (stop) break;
+        fill_slot(t, &ra->slot[i]); /* the long part, unlocked */
+        pthread_mutex_lock(&ra->mu);
+        ra->state[i] = SLOT_FULL;
+        ra->fill ^= 1;
+        pthread_cond_broadcast(&ra->cv);
+        pthread_mutex_unlock(&ra->mu);
+        if (ra->slot[i].rc != 1) break; /* the end of the input or an error: nothing follows */
+    }
+    return NULL;
+}
+
+static void read_ahead_start(dfl_trainer *t) {
+    struct dfl_read_ahead *ra = dfl_calloc(1, sizeof *ra);
+    ra->held = -1;
+    t->ra = ra;
+    if (!t->read_ahead) return;
+    pthread_mutex_init(&ra->mu, NULL);
+    pthread_cond_init(&ra->cv, NULL);
+    ra->threaded = pthread_create(&ra->thread, NULL, read_ahead_main, t) == 0;
+    if (!ra->threaded) pthread_mutex_destroy(&ra->mu), pthread_cond_destroy(&ra->cv); /* read as needed instead */
+}
+
+static void read_ahead_free(dfl_trainer *t) {
+    struct dfl_read_ahead *ra = t->ra;
+    if (!ra) return;
+    if (ra->threaded) {
+        pthread_mutex_lock(&ra->mu);
+        ra->stop = 1;
+        pthread_cond_broadcast(&ra->cv);
+        pthread_mutex_unlock(&ra->mu);
+        pthread_join(ra->thread, NULL); /* it finishes the record it is reading, if any */
+        pthread_mutex_destroy(&ra->mu);
+        pthread_cond_destroy(&ra->cv);
+    }
+    read_slot_free(&ra->slot[0]), read_slot_free(&ra->slot[1]);
+    free(ra);
+    t->ra = NULL;
+}
+
+/* The next record, read ahead or now; the one taken before is given back. */
+static read_slot *take_record(dfl_trainer *t) {
+    if (!t->ra) read_ahead_start(t);
+    struct dfl_read_ahead *ra = t->ra;
+    if (ra->final) return &ra->slot[ra->held]; /* the end or the error, again */
+    if (!ra->threaded) {
+        fill_slot(t, &ra->slot[0]);
+        ra->held = 0;
+    } else {
+        pthread_mutex_lock(&ra->mu);
+        if (ra->held >= 0) ra->state[ra->held] = SLOT_EMPTY, pthread_cond_broadcast(&ra->cv);
+        while (ra->state[ra->take] != SLOT_FULL) pthread_cond_wait(&ra->cv, &ra->mu);
+        ra->held = ra->take;
+        ra->state[ra->held] = SLOT_HELD;
+        ra->take ^= 1;
+        pthread_mutex_unlock(&ra->mu);
+    }
+    read_slot *o = &ra->slot[ra->held];
+    ra->final = o->rc != 1;
+    return o;
+}
+
+/* The next record as a training sequence, the input's position moved past
+ * it. *got = 0 at the end of the input. */
+static int next_seq(dfl_trainer *t, dfl_train_seq *q, int *got) {
+    *got = 0;
+    if (t->ended) return 0;
+    read_slot *o = take_record(t);
+    t->records = o->records;
+    t->epoch = o->epoch;
+    if (o->rc == 0) t->ended = 1;
+    if (o->rc != 1) return o->rc ? dfl_err(o->rc, "%s", o->err) : 0;
     /* keep the first sample's hidden dtype for the whole run (one micro-batch, one dtype) */
-    if (t->mb.nseq > 0 && t->o.noise_std <= 0 && hid->dtype != t->mb.b.feats_dtype)
-        return bad_sample(t, s, "\"hidden\" changes dtype within the stream");
-    q->T = T;
-    q->ids = iv;
-    q->loss_mask = mv;
-    q->hidden = hid->data;
-    q->hidden_dtype = hid->dtype;
-    q->target_ids = tv;
-    q->last_hidden = last ? last->data : NULL;
-    q->last_dtype = last ? last->dtype : DFL_F32;
+    if (t->mb.nseq > 0 && t->o.noise_std <= 0 && o->q.hidden_dtype != t->mb.b.feats_dtype)
+        return dfl_err(DFL_EX_DATA, "%s: record at offset %" PRIu64 " (\"%s\"): \"hidden\" changes dtype within the stream",
+                       t->path, o->offset, o->id);
+    if (o->q.T > t->cap) { /* the step's anchors of this sequence */
+        t->cap = o->q.T;
+        t->anchors = dfl_realloc(t->anchors, (size_t)t->cap * 4);
+    }
+    *q = o->q;
     *got = 1;
     return 0;
 }
@@ -230,15 +385,18 @@ int dfl_trainer_step(dfl_trainer *t, dfl_step_log *log, int *made) {
     dfl_drafter_start_grad(t->d);
     dfl_train_mb_reset(&t->mb);
     int64_t nseq = 0, tokens = 0, rec0 = t->records;
+    double input_wait = 0;
     int rc = 0;
     while ((t->batch_seqs <= 0 || nseq < t->batch_seqs) && (t->batch_tokens <= 0 || tokens < t->batch_tokens)) {
         dfl_train_seq q;
         int got;
-        if ((rc = next_seq(t, &q, &got))) return rc;
+        const double w0 = dfl_now();
+        rc = next_seq(t, &q, &got);
+        input_wait += dfl_now() - w0;
+        if (rc) return rc;
         if (!got) break;
         int64_t n = dfl_anchors_sample(t->anchors, q.loss_mask, q.T, t->o.anchors, &t->rng);
         if (n == 0) continue; /* no two consecutive supervised tokens */
-        t->usable++;
         int64_t rows = t->anchors[n - 1] + n * B;
         if (t->mb.nseq > 0 && dfl_train_mb_rows(&t->mb) + rows > t->o.micro_rows) {
             dfl_train_mb_run(t->d, &t->o, &t->mb, &st, 1);
@@ -269,6 +427,7 @@ int dfl_trainer_step(dfl_trainer *t, dfl_step_log *log, int *made) {
         log->block_tokens = st.block_tokens;
         log->records = t->records - rec0;
         log->seconds = dfl_now() - t0;
+        log->input_wait = input_wait;
     }
     return 0;
 }
@@ -279,11 +438,11 @@ json_t *dfl_step_log_json(const dfl_trainer *t, const dfl_step_log *l) {
     json_t *acc = json_array();
     for (int k = 1; k < t->d->cfg.block_size; k++) json_array_append_new(acc, num_or_null(l->acc_k[k]));
     double s = l->seconds > 0 ? l->seconds : 1e-9;
-    return json_pack("{sI sf sf so sf sf sf sI sI sI sf sf sf}", "step", (json_int_t)l->step, "loss", l->loss,
+    return json_pack("{sI sf sf so sf sf sf sI sI sI sf sf sf sf}", "step", (json_int_t)l->step, "loss", l->loss,
                      "accuracy", l->accuracy, "accuracy_per_position", acc, "tau", l->tau, "grad_norm", l->grad_norm,
                      "lr", l->lr, "sequences", (json_int_t)l->nseq, "tokens", (json_int_t)l->tokens, "block_tokens",
                      (json_int_t)l->block_tokens, "tokens_per_s", (double)l->tokens / s, "block_tokens_per_s",
-                     (double)l->block_tokens / s, "seconds", l->seconds);
+                     (double)l->block_tokens / s, "seconds", l->seconds, "input_wait_s", l->input_wait);
 }
 
 /* ---- state -------------------------------------------------------------------------- */

@@ -8,6 +8,14 @@
  * (context + block rows; a longer sequence gets one of its own). If the
  * input ends, the step is made with what it has; a step with no sequence
  * is not made.
+ *
+ * From a file, a thread reads ahead: it reads, checks and decodes the next
+ * record while the step works on the current one (on a GPU host, decoding a
+ * record costs the CPU about as long as the device takes for its step), and
+ * hands records over in order, errors included, at the point the step
+ * would have met them. From standard input records are read as they are
+ * needed (reading ahead would take a record the run may not use out of
+ * the pipe). dfl_trainer_read_ahead(t, 0) turns it off.
  */
 #ifndef DFLASH_TRAINER_H
 #define DFLASH_TRAINER_H
@@ -28,18 +36,23 @@ typedef struct {
     uint64_t seed;
     dfl_rng rng;
     int64_t step;                /* optimizer steps made, in total */
-    /* input */
+    /* input, as the steps have consumed it */
     char   *path;                /* as given ("-": stdin) */
     char   *real;                /* realpath of a file, "-" for stdin */
+    int64_t records, epoch;      /* records consumed in this epoch; completed passes */
+    int     ended;
+    /* the reader's side (the read-ahead thread's, once it runs): it may be
+     * a record ahead of the steps */
     dfs_reader *r;
     dfs_hs_meta meta;
-    int64_t records, epoch;      /* records consumed in this epoch; completed passes */
-    int64_t usable;              /* sequences with anchors seen in this epoch */
-    int     ended;
+    int64_t in_records, in_epoch; /* records read in this epoch; completed passes */
+    int64_t in_usable;           /* records with an anchor candidate read in this epoch */
+    int     in_ended;
+    int     read_ahead;          /* read the next record on a thread (default: from a file) */
+    struct dfl_read_ahead *ra;   /* the records handed over */
     /* scratch */
     dfl_train_mb mb;
-    int32_t *anchors, *ids;
-    uint8_t *mask;
+    int32_t *anchors;
     int64_t cap;
 } dfl_trainer;
 
@@ -47,6 +60,7 @@ typedef struct {
 typedef struct {
     int64_t step;                /* 1-based, after the step */
     double  loss, accuracy, tau, grad_norm, lr, seconds;
+    double  input_wait;          /* seconds the step waited for its records (reading them, or the read-ahead) */
     double  acc_k[DFL_DRAFTER_MAX_BLOCK]; /* k = 1..B-1; NAN where no slot counted */
     int64_t nseq, tokens, block_tokens, records;
 } dfl_step_log;
@@ -60,6 +74,10 @@ void dfl_trainer_free(dfl_trainer *t);
  * target_ids / last_hidden when the options need them; every mismatching
  * field is named), and skip `skip` records of it. */
 int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epoch);
+/* Read ahead on a thread (on != 0: the default, for a file only) or not;
+ * after dfl_trainer_open, before the first step. The records, the steps
+ * and every error are the same either way. */
+void dfl_trainer_read_ahead(dfl_trainer *t, int on);
 
 /* One optimizer step. *made = 1 if a step was made, 0 if the input ended
  * before any sequence. Returns 0 or an exit code. */

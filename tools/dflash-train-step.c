@@ -24,7 +24,7 @@
  * --resume can tell a given value (which must match the checkpoint's) from
  * one to take from the checkpoint. The help shows the real defaults. */
 static const char *target_dir, *init_cfg, *init_from, *resume, *out_dir, *log_path, *device = "cpu";
-static const char *loss = NULL, *labels = NULL, *loss_norm = NULL;
+static const char *loss = NULL, *labels = NULL, *loss_norm = NULL, *read_ahead = "on";
 #define UNSET INT64_MIN /* an integer option not given (a given negative value is refused, not ignored) */
 static int64_t steps = -1, anchors = UNSET, total_steps = UNSET, batch_seqs = UNSET, batch_tokens = UNSET,
                micro_rows = UNSET;
@@ -79,6 +79,9 @@ static const dfl_opt opts[] = {
     {"micro-rows", 0, DFL_OPT_INT, &micro_rows, "N",
      "Rows (context + block) per micro-batch; gradients accumulate over the micro-batches of a step.", "16384"},
     {"loop", 0, DFL_OPT_FLAG, &loop, NULL, "Re-read the input file from its start when it ends (epochs).", NULL},
+    {"read-ahead", 0, DFL_OPT_CHOICE, &read_ahead, "on|off",
+     "From a file, read and decode the next record on a thread while a step runs (standard input is read as "
+     "records are needed). The same steps either way; off saves the memory of two records.", "on"},
     {"log", 0, DFL_OPT_STR, &log_path, "FILE", "Append the per-step JSON lines to FILE instead of stderr.", NULL},
     {"device", 0, DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
     {"seed", 0, DFL_OPT_INT, &seed, "N", "Seed of the RNG (initial weights, anchors, noise); on --resume the "
@@ -283,6 +286,7 @@ int main(int argc, char **argv) {
      * untrained drafter to score, a released one brought into our layout):
      * nothing is trained, so no input is read. */
     if ((steps > 0 || resume) && dfl_trainer_open(&t, input, skip, epoch)) dfl_die_last(PROG);
+    if (!strcmp(read_ahead, "off")) dfl_trainer_read_ahead(&t, 0);
 
     /* Steps past the schedule run at learning rate 0 and change nothing:
      * say so before spending the compute (a resumed run with the first

@@ -42,8 +42,9 @@ assert mean(last, "loss") < 0.5 * mean(first, "loss"), "loss did not halve"
 assert mean(last, "tau") > mean(first, "tau") + 0.1, "offline tau did not rise"
 s = L[-1]
 assert len(s["accuracy_per_position"]) == 5 and 1.0 <= s["tau"] <= 6.0
-for k in ("grad_norm", "lr", "tokens_per_s", "block_tokens_per_s", "sequences", "tokens"):
+for k in ("grad_norm", "lr", "tokens_per_s", "block_tokens_per_s", "sequences", "tokens", "input_wait_s"):
     assert k in s, k
+assert all(0 <= x["input_wait_s"] <= x["seconds"] for x in L), "input_wait_s is a part of seconds"
 # warm-up then cosine: lr peaks at step floor(0.04*150) = 6 and ends near 0
 assert abs(L[5]["lr"] - 1e-2) < 1e-9 and L[0]["lr"] < L[5]["lr"] and L[-1]["lr"] < 1e-5
 EOF
@@ -99,6 +100,38 @@ mkdir -p "$T/model-only"
 cp "$T/rn/config.json" "$T/rn/model.safetensors" "$T/model-only/"
 expect_exit 66 "--resume of a model-only checkpoint is refused" $TS --target "$T/target" --resume "$T/model-only" \
     --steps 1 --out "$T/x" "$T/train.dfs"
+
+# ---- reading ahead: the same run, and errors where the steps meet them ------------------------
+check "--read-ahead off: 2N steps" $TS $O --read-ahead off --init "$T/drafter.json" --steps 10 --out "$T/r2n-off" \
+    "$T/train.dfs"
+for f in model.safetensors trainer_state.safetensors trainer_state.json; do
+    check "read ahead (the default) or not: identical $f" cmp "$T/r2n/$f" "$T/r2n-off/$f"
+done
+# the stream cut inside a record: the steps before it are made, then the same error either way
+CUT="--target $T/target --lr 1e-2 --anchors 12 --batch-seqs 1 --total-steps 12"
+head -c $(( $(stat -c %s "$T/train.dfs") * 3 / 5 )) "$T/train.dfs" >"$T/cut.dfs"
+for ra in on off; do
+    expect_exit 65 "a stream cut inside a record, --read-ahead $ra: exit 65" $TS $CUT --read-ahead $ra \
+        --init "$T/drafter.json" --steps 12 --log "$T/cut-$ra.log" --out "$T/x" "$T/cut.dfs"
+    cp "$T/.err" "$T/cut-$ra.err"
+done
+check "  ... the same message" cmp "$T/cut-on.err" "$T/cut-off.err"
+check "  ... naming the file" grep -q "cut.dfs" "$T/cut-on.err"
+check "  ... after the same steps, with the same losses" python3 - "$T/cut-on.log" "$T/cut-off.log" <<'EOF'
+import json, sys
+a, b = ([json.loads(x) for x in open(f)] for f in sys.argv[1:])
+same = lambda L: [(x["step"], x["loss"], x["grad_norm"], x["tokens"]) for x in L]
+assert len(a) >= 3 and same(a) == same(b), (same(a), same(b))
+print(len(a), "steps")
+EOF
+check "  ... and no checkpoint" test ! -e "$T/x"
+ncut=$(wc -l <"$T/cut-on.log")
+# the thread has read into the cut by then; the run never needs that record
+check "the steps before the cut alone, read ahead: exit 0" $TS $CUT --init "$T/drafter.json" --steps "$ncut" \
+    --out "$T/cut-ok" "$T/cut.dfs"
+check "  ... a checkpoint at step $ncut" grep -q "\"step\": $ncut," "$T/cut-ok/trainer_state.json"
+expect_exit 2 "--read-ahead takes on or off" $TS $CUT --read-ahead maybe --init "$T/drafter.json" --steps 1 \
+    --out "$T/x" "$T/train.dfs"
 
 # ---- determinism ----------------------------------------------------------------------------
 check "same seed again" $TS $O --init "$T/drafter.json" --steps 10 --out "$T/r2n-again" "$T/train.dfs"
