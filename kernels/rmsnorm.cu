@@ -81,10 +81,7 @@ __global__ void rmsnorm_bwd_kernel(bf16 *din, float *dw_part, const bf16 *dout, 
                 for (int i = 0; i < VW; i++) acc[i] += r * d[i] * g[i] - f[i] * k;
                 store_bf16s<VW>(din + row * dim + c, acc);
             }
-            if (dw_part) {
-#pragma unroll
-                for (int i = 0; i < VW; i++) mydw[c + i] += d[i] * f[i] * r;
-            }
+            if (dw_part) add_dw_terms<VW>(mydw + c, d, f, r);
         }
     }
     if (dw_part) warp_rows_to_partial(dw_part, sdw, dim);

@@ -186,10 +186,7 @@ __global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *d
                     store_bf16s<V>(din + row * d + i, da);
                     store_bf16s<V>(din + row * d + i + half, db);
                 }
-                if (dw_part) {
-#pragma unroll
-                    for (int v = 0; v < V; v++) mydw[i + v] += ga[v] * a[v] * r, mydw[i + half + v] += gb[v] * b[v] * r;
-                }
+                if (dw_part) add_dw_terms<V>(mydw + i, ga, a, r), add_dw_terms<V>(mydw + i + half, gb, b, r);
             });
         }
     }
