@@ -196,19 +196,16 @@ static void batch_free(batch *b) {
     free(b->mask);
 }
 
-/* One record on its way out: its host buffers, its tensors, its encoded
- * form and the encoder's result. */
+/* A sample's tensors on the host, ready to encode. */
 typedef struct {
     uint16_t *hidden, *last;
     int32_t  *tids;
     int64_t   cap;   /* rows */
     dfs_tensor_in tv[5];
-    int       nt, rc;
-    dfs_encoded *enc;
+    int       nt;
 } rec_bufs;
 
 static void rec_reserve(rec_bufs *r, int64_t T, int64_t K, int64_t H) {
-    if (!r->enc) r->enc = dfs_encoded_new();
     if (T <= r->cap) return;
     free(r->hidden);
     free(r->last);
@@ -223,37 +220,48 @@ static void rec_free(rec_bufs *r) {
     free(r->hidden);
     free(r->last);
     free(r->tids);
-    dfs_encoded_free(r->enc);
 }
 
-/* Slots of records being encoded at once: a wave of samples is brought to
- * the host (one slot each), encoded in parallel (byte shuffle and LZ4 are
- * the tool's slowest host work: ~0.5 GB/s a core, where a GPU makes ~1.7
- * GB/s of Qwen3-8B taps), then written in order, so the stream is the same
- * bytes whatever the thread count. Two slots a thread keep the threads busy
- * when samples differ in length; at most MAX_SLOTS, as each holds its
- * largest record raw and encoded (8 x 2 x 168 MB for 4096-token samples of
- * Qwen3-8B's 5 taps), and 8 encoders make ~4 GB/s. */
+/* ---- the pipeline: the device runs a batch while the host writes the one before ----
+ *
+ * A batch goes through three stages: its forward is started (on a GPU the
+ * call returns while the device works), its records are fetched (brought
+ * to the host, which waits for the forward there), and they are written
+ * (encoded in parallel, then written in order). The next batch's forward
+ * starts before the previous batch is written, so the tool's slowest host
+ * work (byte shuffle and LZ4 at ~0.5 GB/s a core, where a GPU makes ~1.7
+ * GB/s of Qwen3-8B taps, and the disk) overlaps the device's forward
+ * instead of following it. A batch is fetched before the next one starts
+ * (the target's outputs are one set of device buffers), and the host holds
+ * two batches' samples at most: the one being written and the one being
+ * gathered. On the CPU the forward is done when its call returns: the same
+ * stages in the same order, the same bytes.
+ *
+ * Writing encodes a wave of samples at once, one encoder each: two a thread
+ * keep the threads busy when samples differ in length; at most MAX_SLOTS,
+ * as each holds its record encoded (8 x 168 MB for 4096-token samples of
+ * Qwen3-8B's 5 taps), and 8 encoders make ~4 GB/s. The stream is the same
+ * bytes whatever the thread count. */
 enum { MAX_SLOTS = 8 };
+
 typedef struct {
-    rec_bufs *r;
-    int       n;
-} slots;
+    batch     b;
+    rec_bufs *r;     /* one per sample of b, once fetched */
+    int64_t   nr;
+} stage;
 
-static void slots_reserve(slots *sl, int n) {
-    if (n <= sl->n) return;
-    sl->r = dfl_realloc(sl->r, (size_t)n * sizeof *sl->r);
-    memset(sl->r + sl->n, 0, (size_t)(n - sl->n) * sizeof *sl->r);
-    sl->n = n;
+typedef struct {
+    dfs_encoded *enc[MAX_SLOTS];
+    int          rc[MAX_SLOTS];
+} encoders;
+
+static void stage_free(stage *g) {
+    for (int64_t i = 0; i < g->nr; i++) rec_free(&g->r[i]);
+    free(g->r);
+    batch_free(&g->b);
 }
 
-static void slots_free(slots *sl) {
-    for (int i = 0; i < sl->n; i++) rec_free(&sl->r[i]);
-    free(sl->r);
-}
-
-/* Sample s of the batch into slot r: its tensors on the host, listed in
- * r->tv. */
+/* Sample s of the batch into r: its tensors on the host, listed in r->tv. */
 static void sample_tensors(dfl_target *t, const dfl_target_out *out, const batch *b, int64_t s, rec_bufs *r,
                            const dfl_extract_opts *o) {
     const dfl_ops *ops = dfl_target_ops(t);
@@ -277,46 +285,76 @@ static void sample_tensors(dfl_target *t, const dfl_target_out *out, const batch
     r->nt = nt;
 }
 
-/* Run the pending samples and write their records. */
-static int flush(dfl_target *t, batch *b, slots *sl, dfs_writer *w, const dfl_extract_opts *o,
-                 dfl_extract_stats *st) {
-    if (b->n == 0) return 0;
-    dfl_target_batch in = {b->ids, b->cu, b->n};
+/* Stage 1: the forward of g's batch, started. */
+static int start_forward(dfl_target *t, stage *g, dfl_target_out *out, const dfl_extract_opts *o,
+                         dfl_extract_stats *st) {
+    dfl_target_batch in = {g->b.ids, g->b.cu, g->b.n};
     dfl_target_want want = {
         .ntaps = o->ntaps, .taps = o->taps, .last_hidden = o->with_last_hidden, .argmax = o->with_target_ids};
-    dfl_target_out out;
-    int rc = dfl_target_forward(t, &out, &in, &want);
-    if (rc) return rc;
-    st->batches++;
+    int rc = dfl_target_forward(t, out, &in, &want);
+    if (!rc) st->batches++;
+    return rc;
+}
+
+/* Stage 2: every sample's tensors on the host (the first download waits
+ * for the forward). */
+static void fetch_records(dfl_target *t, stage *g, const dfl_target_out *out, const dfl_extract_opts *o) {
+    if (g->b.n > g->nr) {
+        g->r = dfl_realloc(g->r, (size_t)g->b.n * sizeof *g->r);
+        memset(g->r + g->nr, 0, (size_t)(g->b.n - g->nr) * sizeof *g->r);
+        g->nr = g->b.n;
+    }
+    for (int64_t s = 0; s < g->b.n; s++) sample_tensors(t, out, &g->b, s, &g->r[s], o);
+}
+
+/* Stage 3: g's records encoded a wave at a time, written in order; the
+ * batch is then empty. */
+static int write_records(stage *g, encoders *e, dfs_writer *w, dfl_extract_stats *st) {
     const int wave = 2 * omp_get_max_threads() < MAX_SLOTS ? 2 * omp_get_max_threads() : MAX_SLOTS;
-    slots_reserve(sl, wave);
+    const batch *b = &g->b;
+    int rc = 0;
+    for (int i = 0; i < wave; i++)
+        if (!e->enc[i]) e->enc[i] = dfs_encoded_new();
     for (int64_t s0 = 0; s0 < b->n && !rc; s0 += wave) {
         const int m = (int)(b->n - s0 < wave ? b->n - s0 : wave);
-        for (int i = 0; i < m; i++) sample_tensors(t, &out, b, s0 + i, &sl->r[i], o);
 #pragma omp parallel for schedule(dynamic, 1) if (m > 1)
-        for (int i = 0; i < m; i++) {
-            rec_bufs *r = &sl->r[i];
-            r->rc = dfs_encode_sample(w, r->enc, b->id[s0 + i], r->nt, r->tv);
-        }
+        for (int i = 0; i < m; i++) e->rc[i] = dfs_encode_sample(w, e->enc[i], b->id[s0 + i], g->r[s0 + i].nt, g->r[s0 + i].tv);
         for (int i = 0; i < m && !rc; i++) {
-            rec_bufs *r = &sl->r[i];
+            const rec_bufs *r = &g->r[s0 + i];
             /* an encoder's message is its thread's: encode that sample again here */
-            if (r->rc) rc = dfs_encode_sample(w, r->enc, b->id[s0 + i], r->nt, r->tv);
-            if (!rc) rc = dfs_write_encoded(w, r->enc);
+            if (e->rc[i]) rc = dfs_encode_sample(w, e->enc[i], b->id[s0 + i], r->nt, r->tv);
+            if (!rc) rc = dfs_write_encoded(w, e->enc[i]);
             if (!rc) {
                 st->samples++;
                 st->tokens += b->cu[s0 + i + 1] - b->cu[s0 + i];
             }
         }
     }
-    batch_clear(b);
+    batch_clear(&g->b);
     return rc;
+}
+
+/* The gathered batch through its forward, and the batch before it written
+ * meanwhile: then the gathered one is the one to write next, and the
+ * other, emptied, gathers. On a forward's error the batch before is still
+ * written (as it was before the forward started). */
+static int advance(dfl_target *t, stage **gather, stage **ready, encoders *e, dfs_writer *w,
+                   const dfl_extract_opts *o, dfl_extract_stats *st) {
+    dfl_target_out out;
+    int rc = start_forward(t, *gather, &out, o, st);
+    const int wrc = (*ready)->b.n ? write_records(*ready, e, w, st) : 0;
+    if (rc || wrc) return rc ? rc : wrc;
+    fetch_records(t, *gather, &out, o);
+    stage *x = *gather;
+    *gather = *ready, *ready = x;
+    return 0;
 }
 
 int dfl_extract_run(dfl_target *t, dfl_jsonl *in, dfs_writer *w, const dfl_extract_opts *o, dfl_extract_stats *st) {
     memset(st, 0, sizeof *st);
-    batch b = {0};
-    slots sl = {0};
+    stage stages[2] = {0};
+    stage *gather = &stages[0], *ready = &stages[1];
+    encoders e = {0};
     dfl_progress pr;
     dfl_progress_init(&pr, o->progress, 0, "tok");
     int rc = 0, input_rc = 0;
@@ -336,12 +374,16 @@ int dfl_extract_run(dfl_target *t, dfl_jsonl *in, dfs_writer *w, const dfl_extra
             input_msg = dfl_strdup(dfl_errmsg());
             break;
         }
-        if (b.n > 0 && b.cu[b.n] + s.n > o->batch_tokens && (rc = flush(t, &b, &sl, w, o, st))) break;
-        batch_add(&b, &s);
-        if (b.cu[b.n] >= o->batch_tokens && (rc = flush(t, &b, &sl, w, o, st))) break;
+        batch *b = &gather->b;
+        if (b->n > 0 && b->cu[b->n] + s.n > o->batch_tokens && (rc = advance(t, &gather, &ready, &e, w, o, st))) break;
+        batch_add(&gather->b, &s);
+        b = &gather->b;
+        if (b->cu[b->n] >= o->batch_tokens && (rc = advance(t, &gather, &ready, &e, w, o, st))) break;
         dfl_progress_update(&pr, (double)st->tokens, NULL);
     }
-    if (!rc) rc = flush(t, &b, &sl, w, o, st);
+    /* the last batches: the gathered one through its forward, then both written */
+    if (!rc && gather->b.n) rc = advance(t, &gather, &ready, &e, w, o, st);
+    if (!rc && ready->b.n) rc = write_records(ready, &e, w, st);
     char extra[64];
     snprintf(extra, sizeof extra, "%lld samples", (long long)st->samples);
     dfl_progress_end(&pr, (double)st->tokens, extra);
@@ -350,7 +392,7 @@ int dfl_extract_run(dfl_target *t, dfl_jsonl *in, dfs_writer *w, const dfl_extra
         st->input_error = 1;
     }
     free(input_msg);
-    batch_free(&b);
-    slots_free(&sl);
+    stage_free(&stages[0]), stage_free(&stages[1]);
+    for (int i = 0; i < MAX_SLOTS; i++) dfs_encoded_free(e.enc[i]);
     return rc;
 }

@@ -35,7 +35,9 @@ static const dfl_opt opts[] = {
      "Also write per sample: target-ids (the target's greedy next token at every position, i32 [T]) or last-hidden "
      "(output of the last layer before the final norm, bf16 [T, H]).", NULL},
     {"batch-tokens", 'b', DFL_OPT_INT, &batch_tokens, "N",
-     "Pack consecutive samples into forward passes of at most N tokens (a longer sample runs alone). Memory grows with N.", NULL},
+     "Pack consecutive samples into forward passes of at most N tokens (a longer sample runs alone). On a GPU the "
+     "next pass runs while the records of the one before are encoded and written; the host holds two passes' "
+     "records, so memory grows with N.", NULL},
     {"threads", 't', DFL_OPT_INT, &threads, "N", "CPU threads: the forward on the CPU, and the records' encoding (byte shuffle, LZ4, checksums), one sample a thread, written in order (the encoded bytes do not depend on N).", "all cores"},
     {"device", 'd', DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
     {"compress", 0, DFL_OPT_CHOICE, &compress, "none|lz4", "Codec of the output's tensors (as dflash-pack --compress).", NULL},
