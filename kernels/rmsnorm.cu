@@ -14,31 +14,71 @@
 // CUDA kernels
 
 // Lane `lane` visits columns [c, c+VW) for c = lane*VW, lane*VW + 32*VW, ...
-template <int VW>
+// NIT > 0 (at least that many runs a lane): the row is kept in registers
+// between the sum of squares and the scaling, so it is read once. Read
+// twice, a 4096-wide row came back from L2, or from memory: with 64 rows a
+// multiprocessor in flight (~67 MB over the card) L2 does not hold them all
+// (102 us a call at 16384 x 4096 against a ~67 us byte floor). The same
+// arithmetic in the same order either way.
+template <int VW, int NIT>
 __global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, float w_add, int64_t rows,
                                int dim, float eps) {
     int lane = threadIdx.x % 32;
     int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     if (row >= rows) return;
     const bf16 *x = in + row * dim;
-    float ss = 0.0f;
-    for (int c = lane * VW; c < dim; c += 32 * VW) {
-        float f[VW];
-        load_bf16s<VW>(f, x + c);
-#pragma unroll
-        for (int i = 0; i < VW; i++) ss += f[i] * f[i];
-    }
-    ss = warp_sum(ss);
-    float r = rsqrtf(ss / (float)dim + eps);
-    if (rstd && lane == 0) rstd[row] = r;
     bf16 *y = out + row * dim;
-    for (int c = lane * VW; c < dim; c += 32 * VW) {
-        float f[VW], g[VW];
-        load_bf16s<VW>(f, x + c);
-        load_bf16s<VW>(g, w + c);
+    float ss = 0.0f;
+    if constexpr (NIT > 0) {
+        typedef typename bf16_vec<VW>::type raw;
+        raw held[NIT];
 #pragma unroll
-        for (int i = 0; i < VW; i++) f[i] = f[i] * r * (g[i] + w_add);
-        store_bf16s<VW>(y + c, f);
+        for (int k = 0; k < NIT; k++) {
+            const int c = lane * VW + k * 32 * VW;
+            if (c < dim) {
+                DEV_CHECK_ALIGN(x + c, 2 * VW);
+                held[k] = *(const raw *)(x + c);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NIT; k++) {
+            if (lane * VW + k * 32 * VW >= dim) break;
+            const bf16 *b = (const bf16 *)&held[k];
+#pragma unroll
+            for (int i = 0; i < VW; i++) ss += bf2f(b[i]) * bf2f(b[i]);
+        }
+        ss = warp_sum(ss);
+        const float r = rsqrtf(ss / (float)dim + eps);
+        if (rstd && lane == 0) rstd[row] = r;
+#pragma unroll
+        for (int k = 0; k < NIT; k++) {
+            const int c = lane * VW + k * 32 * VW;
+            if (c >= dim) break;
+            const bf16 *b = (const bf16 *)&held[k];
+            float f[VW], g[VW];
+            load_bf16s<VW>(g, w + c);
+#pragma unroll
+            for (int i = 0; i < VW; i++) f[i] = bf2f(b[i]) * r * (g[i] + w_add);
+            store_bf16s<VW>(y + c, f);
+        }
+    } else {
+        for (int c = lane * VW; c < dim; c += 32 * VW) {
+            float f[VW];
+            load_bf16s<VW>(f, x + c);
+#pragma unroll
+            for (int i = 0; i < VW; i++) ss += f[i] * f[i];
+        }
+        ss = warp_sum(ss);
+        const float r = rsqrtf(ss / (float)dim + eps);
+        if (rstd && lane == 0) rstd[row] = r;
+        for (int c = lane * VW; c < dim; c += 32 * VW) {
+            float f[VW], g[VW];
+            load_bf16s<VW>(f, x + c);
+            load_bf16s<VW>(g, w + c);
+#pragma unroll
+            for (int i = 0; i < VW; i++) f[i] = f[i] * r * (g[i] + w_add);
+            store_bf16s<VW>(y + c, f);
+        }
     }
 }
 
@@ -117,19 +157,37 @@ __global__ void sum_partials_kernel(float *dw, const float *part, int nparts, in
 // ---------------------------------------------------------------------------
 // kernel launchers
 
+// The row in registers unless DFLASH_CUDA_NORM_REGS=0 (read at every call,
+// so that a test or the profile can run both forms in one process).
+static bool norm_regs(void) {
+    const char *s = getenv("DFLASH_CUDA_NORM_REGS");
+    return !(s && strcmp(s, "0") == 0);
+}
+
+template <int VW, int NIT>
+static void launch_fwd(unsigned grid, int threads, bf16 *out, float *rstd, const bf16 *in, const bf16 *w, float w_add,
+                       int64_t rows, int dim, float eps) {
+    auto kernel = rmsnorm_kernel<VW, NIT>;
+    KLAUNCH(kernel, grid, threads, 0)(out, rstd, in, w, w_add, rows, dim, eps);
+}
+
 static void launch_rmsnorm(void *out, float *rstd, const void *in, const void *w, float w_add, int64_t rows,
                            int64_t dim, float eps) {
     CU_ASSERT(out && in && w && rows >= 0 && dim > 0 && dim <= INT32_MAX);
     if (rows == 0) return;
-    const int warps = 8;
-    unsigned grid = (unsigned)CEIL_DIV(rows, (int64_t)warps);
     int vec = dim % 8 == 0 && is_aligned(out, 16) && is_aligned(in, 16) && is_aligned(w, 16);
-    if (vec)
-        KLAUNCH(rmsnorm_kernel<8>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in,
-                                                                  (const bf16 *)w, w_add, rows, (int)dim, eps);
-    else
-        KLAUNCH(rmsnorm_kernel<1>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in,
-                                                                  (const bf16 *)w, w_add, rows, (int)dim, eps);
+    const int64_t runs = CEIL_DIV(dim, (int64_t)256); // of 8 columns a lane
+    // the row in registers up to 4096 columns (DFLASH_CUDA_NORM_REGS=0: read twice, to compare);
+    // 4 warps a block there, as a thread then takes up to ~155 registers
+    const int regs = vec && runs <= 16 && norm_regs();
+    const int warps = regs ? 4 : 8;
+    const unsigned grid = (unsigned)CEIL_DIV(rows, (int64_t)warps);
+    bf16 *o = (bf16 *)out;
+    const bf16 *x = (const bf16 *)in, *g = (const bf16 *)w;
+    if (regs && runs <= 8) launch_fwd<8, 8>(grid, warps * 32, o, rstd, x, g, w_add, rows, (int)dim, eps);
+    else if (regs) launch_fwd<8, 16>(grid, warps * 32, o, rstd, x, g, w_add, rows, (int)dim, eps);
+    else if (vec) launch_fwd<8, 0>(grid, warps * 32, o, rstd, x, g, w_add, rows, (int)dim, eps);
+    else launch_fwd<1, 0>(grid, warps * 32, o, rstd, x, g, w_add, rows, (int)dim, eps);
     LAUNCH_CHECK();
 }
 

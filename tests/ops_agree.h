@@ -232,6 +232,20 @@ static void rmsnorm_case(int64_t rows, int64_t dim) {
     DEV->rmsnorm(out.d, rstd.d, x.d, w.d, rows, dim, 1e-6f);
     ag_check("rmsnorm out", &out, NMSE_ROUND);
     ag_check("rmsnorm rstd", &rstd, NMSE_F32);
+    if (DEV->act_bytes == 2) { /* CUDA's row in registers and its row read twice: the same bits */
+        ag_pair out2 = ag_new(NULL, rows * dim, AG_ACT), rstd2 = ag_new(NULL, rows, AG_F32);
+        setenv("DFLASH_CUDA_NORM_REGS", "0", 1);
+        DEV->rmsnorm(out2.d, rstd2.d, x.d, w.d, rows, dim, 1e-6f);
+        unsetenv("DFLASH_CUDA_NORM_REGS");
+        uint16_t *a = dfl_malloc((size_t)(rows * dim) * 2), *b = dfl_malloc((size_t)(rows * dim) * 2);
+        float *ra = dfl_malloc((size_t)rows * 4), *rb = dfl_malloc((size_t)rows * 4);
+        DEV->act_to_bf16(a, out.d, rows * dim), DEV->act_to_bf16(b, out2.d, rows * dim);
+        DEV->download(ra, rstd.d, (size_t)rows * 4), DEV->download(rb, rstd2.d, (size_t)rows * 4);
+        T_CHECKF(!memcmp(a, b, (size_t)(rows * dim) * 2) && !memcmp(ra, rb, (size_t)rows * 4),
+                 "rmsnorm %lld x %lld: DFLASH_CUDA_NORM_REGS=0 gives other bits", (long long)rows, (long long)dim);
+        free(a), free(b), free(ra), free(rb);
+        ag_free(&out2), ag_free(&rstd2);
+    }
     REF->rmsnorm1p(out.r, x.r, w.r, rows, dim, 1e-6f); /* Qwen3.5's (1 + w) */
     DEV->rmsnorm1p(out.d, x.d, w.d, rows, dim, 1e-6f);
     ag_check("rmsnorm1p out", &out, NMSE_ROUND);
@@ -255,6 +269,8 @@ static void rmsnorm_agrees(void) {
     rmsnorm_case(29, 37);   /* odd: scalar path */
     rmsnorm_case(300, 128); /* a q_norm shape: many rows, blocks of several rows */
     rmsnorm_case(6, 4096);  /* hidden 4096: the backward's 64 KiB of shared memory (over 48 KiB) */
+    rmsnorm_case(9, 1000);  /* the forward's row in registers, its last run part-full */
+    rmsnorm_case(5, 6144);  /* past the forward's registers: read twice */
     if (AG_BIG) rmsnorm_case(4099, 4096);
 }
 

@@ -55,6 +55,8 @@ DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 >>"$LOG" 2>&1
 step "bench_train (plain, then profiled)"
 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_train" --steps 2 >>"$LOG" 2>&1
+step "bench_extract, RMSNorm forward reading its rows twice (DFLASH_CUDA_NORM_REGS=0), profiled"
+DFLASH_CUDA_NORM_REGS=0 DFLASH_CUDA_PROFILE=1 "$B/gpu/bench_extract" --iters 2 2>&1 | tee -a "$LOG"
 step "bench_train, dq recomputing S and dP (DFLASH_CUDA_DS_MAX_MB=0; the default reads the stored dS)"
 DFLASH_CUDA_DS_MAX_MB=0 "$B/gpu/bench_train" --steps 3 2>&1 | tee -a "$LOG"
 for wg in 1 3; do
