@@ -97,6 +97,85 @@ __device__ __forceinline__ void norm_rotate(bf16 *y, const bf16 *x, const bf16 *
     store_bf16s<V>(y + i + half, yb);
 }
 
+// The same for a warp's heads (rows row0 .. row0+nh-1) when a lane's pairs
+// are K of its cached angle groups (K <= MAX_K: head dims up to 128 at
+// V = 1, 256 at V = 2): every head's pairs are loaded (kept as loaded, in
+// bf16) before any head is reduced, so a lane has 2*K loads a head in
+// flight for all the warp's heads, where the head loop waited a memory
+// latency for each head's sum (~2x the byte floor at 16384 tokens x 32
+// heads of 128). The weights are read once for the warp's heads. The same
+// arithmetic in the same order as the loop.
+template <int V> struct bf16_raw { typedef typename bf16_vec<V>::type type; };
+template <> struct bf16_raw<1> { typedef unsigned short type; };
+
+template <int V>
+__device__ __forceinline__ void unpack_bf16s(float *f, typename bf16_raw<V>::type u) {
+    const bf16 *b = (const bf16 *)&u;
+#pragma unroll
+    for (int v = 0; v < V; v++) f[v] = bf2f(b[v]);
+}
+
+template <int V, int K>
+__device__ __forceinline__ void norm_rotate_heads(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, float w_add,
+                                                  const LaneAngles<V> &ang, int64_t row0, int nh, int d, float eps) {
+    static_assert(K >= 1 && K <= MAX_K, "the lane's pair groups are among its cached angles");
+    typedef typename bf16_raw<V>::type raw;
+    const int lane = threadIdx.x % 32, half = d / 2;
+    raw a[HEADS_PER_WARP][K], b[HEADS_PER_WARP][K];
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_WARP; h++) {
+        if (h >= nh) break;
+        const bf16 *x = in + (row0 + h) * d;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int i = lane * V + 32 * V * k;
+            if (i < half) {
+                DEV_CHECK_ALIGN(x + i, sizeof(raw));
+                a[h][k] = *(const raw *)(x + i), b[h][k] = *(const raw *)(x + i + half);
+            }
+        }
+    }
+    float r[HEADS_PER_WARP];
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_WARP; h++) {
+        if (h >= nh) break;
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            if (lane * V + 32 * V * k >= half) break;
+            float fa[V], fb[V];
+            unpack_bf16s<V>(fa, a[h][k]), unpack_bf16s<V>(fb, b[h][k]);
+#pragma unroll
+            for (int v = 0; v < V; v++) ss += fa[v] * fa[v] + fb[v] * fb[v];
+        }
+        r[h] = rsqrtf(warp_sum(ss) / (float)d + eps);
+        if (rstd && lane == 0) rstd[row0 + h] = r[h];
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = lane * V + 32 * V * k;
+        if (i >= half) break;
+        float wa[V], wb[V];
+        load_bf16s<V>(wa, w + i);
+        load_bf16s<V>(wb, w + i + half);
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_WARP; h++) {
+            if (h >= nh) break;
+            float fa[V], fb[V], ya[V], yb[V];
+            unpack_bf16s<V>(fa, a[h][k]), unpack_bf16s<V>(fb, b[h][k]);
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                const float na = fa[v] * r[h] * (wa[v] + w_add), nb = fb[v] * r[h] * (wb[v] + w_add);
+                ya[v] = na * ang.cs[k][v] - nb * ang.sn[k][v];
+                yb[v] = nb * ang.cs[k][v] + na * ang.sn[k][v];
+            }
+            bf16 *y = out + (row0 + h) * d;
+            store_bf16s<V>(y + i, ya);
+            store_bf16s<V>(y + i + half, yb);
+        }
+    }
+}
+
 template <int V>
 __global__ void qk_norm_rope_kernel(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, float w_add,
                                     const int32_t *pos, const float *inv_freq, int64_t T, int nh, int d, float eps) {
@@ -106,6 +185,14 @@ __global__ void qk_norm_rope_kernel(bf16 *out, float *rstd, const bf16 *in, cons
     const int64_t t = wid / groups;
     const int h0 = (int)(wid % groups) * HEADS_PER_WARP, h1 = h0 + HEADS_PER_WARP < nh ? h0 + HEADS_PER_WARP : nh;
     const LaneAngles<V> ang((float)pos[t], inv_freq, lane, half);
+    if (half <= 32 * V) {
+        norm_rotate_heads<V, 1>(out, rstd, in, w, w_add, ang, t * nh + h0, h1 - h0, d, eps);
+        return;
+    }
+    if (half <= 32 * V * MAX_K) {
+        norm_rotate_heads<V, MAX_K>(out, rstd, in, w, w_add, ang, t * nh + h0, h1 - h0, d, eps);
+        return;
+    }
     for (int h = h0; h < h1; h++) {
         const int64_t row = t * nh + h;
         const bf16 *x = in + row * d;
