@@ -212,6 +212,90 @@ __global__ void qk_norm_rope_kernel(bf16 *out, float *rstd, const bf16 *in, cons
     }
 }
 
+// The backward of a warp's heads at once (rows row0 .. row0+nh-1), when a
+// lane's pairs are K of its cached angle groups, as norm_rotate_heads does
+// for the forward: every head's dout and x pairs loaded (in bf16) before
+// any head's sum, the weights once. The same arithmetic, and each dW
+// column gets the heads' terms in the same order, as the head loop. Used
+// for K = 1 (head dims up to 128 at V = 2, the drafters'): K = 2 took the
+// kernel to 208 registers.
+template <int V, int K>
+__device__ __forceinline__ void norm_rotate_heads_bwd(bf16 *din, float *mydw, const bf16 *dout, const bf16 *in,
+                                                      const float *rstd, const bf16 *w, const LaneAngles<V> &ang,
+                                                      int64_t row0, int nh, int d) {
+    static_assert(K >= 1 && K <= MAX_K, "the lane's pair groups are among its cached angles");
+    typedef typename bf16_raw<V>::type raw;
+    const int lane = threadIdx.x % 32, half = d / 2;
+    raw ya[HEADS_PER_WARP][K], yb[HEADS_PER_WARP][K], xa[HEADS_PER_WARP][K], xb[HEADS_PER_WARP][K];
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_WARP; h++) {
+        if (h >= nh) break;
+        const bf16 *x = in + (row0 + h) * d, *dy = dout + (row0 + h) * d;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int i = lane * V + 32 * V * k;
+            if (i < half) {
+                DEV_CHECK_ALIGN(x + i, sizeof(raw));
+                DEV_CHECK_ALIGN(dy + i, sizeof(raw));
+                ya[h][k] = *(const raw *)(dy + i), yb[h][k] = *(const raw *)(dy + i + half);
+                xa[h][k] = *(const raw *)(x + i), xb[h][k] = *(const raw *)(x + i + half);
+            }
+        }
+    }
+    float wa[K][V], wb[K][V];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = lane * V + 32 * V * k;
+        if (i < half) load_bf16s<V>(wa[k], w + i), load_bf16s<V>(wb[k], w + i + half);
+    }
+    // g of head h, pair group k: dout rotated back
+    auto rotate_back = [&](int h, int k, float *ga, float *gb, float *a, float *b) {
+        float fa[V], fb[V];
+        unpack_bf16s<V>(fa, ya[h][k]), unpack_bf16s<V>(fb, yb[h][k]);
+        unpack_bf16s<V>(a, xa[h][k]), unpack_bf16s<V>(b, xb[h][k]);
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            ga[v] = fa[v] * ang.cs[k][v] + fb[v] * ang.sn[k][v], gb[v] = fb[v] * ang.cs[k][v] - fa[v] * ang.sn[k][v];
+    };
+    float r[HEADS_PER_WARP], kk[HEADS_PER_WARP];
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_WARP; h++) {
+        if (h >= nh) break;
+        r[h] = rstd[row0 + h];
+        float gwx = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            if (lane * V + 32 * V * k >= half) break;
+            float ga[V], gb[V], a[V], b[V];
+            rotate_back(h, k, ga, gb, a, b);
+#pragma unroll
+            for (int v = 0; v < V; v++) gwx += ga[v] * wa[k][v] * a[v] + gb[v] * wb[k][v] * b[v];
+        }
+        gwx = warp_sum(gwx);
+        kk[h] = r[h] * r[h] * r[h] * gwx / (float)d;
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = lane * V + 32 * V * k;
+        if (i >= half) break;
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_WARP; h++) {
+            if (h >= nh) break;
+            float ga[V], gb[V], a[V], b[V];
+            rotate_back(h, k, ga, gb, a, b);
+            if (din) {
+                float da[V], db[V];
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    da[v] = r[h] * ga[v] * wa[k][v] - a[v] * kk[h], db[v] = r[h] * gb[v] * wb[k][v] - b[v] * kk[h];
+                store_bf16s<V>(din + (row0 + h) * d + i, da);
+                store_bf16s<V>(din + (row0 + h) * d + i + half, db);
+            }
+            if (mydw) add_dw_terms<V>(mydw + i, ga, a, r[h]), add_dw_terms<V>(mydw + i + half, gb, b, r[h]);
+        }
+    }
+}
+
 // qk_norm_rope's backward: per row, g = dout rotated back by -pos (rope's
 // inverse, in f32: never rounded to bf16 in between), then with
 // r = rstd[row]: din = r g w - x r^3 (sum g w x) / d (written), and
@@ -236,6 +320,11 @@ __global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *d
         const int64_t t = u / groups;
         const int h0 = (int)(u % groups) * HEADS_PER_WARP, h1 = h0 + HEADS_PER_WARP < nh ? h0 + HEADS_PER_WARP : nh;
         const LaneAngles<V> ang((float)pos[t], inv_freq, lane, half);
+        float *dwrow = dw_part ? mydw : NULL;
+        if (half <= 32 * V) {
+            norm_rotate_heads_bwd<V, 1>(din, dwrow, dout, in, rstd, w, ang, t * nh + h0, h1 - h0, d);
+            continue;
+        }
         for (int h = h0; h < h1; h++) {
             const int64_t row = t * nh + h;
             const bf16 *x = in + row * d, *dy = dout + row * d;
