@@ -42,6 +42,35 @@ static void cuda_free(void *p) {
     cudaCheck(cudaFree(p));
 }
 
+// Page-locked when the driver gives it, else plain: a 64-byte header before
+// the block says which, for cuda_host_free (the block stays 64-byte aligned).
+enum { HOST_HEADER = 64, HOST_PINNED = 0x50494e, HOST_PLAIN = 0x504c4e };
+
+static void *cuda_host_alloc(size_t bytes) {
+    char *p = NULL;
+    if (cudaMallocHost((void **)&p, bytes + HOST_HEADER) == cudaSuccess) {
+        *(int *)p = HOST_PINNED;
+    } else {
+        (void)cudaGetLastError(); // not sticky: left for no later check to find
+        p = (char *)dfl_aligned_alloc(bytes + HOST_HEADER); // exits 70 when out of memory
+        *(int *)p = HOST_PLAIN;
+    }
+    return p + HOST_HEADER;
+}
+
+static void cuda_host_free(void *q) {
+    if (!q) return;
+    char *p = (char *)q - HOST_HEADER;
+    const int kind = *(int *)p;
+    CU_ASSERT(kind == HOST_PINNED || kind == HOST_PLAIN);
+    if (kind == HOST_PINNED) {
+        cudaCheck(cudaStreamSynchronize(g_cuda.stream)); // no copy queued may still use it
+        cudaCheck(cudaFreeHost(p));
+    } else {
+        free(p);
+    }
+}
+
 static void cuda_zero(void *p, size_t bytes) {
     if (bytes) cudaCheck(cudaMemsetAsync(p, 0, bytes, g_cuda.stream));
 }
@@ -126,6 +155,8 @@ static void fill_table(dfl_ops *t) {
     t->wt_bytes = 2;
     t->alloc = cuda_alloc;
     t->free = cuda_free;
+    t->host_alloc = cuda_host_alloc;
+    t->host_free = cuda_host_free;
     t->zero = cuda_zero;
     t->copy = cuda_copy;
     t->upload = cuda_upload;

@@ -65,6 +65,16 @@ struct dfl_ops {
     void (*upload)(void *dst, const void *host_src, size_t bytes);
     void (*download)(void *host_dst, const void *src, size_t bytes);
     void (*sync)(void);
+    /* Host memory for the large transfers (a micro-batch's features up, the
+     * tapped states down): page-locked on CUDA, where copies from pageable
+     * memory go through a staging buffer at about half the link's rate;
+     * plain memory on the CPU, and on CUDA when page-locked memory cannot
+     * be had. Not zeroed; aborts (exit 70) only when no memory at all can
+     * be had. An upload or load_act from it may still be reading it after
+     * the call returns: write it again only after a call that waits for
+     * the device (download, act_to_*, sync). host_free(NULL) does nothing. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
 
     /* ---- conversions ---- */
     /* host array of `dtype` (bf16/f16/f32) -> act or wt buffer */

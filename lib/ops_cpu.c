@@ -28,6 +28,7 @@ static void *cpu_alloc(size_t bytes) {
 }
 
 static void cpu_free(void *p) { free(p); }
+static void *cpu_host_alloc(size_t bytes) { return dfl_aligned_alloc(bytes); }
 static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
 static void cpu_sync(void) {}
@@ -382,6 +383,8 @@ static const dfl_ops cpu_ops = {
     .wt_bytes = 4,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_free,
     .zero = cpu_zero,
     .copy = cpu_copy,
     .upload = cpu_copy,

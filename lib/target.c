@@ -423,7 +423,7 @@ static void ws_free(const dfl_ops *ops, workspace *w) {
     dfl_target_lin_free(ops, &w->lin);
     dfl_target_mlp_free(ops, &w->mlp);
     free(w->host_pos);
-    free(w->host_scratch);
+    ops->host_free(w->host_scratch);
     memset(w, 0, sizeof *w);
 }
 
@@ -831,10 +831,11 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
 
 /* ---- downloads ---------------------------------------------------------- */
 
+// in the device's host memory: the tapped states come down at the link's rate
 static void *host_scratch(dfl_target *t, size_t bytes) {
     if (bytes > t->ws.host_scratch_bytes) {
-        free(t->ws.host_scratch);
-        t->ws.host_scratch = dfl_malloc(bytes);
+        t->ops->host_free(t->ws.host_scratch);
+        t->ws.host_scratch = t->ops->host_alloc(bytes);
         t->ws.host_scratch_bytes = bytes;
     }
     return t->ws.host_scratch;

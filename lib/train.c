@@ -75,7 +75,8 @@ void dfl_train_mb_reset(dfl_train_mb *mb) {
 }
 
 void dfl_train_mb_free(dfl_train_mb *mb) {
-    free(mb->feats);
+    if (mb->ops) mb->ops->host_free(mb->feats);
+    else free(mb->feats);
     free(mb->ctx_pos);
     free(mb->blk_pos);
     free(mb->pos);
@@ -104,6 +105,21 @@ static void grow(void **p, int64_t need, size_t esz) {
     *p = dfl_realloc(*p, (size_t)(need > 0 ? need : 1) * esz);
 }
 
+/* The features' room grown to `need` elements, the first `keep` kept: in
+ * the device's host memory when the micro-batch has one (no realloc there).
+ * Only between uploads: the last one was waited for (dfl_train_mb_run's
+ * loss download) before the next sequence is added. */
+static void grow_feats(dfl_train_mb *mb, int64_t need, int64_t keep) {
+    if (!mb->ops) {
+        grow(&mb->feats, need, mb->feat_esz);
+        return;
+    }
+    void *p = mb->ops->host_alloc((size_t)(need > 0 ? need : 1) * mb->feat_esz);
+    if (keep > 0) memcpy(p, mb->feats, (size_t)keep * mb->feat_esz);
+    mb->ops->host_free(mb->feats);
+    mb->feats = p;
+}
+
 void dfl_train_mb_add(dfl_train_mb *mb, const dfl_drafter_config *c, const dfl_train_opts *o, const dfl_train_seq *s,
                       const int32_t *anchors, int64_t n, dfl_rng *rng) {
     if (n <= 0) return;
@@ -120,7 +136,7 @@ void dfl_train_mb_add(dfl_train_mb *mb, const dfl_drafter_config *c, const dfl_t
     DFL_ASSERT(o->noise_std > 0 || s->hidden_dtype == mb->b.feats_dtype);
     if (NC > mb->cap_nc) {
         int64_t cap = NC * 2;
-        grow(&mb->feats, cap * KH, mb->feat_esz);
+        grow_feats(mb, cap * KH, NC0 * KH);
         grow((void **)&mb->ctx_pos, cap, 4);
         mb->cap_nc = cap;
     }

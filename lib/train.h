@@ -74,6 +74,8 @@ typedef struct {
     int     B;
     size_t  feat_esz;
     void   *feats;
+    const dfl_ops *ops;         /* the device the features are loaded to: feats is its host_alloc
+                                   memory (faster copies); NULL (dfl_train_mb_init): malloc */
     int32_t *ctx_pos, *blk_pos, *pos, *tokens_arr, *labels;
     float  *gscale;
     uint8_t *valid;             /* [Q] the row carries a loss (m = 1) */

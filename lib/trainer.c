@@ -26,6 +26,7 @@ void dfl_trainer_init(dfl_trainer *t, dfl_drafter *d, const dfl_model_config *tc
     t->seed = seed;
     dfl_rng_seed(&t->rng, seed);
     dfl_train_mb_init(&t->mb);
+    t->mb.ops = d->ops; /* the features in the device's host memory: faster uploads */
     t->read_ahead = -1; /* the input decides (dfl_trainer_open) */
 }
 

@@ -808,6 +808,42 @@ static void lmhead_agrees(void) {
 
 /* ---- views ----------------------------------------------------------------------- */
 
+/* host_alloc's memory (page-locked on CUDA) as the source and the target of
+ * the transfers that use it: load_act of bf16 and f32 (the trainer's
+ * features), upload, act_to_bf16 and download (the tapped states): the
+ * same values through it as through malloc's memory, 64-byte aligned. */
+static void host_memory_agrees(void) {
+    const int64_t n = 3001;
+    const dfl_ops *sides[2] = {REF, DEV};
+    for (int k = 0; k < 2; k++) {
+        const dfl_ops *o = sides[k];
+        float *src = ag_randn(n, 1);
+        uint16_t *hb = o->host_alloc((size_t)n * 2), *back = o->host_alloc((size_t)n * 2);
+        float *hf = o->host_alloc((size_t)n * 4), *fback = o->host_alloc((size_t)n * 4);
+        T_CHECKF(((uintptr_t)hb | (uintptr_t)back | (uintptr_t)hf | (uintptr_t)fback) % 64 == 0, "%s: not 64-byte aligned",
+                 o->name);
+        for (int64_t i = 0; i < n; i++) hb[i] = dfl_f32_to_bf16(src[i]), hf[i] = src[i];
+        void *act = o->alloc((size_t)n * (size_t)o->act_bytes), *raw = o->alloc((size_t)n * 4);
+        o->load_act(act, hb, DFL_BF16, n);
+        o->act_to_bf16(back, act, n);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += back[i] != hb[i];
+        o->load_act(act, hf, DFL_F32, n);
+        o->act_to_f32(fback, act, n);
+        for (int64_t i = 0; i < n; i++) /* f32 in: the act type's rounding of it */
+            bad += fback[i] != (o->act_bytes == 2 ? dfl_bf16_to_f32(dfl_f32_to_bf16(src[i])) : src[i]);
+        o->upload(raw, hf, (size_t)n * 4);
+        memset(fback, 0, (size_t)n * 4);
+        o->download(fback, raw, (size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) bad += fback[i] != hf[i];
+        T_CHECKF(bad == 0, "%s: %lld values changed through host_alloc memory", o->name, (long long)bad);
+        o->free(act), o->free(raw);
+        o->host_free(hb), o->host_free(back), o->host_free(hf), o->host_free(fback);
+        o->host_free(NULL);
+        free(src);
+    }
+}
+
 /* Ops on views that start inside their buffers at an element offset that is
  * not a multiple of 8 (model code offsets rows with DFL_AT): the launchers
  * must take their unaligned paths (the emulation aborts on a misaligned
@@ -1217,6 +1253,7 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(attn_dflash_bwd_without_blocks);
     AG_RUN(lmhead_agrees);
     AG_RUN(views_agree);
+    AG_RUN(host_memory_agrees);
     AG_RUN(adamw_agrees);
     AG_RUN(moe_route_agrees);
     AG_RUN(gather_rows_agrees);

@@ -826,14 +826,6 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidValue; }
-cudaError_t cudaMallocHost(void **p, size_t n) {
-    *p = malloc(n ? n : 1);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFreeHost(void *p) {
-    free(p);
-    return cudaSuccess;
-}
 // The live device allocations, start -> bytes: what the grouped GEMM checks
 // its pointers against (the GPU faults on a host pointer where it reads
 // device memory, and on an address past an allocation).
@@ -864,6 +856,21 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 cudaError_t cudaFree(void *p) {
     g_dev_allocs.erase((const char *)p);
+    free(p);
+    return cudaSuccess;
+}
+// Page-locked host memory: plain memory here, refused over the same limit
+// as device memory (so a test can see a caller fall back)
+cudaError_t cudaMallocHost(void **p, size_t n) {
+    if (g_alloc_limit && n > g_alloc_limit) {
+        g_alloc_refused++;
+        *p = NULL;
+        return cudaErrorMemoryAllocation;
+    }
+    *p = aligned_alloc(4096, (n + 4095) / 4096 * 4096); // whole pages, as the driver's
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void *p) {
     free(p);
     return cudaSuccess;
 }

@@ -277,8 +277,9 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
 cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, cudaStream_t s);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev);
-// Pinned host memory and events: the emulated stream has finished its work
-// when a call returns, so every event is complete once recorded.
+// Pinned host memory (refused over dfl_emu_alloc_limit, as device memory)
+// and events: the emulated stream has finished its work when a call
+// returns, so every event is complete once recorded.
 typedef struct emu_event *cudaEvent_t;
 enum { cudaEventDisableTiming = 2 };
 cudaError_t cudaMallocHost(void **p, size_t n);
@@ -342,7 +343,7 @@ cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperatio
 // default); count the calls of cublasGemmEx and of the grouped call that
 // computed something (returned success).
 extern "C" void dfl_emu_grouped_not_supported(int on);
-// cudaMalloc (and cudaMallocAsync) of more than `bytes` fails with
+// cudaMalloc (and cudaMallocAsync, cudaMallocHost) of more than `bytes` fails with
 // cudaErrorMemoryAllocation (0: no limit); how many have failed so far
 extern "C" void dfl_emu_alloc_limit(size_t bytes);
 extern "C" unsigned long dfl_emu_alloc_refused(void);

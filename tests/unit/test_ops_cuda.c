@@ -682,6 +682,29 @@ static void attn_dflash_bwd_without_memory_for_ds(void) {
              st);
 }
 
+/* host_alloc where the driver refuses page-locked memory (emulation: every
+ * allocation refused, and counted): plain memory instead, which carries
+ * the same bytes and is freed as plain memory. */
+static void host_alloc_without_pinned_memory(void) {
+    const unsigned long refused = dfl_emu_alloc_refused();
+    enum { N = 4096 };
+    dfl_emu_alloc_limit(1);
+    float *h = DEV->host_alloc(N * sizeof(float));
+    dfl_emu_alloc_limit(0);
+    T_CHECKF(dfl_emu_alloc_refused() == refused + 1, "page-locked memory asked for %lu times, not once",
+             dfl_emu_alloc_refused() - refused);
+    for (int i = 0; i < N; i++) h[i] = (float)i;
+    void *d = DEV->alloc(N * sizeof(float));
+    DEV->upload(d, h, N * sizeof(float));
+    memset(h, 0, N * sizeof(float));
+    DEV->download(h, d, N * sizeof(float));
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += h[i] != (float)i;
+    T_CHECKF(bad == 0, "%d values changed", bad);
+    DEV->free(d);
+    DEV->host_free(h);
+}
+
 /* The attention kernels again on wgmma (DFLASH_CUDA_WGMMA; used on a 9.0
  * device only, elsewhere these repeat the mma.sync kernels): the causal one
  * with two warpgroups a CTA and with three, the DFlash forward and dk/dv;
@@ -738,6 +761,7 @@ int main(void) {
         T_RUN(emu_launch_checks_abort);
         T_RUN(emu_wgmma_in_flight);
         T_RUN(attn_dflash_bwd_without_memory_for_ds);
+        T_RUN(host_alloc_without_pinned_memory);
     }
     return t_exit();
 }
