@@ -186,7 +186,6 @@ static void read_slot_free(read_slot *s) {
     memset(s, 0, sizeof *s);
 }
 
-
 /* The next record into o: read, checked and decoded, its tensors kept in
  * o (the reader's buffers are reused by the next read). Returns 1, 0 at
  * the end of the input, or an exit code. */
