@@ -79,6 +79,11 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_cuda.stream));
 }
 
+static void cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    if (width && rows)
+        cudaCheck(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, g_cuda.stream));
+}
+
 // From pageable host memory the copy is staged before the call returns, so
 // the caller may reuse host_src at once (CUDA runtime API, "API sync
 // behavior"); pinned host memory must stay valid until the next sync.
@@ -159,6 +164,7 @@ static void fill_table(dfl_ops *t) {
     t->host_free = cuda_host_free;
     t->zero = cuda_zero;
     t->copy = cuda_copy;
+    t->copy_2d = cuda_copy_2d;
     t->upload = cuda_upload;
     t->download = cuda_download;
     t->sync = cuda_sync;

@@ -205,20 +205,22 @@ typedef struct {
     int       nt;
 } rec_bufs;
 
-static void rec_reserve(rec_bufs *r, int64_t T, int64_t K, int64_t H) {
+/* The states in the device's host memory (page-locked on CUDA): they come
+ * down at the link's rate. */
+static void rec_reserve(rec_bufs *r, const dfl_ops *ops, int64_t T, int64_t K, int64_t H) {
     if (T <= r->cap) return;
-    free(r->hidden);
-    free(r->last);
+    ops->host_free(r->hidden);
+    ops->host_free(r->last);
     free(r->tids);
-    r->hidden = dfl_malloc((size_t)(T * K * H) * sizeof *r->hidden);
-    r->last = dfl_malloc((size_t)(T * H) * sizeof *r->last);
+    r->hidden = ops->host_alloc((size_t)(T * K * H) * sizeof *r->hidden);
+    r->last = ops->host_alloc((size_t)(T * H) * sizeof *r->last);
     r->tids = dfl_malloc((size_t)T * sizeof *r->tids);
     r->cap = T;
 }
 
-static void rec_free(rec_bufs *r) {
-    free(r->hidden);
-    free(r->last);
+static void rec_free(rec_bufs *r, const dfl_ops *ops) {
+    ops->host_free(r->hidden);
+    ops->host_free(r->last);
     free(r->tids);
 }
 
@@ -255,8 +257,8 @@ typedef struct {
     int          rc[MAX_SLOTS];
 } encoders;
 
-static void stage_free(stage *g) {
-    for (int64_t i = 0; i < g->nr; i++) rec_free(&g->r[i]);
+static void stage_free(stage *g, const dfl_ops *ops) {
+    for (int64_t i = 0; i < g->nr; i++) rec_free(&g->r[i], ops);
     free(g->r);
     batch_free(&g->b);
 }
@@ -267,7 +269,7 @@ static void sample_tensors(dfl_target *t, const dfl_target_out *out, const batch
     const dfl_ops *ops = dfl_target_ops(t);
     const int64_t H = dfl_target_config(t)->hidden_size, K = o->ntaps;
     const int64_t r0 = b->cu[s], n = b->cu[s + 1] - r0;
-    rec_reserve(r, n, K, H);
+    rec_reserve(r, ops, n, K, H);
     dfs_tensor_in *tv = r->tv;
     int nt = 0;
     tv[nt++] = (dfs_tensor_in){"input_ids", DFL_I32, 1, {n}, b->ids + r0, NULL};
@@ -392,7 +394,7 @@ int dfl_extract_run(dfl_target *t, dfl_jsonl *in, dfs_writer *w, const dfl_extra
         st->input_error = 1;
     }
     free(input_msg);
-    stage_free(&stages[0]), stage_free(&stages[1]);
+    stage_free(&stages[0], dfl_target_ops(t)), stage_free(&stages[1], dfl_target_ops(t));
     for (int i = 0; i < MAX_SLOTS; i++) dfs_encoded_free(e.enc[i]);
     return rc;
 }

@@ -62,6 +62,10 @@ struct dfl_ops {
     void (*free)(void *p);
     void (*zero)(void *p, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
+    /* rows rows of width bytes each, from src (rows spitch bytes apart) to
+     * dst (dpitch apart): a column block of a row-major matrix, on the
+     * device. The two may not overlap. */
+    void (*copy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
     void (*upload)(void *dst, const void *host_src, size_t bytes);
     void (*download)(void *host_dst, const void *src, size_t bytes);
     void (*sync)(void);

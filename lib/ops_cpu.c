@@ -31,6 +31,9 @@ static void cpu_free(void *p) { free(p); }
 static void *cpu_host_alloc(size_t bytes) { return dfl_aligned_alloc(bytes); }
 static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes && dst != src) memmove(dst, src, bytes); }
+static void cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
 static void cpu_sync(void) {}
 
 /* ------------------------------------------------------------------------ */
@@ -387,6 +390,7 @@ static const dfl_ops cpu_ops = {
     .host_free = cpu_free,
     .zero = cpu_zero,
     .copy = cpu_copy,
+    .copy_2d = cpu_copy_2d,
     .upload = cpu_copy,
     .download = cpu_copy,
     .sync = cpu_sync,

@@ -423,7 +423,6 @@ static void ws_free(const dfl_ops *ops, workspace *w) {
     dfl_target_lin_free(ops, &w->lin);
     dfl_target_mlp_free(ops, &w->mlp);
     free(w->host_pos);
-    ops->host_free(w->host_scratch);
     memset(w, 0, sizeof *w);
 }
 
@@ -786,9 +785,9 @@ static void target_head(dfl_target *t, dfl_target_out *out, head_ws *hw, const v
 void dfl_target_keep_taps(const dfl_target *t, void *taps, const void *x, const dfl_target_want *w, int l, int64_t n) {
     const dfl_ops *ops = t->ops;
     const int64_t H = t->cfg.hidden_size;
+    const size_t row = (size_t)H * (size_t)ops->act_bytes;
     for (int j = 0; j < w->ntaps; j++)
-        if (w->taps[j] == l)
-            ops->copy(DFL_AT(ops, taps, (int64_t)j * n * H), x, (size_t)(n * H) * (size_t)ops->act_bytes);
+        if (w->taps[j] == l) ops->copy_2d(DFL_AT(ops, taps, (int64_t)j * H), row * (size_t)w->ntaps, x, row, row, (size_t)n);
 }
 
 void dfl_target_finish(dfl_target *t, dfl_target_out *out, head_ws *hw, void *x, void *taps,
@@ -831,28 +830,15 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
 
 /* ---- downloads ---------------------------------------------------------- */
 
-// in the device's host memory: the tapped states come down at the link's rate
-static void *host_scratch(dfl_target *t, size_t bytes) {
-    if (bytes > t->ws.host_scratch_bytes) {
-        t->ops->host_free(t->ws.host_scratch);
-        t->ws.host_scratch = t->ops->host_alloc(bytes);
-        t->ws.host_scratch_bytes = bytes;
-    }
-    return t->ws.host_scratch;
-}
-
+// The rows are laid out on the device as the stream wants them (taps side
+// by side): one download, no interleaving on the host.
 static void taps_to_host(dfl_target *t, const dfl_target_out *o, int64_t row0, int64_t n, void *dst, size_t esz) {
     const dfl_ops *ops = t->ops;
-    int64_t H = t->cfg.hidden_size, K = o->ntaps;
+    const int64_t H = t->cfg.hidden_size, K = o->ntaps;
     DFL_ASSERT(row0 >= 0 && n >= 0 && row0 + n <= o->T);
-    char *tmp = host_scratch(t, (size_t)(n * H) * esz), *d = dst;
-    for (int64_t j = 0; j < K; j++) {
-        const void *src = DFL_AT(ops, o->taps, j * o->T * H + row0 * H);
-        if (esz == 2) ops->act_to_bf16((uint16_t *)tmp, src, n * H);
-        else ops->act_to_f32((float *)tmp, src, n * H);
-        for (int64_t r = 0; r < n; r++) /* row r: tap 0 | tap 1 | ... */
-            memcpy(d + (size_t)((r * K + j) * H) * esz, tmp + (size_t)(r * H) * esz, (size_t)H * esz);
-    }
+    const void *src = DFL_AT(ops, o->taps, row0 * K * H);
+    if (esz == 2) ops->act_to_bf16((uint16_t *)dst, src, n * K * H);
+    else ops->act_to_f32((float *)dst, src, n * K * H);
 }
 
 void dfl_target_taps_to_bf16(dfl_target *t, const dfl_target_out *o, int64_t row0, int64_t n, uint16_t *dst) {

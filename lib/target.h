@@ -31,7 +31,7 @@
  *
  * Memory: the weights (as compute weights: f32 on the CPU) plus a workspace
  * that grows to the largest batch seen: a few [T, H]-sized buffers (q, k, v
- * and the attention output included), the taps [K, T, H], and two MLP
+ * and the attention output included), the taps [T, K, H], and two MLP
  * buffers of at most [4096, I] (the MLP runs in row chunks). Nothing grows
  * with the number of batches run.
  */
@@ -100,7 +100,8 @@ typedef struct {
 typedef struct {
     int64_t  T, nrows;
     int      ntaps;
-    void    *taps;         /* act [ntaps, T, H]: tap j at DFL_AT(ops, taps, j*T*H) */
+    void    *taps;         /* act [T, ntaps, H], as the stream's "hidden": tap j of row t at
+                              DFL_AT(ops, taps, (t*ntaps + j)*H) */
     void    *last_hidden;  /* act [T, H] */
     void    *normed;       /* act [nrows, H] */
     int32_t *argmax;       /* i32 [nrows]: argmax, or the drawn ids (temperature) */
@@ -114,7 +115,7 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
 
 /* Copy rows [row0, row0+n) of the taps to the host as bf16 (round to nearest
  * even), layers side by side: dst[n, ntaps*H], row r = tap0 | tap1 | ...
- * (the stream's "hidden" tensor). */
+ * (the stream's "hidden" tensor; the device holds them so: one copy). */
 void dfl_target_taps_to_bf16(dfl_target *t, const dfl_target_out *o, int64_t row0, int64_t n, uint16_t *dst);
 /* The same in f32 (tests, the CPU reference). */
 void dfl_target_taps_to_f32(dfl_target *t, const dfl_target_out *o, int64_t row0, int64_t n, float *dst);
@@ -125,7 +126,7 @@ void dfl_target_taps_to_f32(dfl_target *t, const dfl_target_out *o, int64_t row0
  * [0, len) of every loaded layer. dfl_target_kv_forward runs n new tokens at
  * positions len .. len+n-1 (each sees the cache and the new tokens before
  * it, causally), appends their keys and values, and gives the same outputs
- * as dfl_target_forward for those n rows (taps [ntaps, n, H], argmax ...),
+ * as dfl_target_forward for those n rows (taps [n, ntaps, H], argmax ...),
  * equal to the full-sequence forward up to f32 summation order. Crop drops
  * positions >= len (the rejected tail of a verified block). Prefill is a
  * forward from len 0; speculative verification is a forward of B tokens. */

@@ -77,8 +77,6 @@ typedef struct {
     int32_t *ids, *pos;                       /* i32 [cap_T] */
     int32_t *cu;                              /* i32 [cap_seq + 1] */
     int32_t *host_pos;                        /* host [cap_T] */
-    void *host_scratch;                       /* host, for tap downloads */
-    size_t host_scratch_bytes;
 } workspace;
 
 struct dfl_target {
@@ -130,7 +128,7 @@ void dfl_target_mlp_free(const dfl_ops *ops, mlp_ws *mw);
  * host once a chunk. */
 void dfl_target_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x, const void *h, int64_t n);
 /* After layer l of a forward of n rows: x [n, H] into each tap slot that
- * asks for layer l (taps: act [ntaps, n, H]). */
+ * asks for layer l (taps: act [n, ntaps, H], a column block each). */
 /* The sampling fields of a want (temperature, keys): 0 or DFL_EX_USAGE. */
 int dfl_target_check_sampling(const dfl_target_want *w);
 void dfl_target_keep_taps(const dfl_target *t, void *taps, const void *x, const dfl_target_want *w, int l, int64_t n);

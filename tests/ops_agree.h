@@ -808,6 +808,28 @@ static void lmhead_agrees(void) {
 
 /* ---- views ----------------------------------------------------------------------- */
 
+/* copy_2d: a column block of one matrix into a column block of another (the
+ * target's taps, side by side); every other byte of the destination kept. */
+static void copy_2d_agrees(void) {
+    const int64_t rows = 37, sw = 29, dw = 61, w = 13, s0 = 5, d0 = 40;
+    float *hs = ag_randn(rows * sw, 1), *hd = ag_randn(rows * dw, 1);
+    float *want = dfl_malloc((size_t)(rows * dw) * 4);
+    memcpy(want, hd, (size_t)(rows * dw) * 4);
+    for (int64_t r = 0; r < rows; r++) memcpy(want + r * dw + d0, hs + r * sw + s0, (size_t)w * 4);
+    const dfl_ops *sides[2] = {REF, DEV};
+    for (int k = 0; k < 2; k++) {
+        const dfl_ops *o = sides[k];
+        void *src = ag_put(o, hs, rows * sw, AG_F32), *dst = ag_put(o, hd, rows * dw, AG_F32);
+        o->copy_2d((float *)dst + d0, (size_t)dw * 4, (const float *)src + s0, (size_t)sw * 4, (size_t)w * 4, (size_t)rows);
+        o->copy_2d(dst, (size_t)dw * 4, src, (size_t)sw * 4, (size_t)w * 4, 0); /* no rows: nothing */
+        float *got = ag_get(o, dst, rows * dw, AG_F32);
+        T_CHECKF(!memcmp(got, want, (size_t)(rows * dw) * 4), "%s: copy_2d moved other bytes than the block", o->name);
+        free(got);
+        o->free(src), o->free(dst);
+    }
+    free(hs), free(hd), free(want);
+}
+
 /* host_alloc's memory (page-locked on CUDA) as the source and the target of
  * the transfers that use it: load_act of bf16 and f32 (the trainer's
  * features), upload, act_to_bf16 and download (the tapped states): the
@@ -1254,6 +1276,7 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(lmhead_agrees);
     AG_RUN(views_agree);
     AG_RUN(host_memory_agrees);
+    AG_RUN(copy_2d_agrees);
     AG_RUN(adamw_agrees);
     AG_RUN(moe_route_agrees);
     AG_RUN(gather_rows_agrees);

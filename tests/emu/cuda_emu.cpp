@@ -888,6 +888,12 @@ cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, 
     for (size_t r = 0; r < h; r++) memset((char *)p + r * pitch, v, w);
     return cudaSuccess;
 }
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t w, size_t h,
+                              cudaMemcpyKind, cudaStream_t) {
+    if (w > dpitch || w > spitch) return cudaErrorInvalidValue; // as the runtime refuses them
+    for (size_t r = 0; r < h; r++) memcpy((char *)d + r * dpitch, (const char *)s + r * spitch, w);
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
     // overlapping copies are undefined on the GPU (memcpy, not memmove)
     if (n && (const char *)d < (const char *)s + n && (const char *)s < (const char *)d + n) {

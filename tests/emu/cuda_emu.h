@@ -275,6 +275,8 @@ cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s);
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
 cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, cudaStream_t s);
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t w, size_t h,
+                              cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t st);
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev);
 // Pinned host memory (refused over dfl_emu_alloc_limit, as device memory)
