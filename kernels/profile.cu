@@ -179,6 +179,7 @@ void cuda_prof_wrap(dfl_ops *t) {
     // memory and conversions stay unwrapped but for the device-side ones
     PROF_WRAP(zero);
     PROF_WRAP(copy);
+    PROF_WRAP(copy_2d);
     PROF_WRAP(master_to_wt);
     PROF_WRAP(matmul);
     PROF_WRAP(matmul_bwd);
