@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define MAX_SEQ_TOKENS (INT64_C(1) << 24)
 
@@ -104,6 +105,14 @@ static int reopen(dfl_trainer *t) {
     return rc ? rc : check_meta(t);
 }
 
+/* Read ahead only from a regular file: from a pipe or a FIFO the thread
+ * would take a record the run may not use, and could wait at exit for a
+ * writer that has nothing more to say. */
+static int regular_file(const char *path) {
+    struct stat st;
+    return strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epoch) {
     free(t->path);
     free(t->real);
@@ -130,13 +139,13 @@ int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epo
         if (rc != 1) return rc;
         t->records++, t->in_records++;
     }
-    if (t->read_ahead < 0) t->read_ahead = strcmp(path, "-") != 0;
+    if (t->read_ahead < 0) t->read_ahead = regular_file(path);
     return 0;
 }
 
 void dfl_trainer_read_ahead(dfl_trainer *t, int on) {
     DFL_ASSERT(!t->ra); /* before the first step */
-    t->read_ahead = on && t->path && strcmp(t->path, "-") != 0;
+    t->read_ahead = on && t->path && regular_file(t->path);
 }
 
 /* A decoded tensor of the sample with the expected dtype class and shape. */

@@ -9,13 +9,13 @@
  * input ends, the step is made with what it has; a step with no sequence
  * is not made.
  *
- * From a file, a thread reads ahead: it reads, checks and decodes the next
- * record while the step works on the current one (on a GPU host, decoding a
- * record costs the CPU about as long as the device takes for its step), and
- * hands records over in order, errors included, at the point the step
- * would have met them. From standard input records are read as they are
- * needed (reading ahead would take a record the run may not use out of
- * the pipe). dfl_trainer_read_ahead(t, 0) turns it off.
+ * From a regular file, a thread reads ahead: it reads, checks and decodes
+ * the next record while the step works on the current one (on a GPU host,
+ * decoding a record costs the CPU about as long as the device takes for its
+ * step), and hands records over in order, errors included, at the point
+ * the step would have met them. From standard input or a FIFO records are
+ * read as they are needed (reading ahead would take a record the run may
+ * not use out of the pipe). dfl_trainer_read_ahead(t, 0) turns it off.
  */
 #ifndef DFLASH_TRAINER_H
 #define DFLASH_TRAINER_H
@@ -74,7 +74,7 @@ void dfl_trainer_free(dfl_trainer *t);
  * target_ids / last_hidden when the options need them; every mismatching
  * field is named), and skip `skip` records of it. */
 int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epoch);
-/* Read ahead on a thread (on != 0: the default, for a file only) or not;
+/* Read ahead on a thread (on != 0: the default, for a regular file only) or not;
  * after dfl_trainer_open, before the first step. The records, the steps
  * and every error are the same either way. */
 void dfl_trainer_read_ahead(dfl_trainer *t, int on);

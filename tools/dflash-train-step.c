@@ -80,8 +80,8 @@ static const dfl_opt opts[] = {
      "Rows (context + block) per micro-batch; gradients accumulate over the micro-batches of a step.", "16384"},
     {"loop", 0, DFL_OPT_FLAG, &loop, NULL, "Re-read the input file from its start when it ends (epochs).", NULL},
     {"read-ahead", 0, DFL_OPT_CHOICE, &read_ahead, "on|off",
-     "From a file, read and decode the next record on a thread while a step runs (standard input is read as "
-     "records are needed). The same steps either way; off saves the memory of two records.", "on"},
+     "From a regular file, read and decode the next record on a thread while a step runs (standard input or a "
+     "FIFO is read as records are needed). The same steps either way; off saves the memory of two records.", "on"},
     {"log", 0, DFL_OPT_STR, &log_path, "FILE", "Append the per-step JSON lines to FILE instead of stderr.", NULL},
     {"device", 0, DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
     {"seed", 0, DFL_OPT_INT, &seed, "N", "Seed of the RNG (initial weights, anchors, noise); on --resume the "

@@ -132,6 +132,23 @@ check "the steps before the cut alone, read ahead: exit 0" $TS $CUT --init "$T/d
 check "  ... a checkpoint at step $ncut" grep -q "\"step\": $ncut," "$T/cut-ok/trainer_state.json"
 expect_exit 2 "--read-ahead takes on or off" $TS $CUT --read-ahead maybe --init "$T/drafter.json" --steps 1 \
     --out "$T/x" "$T/train.dfs"
+# a FIFO is read as records are needed: three steps from a writer that then
+# keeps the FIFO open end without waiting for it (reading ahead would block
+# on a fourth record that never comes)
+python3 - "$T/data.jsonl" "$T/three.jsonl" <<'EOF'
+import sys
+lines = open(sys.argv[1]).readlines()[:3]
+open(sys.argv[2], "w").writelines(lines)
+EOF
+check "a three-record stream" dflash-extract -m "$T/target" -l 1,3,4 -o "$T/three.dfs" "$T/three.jsonl"
+mkfifo "$T/fifo"
+{ cat "$T/three.dfs"; sleep 30; } >"$T/fifo" &
+writer=$!
+check "three steps from a FIFO whose writer stays, without waiting for it" timeout 15 $TS $CUT \
+    --init "$T/drafter.json" --steps 3 --out "$T/fifo-ck" "$T/fifo"
+kill $writer 2>/dev/null; wait $writer 2>/dev/null
+check "  ... the checkpoint of the same steps from a file" sh -c "$TS $CUT --init '$T/drafter.json' --steps 3 \
+    --out '$T/file-ck' '$T/three.dfs' && cmp '$T/fifo-ck/model.safetensors' '$T/file-ck/model.safetensors'"
 
 # ---- determinism ----------------------------------------------------------------------------
 check "same seed again" $TS $O --init "$T/drafter.json" --steps 10 --out "$T/r2n-again" "$T/train.dfs"
