@@ -169,22 +169,31 @@ static inline int is_aligned(const void *p, size_t a) { return ((uintptr_t)p % a
 // has alignment 16): a struct of W bf16 has alignment 2, and the compiler
 // then splits the "vector" access into 2-byte ones.
 template <int W> struct bf16_vec;
+template <> struct bf16_vec<1> { typedef unsigned short type; };
 template <> struct bf16_vec<2> { typedef uint32_t type; };
 template <> struct bf16_vec<4> { typedef uint2 type; };
 template <> struct bf16_vec<8> { typedef uint4 type; };
 
+// The W elements as loaded, kept in bf16 (a kernel holding many rows in
+// registers converts them when it uses them: unpack_bf16s).
+template <int W>
+__device__ __forceinline__ typename bf16_vec<W>::type load_bf16_raw(const bf16 *p) {
+    DEV_CHECK_ALIGN(p, 2 * W);
+    return *(const typename bf16_vec<W>::type *)p;
+}
+
+template <int W>
+__device__ __forceinline__ void unpack_bf16s(float *f, typename bf16_vec<W>::type u) {
+    const bf16 *b = (const bf16 *)&u;
+#pragma unroll
+    for (int i = 0; i < W; i++) f[i] = bf2f(b[i]);
+}
+
 template <int W>
 __device__ __forceinline__ void load_bf16s(float *f, const bf16 *p) {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "1, 2, 4 or 8 elements");
-    if constexpr (W == 1) {
-        f[0] = bf2f(*p);
-    } else {
-        DEV_CHECK_ALIGN(p, 2 * W);
-        typename bf16_vec<W>::type u = *(const typename bf16_vec<W>::type *)p;
-        const bf16 *b = (const bf16 *)&u;
-#pragma unroll
-        for (int i = 0; i < W; i++) f[i] = bf2f(b[i]);
-    }
+    if constexpr (W == 1) f[0] = bf2f(*p);
+    else unpack_bf16s<W>(f, load_bf16_raw<W>(p));
 }
 
 template <int W>

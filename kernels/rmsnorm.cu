@@ -35,17 +35,15 @@ __global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf1
 #pragma unroll
         for (int k = 0; k < NIT; k++) {
             const int c = lane * VW + k * 32 * VW;
-            if (c < dim) {
-                DEV_CHECK_ALIGN(x + c, 2 * VW);
-                held[k] = *(const raw *)(x + c);
-            }
+            if (c < dim) held[k] = load_bf16_raw<VW>(x + c);
         }
 #pragma unroll
         for (int k = 0; k < NIT; k++) {
             if (lane * VW + k * 32 * VW >= dim) break;
-            const bf16 *b = (const bf16 *)&held[k];
+            float f[VW];
+            unpack_bf16s<VW>(f, held[k]);
 #pragma unroll
-            for (int i = 0; i < VW; i++) ss += bf2f(b[i]) * bf2f(b[i]);
+            for (int i = 0; i < VW; i++) ss += f[i] * f[i];
         }
         ss = warp_sum(ss);
         const float r = rsqrtf(ss / (float)dim + eps);
@@ -54,11 +52,11 @@ __global__ void rmsnorm_kernel(bf16 *out, float *rstd, const bf16 *in, const bf1
         for (int k = 0; k < NIT; k++) {
             const int c = lane * VW + k * 32 * VW;
             if (c >= dim) break;
-            const bf16 *b = (const bf16 *)&held[k];
             float f[VW], g[VW];
+            unpack_bf16s<VW>(f, held[k]);
             load_bf16s<VW>(g, w + c);
 #pragma unroll
-            for (int i = 0; i < VW; i++) f[i] = bf2f(b[i]) * r * (g[i] + w_add);
+            for (int i = 0; i < VW; i++) f[i] = f[i] * r * (g[i] + w_add);
             store_bf16s<VW>(y + c, f);
         }
     } else {

@@ -105,21 +105,11 @@ __device__ __forceinline__ void norm_rotate(bf16 *y, const bf16 *x, const bf16 *
 // latency for each head's sum (~2x the byte floor at 16384 tokens x 32
 // heads of 128). The weights are read once for the warp's heads. The same
 // arithmetic in the same order as the loop.
-template <int V> struct bf16_raw { typedef typename bf16_vec<V>::type type; };
-template <> struct bf16_raw<1> { typedef unsigned short type; };
-
-template <int V>
-__device__ __forceinline__ void unpack_bf16s(float *f, typename bf16_raw<V>::type u) {
-    const bf16 *b = (const bf16 *)&u;
-#pragma unroll
-    for (int v = 0; v < V; v++) f[v] = bf2f(b[v]);
-}
-
 template <int V, int K>
 __device__ __forceinline__ void norm_rotate_heads(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, float w_add,
                                                   const LaneAngles<V> &ang, int64_t row0, int nh, int d, float eps) {
     static_assert(K >= 1 && K <= MAX_K, "the lane's pair groups are among its cached angles");
-    typedef typename bf16_raw<V>::type raw;
+    typedef typename bf16_vec<V>::type raw;
     const int lane = threadIdx.x % 32, half = d / 2;
     raw a[HEADS_PER_WARP][K], b[HEADS_PER_WARP][K];
 #pragma unroll
@@ -129,10 +119,7 @@ __device__ __forceinline__ void norm_rotate_heads(bf16 *out, float *rstd, const 
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const int i = lane * V + 32 * V * k;
-            if (i < half) {
-                DEV_CHECK_ALIGN(x + i, sizeof(raw));
-                a[h][k] = *(const raw *)(x + i), b[h][k] = *(const raw *)(x + i + half);
-            }
+            if (i < half) a[h][k] = load_bf16_raw<V>(x + i), b[h][k] = load_bf16_raw<V>(x + i + half);
         }
     }
     float r[HEADS_PER_WARP];
@@ -224,7 +211,7 @@ __device__ __forceinline__ void norm_rotate_heads_bwd(bf16 *din, float *mydw, co
                                                       const float *rstd, const bf16 *w, const LaneAngles<V> &ang,
                                                       int64_t row0, int nh, int d) {
     static_assert(K >= 1 && K <= MAX_K, "the lane's pair groups are among its cached angles");
-    typedef typename bf16_raw<V>::type raw;
+    typedef typename bf16_vec<V>::type raw;
     const int lane = threadIdx.x % 32, half = d / 2;
     raw ya[HEADS_PER_WARP][K], yb[HEADS_PER_WARP][K], xa[HEADS_PER_WARP][K], xb[HEADS_PER_WARP][K];
 #pragma unroll
@@ -235,10 +222,8 @@ __device__ __forceinline__ void norm_rotate_heads_bwd(bf16 *din, float *mydw, co
         for (int k = 0; k < K; k++) {
             const int i = lane * V + 32 * V * k;
             if (i < half) {
-                DEV_CHECK_ALIGN(x + i, sizeof(raw));
-                DEV_CHECK_ALIGN(dy + i, sizeof(raw));
-                ya[h][k] = *(const raw *)(dy + i), yb[h][k] = *(const raw *)(dy + i + half);
-                xa[h][k] = *(const raw *)(x + i), xb[h][k] = *(const raw *)(x + i + half);
+                ya[h][k] = load_bf16_raw<V>(dy + i), yb[h][k] = load_bf16_raw<V>(dy + i + half);
+                xa[h][k] = load_bf16_raw<V>(x + i), xb[h][k] = load_bf16_raw<V>(x + i + half);
             }
         }
     }
