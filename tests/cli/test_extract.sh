@@ -114,12 +114,14 @@ if grep -q '^samples: 1$' "$T/.out"; then pass "stopped output holds exactly the
 # device runs a batch while the host writes the one before: every batch
 # before the bad sample is written, in order.
 { sed -n 1,3p "$good"; echo '{"id": "oor", "input_ids": [1, 2, 211]}'; sed -n 4p "$good"; } >"$T/bad3.jsonl"
-expect_exit 65 "a bad sample after three batches stops with exit 65" dflash-extract -m "$TG/qwen3-tied" -l 1,4 -b 1 \
-    -o "$T/stop3.dfs" "$T/bad3.jsonl"
+# (SOURCE_DATE_EPOCH: the two streams' "created" in their headers the same)
+expect_exit 65 "a bad sample after three batches stops with exit 65" env SOURCE_DATE_EPOCH=0 dflash-extract \
+    -m "$TG/qwen3-tied" -l 1,4 -b 1 -o "$T/stop3.dfs" "$T/bad3.jsonl"
 check "  ... the output is the three samples before it, valid" "$CMP" "$TG/qwen3-tied/reference" "$T/stop3.dfs"
 if grep -q '^samples: 3$' "$T/.out"; then pass "  ... exactly those three"; else fail "  ... exactly those three" "$(cat "$T/.out")"; fi
 check "  ... the records of a run over those three alone" sh -c "sed -n 1,3p '$good' >'$T/first3.jsonl' &&
-    dflash-extract -m '$TG/qwen3-tied' -l 1,4 -b 1 -o '$T/first3.dfs' '$T/first3.jsonl' && cmp '$T/first3.dfs' '$T/stop3.dfs'"
+    SOURCE_DATE_EPOCH=0 dflash-extract -m '$TG/qwen3-tied' -l 1,4 -b 1 -o '$T/first3.dfs' '$T/first3.jsonl' &&
+    cmp '$T/first3.dfs' '$T/stop3.dfs'"
 expect_exit 0 "--skip-bad: exit 0" dflash-extract -m "$TG/qwen3-tied" -l 1,4 --skip-bad -o "$T/skip.dfs" "$T/bad.jsonl"
 if grep -q 'skipped 4 bad samples' "$T/.err" && grep -q 'bad.jsonl:6: malformed JSON' "$T/.err" &&
    grep -q 'bad.jsonl:4: input_ids: empty sample' "$T/.err" && grep -q 'bad.jsonl:5: loss_mask' "$T/.err"; then
