@@ -6,6 +6,8 @@
 #include "common.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 /* The meta keys that say what a stream's tensors mean. Streams that differ
@@ -155,10 +157,15 @@ static int shape_is(const dfs_tensor *t, int ndim, int64_t d0, int64_t d1) {
     return t->ndim == ndim && t->shape[0] == d0 && (ndim < 2 || t->shape[1] == d1);
 }
 
-static int sample_bad(const char *path, const dfs_sample *s, const char *fmt, const char *name, const char *want) {
+static int sample_bad(const char *path, const dfs_sample *s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int sample_bad(const char *path, const dfs_sample *s, const char *fmt, ...) {
     char msg[300];
-    snprintf(msg, sizeof msg, fmt, name, want);
-    return dfl_err(DFL_EX_DATA, "%s: byte %llu: sample \"%s\": %s", path, (unsigned long long)s->offset, s->id, msg);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return dfl_err(DFL_EX_DATA, "%s: byte %llu: sample \"%s\": %s", path, (unsigned long long)s->offset,
+                   s->id ? s->id : "", msg);
 }
 
 /* Check one tensor's presence, dtype and shape ([T] or [T, width]). */
@@ -183,14 +190,15 @@ static int check_values(const char *path, const dfs_sample *s, const dfs_hs_meta
         const int32_t *v = t->data;
         for (int64_t i = 0; i < t->shape[0]; i++)
             if (v[i] < 0 || v[i] >= m->vocab_size)
-                return sample_bad(path, s, "tensor \"%s\" holds a token id outside [0, %s)", ids[k],
-                                  "target.vocab_size");
+                return sample_bad(path, s, "tensor \"%s\"[%" PRId64 "] is %" PRId32 ", outside the vocabulary [0, %" PRId64 ")",
+                                  ids[k], i, v[i], m->vocab_size);
     }
     const dfs_tensor *mask = dfs_find((dfs_sample *)s, "loss_mask");
     if (mask && mask->data) {
         const uint8_t *v = mask->data;
         for (int64_t i = 0; i < mask->shape[0]; i++)
-            if (v[i] > 1) return sample_bad(path, s, "tensor \"%s\" holds a value other than 0 and 1%s", "loss_mask", "");
+            if (v[i] > 1)
+                return sample_bad(path, s, "tensor \"loss_mask\"[%" PRId64 "] is %d, not 0 or 1", i, (int)v[i]);
     }
     return 0;
 }
@@ -198,7 +206,7 @@ static int check_values(const char *path, const dfs_sample *s, const dfs_hs_meta
 int dfs_hs_check_sample(const dfs_hs_meta *m, const dfs_sample *s, const char *path) {
     const dfs_tensor *ids = dfs_find((dfs_sample *)s, "input_ids");
     if (!ids || ids->ndim != 1 || ids->shape[0] < 1)
-        return sample_bad(path, s, "tensor \"%s\" must be %s", "input_ids", "i32 [T] with T >= 1");
+        return sample_bad(path, s, "tensor \"input_ids\" must be i32 [T] with T >= 1");
     int64_t T = ids->shape[0];
     dfl_dtype hd;
     dfl_dtype_parse(m->hidden_dtype, &hd);

@@ -4,6 +4,7 @@
 
 #include "cli.h"
 #include "common.h"
+#include "records.h"
 #include "rng.h"
 #include "sample.h"
 
@@ -14,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
-
-#define MAX_SEQ_TOKENS (INT64_C(1) << 24)
 
 /* ---- statistics ----------------------------------------------------------------- */
 
@@ -181,87 +180,21 @@ const dfl_score_stats *dfl_offline_finish(dfl_offline *s) {
 
 /* ---- offline: the stream ---------------------------------------------------------------- */
 
-static void add_diff(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void add_diff(char *buf, size_t n, const char *fmt, ...) {
-    size_t len = strlen(buf);
-    if (len + 3 >= n) return;
-    if (len) len += (size_t)snprintf(buf + len, n - len, "; ");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + len, n - len, fmt, ap);
-    va_end(ap);
-}
-
-static void ids_str(char *buf, size_t n, const int *ids, int k) {
-    size_t len = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < k && len < n; i++) len += (size_t)snprintf(buf + len, n - len, "%s%d", i ? "," : "", ids[i]);
-    if (len < n) snprintf(buf + len, n - len, "]");
-}
-
-int dfl_score_check_stream(const dfs_hs_meta *m, const char *path, const dfl_model_config *tc, dfl_drafter *const *d,
-                           int nd, int labels_target) {
-    char diff[4096] = "", a[512], b[512];
-    if (m->hidden_size != tc->hidden_size)
-        add_diff(diff, sizeof diff, "hidden_size: stream %" PRId64 " vs target %" PRId64, m->hidden_size, tc->hidden_size);
-    if (strcmp(m->architecture, tc->architecture))
-        add_diff(diff, sizeof diff, "architecture: stream %s vs target %s", m->architecture, tc->architecture);
-    if (strcmp(m->config_digest, tc->digest))
-        add_diff(diff, sizeof diff, "config_digest: stream %s vs target config.json %s", m->config_digest, tc->digest);
-    if (m->num_layers != tc->num_hidden_layers)
-        add_diff(diff, sizeof diff, "num_layers: stream %" PRId64 " vs target %" PRId64, m->num_layers,
-                 tc->num_hidden_layers);
-    if (m->vocab_size != tc->vocab_size)
-        add_diff(diff, sizeof diff, "vocab_size: stream %" PRId64 " vs target %" PRId64, m->vocab_size, tc->vocab_size);
-    for (int i = 0; i < nd; i++) {
-        const dfl_drafter_config *c = &d[i]->cfg;
-        int same = m->nlayers == c->K;
-        for (int j = 0; same && j < c->K; j++) same = m->layer_ids[j] == c->layer_ids[j];
-        if (!same) {
-            ids_str(a, sizeof a, m->layer_ids, m->nlayers);
-            ids_str(b, sizeof b, c->layer_ids, c->K);
-            add_diff(diff, sizeof diff, "layer_ids: stream %s vs drafter %d target_layer_ids %s", a, i + 1, b);
-        }
-        if (m->hidden_size != c->H)
-            add_diff(diff, sizeof diff, "hidden_size: stream %" PRId64 " vs drafter %d %" PRId64, m->hidden_size, i + 1,
-                     c->H);
-    }
-    if (diff[0]) return dfl_err(DFL_EX_DATA, "%s: the stream does not match the target/drafter: %s", path, diff);
-    if (labels_target && !m->has_target_ids)
-        return dfl_err(DFL_EX_DATA, "%s: --labels target needs \"target_ids\", which this stream does not carry", path);
-    return 0;
-}
-
-static int bad_record(const char *path, const dfs_sample *s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad_record(const char *path, const dfs_sample *s, const char *fmt, ...) {
+static int bad_record(const char *path, const dfl_record *s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad_record(const char *path, const dfl_record *s, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return dfl_err(DFL_EX_DATA, "%s: record at offset %" PRIu64 " (\"%s\"): %s", path, s->offset, s->id ? s->id : "", msg);
-}
-
-/* A decoded tensor of shape [T] (width 0) or [T, width]. */
-static int get_tensor(dfs_reader *r, dfs_sample *s, const char *path, const char *name, int64_t T, int64_t width,
-                      dfs_tensor **out) {
-    dfs_tensor *x = dfs_find(s, name);
-    if (!x) return bad_record(path, s, "tensor \"%s\" is missing", name);
-    int ok = width ? (x->ndim == 2 && x->shape[0] == T && x->shape[1] == width) : (x->ndim == 1 && x->shape[0] == T);
-    if (!ok) {
-        if (width) return bad_record(path, s, "tensor \"%s\" must be [%" PRId64 ", %" PRId64 "]", name, T, width);
-        return bad_record(path, s, "tensor \"%s\" must be [%" PRId64 "]", name, T);
-    }
-    int rc = dfs_decode(r, x);
-    if (rc) return rc;
-    *out = x;
-    return 0;
+    return dfl_err(DFL_EX_DATA, "%s: byte %" PRIu64 ": sample \"%s\": %s", path, s->offset, s->id, msg);
 }
 
 /* The anchors of record s from --anchors-from: strictly increasing, in [0, T). */
-static int anchors_from(const json_t *map, const char *path, const dfs_sample *s, int64_t T, int32_t *out, int64_t *n,
+static int anchors_from(const json_t *map, const char *path, const dfl_record *s, int64_t T, int32_t *out, int64_t *n,
                         int64_t *matched) {
     *n = 0;
-    const json_t *arr = json_object_get(map, s->id ? s->id : "");
+    const json_t *arr = json_object_get(map, s->id);
     if (!arr) return 0;
     (*matched)++;
     size_t i;
@@ -278,6 +211,27 @@ static int anchors_from(const json_t *map, const char *path, const dfs_sample *s
     return 0;
 }
 
+typedef struct {
+    dfs_reader *r;
+    const dfs_hs_meta *m;
+    const char *path;
+    int labels_target;
+} stream_source;
+
+static int next_record(void *ctx, dfl_record *o) {
+    stream_source *src = ctx;
+    return dfl_record_read(src->r, src->m, src->path, src->labels_target, 0, o);
+}
+
+/* The anchors of record o: --anchors-from, drawn, or every candidate. */
+static int record_anchors(const dfl_record *o, const dfl_score_stream_opts *opt, const char *path, dfl_rng *rng,
+                          int32_t *anchors, int64_t *n, int64_t *matched) {
+    if (opt->anchors_from) return anchors_from(opt->anchors_from, path, o, o->q.T, anchors, n, matched);
+    if (opt->anchors > 0) *n = dfl_anchors_sample(anchors, o->q.loss_mask, o->q.T, opt->anchors, rng);
+    else *n = dfl_anchor_candidates(anchors, o->q.loss_mask, o->q.T);
+    return 0;
+}
+
 int dfl_score_stream(dfl_offline *const *sc, dfl_drafter *const *d, int nd, const dfl_model_config *tcfg,
                      const char *path, const dfl_score_stream_opts *o, int64_t *records) {
     *records = 0;
@@ -286,78 +240,36 @@ int dfl_score_stream(dfl_offline *const *sc, dfl_drafter *const *d, int nd, cons
     if (rc) return rc;
     dfs_hs_meta m;
     if ((rc = dfs_hs_meta_from_json(dfs_reader_meta(r), &m, path)) ||
-        (rc = dfl_score_check_stream(&m, path, tcfg, d, nd, o->labels_target))) {
+        (rc = dfl_records_check_meta(&m, path, tcfg, d, nd, o->labels_target, 0))) {
         dfs_reader_close(r);
         return rc;
     }
-    const int64_t KH = (int64_t)m.nlayers * m.hidden_size, V = tcfg->vocab_size;
+    stream_source src = {r, &m, path, o->labels_target};
+    dfl_record_queue *q = dfl_record_queue_new(next_record, &src, o->read_ahead && dfl_records_can_read_ahead(path));
     dfl_rng rng;
     dfl_rng_seed(&rng, o->seed);
     int32_t *anchors = NULL;
     int64_t cap = 0, matched = 0, nfrom = o->anchors_from ? (int64_t)json_object_size(o->anchors_from) : 0;
-    int first_dtype = -1;
     dfl_progress pg;
     dfl_progress_init(&pg, o->progress, 0, "rec");
     for (;;) {
-        dfs_sample *s;
-        rc = dfs_read(r, &s);
-        if (rc == 0) break;
-        if (rc != 1) break;
-        rc = 0;
-        dfs_tensor *ids = dfs_find(s, "input_ids"), *mask, *hid, *tid = NULL;
-        if (!ids || ids->ndim != 1 || ids->shape[0] < 1 || ids->shape[0] > MAX_SEQ_TOKENS) {
-            rc = bad_record(path, s, "tensor \"input_ids\" is missing or not [T] with 1 <= T <= 2^24");
+        const dfl_record *rec = dfl_record_queue_take(q);
+        if (rec->rc != 1) {
+            rc = rec->rc ? dfl_err(rec->rc, "%s", rec->err) : 0;
             break;
         }
-        const int64_t T = ids->shape[0];
-        if ((rc = get_tensor(r, s, path, "input_ids", T, 0, &ids)) || (rc = get_tensor(r, s, path, "loss_mask", T, 0, &mask)) ||
-            (rc = get_tensor(r, s, path, "hidden", T, KH, &hid)))
-            break;
-        if (o->labels_target && (rc = get_tensor(r, s, path, "target_ids", T, 0, &tid))) break;
-        if (ids->dtype != DFL_I32 || (tid && tid->dtype != DFL_I32)) {
-            rc = bad_record(path, s, "token ids must be i32");
-            break;
-        }
-        if (mask->dtype != DFL_U8) {
-            rc = bad_record(path, s, "\"loss_mask\" must be u8");
-            break;
-        }
-        if (hid->dtype != DFL_BF16 && hid->dtype != DFL_F16 && hid->dtype != DFL_F32) {
-            rc = bad_record(path, s, "\"hidden\" must be bf16, f16 or f32");
-            break;
-        }
-        if (first_dtype >= 0 && (int)hid->dtype != first_dtype) {
-            rc = bad_record(path, s, "\"hidden\" changes dtype within the stream");
-            break;
-        }
-        first_dtype = (int)hid->dtype;
-        const int32_t *iv = ids->data, *tv = tid ? tid->data : NULL;
-        const uint8_t *mv = mask->data;
-        for (int64_t i = 0; i < T && !rc; i++) {
-            if (iv[i] < 0 || iv[i] >= V || (tv && (tv[i] < 0 || tv[i] >= V)))
-                rc = bad_record(path, s, "token id at position %" PRId64 " is outside the vocabulary [0, %" PRId64 ")", i, V);
-            else if (mv[i] > 1)
-                rc = bad_record(path, s, "\"loss_mask\"[%" PRId64 "] is %d, not 0 or 1", i, mv[i]);
-        }
-        if (rc) break;
-        if (T > cap) {
-            cap = T;
+        if (rec->q.T > cap) {
+            cap = rec->q.T;
             anchors = dfl_realloc(anchors, (size_t)cap * sizeof *anchors);
         }
         int64_t n;
-        if (o->anchors_from) {
-            if ((rc = anchors_from(o->anchors_from, path, s, T, anchors, &n, &matched))) break;
-        } else if (o->anchors > 0) {
-            n = dfl_anchors_sample(anchors, mv, T, o->anchors, &rng);
-        } else {
-            n = dfl_anchor_candidates(anchors, mv, T);
-        }
-        dfl_train_seq q = {T, iv, mv, hid->data, hid->dtype, tv, NULL, DFL_F32};
-        for (int i = 0; i < nd; i++) dfl_offline_add(sc[i], &q, anchors, n);
+        if ((rc = record_anchors(rec, o, path, &rng, anchors, &n, &matched))) break;
+        for (int i = 0; i < nd; i++) dfl_offline_add(sc[i], &rec->q, anchors, n);
         (*records)++;
         dfl_progress_update(&pg, (double)*records, NULL);
     }
     dfl_progress_end(&pg, (double)*records, NULL);
+    dfl_record_queue_free(q); /* before the reader: its thread reads from it */
     free(anchors);
     dfs_reader_close(r);
     if (!rc && o->anchors_from && matched < nfrom)
@@ -403,7 +315,7 @@ int dfl_score_load_anchors(const char *path, json_t **out) {
                          path, lineno, ids);
         for (size_t i = 0; !rc && i < json_array_size(arr); i++) {
             json_t *v = json_array_get(arr, i);
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= MAX_SEQ_TOKENS)
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= DFL_RECORD_MAX_TOKENS)
                 rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": anchors[%zu] is not a position", path, lineno, i);
         }
         if (!rc) json_object_set(map, ids, arr);

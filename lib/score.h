@@ -96,22 +96,18 @@ void dfl_offline_add(dfl_offline *s, const dfl_train_seq *q, const int32_t *anch
 /* Run what is pending; the statistics are then complete. */
 const dfl_score_stats *dfl_offline_finish(dfl_offline *s);
 
-/* The stream against the target and every drafter (layer ids, hidden size,
- * architecture, config digest, layers, vocabulary; target_ids when labels
- * = target). Returns 0 or DFL_EX_DATA naming every field that differs. */
-int dfl_score_check_stream(const dfs_hs_meta *m, const char *path, const dfl_model_config *tcfg,
-                           dfl_drafter *const *d, int nd, int labels_target);
-
 typedef struct {
     int64_t anchors;            /* per record: 0 = every supervised anchor */
     uint64_t seed;              /* RNG of the drawn anchors */
     const json_t *anchors_from; /* object: record id -> array of anchors (--anchors-from), or NULL */
     int     labels_target;
     int     progress;
+    int     read_ahead;         /* decode the next record on a thread (from a regular file only) */
 } dfl_score_stream_opts;
 
-/* Read the stream at `path` ("-": stdin) and score every drafter on the same
- * anchors. *records = records read. Returns 0 or an exit code. */
+/* Read the stream at `path` ("-": stdin), checked against the target and
+ * every drafter (dfl_records_check_meta), and score every drafter on the
+ * same anchors. *records = records read. Returns 0 or an exit code. */
 int dfl_score_stream(dfl_offline *const *s, dfl_drafter *const *d, int nd, const dfl_model_config *tcfg,
                      const char *path, const dfl_score_stream_opts *o, int64_t *records);
 

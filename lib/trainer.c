@@ -8,12 +8,8 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-
-#define MAX_SEQ_TOKENS (INT64_C(1) << 24)
 
 void dfl_trainer_init(dfl_trainer *t, dfl_drafter *d, const dfl_model_config *tcfg, const dfl_train_opts *o,
                       int64_t batch_seqs, int64_t batch_tokens, int loop, uint64_t seed) {
@@ -31,70 +27,18 @@ void dfl_trainer_init(dfl_trainer *t, dfl_drafter *d, const dfl_model_config *tc
     t->read_ahead = -1; /* the input decides (dfl_trainer_open) */
 }
 
-static void read_ahead_free(dfl_trainer *t);
-
 void dfl_trainer_free(dfl_trainer *t) {
-    read_ahead_free(t); /* first: its thread uses the reader */
+    dfl_record_queue_free(t->q); /* first: its thread uses the reader */
     if (t->r) dfs_reader_close(t->r);
     free(t->path);
     free(t->real);
     free(t->anchors);
+    free(t->cand);
     dfl_train_mb_free(&t->mb);
     memset(t, 0, sizeof *t);
 }
 
 /* ---- the input ----------------------------------------------------------------- */
-
-static void add_diff(char *buf, size_t n, const char *field, const char *stream, const char *want, const char *whose) {
-    size_t len = strlen(buf);
-    snprintf(buf + len, n - len, "%s%s: stream %s vs %s %s", len ? "; " : "", field, stream, whose, want);
-}
-
-static void ids_str(char *buf, size_t n, const int *ids, int k) {
-    size_t len = 0;
-    len += (size_t)snprintf(buf + len, n - len, "[");
-    for (int i = 0; i < k && len < n; i++) len += (size_t)snprintf(buf + len, n - len, "%s%d", i ? "," : "", ids[i]);
-    if (len < n) snprintf(buf + len, n - len, "]");
-}
-
-/* The stream's identity against the drafter and the target. */
-static int check_meta(dfl_trainer *t) {
-    const dfl_drafter_config *c = &t->d->cfg;
-    const dfl_model_config *tc = t->tcfg;
-    const dfs_hs_meta *m = &t->meta;
-    char diff[2048] = "", a[512], b[512];
-    int same_ids = m->nlayers == c->K;
-    for (int i = 0; same_ids && i < c->K; i++) same_ids = m->layer_ids[i] == c->layer_ids[i];
-    if (!same_ids) {
-        ids_str(a, sizeof a, m->layer_ids, m->nlayers);
-        ids_str(b, sizeof b, c->layer_ids, c->K);
-        add_diff(diff, sizeof diff, "layer_ids", a, b, "drafter target_layer_ids");
-    }
-    if (m->hidden_size != tc->hidden_size) {
-        snprintf(a, sizeof a, "%" PRId64, m->hidden_size);
-        snprintf(b, sizeof b, "%" PRId64, tc->hidden_size);
-        add_diff(diff, sizeof diff, "hidden_size", a, b, "target");
-    }
-    if (strcmp(m->architecture, tc->architecture)) add_diff(diff, sizeof diff, "architecture", m->architecture, tc->architecture, "target");
-    if (strcmp(m->config_digest, tc->digest))
-        add_diff(diff, sizeof diff, "config_digest", m->config_digest, tc->digest, "target config.json");
-    if (m->num_layers != tc->num_hidden_layers) {
-        snprintf(a, sizeof a, "%" PRId64, m->num_layers);
-        snprintf(b, sizeof b, "%" PRId64, tc->num_hidden_layers);
-        add_diff(diff, sizeof diff, "num_layers", a, b, "target");
-    }
-    if (m->vocab_size != tc->vocab_size) {
-        snprintf(a, sizeof a, "%" PRId64, m->vocab_size);
-        snprintf(b, sizeof b, "%" PRId64, tc->vocab_size);
-        add_diff(diff, sizeof diff, "vocab_size", a, b, "target");
-    }
-    if (diff[0]) return dfl_err(DFL_EX_DATA, "%s: the stream does not match the drafter/target: %s", t->path, diff);
-    if (t->o.labels_target && !m->has_target_ids)
-        return dfl_err(DFL_EX_DATA, "%s: --labels target needs \"target_ids\", which this stream does not carry", t->path);
-    if (t->o.kl && !m->has_last_hidden)
-        return dfl_err(DFL_EX_DATA, "%s: --loss kl needs \"last_hidden\", which this stream does not carry", t->path);
-    return 0;
-}
 
 static int reopen(dfl_trainer *t) {
     if (t->r) dfs_reader_close(t->r);
@@ -102,15 +46,7 @@ static int reopen(dfl_trainer *t) {
     int rc = dfs_reader_open(&t->r, t->path);
     if (rc) return rc;
     rc = dfs_hs_meta_from_json(dfs_reader_meta(t->r), &t->meta, t->path);
-    return rc ? rc : check_meta(t);
-}
-
-/* Read ahead only from a regular file: from a pipe or a FIFO the thread
- * would take a record the run may not use, and could wait at exit for a
- * writer that has nothing more to say. */
-static int regular_file(const char *path) {
-    struct stat st;
-    return strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    return rc ? rc : dfl_records_check_meta(&t->meta, t->path, t->tcfg, &t->d, 1, t->o.labels_target, t->o.kl);
 }
 
 int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epoch) {
@@ -124,7 +60,7 @@ int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epo
         char *rp = realpath(path, NULL);
         t->real = rp ? rp : dfl_strdup(path);
     }
-    DFL_ASSERT(!t->ra); /* opened once */
+    DFL_ASSERT(!t->q); /* opened once */
     int rc = reopen(t);
     if (rc) return rc;
     t->epoch = t->in_epoch = epoch;
@@ -139,69 +75,21 @@ int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epo
         if (rc != 1) return rc;
         t->records++, t->in_records++;
     }
-    if (t->read_ahead < 0) t->read_ahead = regular_file(path);
+    if (t->read_ahead < 0) t->read_ahead = dfl_records_can_read_ahead(path);
     return 0;
 }
 
 void dfl_trainer_read_ahead(dfl_trainer *t, int on) {
-    DFL_ASSERT(!t->ra); /* before the first step */
-    t->read_ahead = on && t->path && regular_file(t->path);
+    DFL_ASSERT(!t->q); /* before the first step */
+    t->read_ahead = on && t->path && dfl_records_can_read_ahead(t->path);
 }
 
-/* A decoded tensor of the sample with the expected dtype class and shape. */
-static int get_tensor(dfl_trainer *t, dfs_sample *s, const char *name, int64_t T, int64_t width, dfs_tensor **out) {
-    dfs_tensor *x = dfs_find(s, name);
-    if (!x) return dfl_err(DFL_EX_DATA, "%s: record at offset %" PRIu64 " (\"%s\"): tensor \"%s\" is missing", t->path,
-                           s->offset, s->id ? s->id : "", name);
-    int ok = width ? (x->ndim == 2 && x->shape[0] == T && x->shape[1] == width) : (x->ndim == 1 && x->shape[0] == T);
-    if (!ok) {
-        char want[64];
-        if (width) snprintf(want, sizeof want, "[%" PRId64 ", %" PRId64 "]", T, width);
-        else snprintf(want, sizeof want, "[%" PRId64 "]", T);
-        return dfl_err(DFL_EX_DATA, "%s: record at offset %" PRIu64 " (\"%s\"): tensor \"%s\" must be %s", t->path,
-                       s->offset, s->id ? s->id : "", name, want);
-    }
-    int rc = dfs_decode(t->r, x);
-    if (rc) return rc;
-    *out = x;
-    return 0;
-}
-
-static int bad_sample(dfl_trainer *t, dfs_sample *s, const char *what) {
-    return dfl_err(DFL_EX_DATA, "%s: record at offset %" PRIu64 " (\"%s\"): %s", t->path, s->offset, s->id ? s->id : "",
-                   what);
-}
-
-/* ---- records, read on the reader's side ------------------------------------------- */
-
-/* One record as the reader hands it over: a sequence in buffers the slot
- * owns (grown, then reused), or the end of the input, or an error. */
-typedef struct {
-    int rc;                  /* 1: a sequence; 0: the end of the input; else an exit code */
-    char *err;               /* rc's message (the reader's thread has its own dfl_errmsg) */
-    int64_t records, epoch;  /* the input's position once this record is consumed */
-    uint64_t offset;         /* the record's, and its id, for messages */
-    char *id;
-    dfl_train_seq q;         /* points into the buffers below */
-    int32_t *ids, *tids, *cand;
-    uint8_t *mask;
-    void *hidden, *last;
-    size_t cap_t, cap_hidden, cap_last;
-} read_slot;
-
-static void read_slot_free(read_slot *s) {
-    free(s->err), free(s->id), free(s->ids), free(s->tids), free(s->cand), free(s->mask);
-    free(s->hidden), free(s->last);
-    memset(s, 0, sizeof *s);
-}
-
-/* The next record into o: read, checked and decoded, its tensors kept in
- * o (the reader's buffers are reused by the next read). Returns 1, 0 at
- * the end of the input, or an exit code. */
-static int read_record(dfl_trainer *t, read_slot *o) {
+/* The next record into o, on the reader's side (the read-ahead thread's
+ * once it runs): at the end of a pass, --loop starts the next one. */
+static int next_record(void *ctx, dfl_record *o) {
+    dfl_trainer *t = ctx;
     if (t->in_ended) return 0;
-    dfs_sample *s;
-    int rc = dfs_read(t->r, &s);
+    int rc = dfl_record_read(t->r, &t->meta, t->path, t->o.labels_target, t->o.kl, o);
     if (rc == 0 && t->loop) {
         if (t->in_usable == 0)
             return dfl_err(DFL_EX_DATA, "%s: --loop over a stream with no usable record (none has two consecutive "
@@ -210,153 +98,20 @@ static int read_record(dfl_trainer *t, read_slot *o) {
         t->in_records = 0;
         t->in_usable = 0;
         if ((rc = reopen(t))) return rc;
-        rc = dfs_read(t->r, &s);
+        rc = dfl_record_read(t->r, &t->meta, t->path, t->o.labels_target, t->o.kl, o);
     }
-    if (rc == 0) {
-        t->in_ended = 1;
-        return 0;
-    }
+    if (rc == 0) t->in_ended = 1;
     if (rc != 1) return rc;
     t->in_records++;
-    const dfl_drafter_config *c = &t->d->cfg;
-    dfs_tensor *ids = dfs_find(s, "input_ids");
-    if (!ids || ids->ndim != 1 || ids->shape[0] < 1 || ids->shape[0] > MAX_SEQ_TOKENS)
-        return bad_sample(t, s, "tensor \"input_ids\" is missing or not [T] with 1 <= T <= 2^24");
-    const int64_t T = ids->shape[0];
-    dfs_tensor *mask, *hid, *tid = NULL, *last = NULL;
-    if ((rc = get_tensor(t, s, "input_ids", T, 0, &ids)) || (rc = get_tensor(t, s, "loss_mask", T, 0, &mask)) ||
-        (rc = get_tensor(t, s, "hidden", T, c->K * c->H, &hid)))
-        return rc;
-    if (t->o.labels_target && (rc = get_tensor(t, s, "target_ids", T, 0, &tid))) return rc;
-    if (t->o.kl && (rc = get_tensor(t, s, "last_hidden", T, c->H, &last))) return rc;
-    if (ids->dtype != DFL_I32 || (tid && tid->dtype != DFL_I32)) return bad_sample(t, s, "token ids must be i32");
-    if (mask->dtype != DFL_U8) return bad_sample(t, s, "\"loss_mask\" must be u8");
-    if (hid->dtype != DFL_BF16 && hid->dtype != DFL_F16 && hid->dtype != DFL_F32)
-        return bad_sample(t, s, "\"hidden\" must be bf16, f16 or f32");
-    if (last && last->dtype != hid->dtype) return bad_sample(t, s, "\"last_hidden\" must have the dtype of \"hidden\"");
-    const int32_t *iv = ids->data, *tv = tid ? tid->data : NULL;
-    const uint8_t *mv = mask->data;
-    for (int64_t i = 0; i < T; i++) {
-        if (iv[i] < 0 || iv[i] >= c->V || (tv && (tv[i] < 0 || tv[i] >= c->V)))
-            return bad_sample(t, s, "a token id is outside the vocabulary");
-        if (mv[i] > 1) return bad_sample(t, s, "\"loss_mask\" holds a value other than 0 and 1");
-    }
-    if ((size_t)T > o->cap_t) {
-        free(o->ids), free(o->tids), free(o->cand), free(o->mask);
-        o->cap_t = (size_t)T;
-        o->ids = dfl_malloc((size_t)T * 4), o->tids = dfl_malloc((size_t)T * 4), o->cand = dfl_malloc((size_t)T * 4);
-        o->mask = dfl_malloc((size_t)T);
-    }
-    memcpy(o->ids, iv, (size_t)T * 4);
-    memcpy(o->mask, mv, (size_t)T);
-    if (tv) memcpy(o->tids, tv, (size_t)T * 4);
-    /* the large ones change buffers with the reader instead of being copied */
-    dfs_take_decoded(t->r, hid, &o->hidden, &o->cap_hidden);
-    if (last) dfs_take_decoded(t->r, last, &o->last, &o->cap_last);
     /* what --loop asks of a pass: a record the steps can use (an anchor) */
-    if (dfl_anchor_candidates(o->cand, o->mask, T) > 0) t->in_usable++;
-    free(o->id);
-    o->id = dfl_strdup(s->id ? s->id : "");
-    o->offset = s->offset;
-    o->q = (dfl_train_seq){T, o->ids, o->mask, o->hidden, hid->dtype, tv ? o->tids : NULL, last ? o->last : NULL,
-                           last ? last->dtype : DFL_F32};
-    return 1;
-}
-
-/* read_record, its result and position kept in the slot */
-static void fill_slot(dfl_trainer *t, read_slot *o) {
-    o->rc = read_record(t, o);
-    free(o->err);
-    o->err = o->rc > 1 ? dfl_strdup(dfl_errmsg()) : NULL;
+    if ((size_t)o->q.T > t->cap_cand) {
+        t->cap_cand = (size_t)o->q.T;
+        t->cand = dfl_realloc(t->cand, t->cap_cand * 4);
+    }
+    if (dfl_anchor_candidates(t->cand, o->q.loss_mask, o->q.T) > 0) t->in_usable++;
     o->records = t->in_records;
     o->epoch = t->in_epoch;
-}
-
-/* ---- reading ahead ------------------------------------------------------------------ */
-
-/* Two slots: the thread fills one while the step holds the other. A slot
- * is EMPTY (the thread's to fill), FULL (a record waiting for the step) or
- * HELD (the step's, until it asks for the next record). */
-enum { SLOT_EMPTY, SLOT_FULL, SLOT_HELD };
-
-struct dfl_read_ahead {
-    read_slot slot[2];
-    int state[2];
-    int fill, take, held; /* the slot the thread fills next, the step takes next, the step holds (-1) */
-    int threaded, stop, final; /* final: the step holds the last record there is (the end, an error) */
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-};
-
-static void *read_ahead_main(void *arg) {
-    dfl_trainer *t = arg;
-    struct dfl_read_ahead *ra = t->ra;
-    for (;;) {
-        pthread_mutex_lock(&ra->mu);
-        while (!ra->stop && ra->state[ra->fill] != SLOT_EMPTY) pthread_cond_wait(&ra->cv, &ra->mu);
-        const int stop = ra->stop, i = ra->fill;
-        pthread_mutex_unlock(&ra->mu);
-        if (stop) break;
-        fill_slot(t, &ra->slot[i]); /* the long part, unlocked */
-        pthread_mutex_lock(&ra->mu);
-        ra->state[i] = SLOT_FULL;
-        ra->fill ^= 1;
-        pthread_cond_broadcast(&ra->cv);
-        pthread_mutex_unlock(&ra->mu);
-        if (ra->slot[i].rc != 1) break; /* the end of the input or an error: nothing follows */
-    }
-    return NULL;
-}
-
-static void read_ahead_start(dfl_trainer *t) {
-    struct dfl_read_ahead *ra = dfl_calloc(1, sizeof *ra);
-    ra->held = -1;
-    t->ra = ra;
-    if (!t->read_ahead) return;
-    pthread_mutex_init(&ra->mu, NULL);
-    pthread_cond_init(&ra->cv, NULL);
-    ra->threaded = pthread_create(&ra->thread, NULL, read_ahead_main, t) == 0;
-    if (!ra->threaded) pthread_mutex_destroy(&ra->mu), pthread_cond_destroy(&ra->cv); /* read as needed instead */
-}
-
-static void read_ahead_free(dfl_trainer *t) {
-    struct dfl_read_ahead *ra = t->ra;
-    if (!ra) return;
-    if (ra->threaded) {
-        pthread_mutex_lock(&ra->mu);
-        ra->stop = 1;
-        pthread_cond_broadcast(&ra->cv);
-        pthread_mutex_unlock(&ra->mu);
-        pthread_join(ra->thread, NULL); /* it finishes the record it is reading, if any */
-        pthread_mutex_destroy(&ra->mu);
-        pthread_cond_destroy(&ra->cv);
-    }
-    read_slot_free(&ra->slot[0]), read_slot_free(&ra->slot[1]);
-    free(ra);
-    t->ra = NULL;
-}
-
-/* The next record, read ahead or now; the one taken before is given back. */
-static read_slot *take_record(dfl_trainer *t) {
-    if (!t->ra) read_ahead_start(t);
-    struct dfl_read_ahead *ra = t->ra;
-    if (ra->final) return &ra->slot[ra->held]; /* the end or the error, again */
-    if (!ra->threaded) {
-        fill_slot(t, &ra->slot[0]);
-        ra->held = 0;
-    } else {
-        pthread_mutex_lock(&ra->mu);
-        if (ra->held >= 0) ra->state[ra->held] = SLOT_EMPTY, pthread_cond_broadcast(&ra->cv);
-        while (ra->state[ra->take] != SLOT_FULL) pthread_cond_wait(&ra->cv, &ra->mu);
-        ra->held = ra->take;
-        ra->state[ra->held] = SLOT_HELD;
-        ra->take ^= 1;
-        pthread_mutex_unlock(&ra->mu);
-    }
-    read_slot *o = &ra->slot[ra->held];
-    ra->final = o->rc != 1;
-    return o;
+    return 1;
 }
 
 /* The next record as a training sequence, the input's position moved past
@@ -364,14 +119,15 @@ static read_slot *take_record(dfl_trainer *t) {
 static int next_seq(dfl_trainer *t, dfl_train_seq *q, int *got) {
     *got = 0;
     if (t->ended) return 0;
-    read_slot *o = take_record(t);
-    t->records = o->records;
-    t->epoch = o->epoch;
+    if (!t->q) t->q = dfl_record_queue_new(next_record, t, t->read_ahead > 0);
+    dfl_record *o = dfl_record_queue_take(t->q);
     if (o->rc == 0) t->ended = 1;
     if (o->rc != 1) return o->rc ? dfl_err(o->rc, "%s", o->err) : 0;
+    t->records = o->records;
+    t->epoch = o->epoch;
     /* keep the first sample's hidden dtype for the whole run (one micro-batch, one dtype) */
     if (t->mb.nseq > 0 && t->o.noise_std <= 0 && o->q.hidden_dtype != t->mb.b.feats_dtype)
-        return dfl_err(DFL_EX_DATA, "%s: record at offset %" PRIu64 " (\"%s\"): \"hidden\" changes dtype within the stream",
+        return dfl_err(DFL_EX_DATA, "%s: byte %" PRIu64 ": sample \"%s\": \"hidden\" changes dtype within the stream",
                        t->path, o->offset, o->id);
     if (o->q.T > t->cap) { /* the step's anchors of this sequence */
         t->cap = o->q.T;

@@ -23,6 +23,7 @@
 #include "dfs.h"
 #include "drafter.h"
 #include "model_config.h"
+#include "records.h"
 #include "train.h"
 
 #include <jansson.h>
@@ -48,8 +49,10 @@ typedef struct {
     int64_t in_records, in_epoch; /* records read in this epoch; completed passes */
     int64_t in_usable;           /* records with an anchor candidate read in this epoch */
     int     in_ended;
+    int32_t *cand;               /* scratch of the anchor candidates */
+    size_t  cap_cand;
     int     read_ahead;          /* read the next record on a thread (default: from a file) */
-    struct dfl_read_ahead *ra;   /* the records handed over */
+    dfl_record_queue *q;         /* the records handed over */
     /* scratch */
     dfl_train_mb mb;
     int32_t *anchors;

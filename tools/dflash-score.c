@@ -24,7 +24,7 @@
 #define PROG "dflash-score"
 
 static const char *target_dir, *prompts, *emit_path, *anchors_from_path, *device = "cpu";
-static const char *labels = NULL;
+static const char *labels = NULL, *read_ahead = NULL;
 static dfl_strlist drafters = {0, NULL};
 #define UNSET INT64_MIN /* an integer option not given (a given negative value is refused, not ignored) */
 static int64_t anchors = UNSET, seed = UNSET, micro_rows = UNSET, max_new = UNSET, threads = 0, top_k = UNSET;
@@ -55,6 +55,10 @@ static const dfl_opt opts[] = {
      "7 for B >= 16, 5 for B >= 10, else 4"},
     {"micro-rows", 0, DFL_OPT_INT, &micro_rows, "N",
      "Offline: rows (context + block) per drafter forward; memory grows with N.", "8192"},
+    {"read-ahead", 0, DFL_OPT_CHOICE, &read_ahead, "on|off",
+     "Offline: from a regular file, read and decode the next record on a thread while the drafters run on this "
+     "one (standard input or a FIFO is read as records are needed). The same figures either way; off saves the "
+     "memory of a record.", "on"},
     {"prompts", 0, DFL_OPT_STR, &prompts, "FILE",
      "Online: run speculative decoding with the target on these prompts (tokenized JSONL: input_ids; loss_mask is "
      "ignored), beside plain decoding of the target (greedy, or sampled at --temperature).", NULL},
@@ -128,9 +132,9 @@ static void check_options(int online, int npos, char **pos) {
     if (threads < 0 || threads > 4096) dfl_cli_usage_error(&cli, "--threads must be in [0, 4096]");
     if (online) {
         if (npos) dfl_cli_usage_error(&cli, "--prompts reads no stream (got '%s')", pos[0]);
-        if (labels || anchors != UNSET || anchors_from_path || !isnan(gamma_) || micro_rows != UNSET)
-            dfl_cli_usage_error(&cli, "--labels, --anchors, --anchors-from, --gamma and --micro-rows are for the "
-                                      "offline mode (a stream), not --prompts");
+        if (labels || anchors != UNSET || anchors_from_path || !isnan(gamma_) || micro_rows != UNSET || read_ahead)
+            dfl_cli_usage_error(&cli, "--labels, --anchors, --anchors-from, --gamma, --micro-rows and --read-ahead are "
+                                      "for the offline mode (a stream), not --prompts");
         if (max_new == UNSET) max_new = 256;
         if (max_new < 1 || max_new > (1 << 24)) dfl_cli_usage_error(&cli, "--max-new-tokens must be in [1, 2^24]");
         if (isnan(temperature)) temperature = 0;
@@ -159,6 +163,7 @@ static void check_options(int online, int npos, char **pos) {
         if (micro_rows < 1) dfl_cli_usage_error(&cli, "--micro-rows must be at least 1");
         if (!isnan(gamma_) && !(gamma_ > 0)) dfl_cli_usage_error(&cli, "--gamma must be positive");
         if (!labels) labels = "data";
+        if (!read_ahead) read_ahead = "on";
     }
 }
 
@@ -264,7 +269,8 @@ int main(int argc, char **argv) {
             gam[i] = o.gamma;
             sc[i] = dfl_offline_new(d[i], &o, micro_rows);
         }
-        dfl_score_stream_opts so = {anchors, (uint64_t)seed, from, !strcmp(labels, "target"), progress};
+        dfl_score_stream_opts so = {anchors, (uint64_t)seed, from, !strcmp(labels, "target"), progress,
+                                    !strcmp(read_ahead, "on")};
         int64_t records;
         if (dfl_score_stream(sc, d, nd, &tcfg, input, &so, &records)) dfl_die_last(PROG);
         char anc[32];

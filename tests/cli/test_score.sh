@@ -119,7 +119,7 @@ EOF
 # ---- refusals ----------------------------------------------------------------------------------
 expect_exit 65 "a stream tapping other layers" $SC --target "$T/target" --drafter "$T/d1" "$T/other.dfs"
 keep
-check "  ... names layer_ids and both lists" grep -q 'layer_ids: stream \[1,2,4\] vs drafter 1 target_layer_ids \[1,3,4\]' "$T/err.txt"
+check "  ... names layer_ids and both lists" grep -q 'layer_ids: stream \[1,2,4\] vs drafter target_layer_ids \[1,3,4\]' "$T/err.txt"
 mkdir -p "$T/wide"
 cp "$T/d1/model.safetensors" "$T/wide/"
 sed 's/"hidden_size": 32/"hidden_size": 24/' "$T/d1/config.json" >"$T/wide/config.json"
