@@ -186,4 +186,9 @@ int dfs_meta_diff(const json_t *a, const json_t *b, char *buf, size_t n);
  * DFL_EX_DATA naming `path`, the record offset, the sample and the tensor. */
 int dfs_hs_check_sample(const dfs_hs_meta *m, const dfs_sample *s, const char *path);
 
+/* The error of a bad sample, as dfs_hs_check_sample words it:
+ * "PATH: byte OFFSET: sample "ID": <fmt ...>". Returns DFL_EX_DATA. */
+int dfs_sample_err(const char *path, uint64_t offset, const char *id, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 #endif

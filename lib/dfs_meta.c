@@ -157,16 +157,16 @@ static int shape_is(const dfs_tensor *t, int ndim, int64_t d0, int64_t d1) {
     return t->ndim == ndim && t->shape[0] == d0 && (ndim < 2 || t->shape[1] == d1);
 }
 
-static int sample_bad(const char *path, const dfs_sample *s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sample_bad(const char *path, const dfs_sample *s, const char *fmt, ...) {
+int dfs_sample_err(const char *path, uint64_t offset, const char *id, const char *fmt, ...) {
     char msg[300];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return dfl_err(DFL_EX_DATA, "%s: byte %llu: sample \"%s\": %s", path, (unsigned long long)s->offset,
-                   s->id ? s->id : "", msg);
+    return dfl_err(DFL_EX_DATA, "%s: byte %" PRIu64 ": sample \"%s\": %s", path, offset, id ? id : "", msg);
 }
+
+#define sample_bad(path, s, ...) dfs_sample_err(path, (s)->offset, (s)->id, __VA_ARGS__)
 
 /* Check one tensor's presence, dtype and shape ([T] or [T, width]). */
 static int want_tensor(const char *path, const dfs_sample *s, const char *name, dfl_dtype dt, int ndim, int64_t T,
@@ -190,8 +190,8 @@ static int check_values(const char *path, const dfs_sample *s, const dfs_hs_meta
         const int32_t *v = t->data;
         for (int64_t i = 0; i < t->shape[0]; i++)
             if (v[i] < 0 || v[i] >= m->vocab_size)
-                return sample_bad(path, s, "tensor \"%s\"[%" PRId64 "] is %" PRId32 ", outside the vocabulary [0, %" PRId64 ")",
-                                  ids[k], i, v[i], m->vocab_size);
+                return sample_bad(path, s, "tensor \"%s\"[%" PRId64 "] is %" PRId32
+                                  ", outside the vocabulary [0, %" PRId64 ")", ids[k], i, v[i], m->vocab_size);
     }
     const dfs_tensor *mask = dfs_find((dfs_sample *)s, "loss_mask");
     if (mask && mask->data) {

@@ -180,16 +180,6 @@ const dfl_score_stats *dfl_offline_finish(dfl_offline *s) {
 
 /* ---- offline: the stream ---------------------------------------------------------------- */
 
-static int bad_record(const char *path, const dfl_record *s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad_record(const char *path, const dfl_record *s, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return dfl_err(DFL_EX_DATA, "%s: byte %" PRIu64 ": sample \"%s\": %s", path, s->offset, s->id, msg);
-}
-
 /* The anchors of record s from --anchors-from: strictly increasing, in [0, T). */
 static int anchors_from(const json_t *map, const char *path, const dfl_record *s, int64_t T, int32_t *out, int64_t *n,
                         int64_t *matched) {
@@ -202,9 +192,11 @@ static int anchors_from(const json_t *map, const char *path, const dfl_record *s
     json_array_foreach(arr, i, v) {
         json_int_t a = json_integer_value(v);
         if (a < 0 || a >= T)
-            return bad_record(path, s, "--anchors-from: anchor %lld is outside the record's %" PRId64 " tokens", (long long)a, T);
+            return dfs_sample_err(path, s->offset, s->id, "--anchors-from: anchor %lld is outside the record's %" PRId64
+                                  " tokens", (long long)a, T);
         if (i > 0 && a <= out[i - 1])
-            return bad_record(path, s, "--anchors-from: anchors must increase (%lld after %d)", (long long)a, out[i - 1]);
+            return dfs_sample_err(path, s->offset, s->id, "--anchors-from: anchors must increase (%lld after %d)",
+                                  (long long)a, out[i - 1]);
         out[i] = (int32_t)a;
     }
     *n = (int64_t)json_array_size(arr);
