@@ -196,13 +196,13 @@ FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
   -fsanitize=address,undefined -fopenmp -Ilib $(PKG_CFLAGS)
 build-fuzz/lib/%.o: lib/%.c
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
 build-fuzz/libdflash.a: $(FUZZ_LIB_SRC:%.c=build-fuzz/%.o)
 	@rm -f $@
 	ar rcs $@ $^
 build-fuzz/%: tests/fuzz/%.c build-fuzz/libdflash.a
 	@mkdir -p $(@D)
-	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer $< build-fuzz/libdflash.a $(PKG_LIBS) -lm -o $@
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -MMD -MP -MF $@.d $< build-fuzz/libdflash.a $(PKG_LIBS) -lm -o $@
 
 fuzz: $(FUZZ_BIN)
 	@# New inputs go to build-fuzz/corpus/NAME; the committed seeds stay as they are.
@@ -231,4 +231,5 @@ gpu-check:
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz $(BIN)
 
+-include $(FUZZ_LIB_SRC:%.c=build-fuzz/%.d) $(FUZZ_BIN:=.d)
 -include $(LIB_OBJ:.o=.d) $(KERNEL_OBJ:.o=.d) $(wildcard $(BUILD)/tools/*.d) $(wildcard $(BUILD)/tests/*.d) $(wildcard $(BUILD)/emu/*/*.d $(BUILD)/emu/*/*/*.d)

@@ -51,6 +51,7 @@ typedef struct {
     LZ4F_cctx *cctx;
     LZ4F_dctx *dctx;
     uint8_t   *block;    /* DFS_SHUFFLE_BLOCK bytes, 64-byte aligned */
+    dfs_buf    index;    /* the LZ4 block offsets of the frame being decoded */
 } dfs_codec_ctx;
 void dfs_codec_init(dfs_codec_ctx *c);
 void dfs_codec_free(dfs_codec_ctx *c);
@@ -63,6 +64,12 @@ int dfs_encode(dfs_codec_ctx *c, dfs_buf *out, size_t *len, const void *raw, uin
 /* Decode t's stored bytes into dst (t->raw_bytes bytes). Returns 0, or -1
  * with *why describing the damage (the caller adds file and offset). */
 int dfs_decode_into(dfs_codec_ctx *c, void *dst, const dfs_tensor *t, char *why, size_t whylen);
+/* dfs_decode_into's fast path for an lz4 tensor of 1 MiB or more, when
+ * more than one decode thread is allowed: a frame with independent blocks
+ * and no checksums or dictionary, its blocks decoded at once. Returns 1 when
+ * dst holds the tensor, 0 when the frame must be streamed instead (another
+ * kind of frame, damage, blocks that do not decode to the block size). */
+int dfs_decode_lz4_blocks(dfs_codec_ctx *c, uint8_t *dst, const dfs_tensor *t);
 
 /* ---- dfs_msgpack.c ------------------------------------------------------ */
 

@@ -82,7 +82,8 @@ static const dfl_opt opts[] = {
     {"json", 0, DFL_OPT_FLAG, &json_out, NULL, "Write JSON lines instead of TSV.", NULL},
     {"no-header", 0, DFL_OPT_FLAG, &no_header, NULL, "TSV without the header row (to append to a file).", NULL},
     {"device", 0, DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
-    {"threads", 0, DFL_OPT_INT, &threads, "N", "CPU threads (0: OpenMP's default).", NULL},
+    {"threads", 0, DFL_OPT_INT, &threads, "N",
+     "CPU threads, for the ops and for decoding each record's large tensors (0: OpenMP's default).", NULL},
     {"progress", 0, DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
@@ -205,6 +206,7 @@ int main(int argc, char **argv) {
     check_options(online, npos, pos);
     const char *input = online ? prompts : npos ? pos[0] : "-";
     dfl_ops_cpu_threads(threads);
+    dfs_set_decode_threads((int)threads); /* the records' decoding too */
     char when[32];
     utc_now(when, sizeof when);
 

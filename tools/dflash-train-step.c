@@ -86,7 +86,8 @@ static const dfl_opt opts[] = {
     {"device", 0, DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
     {"seed", 0, DFL_OPT_INT, &seed, "N", "Seed of the RNG (initial weights, anchors, noise); on --resume the "
      "checkpoint's RNG state continues instead.", NULL},
-    {"threads", 0, DFL_OPT_INT, &threads, "N", "CPU threads (0: OpenMP's default).", NULL},
+    {"threads", 0, DFL_OPT_INT, &threads, "N",
+     "CPU threads, for the ops and for decoding each record's large tensors (0: OpenMP's default).", NULL},
     {"progress", 0, DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
@@ -210,6 +211,7 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
     if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
     dfl_ops_cpu_threads(threads);
+    dfs_set_decode_threads((int)threads); /* the records' decoding too */
     if (!strcmp(input, "-") && (steps > 0 || resume) && isatty(STDIN_FILENO))
         dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a STREAM or redirect stdin");
     if (dfl_ckpt_check_out(out_dir)) dfl_die_last(PROG);

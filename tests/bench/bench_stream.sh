@@ -6,9 +6,10 @@
 #
 #   BENCH_MB=256 tests/bench/run.sh stream
 #
-# Throughput is raw tensor bytes per second on one thread ("xN": the write
-# on N threads, records encoded apart and written in order, as
-# dflash-extract does). "read" is parsing
+# Throughput is raw tensor bytes per second on one thread ("xN": on N
+# threads, the write with records encoded apart and written in order, as
+# dflash-extract does, and the decode with each tensor's LZ4 blocks decoded
+# at once, as the trainer's and scorer's readers do). "read" is parsing
 # plus XXH64 of every tensor; "decode" adds LZ4 decompression and unshuffle
 # into aligned buffers (what a trainer pays). Goal: decode >= 1500 MB/s per
 # core, and lz4+shuffle compressing better than lz4 -1 on the same bytes.
