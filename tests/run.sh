@@ -34,17 +34,6 @@ failures=()
 log_dir=$(mktemp -d "${TMPDIR:-/tmp}/dflash-tests.XXXXXX")
 trap 'rm -rf "$log_dir"' EXIT
 
-# The tests' python3 is the one `make deps` equips (Debian's numpy, msgpack,
-# lz4). Where another python3 comes first on PATH without them (pyenv, a
-# virtualenv), the system's goes first for the tests.
-py_mods='import numpy, msgpack, lz4.frame'
-if ! python3 -c "$py_mods" 2>/dev/null && /usr/bin/python3 -c "$py_mods" 2>/dev/null; then
-    mkdir -p "$log_dir/python"
-    ln -s /usr/bin/python3 "$log_dir/python/python3"
-    export PATH="$log_dir/python:$PATH"
-    echo "python3 on PATH lacks numpy, msgpack or lz4: the tests use /usr/bin/python3"
-fi
-
 # run_one LABEL CMD...: run, echo its PASS/FAIL lines, count them.
 run_one() {
     local label=$1; shift

@@ -5,7 +5,9 @@
 #   $T                            a scratch directory, removed at exit
 #   require_built FILE...         fail "setup" and exit 1 unless each FILE is executable
 #   tiny_target, drafter_config   the small models of tests/models.sh
-# Tools are found in $DFLASH_BIN (default: bin/ of the checkout).
+# Tools are found in $DFLASH_BIN (default: bin/ of the checkout); python3 is
+# one with numpy, msgpack and lz4 (/usr/bin/python3 if the first on PATH
+# lacks them).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 : "${DFLASH_BIN:=$here/bin}"
@@ -15,6 +17,16 @@ FIX=$here/tests/fixtures
 . "$here/tests/models.sh"
 T=$(mktemp -d "${TMPDIR:-/tmp}/dflash-cli.XXXXXX")
 trap 'rm -rf "$T"' EXIT
+
+# The tests' python3 is the one `make deps` equips (Debian's numpy, msgpack,
+# lz4). Where another python3 comes first on PATH without them (pyenv, a
+# virtualenv), the system's goes first for the test.
+py_mods='import numpy, msgpack, lz4.frame'
+if ! python3 -c "$py_mods" 2>/dev/null && /usr/bin/python3 -c "$py_mods" 2>/dev/null; then
+    mkdir -p "$T/.python"
+    ln -s /usr/bin/python3 "$T/.python/python3"
+    export PATH="$T/.python:$PATH"
+fi
 
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1${2:+: $2}"; }
