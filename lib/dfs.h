@@ -87,10 +87,11 @@ int dfs_decode(dfs_reader *r, dfs_tensor *t);
  * buffer and *buf (capacity *cap; NULL and 0, or a buffer an earlier call
  * gave) change places, and t->data is then *buf. Free it with free(). */
 void dfs_take_decoded(dfs_reader *r, dfs_tensor *t, void **buf, size_t *cap);
-/* Threads that decode one large LZ4 tensor (its independent blocks at
- * once), process-wide: n > 0, or 0 for OpenMP's default in the decoding
- * thread. The tools set it from --threads. The bytes are the same for any n. */
-void dfs_set_decode_threads(int n);
+/* Threads that encode or decode one large LZ4 tensor (its independent
+ * blocks at once), process-wide: n > 0, or 0 for OpenMP's default in the
+ * calling thread. The tools set it from --threads. The bytes are the same
+ * for any n. */
+void dfs_set_codec_threads(int n);
 /* The tensor named `name` in `s`, or NULL. */
 dfs_tensor *dfs_find(dfs_sample *s, const char *name);
 /* Meta map of the first segment's stream header (never NULL after open). */

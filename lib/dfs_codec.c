@@ -151,6 +151,28 @@ static uint8_t *codec_block(dfs_codec_ctx *c) {
 
 /* ---- encode -------------------------------------------------------------- */
 
+static _Atomic int codec_threads; /* 0: OpenMP's default */
+
+void dfs_set_codec_threads(int n) { atomic_store(&codec_threads, n > 0 ? n : 0); }
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int codec_thread_count(void) {
+    const int n = atomic_load(&codec_threads);
+    return n > 0 ? n : omp_get_max_threads();
+}
+
+/* Below this, one thread: a tensor of a few blocks takes microseconds.
+ * The fuzz build takes the parallel decoder for every tensor, so that it
+ * sees it. */
+#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+#define PARALLEL_MIN_BYTES 1u
+#else
+#define PARALLEL_MIN_BYTES (1u << 20)
+#endif
+
 /* The frames we write: 64 KiB independent blocks (one shuffle block each),
  * the content size in the frame header, no LZ4 checksums (each tensor has
  * an XXH64 of its stored bytes instead). */
@@ -168,6 +190,55 @@ static LZ4F_preferences_t frame_prefs(uint64_t raw_bytes, int accel) {
     return p;
 }
 
+/* A large tensor's blocks compressed at once. Each block is compressed as
+ * liblz4's frame API compresses an independent block (LZ4_compress_fast_
+ * extState at the frame's acceleration, into one byte less than the block,
+ * stored raw when it does not shrink), so the frame is byte for byte the
+ * one LZ4F_compressUpdate makes block by block (test_dfs_codec compares
+ * them). The blocks go to fixed slots after the header, then move down
+ * into place. dst holds hlen + nblk (4 + 64 KiB) + 4 bytes; returns the
+ * frame's length. */
+static size_t encode_lz4_blocks(uint8_t *dst, size_t hlen, const uint8_t *src, uint64_t n, size_t elem, int shuffle,
+                                int level, int nt) {
+    const size_t B = DFS_SHUFFLE_BLOCK, slot = 4 + B;
+    const int64_t nblk = (int64_t)((n + B - 1) / B);
+    const int accel = level < 0 ? -level + 1 : 1; /* the frame API's */
+#pragma omp parallel num_threads(nt)
+    {
+        void *state = dfl_malloc((size_t)LZ4_sizeofState());
+        uint8_t *scratch = shuffle ? dfl_aligned_alloc(B) : NULL;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < nblk; i++) {
+            const uint64_t off = (uint64_t)i * B;
+            const int m = (int)(n - off < B ? n - off : B);
+            const uint8_t *in = src + off;
+            if (shuffle) {
+                shuffle_block(scratch, in, (size_t)m, elem, 0);
+                in = scratch;
+            }
+            uint8_t *blk = dst + hlen + (size_t)i * slot;
+            int cs = LZ4_compress_fast_extState(state, (const char *)in, (char *)blk + 4, m, m - 1, accel);
+            uint32_t w = (uint32_t)cs;
+            if (cs <= 0 || cs >= m) { /* stored raw */
+                memcpy(blk + 4, in, (size_t)m);
+                w = (uint32_t)m | 0x80000000u;
+            }
+            for (int b = 0; b < 4; b++) blk[b] = (uint8_t)(w >> 8 * b);
+        }
+        free(scratch);
+        free(state);
+    }
+    size_t pos = hlen;
+    for (int64_t i = 0; i < nblk; i++) {
+        const uint8_t *blk = dst + hlen + (size_t)i * slot;
+        const size_t len = 4 + (le32(blk) & 0x7fffffffu);
+        memmove(dst + pos, blk, len);
+        pos += len;
+    }
+    memset(dst + pos, 0, 4); /* the end mark */
+    return pos + 4;
+}
+
 int dfs_encode(dfs_codec_ctx *c, dfs_buf *out, size_t *len, const void *raw, uint64_t raw_bytes,
                size_t elem, const dfs_encoding *enc, const char **why) {
     const uint8_t *src = raw;
@@ -182,12 +253,22 @@ int dfs_encode(dfs_codec_ctx *c, dfs_buf *out, size_t *len, const void *raw, uin
         return DFL_EX_SOFTWARE;
     }
     LZ4F_preferences_t prefs = frame_prefs(raw_bytes, enc->lz4_accel);
+    const int nt = codec_thread_count(), blocks = nt > 1 && raw_bytes >= PARALLEL_MIN_BYTES;
     size_t bound = LZ4F_compressFrameBound(raw_bytes, &prefs);
+    if (blocks) { /* the slots of encode_lz4_blocks */
+        const size_t slots = LZ4F_HEADER_SIZE_MAX + (size_t)((raw_bytes + DFS_SHUFFLE_BLOCK - 1) / DFS_SHUFFLE_BLOCK) *
+                                                        (4 + DFS_SHUFFLE_BLOCK) + 4;
+        if (slots > bound) bound = slots;
+    }
     dfs_buf_reserve(out, *len + bound);
     uint8_t *dst = out->p + *len;
     size_t pos = LZ4F_compressBegin(c->cctx, dst, bound, &prefs);
     if (LZ4F_isError(pos)) goto lz4_fail;
     int shuffle = enc->shuffle && elem > 1;
+    if (blocks) { /* the context wrote the header; its next LZ4F_compressBegin starts afresh */
+        *len += encode_lz4_blocks(dst, pos, src, raw_bytes, elem, shuffle, prefs.compressionLevel, nt);
+        return 0;
+    }
     uint8_t *block = shuffle ? codec_block(c) : NULL;
     for (uint64_t off = 0; off < raw_bytes; off += DFS_SHUFFLE_BLOCK) {
         size_t n = raw_bytes - off < DFS_SHUFFLE_BLOCK ? (size_t)(raw_bytes - off) : DFS_SHUFFLE_BLOCK;
@@ -307,14 +388,6 @@ static int decode_lz4(dfs_codec_ctx *c, uint8_t *dst, const dfs_tensor *t, char 
  * whose blocks do not decode as expected goes through the streaming decoder
  * above, which gives the same bytes or names the damage. */
 
-static _Atomic int decode_threads; /* 0: OpenMP's default */
-
-void dfs_set_decode_threads(int n) { atomic_store(&decode_threads, n > 0 ? n : 0); }
-
-static uint32_t le32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* The frame header of an independent-block frame without checksums or
  * dictionary: its length and block size; 0 for any other. */
 static size_t plain_frame_header(const uint8_t *p, size_t n, size_t *bmax) {
@@ -365,16 +438,8 @@ static int decode_block(uint8_t *dst, const uint8_t *p, uint64_t off, size_t exp
     return 0;
 }
 
-/* Below this, one thread: a tensor of a few blocks decodes in microseconds.
- * The fuzz build takes this path for every tensor, so that it sees it. */
-#ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
-#define PARALLEL_MIN_BYTES 1u
-#else
-#define PARALLEL_MIN_BYTES (1u << 20)
-#endif
-
 int dfs_decode_lz4_blocks(dfs_codec_ctx *c, uint8_t *dst, const dfs_tensor *t) {
-    const int nt = atomic_load(&decode_threads) > 0 ? atomic_load(&decode_threads) : omp_get_max_threads();
+    const int nt = codec_thread_count();
     if (nt < 2 || t->raw_bytes < PARALLEL_MIN_BYTES) return 0;
     size_t bmax;
     const uint8_t *p = t->stored;

@@ -206,7 +206,7 @@ int main(int argc, char **argv) {
     check_options(online, npos, pos);
     const char *input = online ? prompts : npos ? pos[0] : "-";
     dfl_ops_cpu_threads(threads);
-    dfs_set_decode_threads((int)threads); /* the records' decoding too */
+    dfs_set_codec_threads((int)threads); /* the records' decoding too */
     char when[32];
     utc_now(when, sizeof when);
 

@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
     if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
     dfl_ops_cpu_threads(threads);
-    dfs_set_decode_threads((int)threads); /* the records' decoding too */
+    dfs_set_codec_threads((int)threads); /* the records' decoding too */
     if (!strcmp(input, "-") && (steps > 0 || resume) && isatty(STDIN_FILENO))
         dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a STREAM or redirect stdin");
     if (dfl_ckpt_check_out(out_dir)) dfl_die_last(PROG);

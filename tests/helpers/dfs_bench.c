@@ -1,6 +1,7 @@
 /* dfs_bench: single-thread throughput of the DFS writer and reader (and
- * both on every thread: the writer as dflash-extract encodes records, the
- * reader decoding each large tensor's LZ4 blocks at once).
+ * both on every thread: the writer as dflash-extract encodes records, several
+ * at once, and as dflash-pack does, a large tensor's LZ4 blocks at once; the
+ * reader decoding a large tensor's blocks at once).
  *
  *   dfs_bench STREAM
  *
@@ -162,14 +163,17 @@ int main(int argc, char **argv) {
     char *buf = dfl_malloc(cap);
     memset(buf, 0, cap); /* fault the pages in before timing */
     printf("encoding\tratio\thidden_ratio\twrite_MBps\tread_MBps\tdecode_MBps\n");
-    dfs_set_decode_threads(1);
+    dfs_set_codec_threads(1);
     run("none", h, n, raw, (dfs_encoding){DFS_CODEC_NONE, 0, 1}, buf, cap, write_all);
     run("lz4", h, n, raw, (dfs_encoding){DFS_CODEC_LZ4, 0, 1}, buf, cap, write_all);
     run("lz4+shuffle", h, n, raw, (dfs_encoding){DFS_CODEC_LZ4, 1, 1}, buf, cap, write_all);
     char label[64]; /* the write as dflash-extract does it, and the decode, on every core */
-    dfs_set_decode_threads(0);
+    dfs_set_codec_threads(0);
     snprintf(label, sizeof label, "lz4+shuffle x%d", omp_get_max_threads());
     run(label, h, n, raw, (dfs_encoding){DFS_CODEC_LZ4, 1, 1}, buf, cap, write_all_apart);
+    /* one tensor at a time, its blocks on every core (as dflash-pack writes) */
+    snprintf(label, sizeof label, "lz4+shuffle blocks x%d", omp_get_max_threads());
+    run(label, h, n, raw, (dfs_encoding){DFS_CODEC_LZ4, 1, 1}, buf, cap, write_all);
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < h[i].n; k++) free((void *)h[i].t[k].data);
         free(h[i].id);

@@ -1,9 +1,10 @@
-/* test_dfs_codec.c: large LZ4 tensors decoded block by block on several
- * threads (dfs_codec.c's fast path) against the streaming decoder and the
+/* test_dfs_codec.c: large LZ4 tensors encoded and decoded block by block
+ * on several threads (dfs_codec.c's fast path) against the streaming decoder and the
  * original bytes.
  *
  *   test_our_frames        frames of our encoder (64 KiB independent
- *                          blocks): u8/bf16/f32, shuffled or not,
+ *                          blocks), made on 4 threads and on 1 (the same
+ *                          bytes, liblz4's frame API's): u8/bf16/f32, shuffled or not,
  *                          compressible, random (blocks stored raw) and
  *                          mixed data, a whole or partial last block: the
  *                          fast path takes them and gives the bytes.
@@ -54,24 +55,24 @@ static dfs_tensor tensor_of(const uint8_t *stored, size_t stored_bytes, size_t r
 
 /* dfs_decode_into with `threads` decode threads: rc, bytes into dst, message into why */
 static int decode_with(int threads, const dfs_tensor *t, uint8_t *dst, char *why) {
-    dfs_set_decode_threads(threads);
+    dfs_set_codec_threads(threads);
     dfs_codec_ctx c;
     dfs_codec_init(&c);
     why[0] = 0;
     int rc = dfs_decode_into(&c, dst, t, why, 300);
     dfs_codec_free(&c);
-    dfs_set_decode_threads(0);
+    dfs_set_codec_threads(0);
     return rc;
 }
 
 /* Whether the fast path takes t (at 4 threads), with the bytes it gives. */
 static int fast_path(const dfs_tensor *t, uint8_t *dst) {
-    dfs_set_decode_threads(4);
+    dfs_set_codec_threads(4);
     dfs_codec_ctx c;
     dfs_codec_init(&c);
     int took = dfs_decode_lz4_blocks(&c, dst, t);
     dfs_codec_free(&c);
-    dfs_set_decode_threads(0);
+    dfs_set_codec_threads(0);
     return took;
 }
 
@@ -85,13 +86,20 @@ static void test_our_frames(void) {
                 for (int kind = 0; kind < 3; kind++) {
                     const size_t n = sizes[si], elem = dfl_dtype_size(dts[d]);
                     uint8_t *raw = make_raw(n, kind, 10 * si + kind), *out = malloc(n);
+                    /* encoded on 4 threads (blocks at once) and on 1 (liblz4's frame API): the same bytes */
                     dfs_codec_ctx c;
                     dfs_codec_init(&c);
-                    dfs_buf enc = {0};
-                    size_t len = 0;
+                    dfs_buf enc = {0}, enc1 = {0};
+                    size_t len = 0, len1 = 0;
                     const char *why_enc;
-                    const dfs_encoding e = {DFS_CODEC_LZ4, shuffle, 1};
+                    const dfs_encoding e = {DFS_CODEC_LZ4, shuffle, 1 + 7 * (kind == MIXED)};
+                    dfs_set_codec_threads(4);
                     T_CHECK(dfs_encode(&c, &enc, &len, raw, n, elem, &e, &why_enc) == 0);
+                    dfs_set_codec_threads(1);
+                    T_CHECK(dfs_encode(&c, &enc1, &len1, raw, n, elem, &e, &why_enc) == 0);
+                    dfs_set_codec_threads(0);
+                    T_CHECKF(len == len1 && !memcmp(enc.p, enc1.p, len), "encoded: %zu vs %zu bytes", len, len1);
+                    dfs_buf_free(&enc1);
                     dfs_codec_free(&c);
                     dfs_tensor t = tensor_of(enc.p, len, n, dts[d], shuffle);
                     memset(out, 0xee, n);
