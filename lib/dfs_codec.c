@@ -253,7 +253,9 @@ int dfs_encode(dfs_codec_ctx *c, dfs_buf *out, size_t *len, const void *raw, uin
         return DFL_EX_SOFTWARE;
     }
     LZ4F_preferences_t prefs = frame_prefs(raw_bytes, enc->lz4_accel);
-    const int nt = codec_thread_count(), blocks = nt > 1 && raw_bytes >= PARALLEL_MIN_BYTES;
+    /* not inside a team (dflash-extract encodes several samples at once):
+     * there the blocks would run on one thread, and their slots cost a copy */
+    const int nt = codec_thread_count(), blocks = nt > 1 && !omp_in_parallel() && raw_bytes >= PARALLEL_MIN_BYTES;
     size_t bound = LZ4F_compressFrameBound(raw_bytes, &prefs);
     if (blocks) { /* the slots of encode_lz4_blocks */
         const size_t slots = LZ4F_HEADER_SIZE_MAX + (size_t)((raw_bytes + DFS_SHUFFLE_BLOCK - 1) / DFS_SHUFFLE_BLOCK) *
