@@ -155,17 +155,13 @@ static _Atomic int codec_threads; /* 0: OpenMP's default */
 
 void dfs_set_codec_threads(int n) { atomic_store(&codec_threads, n > 0 ? n : 0); }
 
-static uint32_t le32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 static int codec_thread_count(void) {
     const int n = atomic_load(&codec_threads);
     return n > 0 ? n : omp_get_max_threads();
 }
 
 /* Below this, one thread: a tensor of a few blocks takes microseconds.
- * The fuzz build takes the parallel decoder for every tensor, so that it
+ * The fuzz build takes the parallel path for every tensor, so that it
  * sees it. */
 #ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 #define PARALLEL_MIN_BYTES 1u
@@ -223,7 +219,7 @@ static size_t encode_lz4_blocks(uint8_t *dst, size_t hlen, const uint8_t *src, u
                 memcpy(blk + 4, in, (size_t)m);
                 w = (uint32_t)m | 0x80000000u;
             }
-            for (int b = 0; b < 4; b++) blk[b] = (uint8_t)(w >> 8 * b);
+            dfs_put_le(blk, w, 4);
         }
         free(scratch);
         free(state);
@@ -231,7 +227,7 @@ static size_t encode_lz4_blocks(uint8_t *dst, size_t hlen, const uint8_t *src, u
     size_t pos = hlen;
     for (int64_t i = 0; i < nblk; i++) {
         const uint8_t *blk = dst + hlen + (size_t)i * slot;
-        const size_t len = 4 + (le32(blk) & 0x7fffffffu);
+        const size_t len = 4 + (dfs_le32(blk) & 0x7fffffffu);
         memmove(dst + pos, blk, len);
         pos += len;
     }
@@ -413,7 +409,7 @@ static int64_t index_blocks(dfs_buf *idx, const uint8_t *p, size_t n, size_t pos
     uint64_t k = 0;
     for (;;) {
         if (n - pos < 4) return -1;
-        const uint32_t w = le32(p + pos);
+        const uint32_t w = dfs_le32(p + pos);
         if (w == 0) return pos + 4 == n && k == want ? (int64_t)k : -1;
         const size_t len = w & 0x7fffffffu;
         if (k == want || len == 0 || len > bmax || n - pos - 4 < len) return -1;
@@ -425,7 +421,7 @@ static int64_t index_blocks(dfs_buf *idx, const uint8_t *p, size_t n, size_t pos
 /* Block k of the frame into dst (exp raw bytes; through scratch when the
  * tensor is shuffled). 0, or -1 when it does not decode to exactly exp. */
 static int decode_block(uint8_t *dst, const uint8_t *p, uint64_t off, size_t exp, uint8_t *scratch, size_t elem) {
-    const uint32_t w = le32(p + off);
+    const uint32_t w = dfs_le32(p + off);
     const size_t len = w & 0x7fffffffu;
     const uint8_t *src = p + off + 4;
     uint8_t *out = scratch ? scratch : dst;
@@ -447,7 +443,7 @@ int dfs_decode_lz4_blocks(dfs_codec_ctx *c, uint8_t *dst, const dfs_tensor *t) {
     const uint8_t *p = t->stored;
     const size_t hlen = plain_frame_header(p, t->stored_bytes, &bmax);
     if (!hlen) return 0;
-    if ((p[4] >> 3 & 1) && (le32(p + 6) | (uint64_t)le32(p + 10) << 32) != t->raw_bytes) return 0; /* content size */
+    if ((p[4] >> 3 & 1) && dfs_le64(p + 6) != t->raw_bytes) return 0; /* content size */
     const uint64_t nblk = (t->raw_bytes + bmax - 1) / bmax;
     const int64_t k = index_blocks(&c->index, p, t->stored_bytes, hlen, bmax, nblk);
     if (k < 0) return 0;

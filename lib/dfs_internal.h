@@ -21,6 +21,15 @@
 #define DFS_PREFIX 16          /* magic + u32 length + u64 checksum */
 #define DFS_MAX_DEPTH 16       /* containers nested in a header, the header map included */
 
+/* Little-endian fields: the record prefix, LZ4 frame headers and blocks. */
+static inline uint32_t dfs_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t dfs_le64(const uint8_t *p) { return dfs_le32(p) | (uint64_t)dfs_le32(p + 4) << 32; }
+static inline void dfs_put_le(uint8_t *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
 /* ---- dfs_codec.c -------------------------------------------------------- */
 
 /* Byte shuffle (and its inverse) of n raw bytes of elements of `elem` bytes,

@@ -127,8 +127,6 @@ static int skip_payload(dfs_reader *r, uint64_t n) {
 
 /* ---- record framing ---------------------------------------------------- */
 
-static uint32_t le32(const uint8_t *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
-static uint64_t le64(const uint8_t *p) { return le32(p) | (uint64_t)le32(p + 4) << 32; }
 
 /* Read the next record's prefix and header and parse the header. Returns 1
  * with *mp filled (caller destroys), 0 at a clean end of input (no byte of a
@@ -144,14 +142,14 @@ static int next_record(dfs_reader *r, msgpack_unpacked *mp, uint64_t *payload) {
     if (memcmp(pre, DFS_MAGIC, 4) != 0)
         return bad(r, "bad magic %02x %02x %02x %02x (a record starts with 89 44 46 53, \"\\x89DFS\")", pre[0],
                    pre[1], pre[2], pre[3]);
-    uint32_t n = le32(pre + 4);
+    uint32_t n = dfs_le32(pre + 4);
     if (n == 0 || n > DFS_MAX_HEADER)
         return bad(r, "header length %u is outside 1..%u", n, (unsigned)DFS_MAX_HEADER);
     dfs_buf_reserve(&r->hdr, n);
     rc = read_exact(r, r->hdr.p, n, &got);
     if (rc > 0) return rc;
     if (rc < 0) return truncated(r, "header", n, got);
-    uint64_t want = le64(pre + 8), have = XXH64(r->hdr.p, n, 0);
+    uint64_t want = dfs_le64(pre + 8), have = XXH64(r->hdr.p, n, 0);
     if (want != have && !CHECKSUMS_OFF)
         return bad(r, "header checksum mismatch (XXH64 of the %u header bytes is %016llx, the prefix says %016llx)", n,
                    (unsigned long long)have, (unsigned long long)want);

@@ -62,10 +62,6 @@ static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
     msgpack_pack_uint64(pk, v);
 }
 
-static void put_le(uint8_t *p, uint64_t v, int n) {
-    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static int write_error(const dfs_writer *w) {
     return dfl_err(DFL_EX_IOERR, "%s: write failed: %s", w->path, strerror(errno));
 }
@@ -78,8 +74,8 @@ static int write_record(dfs_writer *w, const out_tensor *t, int n, const uint8_t
                        (unsigned)DFS_MAX_HEADER);
     uint8_t pre[DFS_PREFIX];
     memcpy(pre, DFS_MAGIC, 4);
-    put_le(pre + 4, w->hdr_len, 4);
-    put_le(pre + 8, XXH64(w->hdr.p, w->hdr_len, 0), 8);
+    dfs_put_le(pre + 4, w->hdr_len, 4);
+    dfs_put_le(pre + 8, XXH64(w->hdr.p, w->hdr_len, 0), 8);
     if (fwrite(pre, 1, sizeof pre, w->f) != sizeof pre || fwrite(w->hdr.p, 1, w->hdr_len, w->f) != w->hdr_len)
         return write_error(w);
     for (int i = 0; i < n; i++) {

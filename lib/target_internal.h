@@ -127,10 +127,10 @@ void dfl_target_mlp_free(const dfl_ops *ops, mlp_ws *mw);
  * dfl_target_moe_rows rows). A sparse layer reads its routing back to the
  * host once a chunk. */
 void dfl_target_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x, const void *h, int64_t n);
-/* After layer l of a forward of n rows: x [n, H] into each tap slot that
- * asks for layer l (taps: act [n, ntaps, H], a column block each). */
 /* The sampling fields of a want (temperature, keys): 0 or DFL_EX_USAGE. */
 int dfl_target_check_sampling(const dfl_target_want *w);
+/* After layer l of a forward of n rows: x [n, H] into each tap slot that
+ * asks for layer l (taps: act [n, ntaps, H], a column block each). */
 void dfl_target_keep_taps(const dfl_target *t, void *taps, const void *x, const dfl_target_want *w, int l, int64_t n);
 /* The end of a forward of n rows whose last layer left x: out's taps and
  * last hidden state, the head on nrows rows (if any), then a device sync. */
