@@ -6,6 +6,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,6 +164,13 @@ static void fill(dfl_record_queue *q, dfl_record *o) {
 
 static void *queue_main(void *arg) {
     dfl_record_queue *q = arg;
+    /* The tools' signal cleanup (outfile.c) runs on the thread a signal
+     * lands on: it must interrupt the thread that writes the outputs, not
+     * run beside it while a checkpoint's files are still being created. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT), sigaddset(&sigs, SIGTERM), sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     for (;;) {
         pthread_mutex_lock(&q->mu);
         while (!q->stop && q->state[q->fill] != REC_EMPTY) pthread_cond_wait(&q->cv, &q->mu);
