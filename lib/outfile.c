@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@ static struct {
     int is_dir, used;
 } cleanup[MAX_CLEANUP];
 static int handlers_installed;
+static pthread_t cleanup_thread; /* the thread that opens and writes the outputs */
 
 /* Remove a directory and the plain files in it (checkpoints are flat). */
 static void remove_flat_dir(const char *path) {
@@ -52,7 +54,17 @@ static void run_cleanup(void) {
     }
 }
 
+/* A signal lands on any thread that does not block it: an OpenMP worker of
+ * the CPU ops, the read-ahead thread. Cleaning up there would remove a
+ * temporary directory while the writing thread still creates files in it
+ * (left behind, not empty). So the signal goes on to the thread that
+ * registered the outputs, whose handler then interrupts the writing
+ * itself; pthread_self and pthread_kill are async-signal-safe. */
 static void on_signal(int sig) {
+    if (!pthread_equal(pthread_self(), cleanup_thread)) {
+        pthread_kill(cleanup_thread, sig);
+        return;
+    }
     run_cleanup();
     signal(sig, SIG_DFL);
     raise(sig);
@@ -61,6 +73,7 @@ static void on_signal(int sig) {
 static void install_handlers(void) {
     if (handlers_installed) return;
     handlers_installed = 1;
+    cleanup_thread = pthread_self();
     atexit(run_cleanup);
     int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {

@@ -41,7 +41,9 @@ void dfl_tmpdir_abort(const char *tmp_path);
 int dfl_tmpdir_check(const char *final_path, const char *const *names);
 
 /* The cleanup registry used by the above: paths removed if the process is
- * interrupted or exits before they are unregistered. */
+ * interrupted or exits before they are unregistered. The first registration
+ * names the thread that writes the outputs (main): a signal landing on any
+ * other thread is forwarded to it, so the cleanup interrupts the writing. */
 void dfl_cleanup_register(const char *path, int is_dir);
 void dfl_cleanup_unregister(const char *path);
 

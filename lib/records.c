@@ -164,9 +164,9 @@ static void fill(dfl_record_queue *q, dfl_record *o) {
 
 static void *queue_main(void *arg) {
     dfl_record_queue *q = arg;
-    /* The tools' signal cleanup (outfile.c) runs on the thread a signal
-     * lands on: it must interrupt the thread that writes the outputs, not
-     * run beside it while a checkpoint's files are still being created. */
+    /* The tools' signal cleanup (outfile.c) must interrupt the thread that
+     * writes the outputs; it would forward a signal landing here, but this
+     * thread need not take them at all. */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT), sigaddset(&sigs, SIGTERM), sigaddset(&sigs, SIGHUP);

@@ -74,6 +74,19 @@ expect_exit 2 "dflash-train-step --resume --anchors -3: 2 (differs from the chec
 expect_exit 74 "--log /dev/full: 74" $INIT --steps 2 --log /dev/full --out "$T/logfull" "$T/train.dfs"
 grep -q "/dev/full: write failed" "$T/.err" && pass "--log /dev/full: the message names the log" || fail "--log /dev/full: message" "$(cat "$T/.err")"
 
+# ---- a checkpoint that cannot be written: 74, named under its own path, the old one kept ----
+# (writes fail with EFBIG past `ulimit -f`; the message used to name the
+# temporary directory, already removed when the user read it)
+check "a checkpoint to keep" $INIT --steps 1 --out "$T/ckfull" "$T/train.dfs"
+sum_before=$(cat "$T/ckfull"/* | cksum)
+expect_exit 74 "checkpoint write failure: 74" bash -c 'trap "" XFSZ; ulimit -f 1; exec "$@"' _ $INIT --steps 2 --seed 9 --out "$T/ckfull/" "$T/train.dfs"
+grep -Eq "^dflash-train-step: $T/ckfull/[a-z_]+\.safetensors: write failed: File too large$" "$T/.err" &&
+    pass "checkpoint write failure: the message names the file in the checkpoint" ||
+    fail "checkpoint write failure: the message names the file in the checkpoint" "$(cat "$T/.err")"
+[ "$(cat "$T/ckfull"/* | cksum)" = "$sum_before" ] && [ -z "$(ls -A "$T" | grep '\.tmp\.')" ] &&
+    pass "checkpoint write failure: the old checkpoint kept, no temporary directory left" ||
+    fail "checkpoint write failure: the old checkpoint kept, no temporary directory left" "$(ls -A "$T")"
+
 # ---- pipelines/demo.sh --help prints its header (it used to start the demo) ---------------
 mkdir -p "$T/demo" && echo keep >"$T/demo/mine"
 (cd "$T/demo" && DEMO_OUT=out "$here/pipelines/demo.sh" --help) >"$T/demo.help" 2>&1
