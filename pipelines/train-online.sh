@@ -20,7 +20,8 @@
 #   -o, --out DIR          OUT      where the per-epoch checkpoints go
 #   -e, --epochs N         EPOCHS   (default 6, the paper's)
 #   -d, --device DEV       DEVICE   cuda (default) or cpu, for both tools
-#   -b, --batch-seqs N     BATCH_SEQS  sequences per step (default 4); with the
+#   -b, --batch-seqs N     BATCH_SEQS  sequences per step (default 32, SpecForge's
+#                                   recipe: 4 per GPU on 8 GPUs); with the
 #                                   sample count it sets the schedule's length
 #   -s, --seed N           SEED     shuffle seed (epoch e uses SEED-e) and init seed
 #       --extract-opts "OPTS"  EXTRACT_OPTS  more dflash-extract options, e.g. "-t 8"
@@ -32,7 +33,7 @@
 # time. The price is a target forward per sample per epoch: ~13 GFLOP per
 # token, 800M tokens x 6 epochs ~ 6e19 FLOP, ~2 GPU-days at 40% of an H200
 # on top of the drafter's training (which is larger: ~250 H200-hours for the
-# paper's recipe). Extraction and training share the GPU, or use two
+# SpecForge's recipe). Extraction and training share the GPU, or use two
 # (dflash-extract -d cuda:0 | dflash-train-step --device cuda:1).
 set -euo pipefail
 
@@ -40,7 +41,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}/
 die() { echo "train-online.sh: $*" >&2; exit 2; }
 
 TARGET=${TARGET:-} DRAFTER=${DRAFTER:-} INIT_FROM=${INIT_FROM:-} OUT=${OUT:-} EPOCHS=${EPOCHS:-6}
-DEVICE=${DEVICE:-cuda} BATCH_SEQS=${BATCH_SEQS:-4} SEED=${SEED:-0} TRAIN_OPTS=${TRAIN_OPTS:-}
+DEVICE=${DEVICE:-cuda} BATCH_SEQS=${BATCH_SEQS:-32} SEED=${SEED:-0} TRAIN_OPTS=${TRAIN_OPTS:-}
 EXTRACT_OPTS=${EXTRACT_OPTS:-}
 SAMPLES=""
 while [ $# -gt 0 ]; do

@@ -73,7 +73,7 @@ static const dfl_opt opts[] = {
     {"weight-decay", 0, DFL_OPT_DOUBLE, &weight_decay, "W", "AdamW decoupled weight decay.", "0"},
     {"max-grad-norm", 0, DFL_OPT_DOUBLE, &max_grad_norm, "X",
      "Clip the global gradient norm: scale by min(1, X / (norm + 1e-6)); 0 disables.", "1"},
-    {"batch-seqs", 0, DFL_OPT_INT, &batch_seqs, "N", "Sequences per optimizer step (0: no limit).", "4"},
+    {"batch-seqs", 0, DFL_OPT_INT, &batch_seqs, "N", "Sequences per optimizer step (0: no limit). SpecForge's Qwen3-8B recipe takes 32: 4 per GPU on 8 GPUs, one loss normaliser over all.", "4"},
     {"batch-tokens", 0, DFL_OPT_INT, &batch_tokens, "N",
      "Tokens per optimizer step: a step stops taking sequences once it holds N tokens (0: no limit).", "0"},
     {"micro-rows", 0, DFL_OPT_INT, &micro_rows, "N",

@@ -32,8 +32,8 @@ sed -i '/^dflash-extract -m Qwen3-8B -l /i cp run/drafter.json drafter.json 2>/d
 sed -i '/^dflash-extract -m Qwen3-8B -l /i ln -sf run/train.dfs train.dfs; ln -sf run/val.dfs val.dfs; cp -r run/ckpt-20000 ckpt-1000' readme.sh
 sed -i '/^start="--init drafter.json"/i cp run/drafter.json drafter.json' readme.sh
 sed -i -e 's/-d cuda/-d cpu/g; s/--device cuda/--device cpu/g' \
-    -e 's/--steps 10000 /--steps 6 /g; s/--steps 200000 /--steps 3 /g; s/--steps 1000 /--steps 4 /g' \
-    -e 's/--total-steps 1200000/--total-steps 40/g; s/--max-new-tokens 2048/--max-new-tokens 8/g' \
+    -e 's/--steps 10000 /--steps 6 /g; s/--steps 25000 /--steps 3 /g; s/--steps 1000 /--steps 4 /g' \
+    -e 's/--batch-seqs 32 /--batch-seqs 4 /g; s/--total-steps 150000/--total-steps 40/g; s/--max-new-tokens 2048/--max-new-tokens 8/g' \
     -e 's/-l 1,9,17,25,33/-l 1,2/; s/-l 1,16,31,46,61/-l 1,3,6/; s/-j 8 /-j 2 /' \
     -e 's|OUT=run run/drafter.json|OUT=run LAYERS=1,2 DRAFT_LAYERS=1 BLOCK=4 MASK_TOKEN=60 run/drafter.json|' \
     -e 's/--split train=0.99,val=0.01/--split train=0.75,val=0.25/' readme.sh
