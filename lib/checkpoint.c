@@ -15,13 +15,16 @@
 
 static void join(char *buf, size_t n, const char *dir, const char *name) { snprintf(buf, n, "%s/%s", dir, name); }
 
-/* config.json: written with 15 significant digits, so 1e-06 stays 1e-06 */
+/* config.json: written with 15 significant digits, so 1e-06 stays 1e-06,
+ * and a trailing newline, as Python's writers leave it. A failed write (a
+ * full disk) is an I/O error (74), like the tensors'; only the open is 73. */
 static int write_json(const char *path, const json_t *j, size_t flags) {
-    if (json_dump_file(j, path, flags | JSON_INDENT(2)) != 0)
-        return dfl_err(DFL_EX_CANTCREAT, "%s: cannot write: %s", path, strerror(errno));
-    /* a trailing newline, as Python's writers leave it */
-    FILE *f = fopen(path, "a");
-    if (!f || fputc('\n', f) == EOF || fclose(f) != 0) return dfl_err(DFL_EX_IOERR, "%s: write error", path);
+    FILE *f = fopen(path, "w");
+    if (!f) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create: %s", path, strerror(errno));
+    int bad = json_dumpf(j, f, flags | JSON_INDENT(2)) != 0 || fputc('\n', f) == EOF || fflush(f) != 0;
+    int err = errno;
+    if (fclose(f) != 0 && !bad) bad = 1, err = errno;
+    if (bad) return dfl_err(DFL_EX_IOERR, "%s: write failed: %s", path, strerror(err));
     return 0;
 }
 
