@@ -3,7 +3,6 @@
 
 #include "common.h"
 
-#include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +38,5 @@ int dfl_ops_get(const char *device, const dfl_ops **out) {
 
 void dfl_ops_cpu_threads(int64_t n) {
     if (n <= 0) return;
-    omp_set_num_threads((int)n);
-    openblas_set_num_threads((int)n);
+    omp_set_num_threads((int)n); /* OpenBLAS runs single-threaded: dfl_ops_cpu */
 }

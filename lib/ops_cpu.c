@@ -6,8 +6,8 @@
  * Attention lives in ops_cpu_attn.c, the LM head and losses in
  * ops_cpu_lmhead.c.
  *
- * cblas_sgemm is only ever called outside OpenMP parallel regions: OpenBLAS
- * runs its own thread pool.
+ * OpenBLAS runs single-threaded, on fixed tiles that our threads share
+ * (dfl_cpu_sgemm), so that no result depends on the thread count.
  */
 #include "ops_cpu.h"
 
@@ -15,6 +15,8 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,15 +136,50 @@ SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const floa
     }
 }
 
+/* OpenBLAS gives an element different bits for different shapes of a call
+ * and for different thread counts (its small-matrix kernels, its split of
+ * the work): 4 to 5 of the thread counts 2..6 differ from 1 at Qwen3-8B's
+ * 4096 x 4096, and so did dflash-extract's streams at -t 1 and -t 3. So
+ * each product is cut into fixed tiles of the output, which depend on the
+ * shape alone, and each tile is one single-threaded OpenBLAS call (see
+ * blas_serial). */
+#define GEMM_TILE 256
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return;
+    const int64_t tm = (M + GEMM_TILE - 1) / GEMM_TILE, tn = (N + GEMM_TILE - 1) / GEMM_TILE;
+    const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+#pragma omp parallel for schedule(dynamic, 1) if (tm * tn > 1 && M * N * K > DFL_CPU_PAR_MIN)
+    for (int64_t t = 0; t < tm * tn; t++) {
+        const int64_t i0 = t / tn * GEMM_TILE, j0 = t % tn * GEMM_TILE;
+        omp_set_num_threads(1); /* this task's: OpenBLAS runs serially even where the region has one thread */
+        const float *a = trans_a ? A + i0 : A + i0 * lda;   /* rows i0.. of op(A) */
+        const float *b = trans_b ? B + j0 * ldb : B + j0;   /* columns j0.. of op(B) */
+        cblas_sgemm(CblasRowMajor, ta, tb, blas_int(min64(GEMM_TILE, M - i0)), blas_int(min64(GEMM_TILE, N - j0)),
+                    blas_int(K), 1.0f, a, blas_int(lda), b, blas_int(ldb), beta, C + i0 * ldc + j0, blas_int(ldc));
+    }
+}
+
+/* One row: sgemv over fixed tiles of w's rows, as dfl_cpu_sgemm does. */
+static void gemv_tiled(float *out, const float *in, const float *w, int64_t K, int64_t N, float beta) {
+    const int64_t tn = (N + GEMM_TILE - 1) / GEMM_TILE;
+#pragma omp parallel for schedule(dynamic, 1) if (tn > 1 && N * K > DFL_CPU_PAR_MIN)
+    for (int64_t t = 0; t < tn; t++) {
+        const int64_t j0 = t * GEMM_TILE;
+        omp_set_num_threads(1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(min64(GEMM_TILE, N - j0)), blas_int(K), 1.0f, w + j0 * K,
+                    blas_int(K), in, 1, beta, out + j0, 1);
+    }
+}
+
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta) {
     DFL_ASSERT(beta == 0.0f || beta == 1.0f);
-    if (M == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, blas_int(N), blas_int(K), 1.0f, w, blas_int(K), in, 1, beta, out, 1);
-    else if (M <= DFL_CPU_FEW_ROWS)
-        gemm_nt_few_rows(out, in, w, M, K, N, beta != 0.0f);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(M), blas_int(N), blas_int(K), 1.0f, in,
-                    blas_int(K), w, blas_int(K), beta, out, blas_int(N));
+    if (M == 1) gemv_tiled(out, in, w, K, N, beta);
+    else if (M <= DFL_CPU_FEW_ROWS) gemm_nt_few_rows(out, in, w, M, K, N, beta != 0.0f);
+    else dfl_cpu_sgemm(0, 1, M, N, K, in, K, w, K, beta, out, N);
 }
 
 /* out[M,N] = in[M,K] . w[N,K]^T (+ out) */
@@ -163,12 +200,8 @@ static void cpu_matmul_bwd(void *din, float *dw, const void *dout, const void *i
     if (din && M > 0 && N <= 0 && !(acc & DFL_ACC_DIN)) memset(din, 0, (size_t)(M * K) * sizeof(float));
     if (dw && N > 0 && M <= 0 && !(acc & DFL_ACC_DW)) memset(dw, 0, (size_t)(N * K) * sizeof(float));
     if (M <= 0 || N <= 0) return;
-    if (din)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(M), blas_int(K), blas_int(N), 1.0f, dout,
-                    blas_int(N), w, blas_int(K), acc & DFL_ACC_DIN ? 1.0f : 0.0f, din, blas_int(K));
-    if (dw)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(N), blas_int(K), blas_int(M), 1.0f, dout,
-                    blas_int(N), in, blas_int(K), acc & DFL_ACC_DW ? 1.0f : 0.0f, dw, blas_int(K));
+    if (din) dfl_cpu_sgemm(0, 0, M, K, N, dout, N, w, K, acc & DFL_ACC_DIN ? 1.0f : 0.0f, din, K);
+    if (dw) dfl_cpu_sgemm(1, 0, N, K, M, dout, N, in, K, acc & DFL_ACC_DW ? 1.0f : 0.0f, dw, K);
 }
 
 /* Per row: rstd = 1/sqrt(mean(x^2) + eps), out = (x * rstd) * w, the order
@@ -429,4 +462,16 @@ static const dfl_ops cpu_ops = {
     .adamw = cpu_adamw,
 };
 
-const dfl_ops *dfl_ops_cpu(void) { return &cpu_ops; }
+/* OpenBLAS single-threaded everywhere (see dfl_cpu_sgemm). Its OpenMP build
+ * (openblas_get_parallel() 2) follows the calling task's thread count,
+ * which each tile sets to 1; its openblas_set_num_threads would set ours
+ * too. A pthreads build (1) runs its own pool, which is set to 1 here. */
+static void blas_serial(void) {
+    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+}
+
+const dfl_ops *dfl_ops_cpu(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, blas_serial);
+    return &cpu_ops;
+}

@@ -19,6 +19,11 @@
  * sgemv, up to DFL_CPU_FEW_ROWS (verifying a block) through a kernel that
  * reads each row of w once for all of them, more through sgemm. */
 #define DFL_CPU_FEW_ROWS 16
+/* C[M,N] = op(A)[M,K] . op(B)[K,N] + beta * C, row-major; op transposes
+ * when trans_* is set. Every product goes through it (see ops_cpu.c: the
+ * bits do not depend on the thread count). */
+void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                   const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta);
 /* The matmul op (ops.h): dfl_cpu_gemm_nt, and the empty cases. */
 void dfl_cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);

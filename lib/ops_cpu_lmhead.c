@@ -25,7 +25,6 @@
 #include "common.h"
 #include "sample.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -37,11 +36,6 @@ int64_t dfl_cpu_lmhead_chunk_rows(int64_t V) {
     if (dfl_cpu_lmhead_rows_override > 0) return dfl_cpu_lmhead_rows_override;
     int64_t r = DFL_CPU_LMHEAD_FLOATS / (V > 0 ? V : 1);
     return r < 1 ? 1 : r > DFL_CPU_LMHEAD_MAX_ROWS ? DFL_CPU_LMHEAD_MAX_ROWS : r;
-}
-
-static int blas_int(int64_t n) {
-    DFL_ASSERT(n >= 0 && n <= 0x7fffffff);
-    return (int)n;
 }
 
 /* z[R, V] = h[R, H] . w[V, H]^T */
@@ -78,8 +72,7 @@ static float logsumexp(const float *z, int64_t V, float max) {
 static void add_grad_rows(float *dh, float *dhc, const float *g, const int32_t *rows, int64_t n, int64_t r0,
                           const float *w, int64_t H, int64_t V) {
     if (n == 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(n), blas_int(H), blas_int(V), 1.0f, g,
-                blas_int(V), w, blas_int(H), 0.0f, dhc, blas_int(H));
+    dfl_cpu_sgemm(0, 0, n, H, V, g, V, w, H, 0.0f, dhc, H);
 #pragma omp parallel for if (n * H > DFL_CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         float *d = dh + (r0 + rows[i]) * H;

@@ -92,6 +92,24 @@ check "encoded on 3 threads: every tensor's stored bytes as the serial writer's"
 check "  (and there are 13 records of tensors)" test "$(grep -c xxh64 "$T/th3.sums")" -ge 13
 if [ "$(stat -c %s "$T/z.dfs")" -lt "$(stat -c %s "$T/pipe.dfs")" ]; then pass "compressed output is smaller"; else fail "compressed output is smaller"; fi
 
+# The forward does not depend on the thread count either: its products run
+# as fixed tiles of single-threaded OpenBLAS calls. OpenBLAS's own split of
+# a product gave other bits at other thread counts (1 ulp in a few values
+# at these widths, at 4096 too), so -t 1 and -t 3 wrote other streams.
+tiny_target "$T/wide" --layers 4 --hidden 128 --intermediate 384 --seed 4
+python3 -c "
+import json, random
+r = random.Random(4)
+for i in range(4):
+    print(json.dumps({'id': 'w%d' % i, 'input_ids': [r.randrange(61) for _ in range(r.randrange(500, 700))]}))
+" >"$T/wide.jsonl"
+for th in 1 2 3; do
+    check "forward on $th thread(s): extract" env SOURCE_DATE_EPOCH=0 dflash-extract -m "$T/wide" -l 1,3 \
+        --threads $th -o "$T/wide$th.dfs" "$T/wide.jsonl"
+done
+check "forward on 1 or 2 threads: the same bytes" cmp "$T/wide1.dfs" "$T/wide2.dfs"
+check "forward on 1 or 3 threads: the same bytes" cmp "$T/wide1.dfs" "$T/wide3.dfs"
+
 # Bad samples. Lines 2, 4, 5, 6 are bad; 1, 3, 7 are good.
 good=$TG/qwen3-tied/reference/inputs.jsonl
 {

@@ -157,6 +157,25 @@ for f in model.safetensors trainer_state.safetensors trainer_state.json; do
 done
 check "another seed" $TS $COMMON --total-steps 10 --seed 8 --init "$T/drafter.json" --steps 10 --out "$T/seed8" "$T/train.dfs"
 if cmp -s "$T/r2n/model.safetensors" "$T/seed8/model.safetensors"; then fail "another seed gives other weights"; else pass "another seed gives other weights"; fi
+# Any thread count, the same checkpoint: wide enough (hidden 128) that the
+# products and the other ops run on several threads, where OpenBLAS's own
+# split of a product gave other bits at other thread counts.
+tiny_target "$T/wide" --layers 4 --hidden 128 --intermediate 384 --seed 4
+python3 -c "
+import json, random
+r = random.Random(6)
+for i in range(4):
+    print(json.dumps({'id': 'w%d' % i, 'input_ids': [r.randrange(61) for _ in range(r.randrange(300, 400))]}))
+" >"$T/wide.jsonl"
+check "a wide stream" dflash-extract -m "$T/wide" -l 1,3 -o "$T/wide.dfs" "$T/wide.jsonl"
+drafter_config "$T/wide.json" hidden=128 inter=384 head_dim=32 target_layers=4 taps="1, 3" layers=1
+for th in 1 3; do
+    check "wide drafter on $th thread(s)" dflash-train-step --threads $th --target "$T/wide" --init "$T/wide.json" \
+        --anchors 64 --batch-seqs 2 --steps 2 --log /dev/null --out "$T/wide-t$th" "$T/wide.dfs"
+done
+for f in model.safetensors trainer_state.safetensors trainer_state.json; do
+    check "1 or 3 threads: identical $f" cmp "$T/wide-t1/$f" "$T/wide-t3/$f"
+done
 
 # ---- stream refusals ------------------------------------------------------------------------
 expect_exit 65 "a stream tapping other layers is refused" $TS $COMMON --init "$T/drafter.json" --steps 1 --out "$T/x" "$T/other.dfs"

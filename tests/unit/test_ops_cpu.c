@@ -1246,6 +1246,42 @@ static void test_thread_count_invariance(void) {
     ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(dout), ops->free(x), ops->free(w), free(c.blocks);
 }
 
+/* The products, through the tools' own thread setting: OpenBLAS alone gave
+ * other bits at other thread counts (and dflash-extract other streams at
+ * -t 1 and -t 3). Shapes that are not multiples of its kernels' widths,
+ * one row (sgemv), a few rows (our kernel), several tiles each way. */
+static void test_products_thread_count_invariance(void) {
+    static const int64_t shapes[][3] = {{1000, 136, 72}, {333, 512, 520}, {600, 48, 32}, {1, 700, 900}, {7, 300, 610}};
+    static const int threads[] = {2, 3, 5};
+    dfl_rng r;
+    dfl_rng_seed(&r, 12);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
+        float *in = fbuf(M * K), *w = fbuf(N * K), *dout = fbuf(M * N);
+        frand(in, M * K, &r, 1), frand(w, N * K, &r, 1), frand(dout, M * N, &r, 1);
+        float *out[2], *din[2], *dw[2];
+        for (int i = 0; i < 2; i++) out[i] = fbuf(M * N), din[i] = fbuf(M * K), dw[i] = fbuf(N * K);
+        for (size_t t = 0; t <= sizeof threads / sizeof threads[0]; t++) {
+            const int i = t > 0, n = t ? threads[t - 1] : 1; /* [0]: one thread, [1]: n */
+            dfl_ops_cpu_threads(n);
+            ops->matmul(out[i], in, w, M, K, N, 0);
+            ops->matmul(out[i], in, w, M, K, N, 1); /* accumulating: out = 2 x the product, in two sums */
+            ops->matmul_bwd(din[i], dw[i], dout, in, w, M, K, N, 0);
+            T_CHECKF(omp_get_max_threads() == n, "the products left %d threads, not %d", omp_get_max_threads(), n);
+            if (!i) continue;
+            T_CHECKF(!memcmp(out[0], out[1], (size_t)(M * N) * 4), "matmul %lldx%lldx%lld: 1 and %d threads differ",
+                     (long long)M, (long long)K, (long long)N, n);
+            T_CHECKF(!memcmp(din[0], din[1], (size_t)(M * K) * 4), "din %lldx%lldx%lld: 1 and %d threads differ",
+                     (long long)M, (long long)K, (long long)N, n);
+            T_CHECKF(!memcmp(dw[0], dw[1], (size_t)(N * K) * 4), "dw %lldx%lldx%lld: 1 and %d threads differ",
+                     (long long)M, (long long)K, (long long)N, n);
+        }
+        for (int i = 0; i < 2; i++) ops->free(out[i]), ops->free(din[i]), ops->free(dw[i]);
+        ops->free(in), ops->free(w), ops->free(dout);
+    }
+    dfl_ops_cpu_threads(omp_get_num_procs());
+}
+
 /* ------------------------------------------------------------------------ */
 /* Qwen3.5 hybrid ops, against tests/fixtures/ops/gdn.safetensors
  * (tests/reference/gdn_reference.py: transformers' own recurrent gated delta
@@ -1534,6 +1570,7 @@ int main(void) {
     fx_dense = open_fx("dense"), fx_attn = open_fx("attn"), fx_lm = open_fx("lmhead"), fx_adam = open_fx("adamw");
     fx_gdn = open_fx("gdn");
     T_RUN(test_memory_and_conversions);
+    T_RUN(test_products_thread_count_invariance);
     T_RUN(test_matmul);
     T_RUN(test_matmul_fd);
     T_RUN(test_gemm_nt_paths);
