@@ -70,6 +70,9 @@ static void on_signal(int sig) {
     raise(sig);
 }
 
+/* A signal ignored when the tool starts stays ignored: under nohup
+ * (SIGHUP) or as a script's background job (SIGINT) the caller asked for
+ * the run to survive it, as GNU tools and zstd let it. */
 static void install_handlers(void) {
     if (handlers_installed) return;
     handlers_installed = 1;
@@ -77,7 +80,8 @@ static void install_handlers(void) {
     atexit(run_cleanup);
     int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
-        struct sigaction sa;
+        struct sigaction sa, old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_signal;
         sigemptyset(&sa.sa_mask);

@@ -103,12 +103,16 @@ say "3. responses: the target's greedy continuations, $NEW_TOKENS tokens each ($
 mkdir -p "gen"
 split -n "l/$JOBS" -d "prompts-train.jsonl" "gen/prompts-"
 echo "\$ dflash-score --target target --drafter ckpt-0 --prompts PART --max-new-tokens $NEW_TOKENS --ignore-eos --emit PART.emit"
+# A script's background jobs ignore SIGINT (and the tools keep an ignored
+# signal ignored): Ctrl-C ends them here, with SIGTERM.
+trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT
 for p in gen/prompts-[0-9][0-9]; do
     dflash-score --target "target" --drafter "ckpt-0" $T1 --prompts "$p" \
         --max-new-tokens "$NEW_TOKENS" --ignore-eos --emit "$p.emit" >/dev/null &
 done
 wait_all() { local rc=0; for j in $(jobs -p); do wait "$j" || rc=$?; done; return $rc; }
 wait_all
+trap - INT
 cat gen/prompts-*.emit >responses.jsonl
 # prompt + response, loss only on the response
 jq -c -n --slurpfile P "prompts-train.jsonl" '

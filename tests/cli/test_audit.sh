@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regressions found by using the tools as the README and the man pages say:
 # output safety (what --out may replace, bad output paths found before the
-# work), option ranges, the learning-rate schedule past --total-steps, log
-# write errors, options a mode does not use, bad target configs.
+# work), signals the caller ignores, option ranges, the learning-rate
+# schedule past --total-steps, log write errors, options a mode does not
+# use, bad target configs.
 . "$(dirname "$0")/lib.sh"
 
 require_built "$DFLASH_BUILD/tests/mktarget"
@@ -92,6 +93,32 @@ for kib in 1 0; do
         pass "checkpoint write failure (ulimit -f $kib): the old checkpoint kept, no temporary directory left" ||
         fail "checkpoint write failure (ulimit -f $kib): the old checkpoint kept, no temporary directory left" "$(ls -A "$T")"
 done
+
+# ---- a signal ignored at the start stays ignored (nohup, a script's background job) ----------
+# (the cleanup replaced SIG_IGN with its handler: a hangup under nohup killed a
+# run and lost every step). env sets the disposition, whatever this shell's.
+# sig_run ENV-OPTION SIGNAL: a 600-step run; SIGNAL once it logs steps (its
+# handlers are set by then); sets rc and at (the steps logged then).
+sig_run() {
+    rm -rf "$T/sig" "$T/sig.log"
+    env "$1" $INIT --steps 600 --loop --log "$T/sig.log" --out "$T/sig" "$T/train.dfs" 2>"$T/sig.err" &
+    local pid=$!
+    for _ in $(seq 1000); do [ -s "$T/sig.log" ] && break; sleep 0.01; done
+    at=$(wc -l <"$T/sig.log")
+    kill -"$2" $pid
+    wait $pid 2>/dev/null
+    rc=$?
+}
+for s in HUP INT; do
+    sig_run --ignore-signal=$s $s
+    [ $rc = 0 ] && [ "$at" -lt 600 ] && [ "$(wc -l <"$T/sig.log")" = 600 ] && [ -f "$T/sig/model.safetensors" ] &&
+        pass "SIG$s ignored at the start: the run goes on to its checkpoint (signalled at step $at)" ||
+        fail "SIG$s ignored at the start: the run goes on to its checkpoint" "rc $rc, signalled at step $at: $(head -c 300 "$T/sig.err")"
+done
+sig_run --default-signal=HUP,INT HUP
+[ $rc = 129 ] && [ ! -e "$T/sig" ] && [ -z "$(ls -A "$T" | grep '^\.sig\.tmp\.')" ] &&
+    pass "SIGHUP by default: no checkpoint, no temporary directory, death by the signal (129)" ||
+    fail "SIGHUP by default: no checkpoint, no temporary directory, death by the signal" "rc $rc; $(ls -A "$T")"
 
 # ---- pipelines/demo.sh --help prints its header (it used to start the demo) ---------------
 mkdir -p "$T/demo" && echo keep >"$T/demo/mine"

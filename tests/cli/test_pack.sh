@@ -209,7 +209,8 @@ for sig in TERM INT; do
     d=$T/kill-$sig
     mkdir -p "$d/tmp"
     mkfifo "$d.fifo"
-    dflash-pack --shuffle --mem 2K --tmpdir "$d/tmp" -o "$d/out.dfs" - <"$d.fifo" &
+    # (env: a background job of a script ignores SIGINT, and so would the tool)
+    env --default-signal=INT,TERM dflash-pack --shuffle --mem 2K --tmpdir "$d/tmp" -o "$d/out.dfs" - <"$d.fifo" &
     pid=$!
     exec 3>"$d.fifo"
     cat "$T/a.dfs" >&3            # the whole stream but no end of input: the tool waits for more
