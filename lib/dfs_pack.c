@@ -29,6 +29,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -173,9 +174,26 @@ static int open_inputs(pack *p) {
     return 0;
 }
 
+/* Every output stays a registered temporary file until the end, beside the
+ * shuffle's bucket directory. */
+_Static_assert(DFS_PACK_MAX_SHARDS + 1 < DFL_CLEANUP_MAX, "the cleanup registry must hold every output of --shards");
+
+/* Each output keeps a descriptor open for the whole run, the inputs and a
+ * shuffle's buckets too: --shards 4096 needs more than the usual soft limit
+ * of 1024, so it is raised as far as the hard limit allows (what is still
+ * missing is then an output that cannot be created, exit 73). */
+static void allow_open_files(const pack *p) {
+    struct rlimit rl;
+    rlim_t want = (rlim_t)p->nout + (rlim_t)p->o->ninputs + 2 * NBUCKETS + 64;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return;
+    rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
+    setrlimit(RLIMIT_NOFILE, &rl);
+}
+
 static int open_outputs(pack *p) {
     const dfs_pack_opts *o = p->o;
     p->nout = o->nsplits ? o->nsplits : o->shards ? o->shards : 1;
+    allow_open_files(p);
     p->out = dfl_calloc((size_t)p->nout, sizeof *p->out);
     p->w = dfl_calloc((size_t)p->nout, sizeof *p->w);
     const json_t *meta = dfs_reader_meta(p->in[0]);
@@ -266,7 +284,12 @@ static int buckets_open(pack *p, buckets *b, int shift) {
             p->tmp[0] = 0;
             return rc;
         }
-        dfl_cleanup_register(p->tmp, 1);
+        int rc = dfl_cleanup_register(p->tmp, 1);
+        if (rc) {
+            rmdir(p->tmp);
+            p->tmp[0] = 0;
+            return rc;
+        }
     }
     json_t *meta = json_object();
     int rc = 0;

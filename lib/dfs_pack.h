@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #define DFS_PACK_MAX_SPLITS 16
+#define DFS_PACK_MAX_SHARDS 4096
 
 typedef struct {
     const char *const *inputs;   /* paths, "-" = stdin */

@@ -9,12 +9,11 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#define MAX_CLEANUP 64
 
 struct dfl_out {
     FILE *f;
@@ -23,11 +22,21 @@ struct dfl_out {
     int own_f;      /* a device opened here: fclose on commit */
 };
 
-static struct {
-    char path[PATH_MAX];
-    int is_dir, used;
-} cleanup[MAX_CLEANUP];
-static int handlers_installed;
+/* The cleanup registry. The signal handler reads it, so it is never
+ * reallocated: a fixed table of pointers, each to an entry filled in full
+ * before its pointer is stored (atomically), so the handler sees either no
+ * entry or a complete one. Unregistering takes the pointer out before
+ * freeing the entry. Registration and unregistration happen on the writing
+ * thread, the only one that runs the cleanup (on_signal). */
+typedef struct {
+    int is_dir;
+    char path[];
+} cleanup_entry;
+_Static_assert(ATOMIC_POINTER_LOCK_FREE == 2, "the signal handler reads these pointers: they must be lock-free");
+static _Atomic(cleanup_entry *) cleanup[DFL_CLEANUP_MAX];
+static int cleanup_top; /* slots at and past it were never used: unregister stops there */
+
+static int set_up;
 static pthread_t cleanup_thread; /* the thread that opens and writes the outputs */
 
 /* Remove a directory and the plain files in it (checkpoints are flat). */
@@ -45,12 +54,14 @@ static void remove_flat_dir(const char *path) {
     rmdir(path);
 }
 
+/* The entries stay in the table (the process is ending): still reachable,
+ * so a leak checker at exit does not report them. */
 static void run_cleanup(void) {
-    for (int i = 0; i < MAX_CLEANUP; i++) {
-        if (!cleanup[i].used) continue;
-        if (cleanup[i].is_dir) remove_flat_dir(cleanup[i].path);
-        else unlink(cleanup[i].path);
-        cleanup[i].used = 0;
+    for (int i = 0; i < DFL_CLEANUP_MAX; i++) {
+        const cleanup_entry *e = atomic_load(&cleanup[i]);
+        if (!e) continue;
+        if (e->is_dir) remove_flat_dir(e->path);
+        else unlink(e->path);
     }
 }
 
@@ -74,9 +85,6 @@ static void on_signal(int sig) {
  * (SIGHUP) or as a script's background job (SIGINT) the caller asked for
  * the run to survive it, as GNU tools and zstd let it. */
 static void install_handlers(void) {
-    if (handlers_installed) return;
-    handlers_installed = 1;
-    cleanup_thread = pthread_self();
     atexit(run_cleanup);
     int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
@@ -89,21 +97,36 @@ static void install_handlers(void) {
     }
 }
 
-void dfl_cleanup_register(const char *path, int is_dir) {
+/* On the first output, from the writing thread (main). */
+static void set_up_once(void) {
+    if (set_up) return;
+    set_up = 1;
+    cleanup_thread = pthread_self();
     install_handlers();
-    for (int i = 0; i < MAX_CLEANUP; i++) {
-        if (cleanup[i].used) continue;
-        snprintf(cleanup[i].path, sizeof cleanup[i].path, "%s", path);
-        cleanup[i].is_dir = is_dir;
-        cleanup[i].used = 1;
-        return;
+}
+
+int dfl_cleanup_register(const char *path, int is_dir) {
+    set_up_once();
+    size_t n = strlen(path) + 1;
+    cleanup_entry *e = dfl_malloc(sizeof *e + n);
+    e->is_dir = is_dir;
+    memcpy(e->path, path, n);
+    for (int i = 0; i < DFL_CLEANUP_MAX; i++) {
+        cleanup_entry *none = NULL;
+        if (atomic_load_explicit(&cleanup[i], memory_order_relaxed)) continue; /* taken: skip the locked exchange */
+        if (!atomic_compare_exchange_strong(&cleanup[i], &none, e)) continue;
+        if (i >= cleanup_top) cleanup_top = i + 1;
+        return 0;
     }
-    DFL_ASSERT(!"too many temporary outputs");
+    free(e);
+    return dfl_err(DFL_EX_CANTCREAT, "%s: too many temporary outputs at once (at most %d)", path, DFL_CLEANUP_MAX);
 }
 
 void dfl_cleanup_unregister(const char *path) {
-    for (int i = 0; i < MAX_CLEANUP; i++)
-        if (cleanup[i].used && !strcmp(cleanup[i].path, path)) cleanup[i].used = 0;
+    for (int i = 0; i < cleanup_top; i++) {
+        cleanup_entry *e = atomic_load(&cleanup[i]);
+        if (e && !strcmp(e->path, path) && atomic_compare_exchange_strong(&cleanup[i], &e, NULL)) free(e);
+    }
 }
 
 /* ".NAME.tmp.XXXXXX" in the directory of `final`. */
@@ -149,7 +172,12 @@ int dfl_out_open(dfl_out **out, const char *path, int binary) {
     if (tmp_name_for(path, tmp, sizeof tmp)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", path);
     int fd = mkstemp(tmp);
     if (fd < 0) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create: %s", path, strerror(errno));
-    dfl_cleanup_register(tmp, 0);
+    int rc = dfl_cleanup_register(tmp, 0);
+    if (rc) {
+        close(fd);
+        unlink(tmp);
+        return rc;
+    }
     fchmod(fd, 0644);
     dfl_out *o = dfl_calloc(1, sizeof *o);
     o->f = fdopen(fd, "wb");
@@ -228,8 +256,9 @@ int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n) {
     if (tmp_name_for(buf, tmp_path, n)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
     if (!mkdtemp(tmp_path)) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", final_path, strerror(errno));
     chmod(tmp_path, 0755);
-    dfl_cleanup_register(tmp_path, 1);
-    return 0;
+    int rc = dfl_cleanup_register(tmp_path, 1);
+    if (rc) rmdir(tmp_path);
+    return rc;
 }
 
 static int fsync_path(const char *path) {

@@ -44,8 +44,12 @@ int dfl_tmpdir_check(const char *final_path, const char *const *names);
 /* The cleanup registry used by the above: paths removed if the process is
  * interrupted or exits before they are unregistered. The first registration
  * names the thread that writes the outputs (main): a signal landing on any
- * other thread is forwarded to it, so the cleanup interrupts the writing. */
-void dfl_cleanup_register(const char *path, int is_dir);
+ * other thread is forwarded to it, so the cleanup interrupts the writing.
+ * It holds DFL_CLEANUP_MAX paths at once: every output of dflash-pack's
+ * largest --shards, its shuffle's bucket directory, and a margin. Returns 0,
+ * or DFL_EX_CANTCREAT with the error recorded when it is full. */
+#define DFL_CLEANUP_MAX (4096 + 64)
+int dfl_cleanup_register(const char *path, int is_dir);
 void dfl_cleanup_unregister(const char *path);
 
 /* Check stdout at exit, as jq does: flush, ferror and fclose. Returns 0 or

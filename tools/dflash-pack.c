@@ -33,7 +33,8 @@ static const dfl_opt opts[] = {
      "A record goes to the part where (XXH64(id) >> 11) / 2^53 falls among the cumulative fractions, so the same id "
      "lands in the same part in every run and every shard.", NULL},
     {"shards", 0, DFL_OPT_INT, &shards, "N",
-     "Deal the output records round-robin into N files: record i (in output order) goes to shard i mod N.", NULL},
+     "Deal the output records round-robin into N files (at most 4096): record i (in output order) goes to shard i "
+     "mod N.", NULL},
     {"compress", 0, DFL_OPT_CHOICE, &compress, "keep|none|lz4",
      "Re-encode tensors with this codec; keep copies each tensor's stored bytes as they are.", NULL},
     {"byte-shuffle", 0, DFL_OPT_CHOICE, &byte_shuffle, "keep|on|off",
@@ -115,7 +116,8 @@ int main(int argc, char **argv) {
         o.progress = progress;
         o.producer = "dflash-pack " DFLASH_VERSION;
         if (split && shards) dfl_cli_usage_error(&cli, "--split and --shards exclude each other");
-        if (shards < 0 || shards > 4096) dfl_cli_usage_error(&cli, "--shards must be in 0..4096 (0: no shards)");
+        if (shards < 0 || shards > DFS_PACK_MAX_SHARDS)
+            dfl_cli_usage_error(&cli, "--shards must be in 0..%d (0: no shards)", DFS_PACK_MAX_SHARDS);
         o.shards = (int)shards;
         if (split && dfs_pack_parse_split(split, &o)) dfl_cli_usage_error(&cli, "%s", dfl_errmsg());
         if (split && dfs_pack_pattern_ok(output, 's'))

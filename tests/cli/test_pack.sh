@@ -95,6 +95,63 @@ dflash-pack --shards 2 --shuffle --seed 7 -o "$T/ss-%d.dfs" "$T/a.dfs" "$T/b.dfs
 expect_exit 2 "--shards needs %d in -o" dflash-pack --shards 2 -o "$T/x.dfs" "$T/a.dfs"
 expect_exit 2 "--split and --shards exclude each other" dflash-pack --shards 2 --split a=1 -o "$T/x-%d.dfs" "$T/a.dfs"
 
+# Many shards: each output is a registered temporary file until the end (more
+# than 64 used to abort on an assertion and leave them all behind). With at
+# least as many shards as records, shard i holds record i and the rest are
+# empty streams.
+shard_list() { local i; for ((i = 0; i < $2; i++)); do echo "$1-$i.dfs"; done; }
+dealt() { dflash-pack --inspect $(shard_list "$1" "$2") | jq -r 'select(.type=="sample") | "\(.file) \(.id)"'; }
+deal() { ids "$2" | awk -v p="$1" '{ print p "-" (NR - 1) ".dfs", $0 }'; }
+no_tmp() { [ -z "$(ls -A "$1" | grep '\.tmp\.')" ]; }
+mkdir -p "$T/many/tmp"
+for n in 65 300; do
+    check "--shards $n" dflash-pack --shards $n -o "$T/many/p$n-%d.dfs" "$T/m.dfs"
+    [ "$(dealt "$T/many/p$n" $n)" = "$(deal "$T/many/p$n" "$T/m.dfs")" ] &&
+        [ "$(dflash-pack --inspect $(shard_list "$T/many/p$n" $n) | grep -c '"type":"stream"')" = $n ] &&
+        pass "--shards $n: $n streams, shard i holds record i" || fail "--shards $n: $n streams, shard i holds record i"
+done
+check "--shards 300 --shuffle, spilling" dflash-pack --shards 300 --shuffle --seed 7 --mem 4K --tmpdir "$T/many/tmp" \
+    -o "$T/many/s-%d.dfs" "$T/a.dfs" "$T/b.dfs"
+[ "$(dealt "$T/many/s" 300)" = "$(deal "$T/many/s" "$T/s7.dfs")" ] &&
+    pass "--shards 300 --shuffle: the shuffled order dealt" || fail "--shards 300 --shuffle: the shuffled order dealt"
+no_tmp "$T/many" && [ -z "$(ls -A "$T/many/tmp")" ] && pass "many shards: no temporary file or bucket left" ||
+    fail "many shards: no temporary file or bucket left" "$(ls -A "$T/many" "$T/many/tmp" | grep -v '^[ps]' | head -5)"
+# --shards 4096, the most it takes, needs more than the usual soft limit of
+# 1024 open files: dflash-pack raises it (up to the hard limit).
+hard=$(ulimit -Hn)
+if [ "$hard" = unlimited ] || [ "$hard" -ge 8192 ]; then
+    mkdir -p "$T/most"
+    (ulimit -Sn 1024 && dflash-pack --shards 4096 -o "$T/most/p-%d.dfs" "$T/m.dfs") 2>"$T/.err"
+    rc=$?
+    [ $rc = 0 ] && [ "$(ls "$T/most" | grep -c '^p-[0-9]*\.dfs$')" = 4096 ] && no_tmp "$T/most" &&
+        [ "$(dflash-pack --stats --json "$T"/most/p-*.dfs | jq .records)" = 65 ] &&
+        pass "--shards 4096 under ulimit -Sn 1024: 4096 shards, 65 records" ||
+        fail "--shards 4096 under ulimit -Sn 1024" "rc $rc: $(head -c 300 "$T/.err")"
+    rm -rf "$T/most"
+else
+    echo "SKIP --shards 4096: the hard limit of open files is $hard"
+fi
+# Interrupted with 300 temporary outputs and the shuffle's buckets: nothing
+# of them is left.
+d=$T/many-kill
+mkdir -p "$d/tmp"
+mkfifo "$d.fifo"
+dflash-pack --shards 300 --shuffle --mem 2K --tmpdir "$d/tmp" -o "$d/p-%d.dfs" - <"$d.fifo" &
+pid=$!
+exec 3>"$d.fifo"
+cat "$T/a.dfs" >&3            # no end of input: the tool waits for more
+for _ in $(seq 200); do [ -n "$(ls -A "$d/tmp")" ] && [ "$(ls -A "$d" | grep -c '\.tmp\.')" = 300 ] && break; sleep 0.05; done
+[ "$(ls -A "$d" | grep -c '\.tmp\.')" = 300 ] && [ -n "$(ls -A "$d/tmp")" ] &&
+    pass "--shards 300: 300 temporary outputs and buckets before the kill" || fail "--shards 300: temporary outputs before the kill" "$(ls -A "$d" | head -3)"
+kill -TERM $pid
+wait $pid 2>/dev/null
+rc=$?
+exec 3>&-
+rm -f "$d.fifo"
+left=$(cd "$d" && ls -A . tmp | grep -v -e '^tmp$' -e '^$' -e ':$' | head -3)
+[ $rc = 143 ] && [ -z "$left" ] && pass "--shards 300, SIGTERM: no output, temporary or bucket file left (143)" ||
+    fail "--shards 300, SIGTERM: leftovers" "rc $rc: $left"
+
 # ---- re-encoding ------------------------------------------------------------
 exports_equal() { rm -rf "$T/e1" "$T/e2"; dflash-pack --export "$T/e1" "$1" && dflash-pack --export "$T/e2" "$2" && diff -r -q -x stream.json "$T/e1" "$T/e2" >/dev/null; }
 for enc in "--compress none" "--compress lz4 --byte-shuffle off" "--compress lz4" "--compress lz4 --accel 8"; do

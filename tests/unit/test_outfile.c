@@ -1,5 +1,6 @@
 /* test_outfile: the signal cleanup of temporary outputs (lib/outfile.c),
  * in forked children that are killed by the signal they raise. */
+#include "../../lib/common.h"
 #include "../../lib/outfile.h"
 #include "../test.h"
 
@@ -95,8 +96,46 @@ static void test_signal_on_the_writer_cleans_up(void) {
     t_rm_rf(parent);
 }
 
+/* The registry holds DFL_CLEANUP_MAX temporary outputs at once (dflash-pack
+ * --shards 4096 and its buckets); one more is a clean error that leaves no
+ * file, and a signal removes every one registered. It held 64, and the 65th
+ * aborted on an assertion, leaving them all. */
+static void child_fills_the_registry(const char *parent) {
+    char p[PATH_MAX];
+    for (int i = 0; i < DFL_CLEANUP_MAX - 1; i++) {
+        snprintf(p, sizeof p, "%s/f-%d", parent, i);
+        int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd < 0) _exit(3);
+        close(fd);
+        if (dfl_cleanup_register(p, 0)) _exit(4);
+    }
+    dfl_out *last, *over;
+    snprintf(p, sizeof p, "%s/last.dfs", parent);
+    if (dfl_out_open(&last, p, 1)) _exit(5);
+    snprintf(p, sizeof p, "%s/over.dfs", parent);
+    if (dfl_out_open(&over, p, 1) != DFL_EX_CANTCREAT || over) _exit(6);
+    if (count_entries(parent) != DFL_CLEANUP_MAX) _exit(7); /* no temporary file of the refused one */
+    raise(SIGTERM);
+    _exit(8);
+}
+
+static void test_registry_holds_every_shard(void) {
+    T_CHECK(DFL_CLEANUP_MAX > 4096 + 1);
+    char parent[] = "/tmp/dflash-outfile.XXXXXX";
+    T_CHECK(mkdtemp(parent) != NULL);
+    pid_t pid = fork();
+    if (pid == 0) child_fills_the_registry(parent);
+    int status = 0;
+    T_CHECK(waitpid(pid, &status, 0) == pid);
+    T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "status 0x%x (exit %d)", status,
+             WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    T_CHECKF(count_entries(parent) == 0, "%d entries left in %s", count_entries(parent), parent);
+    t_rm_rf(parent);
+}
+
 int main(void) {
     T_RUN(test_signal_on_the_writer_cleans_up);
     T_RUN(test_signal_on_another_thread_cleans_up);
+    T_RUN(test_registry_holds_every_shard);
     return t_exit();
 }
