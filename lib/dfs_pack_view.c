@@ -273,7 +273,7 @@ static int write_npy(const char *path, const dfs_tensor *t) {
 }
 
 static int make_dir(const char *path) {
-    if (mkdir(path, 0755) == 0 || errno == EEXIST) return 0;
+    if (mkdir(path, 0777) == 0 || errno == EEXIST) return 0; /* less the umask, as mkdir(1) */
     return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", path, strerror(errno));
 }
 

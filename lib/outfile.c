@@ -38,6 +38,7 @@ static int cleanup_top; /* slots at and past it were never used: unregister stop
 
 static int set_up;
 static pthread_t cleanup_thread; /* the thread that opens and writes the outputs */
+static mode_t process_umask;     /* read once, by set_up_once() */
 
 /* Remove a directory and the plain files in it (checkpoints are flat). */
 static void remove_flat_dir(const char *path) {
@@ -97,12 +98,24 @@ static void install_handlers(void) {
     }
 }
 
-/* On the first output, from the writing thread (main). */
+/* On the first output, from the writing thread (main). umask() is read by
+ * setting it, for the whole process: set to the strictest value meanwhile,
+ * a file another thread might create then is never more open. */
 static void set_up_once(void) {
     if (set_up) return;
     set_up = 1;
     cleanup_thread = pthread_self();
+    process_umask = umask(077);
+    umask(process_umask);
     install_handlers();
+}
+
+/* The mode open(2) and mkdir(2) would give: mkstemp and mkdtemp create
+ * 0600 and 0700, private whatever the umask, and a rename keeps that. As
+ * lz4 and zstd do, an output gets 0666 (a directory 0777) less the umask. */
+static mode_t creation_mode(mode_t full) {
+    set_up_once();
+    return full & ~process_umask;
 }
 
 int dfl_cleanup_register(const char *path, int is_dir) {
@@ -178,7 +191,7 @@ int dfl_out_open(dfl_out **out, const char *path, int binary) {
         unlink(tmp);
         return rc;
     }
-    fchmod(fd, 0644);
+    fchmod(fd, creation_mode(0666));
     dfl_out *o = dfl_calloc(1, sizeof *o);
     o->f = fdopen(fd, "wb");
     if (!o->f) {
@@ -255,9 +268,9 @@ int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n) {
     if (strip_slashes(final_path, buf, sizeof buf)) return DFL_EX_CANTCREAT;
     if (tmp_name_for(buf, tmp_path, n)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
     if (!mkdtemp(tmp_path)) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", final_path, strerror(errno));
-    chmod(tmp_path, 0755);
     int rc = dfl_cleanup_register(tmp_path, 1);
     if (rc) rmdir(tmp_path);
+    else chmod(tmp_path, creation_mode(0777));
     return rc;
 }
 

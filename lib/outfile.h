@@ -2,10 +2,11 @@
  *
  * A file output is written to a hidden temporary name in the same directory
  * (".NAME.tmp.XXXXXX") and renamed over NAME on commit, as zstd and
- * safetensors do. The temporary path is registered for cleanup: SIGINT,
- * SIGTERM, SIGHUP and exit() before commit remove it (a signal ignored when
- * the process starts, as under nohup, stays ignored). "-" writes to stdout,
- * which is refused when it is a terminal and the output is binary.
+ * safetensors do, with mode 0666 less the umask (a directory: 0777). The
+ * temporary path is registered for cleanup: SIGINT, SIGTERM, SIGHUP and
+ * exit() before commit remove it (a signal ignored when the process starts,
+ * as under nohup, stays ignored). "-" writes to stdout, which is refused
+ * when it is a terminal and the output is binary.
  */
 #ifndef DFLASH_OUTFILE_H
 #define DFLASH_OUTFILE_H

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regressions found by using the tools as the README and the man pages say:
 # output safety (what --out may replace, bad output paths found before the
-# work), signals the caller ignores, option ranges, the learning-rate
-# schedule past --total-steps, log write errors, options a mode does not
-# use, bad target configs.
+# work, modes under the umask), signals the caller ignores, option ranges,
+# the learning-rate schedule past --total-steps, log write errors, options a
+# mode does not use, bad target configs.
 . "$(dirname "$0")/lib.sh"
 
 require_built "$DFLASH_BUILD/tests/mktarget"
@@ -119,6 +119,21 @@ sig_run --default-signal=HUP,INT HUP
 [ $rc = 129 ] && [ ! -e "$T/sig" ] && [ -z "$(ls -A "$T" | grep '^\.sig\.tmp\.')" ] &&
     pass "SIGHUP by default: no checkpoint, no temporary directory, death by the signal (129)" ||
     fail "SIGHUP by default: no checkpoint, no temporary directory, death by the signal" "rc $rc; $(ls -A "$T")"
+
+# ---- outputs follow the umask, as lz4's and zstd's do (files were 0644, directories 0755) ------
+for m in 077 002; do
+    rm -rf "$T/um" && mkdir "$T/um"
+    (umask $m && dflash-pack -o "$T/um/p.dfs" "$T/train.dfs" &&
+        dflash-extract -t 1 -m "$T/target" -l 1,3 -o "$T/um/e.dfs" "$T/data.jsonl" &&
+        dflash-pack --export "$T/um/ex" "$T/train.dfs" && $INIT --steps 0 --out "$T/um/ck") 2>"$T/.err"
+    rc=$?
+    f=$(printf '%o' $((0666 & ~0$m))) d=$(printf '%o' $((0777 & ~0$m)))
+    odd=$(find "$T/um" -mindepth 1 \( -type f ! -perm "$f" -o -type d ! -perm "$d" \) -printf '%m %P\n' | head -5)
+    [ $rc = 0 ] && [ -z "$odd" ] && [ -f "$T/um/e.dfs" ] && [ -f "$T/um/ck/model.safetensors" ] &&
+        [ -f "$T/um/ck/config.json" ] && [ -f "$T/um/ex/000000-s0/hidden.npy" ] &&
+        pass "umask $m: streams, an export and a checkpoint are $f, their directories $d" ||
+        fail "umask $m: streams, an export and a checkpoint are $f, their directories $d" "rc $rc: $odd $(head -c 200 "$T/.err")"
+done
 
 # ---- pipelines/demo.sh --help prints its header (it used to start the demo) ---------------
 mkdir -p "$T/demo" && echo keep >"$T/demo/mine"
