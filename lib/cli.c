@@ -57,6 +57,22 @@ static void help_line(const dfl_opt *o, FILE *f) {
     fputc('\n', f);
 }
 
+static int has_option(const dfl_cli *cli, const char *name) {
+    for (const dfl_opt *o = cli->opts; o->name; o++)
+        if (!strcmp(o->name, name)) return 1;
+    return 0;
+}
+
+/* The codes this tool can give: 69 comes only from choosing a device
+ * (--device cuda without one), so a tool without --device never exits 69.
+ * A signal ends a tool as it ends cat: 128+N is the shell's number. */
+static void exit_status_help(const dfl_cli *cli, FILE *f) {
+    fprintf(f, "\nexit status: 0 ok, 1 (reserved), 2 usage, 65 bad input data, 66 cannot open input,\n%s70 internal error, "
+               "73 cannot create output, 74 I/O error;\nkilled by signal N: 128+N, e.g. 130 for Ctrl-C (temporary outputs "
+               "removed first), 141 for a closed pipe.\n",
+            has_option(cli, "device") ? "69 no CUDA device, " : "");
+}
+
 void dfl_cli_help(const dfl_cli *cli, FILE *f) {
     fprintf(f, "%s - %s\n\nusage:", cli->prog, cli->summary);
     const char *s = cli->synopsis;
@@ -70,9 +86,8 @@ void dfl_cli_help(const dfl_cli *cli, FILE *f) {
     for (const dfl_opt *o = cli->opts; o->name; o++) help_line(o, f);
     help_line(&builtin_help, f);
     help_line(&builtin_version, f);
-    fprintf(f, "\nexit status: 0 ok, 1 (reserved), 2 usage, 65 bad input data, 66 cannot open input,\n"
-               "69 no CUDA device, 70 internal error, 73 cannot create output, 74 I/O error.\n"
-               "See man %s.\n", cli->prog);
+    exit_status_help(cli, f);
+    fprintf(f, "See man %s.\n", cli->prog);
 }
 
 /* scdoc needs '*', '_' and '\' escaped in running text. */

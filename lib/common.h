@@ -30,7 +30,7 @@ enum {
     DFL_EX_UNAVAIL  = 69, /* a requested facility is missing (no CUDA device) */
     DFL_EX_SOFTWARE = 70, /* internal error, CUDA/cuBLAS failure */
     DFL_EX_CANTCREAT = 73, /* an output cannot be created */
-    DFL_EX_IOERR    = 74, /* read or write failure, full disk, closed pipe */
+    DFL_EX_IOERR    = 74, /* read or write failure: full disk (a closed pipe kills by SIGPIPE unless ignored) */
 };
 
 /* Record an error message (printf-style) and return `code`. The message is

@@ -260,6 +260,18 @@ r = subprocess.run(['dflash-pack', '--verify'], stdin=s, stderr=subprocess.PIPE)
 sys.stderr.write(r.stderr.decode()); sys.exit(r.returncode)"
 expect_exit 73 "unwritable output" dflash-pack -o "$T/no/such/dir/x.dfs" "$T/a.dfs"
 
+# A closed pipe ends the tool by SIGPIPE, as it ends cat (141); with SIGPIPE
+# ignored the write fails with 74 (the pages said 74 for both). 2 MB of raw
+# records: more than a pipe holds, so the writer is still writing.
+$GEN -n 64 -t 128 -H 64 -K 2 -o "$T/big.dfs"
+dflash-pack --compress none "$T/big.dfs" 2>"$T/.err" | head -c 10 >/dev/null
+rc=${PIPESTATUS[0]}
+[ $rc = 141 ] && [ ! -s "$T/.err" ] && pass "closed pipe: killed by SIGPIPE (141), silently" || fail "closed pipe: 141" "rc $rc: $(cat "$T/.err")"
+(trap '' PIPE; dflash-pack --compress none "$T/big.dfs" 2>"$T/.err" | head -c 10 >/dev/null; exit ${PIPESTATUS[0]})
+rc=$?
+[ $rc = 74 ] && grep -q 'write failed: Broken pipe' "$T/.err" && pass "closed pipe, SIGPIPE ignored: write failed (74)" ||
+    fail "closed pipe, SIGPIPE ignored: write failed (74)" "rc $rc: $(cat "$T/.err")"
+
 # A killed write leaves neither the output nor a temporary file; a killed
 # shuffle leaves no buckets.
 for sig in TERM INT; do
