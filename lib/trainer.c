@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void dfl_trainer_init(dfl_trainer *t, dfl_drafter *d, const dfl_model_config *tcfg, const dfl_train_opts *o,
                       int64_t batch_seqs, int64_t batch_tokens, int loop, uint64_t seed) {
@@ -49,19 +50,35 @@ static int reopen(dfl_trainer *t) {
     return rc ? rc : dfl_records_check_meta(&t->meta, t->path, t->tcfg, &t->d, 1, t->o.labels_target, t->o.kl);
 }
 
+static const char *file_kind(mode_t m) {
+    return S_ISFIFO(m) ? "a pipe or FIFO" : S_ISDIR(m) ? "a directory" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device" : "not a regular file";
+}
+
+int dfl_trainer_check_loop(const char *path, int loop) {
+    if (!loop) return 0;
+    if (!strcmp(path, "-")) return dfl_err(DFL_EX_USAGE, "--loop needs a file to re-read, not standard input");
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return dfl_err(DFL_EX_USAGE, "%s: --loop needs a regular file it can re-read, and this is %s (write the "
+                       "stream to a file first, or leave out --loop)", path, file_kind(st.st_mode));
+    return 0;
+}
+
 int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epoch) {
+    int rc = dfl_trainer_check_loop(path, t->loop);
+    if (rc) return rc;
     free(t->path);
     free(t->real);
     t->path = dfl_strdup(path);
     if (!strcmp(path, "-")) {
         t->real = dfl_strdup("-");
-        if (t->loop) return dfl_err(DFL_EX_USAGE, "--loop needs a file to re-read, not standard input");
     } else {
         char *rp = realpath(path, NULL);
         t->real = rp ? rp : dfl_strdup(path);
     }
     DFL_ASSERT(!t->q); /* opened once */
-    int rc = reopen(t);
+    rc = reopen(t);
     if (rc) return rc;
     t->epoch = t->in_epoch = epoch;
     t->records = t->in_records = 0;

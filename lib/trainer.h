@@ -77,6 +77,14 @@ void dfl_trainer_free(dfl_trainer *t);
  * target_ids / last_hidden when the options need them; every mismatching
  * field is named), and skip `skip` records of it. */
 int dfl_trainer_open(dfl_trainer *t, const char *path, int64_t skip, int64_t epoch);
+/* Can the input at `path` ("-": stdin) be read with `loop`? --loop opens it
+ * again at the end of each pass, so it needs a regular file: standard input,
+ * a FIFO or a pipe (/dev/fd/N from a shell's <(...)) is spent after one pass
+ * and would block or read as an empty stream. Cheap (a stat): the tool calls
+ * it before loading the models; dfl_trainer_open checks it again. Returns 0
+ * or DFL_EX_USAGE with the error recorded; a path that does not exist is
+ * left to the open to report. */
+int dfl_trainer_check_loop(const char *path, int loop);
 /* Read ahead on a thread (on != 0: the default, for a regular file only) or not;
  * after dfl_trainer_open, before the first step. The records, the steps
  * and every error are the same either way. */

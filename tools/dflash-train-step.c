@@ -78,7 +78,9 @@ static const dfl_opt opts[] = {
      "Tokens per optimizer step: a step stops taking sequences once it holds N tokens (0: no limit).", "0"},
     {"micro-rows", 0, DFL_OPT_INT, &micro_rows, "N",
      "Rows (context + block) per micro-batch; gradients accumulate over the micro-batches of a step.", "16384"},
-    {"loop", 0, DFL_OPT_FLAG, &loop, NULL, "Re-read the input file from its start when it ends (epochs).", NULL},
+    {"loop", 0, DFL_OPT_FLAG, &loop, NULL, "Re-read the input file from its start when it ends (epochs). It must be "
+     "a regular file: standard input, a FIFO or a pipe cannot be read again and is refused before the first step.",
+     NULL},
     {"read-ahead", 0, DFL_OPT_CHOICE, &read_ahead, "on|off",
      "From a regular file, read and decode the next record on a thread while a step runs (standard input or a "
      "FIFO is read as records are needed). The same steps either way; off saves the memory of two records.", "on"},
@@ -214,6 +216,9 @@ int main(int argc, char **argv) {
     dfs_set_codec_threads((int)threads); /* the records' decoding too */
     if (!strcmp(input, "-") && (steps > 0 || resume) && isatty(STDIN_FILENO))
         dfl_cli_usage_error(&cli, "refusing to read a binary stream from a terminal; give a STREAM or redirect stdin");
+    /* before the models are loaded: a --loop that cannot re-read its input
+     * would fail (or block) only at the end of the first pass */
+    if ((steps > 0 || resume) && dfl_trainer_check_loop(input, loop)) dfl_die_last(PROG);
     if (dfl_ckpt_check_out(out_dir)) dfl_die_last(PROG);
 
     const dfl_ops *ops;

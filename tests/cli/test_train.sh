@@ -274,6 +274,20 @@ check "the input ends first: 3 steps of 4 sequences, exit 0" $TS --target "$T/ta
 cp "$T/.err" "$T/err.txt"
 check "  ... says how many steps it made" grep -q "after 3 of 50 steps" "$T/err.txt"
 check "  ... and still writes the checkpoint" grep -q '"step": 3,' "$T/short/trainer_state.json"
+# --loop opens its input again at the end of each pass, so it needs a regular
+# file: a FIFO and a pipe path (a shell's <(...)) are refused before the first
+# step, naming the path (the FIFO used to block forever at the end of the first
+# pass, the pipe path to fail there as an "empty input", the steps lost). No
+# writer opens the FIFO: the refusal must come without opening it.
+mkfifo "$T/loop-fifo"
+LOOP="$TS --target $T/target --init $T/drafter.json --anchors 12 --batch-seqs 4 --steps 20 --loop"
+expect_exit 2 "--loop on a FIFO: refused (2)" timeout 20 $LOOP --log "$T/loop-fifo.log" --out "$T/x" "$T/loop-fifo"
+grep -q "loop-fifo: --loop needs a regular file it can re-read" "$T/.err" &&
+    pass "  ... naming the FIFO and what --loop needs" || fail "  ... naming the FIFO and what --loop needs" "$(cat "$T/.err")"
+expect_exit 2 "--loop on a pipe path <(...): refused (2)" $LOOP --log "$T/loop-pipe.log" --out "$T/x" <(cat "$T/train.dfs")
+grep -Eq "/dev/fd/[0-9]+: --loop needs a regular file it can re-read, and this is a pipe" "$T/.err" &&
+    pass "  ... naming the pipe path and what --loop needs" || fail "  ... naming the pipe path and what --loop needs" "$(cat "$T/.err")"
+check "  ... before any step, with no checkpoint" sh -c "! test -s '$T/loop-fifo.log' && ! test -s '$T/loop-pipe.log' && ! test -e '$T/x'"
 expect_exit 69 "--device cuda without CUDA: exit 69" $TS --device cuda --target "$T/target" --init "$T/drafter.json" \
     --steps 1 --out "$T/x" "$T/train.dfs"
 expect_exit 2 "--init and --resume together: usage error" $TS --target "$T/target" --init "$T/drafter.json" \
