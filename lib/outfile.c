@@ -151,8 +151,16 @@ static int tmp_name_for(const char *final, char *buf, size_t n) {
     return k > 0 && (size_t)k < n ? 0 : -1;
 }
 
+static int empty_path(const char *opt) {
+    return dfl_err(DFL_EX_CANTCREAT, "%s%san empty path names no file or directory (is a shell variable unset?)",
+                   opt ? opt : "", opt ? " '': " : "");
+}
+
+int dfl_out_check_name(const char *opt, const char *path) { return path && !*path ? empty_path(opt) : 0; }
+
 int dfl_out_open(dfl_out **out, const char *path, int binary) {
     *out = NULL;
+    if (!*path) return empty_path(NULL);
     if (!strcmp(path, "-")) {
         if (binary && isatty(STDOUT_FILENO))
             return dfl_err(DFL_EX_USAGE, "refusing to write binary data to a terminal; redirect stdout or use -o FILE");
@@ -264,6 +272,7 @@ static int strip_slashes(const char *path, char *buf, size_t n) {
 }
 
 int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n) {
+    if (!*final_path) return empty_path(NULL);
     char buf[PATH_MAX];
     if (strip_slashes(final_path, buf, sizeof buf)) return DFL_EX_CANTCREAT;
     if (tmp_name_for(buf, tmp_path, n)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
@@ -316,6 +325,9 @@ static int check_replaceable(const char *final_path, const char *const *names) {
 }
 
 int dfl_tmpdir_check(const char *final_arg, const char *const *names) {
+    /* "" would pass the checks below (lstat fails: nothing to replace; the
+     * probe goes beside it, in the current directory) and fail at the rename */
+    if (!*final_arg) return empty_path(NULL);
     char final_path[PATH_MAX];
     if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
     int rc = check_replaceable(final_path, names);

@@ -15,6 +15,14 @@
 
 typedef struct dfl_out dfl_out;
 
+/* An output path given to option `opt` ("--out", "-o") must not be "": an
+ * unset shell variable (--out "$CKPT") names no file, and the work would be
+ * done and then lost when the rename into place fails. Tools call this for
+ * every output option before the work (dfl_out_open and the tmpdir
+ * functions refuse "" too, without the option's name). Returns 0 or
+ * DFL_EX_CANTCREAT with the error recorded. */
+int dfl_out_check_name(const char *opt, const char *path);
+
 /* Open `path` for writing ("-" is stdout). Returns 0 or an exit code
  * (DFL_EX_CANTCREAT, DFL_EX_USAGE for binary output to a terminal) with the
  * error recorded. */

@@ -97,6 +97,11 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "--inspect, --stats, --verify and --export write no stream: -o, --shuffle, --split, "
                                   "--shards, --compress and --byte-shuffle do not go with them");
     if (accel < 1 || accel > 65537) dfl_cli_usage_error(&cli, "--accel must be in 1..65537");
+    /* "" (an unset shell variable) names no file: -o would fail at the rename
+     * after the whole pass, --tmpdir '' would put the buckets in / */
+    if (dfl_out_check_name("-o", output) || dfl_out_check_name("--export", export_dir) ||
+        dfl_out_check_name("--tmpdir", tmpdir))
+        dfl_die_last(cli.prog);
     int rc;
     if (modes) {
         if (inspect) rc = dfs_pack_inspect(inputs, ninputs, stdout);

@@ -204,6 +204,7 @@ int main(int argc, char **argv) {
     int npos = dfl_cli_parse(&cli, argc, argv, &pos);
     const int online = prompts != NULL;
     check_options(online, npos, pos);
+    if (dfl_out_check_name("--emit", emit_path)) dfl_die_last(PROG); /* before the models are loaded */
     const char *input = online ? prompts : npos ? pos[0] : "-";
     dfl_ops_cpu_threads(threads);
     dfs_set_codec_threads((int)threads); /* the records' decoding too */

@@ -49,7 +49,8 @@ static const dfl_opt opts[] = {
     {"steps", 'n', DFL_OPT_INT, &steps, "N", "Optimizer steps to make in this run. Required.", "none"},
     {"out", 'o', DFL_OPT_STR, &out_dir, "CKPT",
      "Write the checkpoint directory here (under a temporary name, renamed when complete). An existing CKPT is "
-     "replaced only if it is a checkpoint directory; anything else is refused before training. Required.", NULL},
+     "replaced only if it is a checkpoint directory; anything else, or an empty CKPT, is refused before training. "
+     "Required.", NULL},
     {"anchors", 0, DFL_OPT_INT, &anchors, "N", "Blocks per sequence: up to N anchors drawn anew each time a sequence "
      "is used.", "512"},
     {"gamma", 0, DFL_OPT_DOUBLE, &gamma_, "G",
@@ -208,6 +209,9 @@ int main(int argc, char **argv) {
     const char *input = npos ? pos[0] : "-";
     if (!target_dir) dfl_cli_usage_error(&cli, "--target DIR is required");
     if (!out_dir) dfl_cli_usage_error(&cli, "--out CKPT is required");
+    /* an empty --out (an unset shell variable) used to train every step,
+     * then fail at the rename */
+    if (dfl_out_check_name("--out", out_dir) || dfl_out_check_name("--log", log_path)) dfl_die_last(PROG);
     if (steps < 0) dfl_cli_usage_error(&cli, "--steps N is required (N >= 0)");
     if (!!init_cfg + !!init_from + !!resume != 1)
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");

@@ -71,6 +71,30 @@ expect_exit 2 "dflash-train-step --resume --anchors -3: 2 (differs from the chec
     $TS --target "$T/target" --resume "$T/ck2" --steps 1 --anchors -3 --out "$T/neg" "$T/train.dfs"
 [ ! -e "$T/neg" ] && pass "no checkpoint from refused options" || fail "no checkpoint from refused options"
 
+# ---- an empty output path (an unset shell variable: --out "$CKPT"): refused before the work ----
+# naming the option, exit 73 as the other bad output paths (--out '' used to
+# train every step and fail at the rename; -o '' and --emit '' the same after
+# the whole pass; --tmpdir '' put the shuffle's buckets in /). Run from an
+# empty directory, where a temporary name beside '' would go.
+mkdir -p "$T/ecwd" && pushd "$T/ecwd" >/dev/null
+empty_out() { # OPT NAME CMD...: exit 73, the option named, nothing written
+    local opt=$1 name=$2; shift 2
+    expect_exit 73 "$name: 73" "$@"
+    grep -q "^${1}: $opt '': an empty path names no file or directory" "$T/.err" && [ -z "$(ls -A "$T/ecwd")" ] &&
+        pass "$name: the option named, nothing written" || fail "$name: the option named, nothing written" "$(cat "$T/.err"; ls -A "$T/ecwd")"
+}
+empty_out --out "dflash-train-step --out ''" $INIT --steps 3 --log "$T/e.log" --out "" "$T/train.dfs"
+[ ! -s "$T/e.log" ] && pass "dflash-train-step --out '': refused before any step" || fail "dflash-train-step --out '': refused before any step" "$(cat "$T/e.log")"
+empty_out --log "dflash-train-step --log ''" $INIT --steps 3 --log "" --out "$T/e-ck" "$T/train.dfs"
+empty_out -o "dflash-extract -o ''" dflash-extract -t 1 -m "$T/target" -l 1,3 -o "" "$T/data.jsonl"
+empty_out -o "dflash-pack -o ''" dflash-pack -o "" "$T/train.dfs"
+empty_out --export "dflash-pack --export ''" dflash-pack --export "" "$T/train.dfs"
+empty_out --tmpdir "dflash-pack --tmpdir ''" dflash-pack --shuffle --mem 1 --tmpdir "" -o "$T/e.dfs" "$T/train.dfs"
+empty_out --emit "dflash-score --emit ''" $SC --prompts "$T/data.jsonl" --max-new-tokens 2 --emit ""
+popd >/dev/null
+[ ! -e "$T/e-ck" ] && [ ! -e "$T/e.dfs" ] && pass "empty output paths: no output written elsewhere" ||
+    fail "empty output paths: no output written elsewhere" "$(ls "$T")"
+
 # ---- --log on a full disk: exit 74 (the lines used to be lost with exit 0) -----------------
 expect_exit 74 "--log /dev/full: 74" $INIT --steps 2 --log /dev/full --out "$T/logfull" "$T/train.dfs"
 grep -q "/dev/full: write failed" "$T/.err" && pass "--log /dev/full: the message names the log" || fail "--log /dev/full: message" "$(cat "$T/.err")"
