@@ -143,8 +143,12 @@ json_t *dfl_drafter_config_json(const dfl_drafter_config *c) {
         if (!json_object_get(j, "rope_theta")) json_object_set_new(j, "rope_theta", json_real(c->mc.rope_theta));
         if (!json_object_get(j, "rope_scaling")) json_object_set_new(j, "rope_scaling", json_null());
     }
-    if (!json_object_get(j, "max_position_embeddings"))
+    /* 0 (the parsed default of an absent key) would read as a context of no
+     * tokens to the engines that serve the checkpoint */
+    if (c->mc.max_position_embeddings > 0)
         json_object_set_new(j, "max_position_embeddings", json_integer(c->mc.max_position_embeddings));
+    else
+        json_object_del(j, "max_position_embeddings");
     json_object_set_new(j, "vocab_size", json_integer(c->V));
     json_object_set_new(j, "tie_word_embeddings", json_false());
     json_t *lt = json_array();
@@ -485,6 +489,10 @@ static void *load_st_wt(const dfl_ops *ops, const dfl_st_tensor *t) {
         free(tmp);
     }
     return dst;
+}
+
+void dfl_drafter_config_from_target(dfl_drafter_config *c, const dfl_model_config *tcfg) {
+    if (c->mc.max_position_embeddings <= 0) c->mc.max_position_embeddings = tcfg->max_position_embeddings;
 }
 
 int dfl_drafter_check_target(const dfl_drafter_config *c, const dfl_model_config *tcfg, const char *dir) {

@@ -56,8 +56,15 @@ int dfl_drafter_config_parse(dfl_drafter_config *c, const char *text, size_t len
 int dfl_drafter_config_load(dfl_drafter_config *c, const char *path);
 void dfl_drafter_config_free(dfl_drafter_config *c);
 /* The config.json of a checkpoint: the parsed file with every key of the
- * released layout set from the parsed values (new reference). */
+ * released layout set from the parsed values (new reference). A
+ * max_position_embeddings that is not positive is left out, never written
+ * as 0 (the reader's default then applies). */
 json_t *dfl_drafter_config_json(const dfl_drafter_config *c);
+/* What a drafter's config may leave to its target: max_position_embeddings,
+ * when absent, null or not positive, becomes the target's. The z-lab
+ * drafters carry their target's (40960 for Qwen3-8B), and serving engines
+ * read it as the drafter's context length. */
+void dfl_drafter_config_from_target(dfl_drafter_config *c, const dfl_model_config *tcfg);
 
 /* ---- parameters ------------------------------------------------------------ */
 

@@ -242,6 +242,7 @@ int main(int argc, char **argv) {
     if (dfl_drafter_check_target(&dcfg, &tcfg, target_dir) || (init_from && dfl_ckpt_check_weights(init_from, &dcfg)) ||
         (resume && dfl_ckpt_check_state(resume, &dcfg)))
         dfl_die_last(PROG);
+    dfl_drafter_config_from_target(&dcfg, &tcfg);
     json_t *state = NULL;
     dfl_drafter *d = dfl_drafter_new(ops, &dcfg);
     if (resume) {

@@ -82,6 +82,21 @@ s = json.load(open(os.path.join(d, "trainer_state.json")))
 assert s["step"] == 150 and s["options"]["total_steps"] == 150 and s["options"]["gamma"] == 4.0
 EOF
 
+# max_position_embeddings, which serving engines read as the drafter's context
+# length: a config without it takes the target's (it used to be written as 0),
+# one with it keeps its own, and a 0 (from the old writer) is replaced on resume
+tmax=$(python3 -c "import json; print(json.load(open('$T/target/config.json'))['max_position_embeddings'])")
+check "max_position_embeddings: the learn checkpoint has the target's ($tmax)" \
+    python3 -c "import json; v = json.load(open('$T/learn/config.json'))['max_position_embeddings']; assert v == $tmax, v"
+python3 -c "import json; c = json.load(open('$T/drafter.json')); c['max_position_embeddings'] = 777
+json.dump(c, open('$T/drafter-mp.json', 'w'))"
+check "--init from a config with max_position_embeddings" $TS --target "$T/target" --init "$T/drafter-mp.json" --steps 0 --out "$T/mp"
+check "  ... keeps it" python3 -c "import json; v = json.load(open('$T/mp/config.json'))['max_position_embeddings']; assert v == 777, v"
+cp -r "$T/learn" "$T/mp0"
+python3 -c "import json; p = '$T/mp0/config.json'; c = json.load(open(p)); c['max_position_embeddings'] = 0; json.dump(c, open(p, 'w'))"
+check "--resume a checkpoint with max_position_embeddings 0" $TS $COMMON --resume "$T/mp0" --steps 1 --out "$T/mp1" "$T/train.dfs"
+check "  ... writes the target's" python3 -c "import json; v = json.load(open('$T/mp1/config.json'))['max_position_embeddings']; assert v == $tmax, v"
+
 # ---- resume: N then N more equals 2N, bit for bit ------------------------------------------
 O="$COMMON --total-steps 10 --seed 7"
 check "2N steps in one run" $TS $O --init "$T/drafter.json" --steps 10 --out "$T/r2n" "$T/train.dfs"

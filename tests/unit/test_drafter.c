@@ -198,6 +198,16 @@ static void test_config(void) {
     j = dfl_drafter_config_json(&c);
     T_CHECK(!json_object_get(j, "block_size"));
     T_CHECK(json_integer_value(json_object_get(json_object_get(j, "dflash_config"), "block_size")) == 10);
+    /* no max_position_embeddings: never written as 0 (a context of no tokens
+     * to a serving engine); the target's fills it */
+    T_CHECK(!json_object_get(j, "max_position_embeddings"));
+    json_decref(j);
+    dfl_model_config tc;
+    memset(&tc, 0, sizeof tc);
+    tc.max_position_embeddings = 40960;
+    dfl_drafter_config_from_target(&c, &tc);
+    j = dfl_drafter_config_json(&c);
+    T_CHECK(json_integer_value(json_object_get(j, "max_position_embeddings")) == 40960);
     json_decref(j);
     dfl_drafter_config_free(&c);
     /* missing target_layer_ids: the reference default (L taps over [1, N-3]) */
