@@ -138,7 +138,7 @@ static const dfl_opt *find_short(const dfl_cli *cli, char c) {
     return NULL;
 }
 
-static int choice_ok(const char *choices, const char *v) {
+int dfl_cli_choice_ok(const char *choices, const char *v) {
     size_t n = strlen(v);
     for (const char *s = choices; s && *s;) {
         const char *bar = strchr(s, '|');
@@ -147,6 +147,13 @@ static int choice_ok(const char *choices, const char *v) {
         s = bar ? bar + 1 : NULL;
     }
     return 0;
+}
+
+const char *dfl_cli_choices(const dfl_cli *cli, const char *name) {
+    for (const dfl_opt *o = cli->opts; o->name; o++)
+        if (o->type == DFL_OPT_CHOICE && !strcmp(o->name, name)) return o->arg;
+    DFL_ASSERT(!"no such choice option");
+    return NULL;
 }
 
 static void set_value(const dfl_cli *cli, const dfl_opt *o, const char *v) {
@@ -169,7 +176,7 @@ static void set_value(const dfl_cli *cli, const dfl_opt *o, const char *v) {
         if (dfl_parse_size(v, o->dest)) dfl_cli_usage_error(cli, "--%s: '%s' is not a size (e.g. 512M)", o->name, v);
         return;
     case DFL_OPT_CHOICE:
-        if (!choice_ok(o->arg, v)) dfl_cli_usage_error(cli, "--%s: '%s' is not one of %s", o->name, v, o->arg);
+        if (!dfl_cli_choice_ok(o->arg, v)) dfl_cli_usage_error(cli, "--%s: '%s' is not one of %s", o->name, v, o->arg);
         *(const char **)o->dest = v;
         return;
     }

@@ -57,6 +57,12 @@ typedef struct {
  * exits 2 with a message on a usage error. */
 int dfl_cli_parse(const dfl_cli *cli, int argc, char **argv, char ***pos);
 
+/* The '|'-separated words of the DFL_OPT_CHOICE option `name` ("ce|kl"),
+ * and whether v is one of them: a value read back from a file (the options
+ * a checkpoint stores) is held to the same choices as the command line. */
+const char *dfl_cli_choices(const dfl_cli *cli, const char *name);
+int dfl_cli_choice_ok(const char *choices, const char *v);
+
 /* Print the --help text. */
 void dfl_cli_help(const dfl_cli *cli, FILE *f);
 

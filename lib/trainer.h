@@ -100,7 +100,8 @@ json_t *dfl_step_log_json(const dfl_trainer *t, const dfl_step_log *log);
 /* trainer_state.json: step, options, RNG, input position, target identity. */
 json_t *dfl_trainer_state_json(const dfl_trainer *t);
 /* Restore step, RNG and seed from a state; the options are the caller's
- * business (dfl_trainer_opts_json / the tool). Returns 0 or DFL_EX_DATA. */
+ * business (dfl_trainer_opts_json / the tool). Returns 0 or DFL_EX_DATA
+ * with an error naming `path`, the trainer_state.json the state came from. */
 int dfl_trainer_restore(dfl_trainer *t, const json_t *state, const char *path);
 /* The options of a state that must match on resume, as stored. */
 json_t *dfl_trainer_opts_json(const dfl_trainer *t);

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -106,57 +107,105 @@ static const dfl_cli cli = {
 
 /* ---- options against a checkpoint's ------------------------------------------------- */
 
-static void mismatch(const char *name, const char *given, const char *stored) {
-    dfl_die(PROG, DFL_EX_USAGE, "--%s %s differs from the checkpoint's %s (options that change the math must match on "
-            "--resume; leave it out to keep the checkpoint's)", name, given, stored);
+static char state_path[4200]; /* CKPT/trainer_state.json on --resume */
+
+/* A stored value the run cannot use: the checkpoint is bad input (65), and
+ * the message names its file and field, not an option the user never gave. */
+static DFL_NORETURN void bad_state(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void bad_state(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: %s: ", PROG, state_path);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(DFL_EX_DATA);
 }
 
-static void take_int(const json_t *o, const char *key, const char *opt, int64_t *v) {
-    json_t *s = json_object_get(o, key);
-    if (!json_is_integer(s)) dfl_die(PROG, DFL_EX_DATA, "%s: trainer state: options.%s is missing", resume, key);
-    if (*v != UNSET && *v != json_integer_value(s)) {
-        char a[32], b[32];
-        snprintf(a, sizeof a, "%lld", (long long)*v);
-        snprintf(b, sizeof b, "%lld", (long long)json_integer_value(s));
-        mismatch(opt, a, b);
+/* The options that change the math, stored in trainer_state.json as
+ * options.KEY: on --resume each takes the checkpoint's value, and one given
+ * too must equal it. */
+static const struct {
+    const char *key, *opt; /* options.KEY, --OPT */
+    char type;             /* 'i' int64_t, 'd' double, 's' a choice (const char *) */
+    void *v;
+} math[] = {
+    {"anchors", "anchors", 'i', &anchors},
+    {"gamma", "gamma", 'd', &gamma_},
+    {"loss", "loss", 's', &loss},
+    {"labels", "labels", 's', &labels},
+    {"loss_norm", "loss-norm", 's', &loss_norm},
+    {"noise_std", "noise-std", 'd', &noise_std},
+    {"lr", "lr", 'd', &lr},
+    {"warmup_ratio", "warmup-ratio", 'd', &warmup_ratio},
+    {"weight_decay", "weight-decay", 'd', &weight_decay},
+    {"max_grad_norm", "max-grad-norm", 'd', &max_grad_norm},
+    {"total_steps", "total-steps", 'i', &total_steps},
+    {"batch_seqs", "batch-seqs", 'i', &batch_seqs},
+    {"batch_tokens", "batch-tokens", 'i', &batch_tokens},
+    {"micro_rows", "micro-rows", 'i', &micro_rows},
+};
+#define NMATH (sizeof math / sizeof math[0])
+typedef char value_text[64];
+
+/* math[k]'s value as text ("" when not given). A double gets the fewest
+ * digits (15 or 17) that read back as the same value: equal texts are equal
+ * values, and 0.3 is not shown as 0.29999999999999999. */
+static void math_text(size_t k, value_text t) {
+    t[0] = 0;
+    if (math[k].type == 'i' && *(int64_t *)math[k].v != UNSET) {
+        snprintf(t, sizeof(value_text), "%lld", (long long)*(int64_t *)math[k].v);
+    } else if (math[k].type == 'd' && !isnan(*(double *)math[k].v)) {
+        double x = *(double *)math[k].v;
+        snprintf(t, sizeof(value_text), "%.15g", x);
+        if (strtod(t, NULL) != x) snprintf(t, sizeof(value_text), "%.17g", x);
+    } else if (math[k].type == 's' && *(const char **)math[k].v) {
+        snprintf(t, sizeof(value_text), "%s", *(const char **)math[k].v);
     }
-    *v = json_integer_value(s);
 }
 
-static void take_double(const json_t *o, const char *key, const char *opt, double *v) {
-    json_t *s = json_object_get(o, key);
-    if (!json_is_number(s)) dfl_die(PROG, DFL_EX_DATA, "%s: trainer state: options.%s is missing", resume, key);
-    if (!isnan(*v) && *v != json_number_value(s)) {
-        char a[32], b[32];
-        snprintf(a, sizeof a, "%.17g", *v);
-        snprintf(b, sizeof b, "%.17g", json_number_value(s));
-        mismatch(opt, a, b);
+/* options.KEY of the state into math[k], of the right JSON type; a choice
+ * is held to the option's words, as on the command line (the code tests
+ * only for the non-default words, "kl", "target" and "count", so any other
+ * string, a hand edit or a later version's new loss, would quietly train
+ * with the default). */
+static void take_stored(const json_t *o, size_t k) {
+    const char *key = math[k].key;
+    const json_t *s = json_object_get(o, key);
+    if (!s) bad_state("options.%s is missing", key);
+    if (math[k].type == 'i') {
+        if (!json_is_integer(s)) bad_state("options.%s is not an integer", key);
+        *(int64_t *)math[k].v = json_integer_value(s);
+    } else if (math[k].type == 'd') {
+        if (!json_is_number(s)) bad_state("options.%s is not a number", key);
+        *(double *)math[k].v = json_number_value(s);
+    } else {
+        const char *str = json_string_value(s), *words = dfl_cli_choices(&cli, math[k].opt);
+        if (!str) bad_state("options.%s is not a string", key);
+        if (!dfl_cli_choice_ok(words, str)) bad_state("options.%s is \"%s\", not one of %s", key, str, words);
+        *(const char **)math[k].v = str;
     }
-    *v = json_number_value(s);
 }
 
-static void take_str(const json_t *o, const char *key, const char *opt, const char **v) {
-    const char *s = json_string_value(json_object_get(o, key));
-    if (!s) dfl_die(PROG, DFL_EX_DATA, "%s: trainer state: options.%s is missing", resume, key);
-    if (*v && strcmp(*v, s)) mismatch(opt, *v, s);
-    *v = s;
+/* On --resume: the stored options replace the given ones, kept in `given`
+ * for check_given() once the stored values have passed check_ranges() (a
+ * bad stored value is the file's fault, whatever was given). */
+static void options_from_state(const json_t *o, value_text given[NMATH]) {
+    if (!json_is_object(o)) bad_state("\"options\" is missing or not an object");
+    for (size_t k = 0; k < NMATH; k++) {
+        math_text(k, given[k]);
+        take_stored(o, k);
+    }
 }
 
-static void options_from_state(const json_t *o) {
-    take_int(o, "anchors", "anchors", &anchors);
-    take_double(o, "gamma", "gamma", &gamma_);
-    take_str(o, "loss", "loss", &loss);
-    take_str(o, "labels", "labels", &labels);
-    take_str(o, "loss_norm", "loss-norm", &loss_norm);
-    take_double(o, "noise_std", "noise-std", &noise_std);
-    take_double(o, "lr", "lr", &lr);
-    take_double(o, "warmup_ratio", "warmup-ratio", &warmup_ratio);
-    take_double(o, "weight_decay", "weight-decay", &weight_decay);
-    take_double(o, "max_grad_norm", "max-grad-norm", &max_grad_norm);
-    take_int(o, "total_steps", "total-steps", &total_steps);
-    take_int(o, "batch_seqs", "batch-seqs", &batch_seqs);
-    take_int(o, "batch_tokens", "batch-tokens", &batch_tokens);
-    take_int(o, "micro_rows", "micro-rows", &micro_rows);
+static void check_given(value_text given[NMATH]) {
+    for (size_t k = 0; k < NMATH; k++) {
+        value_text stored;
+        math_text(k, stored);
+        if (given[k][0] && strcmp(given[k], stored))
+            dfl_die(PROG, DFL_EX_USAGE, "--%s %s differs from the checkpoint's %s (options that change the math must "
+                    "match on --resume; leave it out to keep the checkpoint's)", math[k].opt, given[k], stored);
+    }
 }
 
 static void options_default(int B) {
@@ -178,19 +227,41 @@ static void options_default(int B) {
     if (micro_rows == UNSET) micro_rows = d.micro_rows;
 }
 
+/* A value that breaks `rule` ("must be at least 1"). On --resume every
+ * value is the checkpoint's, so the error is in its trainer_state.json (65),
+ * not on a command line that may not hold the option at all. */
+static void out_of_range(int ok, const char *opt, const char *rule) {
+    if (ok) return;
+    for (size_t k = 0; k < NMATH; k++) {
+        if (strcmp(math[k].opt, opt)) continue;
+        value_text t;
+        math_text(k, t);
+        if (resume) bad_state("options.%s is %s, %s", math[k].key, t, rule);
+        dfl_cli_usage_error(&cli, "--%s %s", opt, rule);
+    }
+    DFL_ASSERT(!"no such option");
+}
+
 static void check_ranges(void) {
-    if (anchors < 1) dfl_cli_usage_error(&cli, "--anchors must be at least 1");
-    if (!(gamma_ > 0)) dfl_cli_usage_error(&cli, "--gamma must be positive");
-    if (!(noise_std >= 0)) dfl_cli_usage_error(&cli, "--noise-std must be >= 0");
-    if (!(lr >= 0)) dfl_cli_usage_error(&cli, "--lr must be >= 0");
-    if (!(warmup_ratio >= 0 && warmup_ratio <= 1)) dfl_cli_usage_error(&cli, "--warmup-ratio must be in [0, 1]");
-    if (!(weight_decay >= 0)) dfl_cli_usage_error(&cli, "--weight-decay must be >= 0");
-    if (!(max_grad_norm >= 0)) dfl_cli_usage_error(&cli, "--max-grad-norm must be >= 0");
-    if (total_steps < 1) dfl_cli_usage_error(&cli, "--total-steps must be at least 1");
-    if (micro_rows < 1) dfl_cli_usage_error(&cli, "--micro-rows must be at least 1");
-    if (batch_seqs < 0) dfl_cli_usage_error(&cli, "--batch-seqs must be >= 0");
-    if (batch_tokens < 0) dfl_cli_usage_error(&cli, "--batch-tokens must be >= 0");
-    if (batch_seqs == 0 && batch_tokens == 0) dfl_cli_usage_error(&cli, "--batch-seqs 0 needs a --batch-tokens limit");
+    out_of_range(anchors >= 1, "anchors", "must be at least 1");
+    out_of_range(gamma_ > 0, "gamma", "must be positive");
+    out_of_range(noise_std >= 0, "noise-std", "must be >= 0");
+    out_of_range(lr >= 0, "lr", "must be >= 0");
+    out_of_range(warmup_ratio >= 0 && warmup_ratio <= 1, "warmup-ratio", "must be in [0, 1]");
+    out_of_range(weight_decay >= 0, "weight-decay", "must be >= 0");
+    out_of_range(max_grad_norm >= 0, "max-grad-norm", "must be >= 0");
+    out_of_range(total_steps >= 1, "total-steps", "must be at least 1");
+    out_of_range(micro_rows >= 1, "micro-rows", "must be at least 1");
+    out_of_range(batch_seqs >= 0, "batch-seqs", "must be >= 0");
+    out_of_range(batch_tokens >= 0, "batch-tokens", "must be >= 0");
+    if (batch_seqs == 0 && batch_tokens == 0) {
+        if (resume) bad_state("options.batch_seqs and options.batch_tokens are both 0: a step needs a limit");
+        dfl_cli_usage_error(&cli, "--batch-seqs 0 needs a --batch-tokens limit");
+    }
+    if (!strcmp(loss, "kl") && !strcmp(labels, "target")) {
+        if (resume) bad_state("options.labels is \"target\" with options.loss \"kl\" (labels apply to ce only)");
+        dfl_cli_usage_error(&cli, "--labels applies to --loss ce only");
+    }
 }
 
 static double next_normal(void *r) { return dfl_rng_normal((dfl_rng *)r); }
@@ -245,13 +316,16 @@ int main(int argc, char **argv) {
     dfl_drafter_config_from_target(&dcfg, &tcfg);
     json_t *state = NULL;
     dfl_drafter *d = dfl_drafter_new(ops, &dcfg);
+    value_text given[NMATH];
     if (resume) {
+        snprintf(state_path, sizeof state_path, "%s/trainer_state.json", resume);
         if (dfl_ckpt_load_state(resume, d, &state)) dfl_die_last(PROG);
-        options_from_state(json_object_get(state, "options"));
+        options_from_state(json_object_get(state, "options"), given);
     } else {
         options_default(dcfg.block_size);
     }
     check_ranges();
+    if (resume) check_given(given);
     dfl_train_opts o;
     dfl_train_opts_default(&o, dcfg.block_size);
     o.anchors = anchors;
@@ -266,20 +340,19 @@ int main(int argc, char **argv) {
     o.max_grad_norm = max_grad_norm;
     o.total_steps = total_steps;
     o.micro_rows = micro_rows;
-    if (o.kl && o.labels_target) dfl_cli_usage_error(&cli, "--labels applies to --loss ce only");
 
     dfl_trainer t;
     dfl_trainer_init(&t, d, &tcfg, &o, batch_seqs, batch_tokens, loop, (uint64_t)seed);
     int64_t skip = 0, epoch = 0;
     if (resume) {
-        if (dfl_trainer_restore(&t, state, resume)) dfl_die_last(PROG);
+        if (dfl_trainer_restore(&t, state, state_path)) dfl_die_last(PROG);
         const json_t *in = json_object_get(state, "input");
         const char *was = json_string_value(json_object_get(in, "path"));
         char *rp = strcmp(input, "-") ? realpath(input, NULL) : NULL;
         if (rp && was && !strcmp(rp, was)) {
             const json_t *r = json_object_get(in, "records"), *e = json_object_get(in, "epoch");
             if (!json_is_integer(r) || json_integer_value(r) < 0 || !json_is_integer(e) || json_integer_value(e) < 0)
-                dfl_die(PROG, DFL_EX_DATA, "%s/trainer_state.json: input.records and input.epoch must be counts", resume);
+                bad_state("input.records and input.epoch must be counts");
             skip = json_integer_value(r);
             epoch = json_integer_value(e);
         } else if (strcmp(input, "-")) {

@@ -216,6 +216,46 @@ for e in "s['input']['records'] = -5" "s['input']['epoch'] = 'one'" "del s['inpu
         fail "resume with $e: file and field named" "$(cat "$T/.err")"
 done
 
+# ---- a stored choice outside the option's words: 65, naming the file, field and value ------
+# (options.loss "foo" used to train as ce, labels "bar" as data, exit 0)
+for e in "loss=foo:ce|kl" "labels=bar:data|target" "loss_norm=sum:weighted|count"; do
+    kv=${e%%:*} key=${kv%%=*} val=${kv#*=} words=${e#*:}
+    rm -rf "$T/ckb" && cp -r "$T/ckr" "$T/ckb"
+    python3 -c "import json, sys; p = sys.argv[1]; s = json.load(open(p)); s['options'][sys.argv[2]] = sys.argv[3]; json.dump(s, open(p, 'w'))" \
+        "$T/ckb/trainer_state.json" "$key" "$val"
+    expect_exit 65 "resume with options.$key \"$val\": 65" $TS --target "$T/target" --resume "$T/ckb" --steps 1 --out "$T/ckc" "$T/train.dfs"
+    grep -qF "ckb/trainer_state.json: options.$key is \"$val\", not one of $words" "$T/.err" &&
+        pass "resume with options.$key \"$val\": file, field and value named" ||
+        fail "resume with options.$key \"$val\": file, field and value named" "$(cat "$T/.err")"
+done
+[ ! -e "$T/ckc" ] && pass "no checkpoint from a bad stored choice" || fail "no checkpoint from a bad stored choice"
+# ---- other bad stored values: 65, naming the file and the field ----------------------------------
+# (options.anchors 0 used to be reported as a command-line error, "--anchors must
+# be at least 1", exit 2; a string for a number as "options.lr is missing"; a
+# bad "step" named only the directory)
+while IFS='|' read -r e msg; do
+    rm -rf "$T/ckb" && cp -r "$T/ckr" "$T/ckb"
+    python3 -c "import json, sys; s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], 'w'))" \
+        "$T/ckb/trainer_state.json" "$e"
+    expect_exit 65 "resume with $e: 65" $TS --target "$T/target" --resume "$T/ckb" --steps 1 --out "$T/ckc" "$T/train.dfs"
+    grep -qF "dflash-train-step: $T/ckb/trainer_state.json: $msg" "$T/.err" && pass "resume with $e: the file and the field named" ||
+        fail "resume with $e: the file and the field named" "$(cat "$T/.err")"
+done <<'CASES'
+s['options']['anchors'] = 0|options.anchors is 0, must be at least 1
+s['options']['warmup_ratio'] = 1.5|options.warmup_ratio is 1.5, must be in [0, 1]
+s['options']['batch_seqs'] = 0; s['options']['batch_tokens'] = 0|options.batch_seqs and options.batch_tokens are both 0
+s['options']['loss'] = 'kl'; s['options']['labels'] = 'target'|options.labels is "target" with options.loss "kl"
+s['options']['lr'] = '0.01'|options.lr is not a number
+s['options']['micro_rows'] = 16384.0|options.micro_rows is not an integer
+del s['options']['gamma']|options.gamma is missing
+s['step'] = -1|"step" is not a count
+CASES
+# a stored value out of range is the file's fault even when the option is given
+rm -rf "$T/ckb" && cp -r "$T/ckr" "$T/ckb"
+python3 -c "import json, sys; s = json.load(open(sys.argv[1])); s['options']['anchors'] = 0; json.dump(s, open(sys.argv[1], 'w'))" "$T/ckb/trainer_state.json"
+expect_exit 65 "resume with options.anchors 0 and --anchors 4 given: 65" $TS --target "$T/target" --resume "$T/ckb" --anchors 4 --steps 1 --out "$T/ckc" "$T/train.dfs"
+[ ! -e "$T/ckc" ] && pass "no checkpoint from a bad stored value" || fail "no checkpoint from a bad stored value"
+
 # ---- a terminal on standard input: refused like dflash-pack does (they used to wait on it) ----
 if command -v script >/dev/null; then
     for c in "dflash-score --threads 1 --target $T/target --drafter $T/ck2" \
