@@ -71,7 +71,8 @@ static const dfl_opt opts[] = {
     {"warmup-ratio", 0, DFL_OPT_DOUBLE, &warmup_ratio, "R",
      "Linear warm-up over floor(R * total steps) steps, then cosine decay to 0.", "0.04"},
     {"total-steps", 0, DFL_OPT_INT, &total_steps, "N",
-     "Length of the learning-rate schedule over the whole training (all runs).", "--steps of the first run"},
+     "Length of the learning-rate schedule over the whole training (all runs): give the first run the total, as "
+     "--resume keeps it; a --resume with every step past it (at learning rate 0) is refused.", "--steps of the first run"},
     {"weight-decay", 0, DFL_OPT_DOUBLE, &weight_decay, "W", "AdamW decoupled weight decay.", "0"},
     {"max-grad-norm", 0, DFL_OPT_DOUBLE, &max_grad_norm, "X",
      "Clip the global gradient norm: scale by min(1, X / (norm + 1e-6)); 0 disables.", "1"},
@@ -264,6 +265,26 @@ static void check_ranges(void) {
     }
 }
 
+/* Steps past the schedule run at learning rate 0: the weights come out as
+ * they went in, after the compute of every step. The usual way there is a
+ * --resume of a first run that gave no --total-steps (it defaults to that
+ * run's --steps) and, being part of the math, the schedule cannot change on
+ * --resume. So a resumed run with every step past it is refused before the
+ * target is loaded, saying how to go on; a run partly past it gets a note. */
+static void check_schedule(int64_t at) {
+    if (steps <= 0) return;
+    if (resume && at >= total_steps)
+        dfl_die(PROG, DFL_EX_USAGE, "--resume %s: the checkpoint is at step %lld, the end of its learning-rate schedule "
+                "(--total-steps %lld, fixed by its first run, whose --steps is the default), so every step would run at "
+                "learning rate 0 and leave the weights as they are. To train on, start a new schedule from its weights "
+                "with --init-from %s; give the first run of a training the --total-steps of all its runs", resume,
+                (long long)at, (long long)total_steps, resume);
+    if (at + steps > total_steps)
+        fprintf(stderr, "%s: note: steps %lld..%lld are past --total-steps %lld, where the learning rate is 0 and the "
+                "weights do not change (give the first run of a training the --total-steps of all its runs)\n", PROG,
+                (long long)total_steps + 1, (long long)(at + steps), (long long)total_steps);
+}
+
 static double next_normal(void *r) { return dfl_rng_normal((dfl_rng *)r); }
 
 static FILE *open_log(void) {
@@ -366,20 +387,13 @@ int main(int argc, char **argv) {
     } else if (dfl_ckpt_load_weights(init_from, d)) {
         dfl_die_last(PROG);
     }
+    check_schedule(t.step);
     if (dfl_drafter_load_target(d, target_dir, &tcfg)) dfl_die_last(PROG);
     /* --steps 0 from --init or --init-from writes the starting checkpoint (an
      * untrained drafter to score, a released one brought into our layout):
      * nothing is trained, so no input is read. */
     if ((steps > 0 || resume) && dfl_trainer_open(&t, input, skip, epoch)) dfl_die_last(PROG);
     if (!strcmp(read_ahead, "off")) dfl_trainer_read_ahead(&t, 0);
-
-    /* Steps past the schedule run at learning rate 0 and change nothing:
-     * say so before spending the compute (a resumed run with the first
-     * run's --total-steps is the usual way to get here). */
-    if (steps > 0 && t.step + steps > total_steps)
-        fprintf(stderr, "%s: note: steps %lld..%lld are past --total-steps %lld, where the learning rate is 0\n", PROG,
-                (long long)(t.step > total_steps ? t.step + 1 : total_steps + 1), (long long)(t.step + steps),
-                (long long)total_steps);
 
     FILE *logf = open_log();
     dfl_progress pg;

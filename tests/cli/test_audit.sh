@@ -199,14 +199,23 @@ check "target config tie_word_embeddings null: as absent (false)" dflash-extract
 
 # ---- a corrupt trainer_state.json input position: 65 (a negative count was taken as 0) -------
 check "a checkpoint to resume" $INIT --steps 2 --out "$T/ckr" "$T/train.dfs"
-# a resumed run that goes past the schedule says where the learning rate is 0
-# (ckr made 2 steps with --total-steps 2: steps 3..4 change nothing)
-check "resume past --total-steps: runs" $TS --target "$T/target" --resume "$T/ckr" --steps 2 --out "$T/ckp" "$T/train.dfs"
-grep -q "note: steps 3..4 are past --total-steps 2" "$T/.err" && pass "resume past --total-steps: the note names the steps" ||
-    fail "resume past --total-steps: the note names the steps" "$(cat "$T/.err")"
+# a resumed run with every step past the schedule is refused, saying how to go
+# on: ckr made 2 steps with --total-steps 2 (the default, its --steps), so
+# steps 3..4 would run at learning rate 0 and change no weight (the man page's
+# "continue for 1000 more steps" example did that, exit 0, with only a note)
+expect_exit 2 "resume with every step past --total-steps: refused (2)" $TS --target "$T/target" --resume "$T/ckr" \
+    --steps 2 --log "$T/past.log" --out "$T/ckp" "$T/train.dfs"
+grep -q "ckr: the checkpoint is at step 2, the end of its learning-rate schedule (--total-steps 2" "$T/.err" &&
+    grep -q "with --init-from $T/ckr; give the first run of a training the --total-steps of all its runs" "$T/.err" &&
+    pass "  ... naming the step, the schedule and the ways on" || fail "  ... naming the step, the schedule and the ways on" "$(cat "$T/.err")"
+[ ! -e "$T/ckp" ] && [ ! -s "$T/past.log" ] && pass "  ... before any step" || fail "  ... before any step"
 check "a run within the schedule" $INIT --steps 2 --total-steps 4 --out "$T/ckq" "$T/train.dfs"
 grep -q "past --total-steps" "$T/.err" && fail "no note within the schedule" "$(cat "$T/.err")" ||
     pass "no note within the schedule"
+# partly past it: the run is made, and the note says where the rate is 0 and what to give
+check "resume partly past --total-steps: runs" $TS --target "$T/target" --resume "$T/ckq" --steps 4 --out "$T/ckp" "$T/train.dfs"
+grep -q "note: steps 5..6 are past --total-steps 4, where the learning rate is 0 and the weights do not change (give the first run of a training the --total-steps of all its runs)" "$T/.err" &&
+    pass "  ... the note names the steps and the fix" || fail "  ... the note names the steps and the fix" "$(cat "$T/.err")"
 for e in "s['input']['records'] = -5" "s['input']['epoch'] = 'one'" "del s['input']['records']"; do
     rm -rf "$T/ckb" && cp -r "$T/ckr" "$T/ckb"
     python3 -c "import json, sys; s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], 'w'))" \

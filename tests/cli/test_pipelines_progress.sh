@@ -12,7 +12,7 @@ awk 'BEGIN { x = 5; for (i = 0; i < 8; i++) { s = ""
       printf "{\"id\":\"g%d\",\"input_ids\":[%s]}\n", i, s } }' >samples.jsonl
 drafter_config drafter.json block=4 target_layers=4 taps="0, 2" layers=1
 dflash-extract -m target -l 0,2 -t 1 -o s.dfs samples.jsonl
-dflash-train-step --target target --init drafter.json --steps 2 --threads 1 --log /dev/null --out ck s.dfs 2>/dev/null
+dflash-train-step --target target --init drafter.json --steps 2 --total-steps 5 --threads 1 --log /dev/null --out ck s.dfs 2>/dev/null
 
 # A progress line: "\rN UNIT  R UNIT/s  Ts" (then ETA and extras when known).
 has_progress() { tr '\r' '\n' <"$1" | grep -qE '^[0-9]+ [a-z]+  [0-9.]+ [a-z]+/s  [0-9]+s'; }
