@@ -102,7 +102,8 @@ int dfs_mp_str_eq(const msgpack_object *o, const char *s);
 int dfs_utf8_ok(const char *s, size_t n);
 
 /* msgpack -> JSON (maps with string keys, no bin/ext, integers in int64
- * range). Returns NULL with why written on anything else. */
+ * range, finite floats). Returns NULL on anything else, always with why
+ * written, naming the field by its path from `o` (meta "target.x"). */
 json_t *dfs_mp_to_json(const msgpack_object *o, char *why, size_t whylen);
 /* JSON -> msgpack through `pk`. Returns 0 or the packer's error. */
 int dfs_mp_pack_json(msgpack_packer *pk, const json_t *j);

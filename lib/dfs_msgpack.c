@@ -11,6 +11,8 @@
 
 #include "common.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- pre-scan ------------------------------------------------------------ */
@@ -187,61 +189,136 @@ int dfs_mp_str_eq(const msgpack_object *o, const char *s) {
 
 /* ---- msgpack <-> JSON --------------------------------------------------- */
 
-json_t *dfs_mp_to_json(const msgpack_object *o, char *why, size_t whylen) {
-    switch (o->type) {
-    case MSGPACK_OBJECT_NIL: return json_null();
-    case MSGPACK_OBJECT_BOOLEAN: return json_boolean(o->via.boolean);
-    case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        if (o->via.u64 > INT64_MAX) break;
-        return json_integer((json_int_t)o->via.u64);
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return json_integer((json_int_t)o->via.i64);
-    case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: return json_real(o->via.f64);
-    case MSGPACK_OBJECT_STR:
-        if (!dfs_utf8_ok(o->via.str.ptr, o->via.str.size)) {
-            snprintf(why, whylen, "string is not valid UTF-8 (or contains NUL)");
-            return NULL;
-        }
-        return json_stringn(o->via.str.ptr, o->via.str.size);
-    case MSGPACK_OBJECT_ARRAY: {
-        json_t *a = json_array();
-        for (uint32_t i = 0; i < o->via.array.size; i++) {
-            json_t *v = dfs_mp_to_json(&o->via.array.ptr[i], why, whylen);
-            if (!v) {
-                json_decref(a);
-                return NULL;
-            }
-            json_array_append_new(a, v);
-        }
-        return a;
-    }
-    case MSGPACK_OBJECT_MAP: {
-        if (dfs_mp_dup_key(o)) {
-            snprintf(why, whylen, "duplicate key in a map");
-            return NULL;
-        }
-        json_t *m = json_object();
-        for (uint32_t i = 0; i < o->via.map.size; i++) {
-            const msgpack_object_kv *kv = &o->via.map.ptr[i];
-            char key[256];
-            if (dfs_mp_str(&kv->key, key, sizeof key)) {
-                snprintf(why, whylen, "map key is not a UTF-8 string of at most 255 bytes");
-                json_decref(m);
-                return NULL;
-            }
-            json_t *v = dfs_mp_to_json(&kv->val, why, whylen);
-            if (!v) {
-                json_decref(m);
-                return NULL;
-            }
-            json_object_set_new(m, key, v);
-        }
-        return m;
-    }
-    default: break;
-    }
-    snprintf(why, whylen, "value of a type JSON cannot hold (bin, ext, or an integer above 2^63-1)");
+/* Where a conversion is in the header: the dotted path of map keys and
+ * array indices from the header map ("meta.target.hidden_size",
+ * "meta.layer_ids[1]"), so that a refusal names the field. */
+typedef struct {
+    char   path[512];
+    size_t len;
+    char  *why;
+    size_t whylen;
+} to_json_ctx;
+
+/* The field at the current path as a message names it: meta's fields as
+ * the stream meta checks do (meta "target.hidden_size"), others quoted. */
+static void field_name(const to_json_ctx *c, char *buf, size_t n) {
+    if (c->len == 0) snprintf(buf, n, "the header");
+    else if (strncmp(c->path, "meta.", 5) == 0) snprintf(buf, n, "meta \"%s\"", c->path + 5);
+    else snprintf(buf, n, "\"%s\"", c->path);
+}
+
+/* Refuse the value at the current path: "<field> <what>" into why. Always
+ * writes why, so no caller ever prints an unset buffer. */
+static json_t *refuse(const to_json_ctx *c, const char *what) {
+    char f[600];
+    field_name(c, f, sizeof f);
+    snprintf(c->why, c->whylen, "%s %s", f, what);
     return NULL;
+}
+
+/* Append ".key" or "[i]" to the path; each returns the old length, for
+ * path_pop. A path too long for the buffer is cut: it only feeds a message. */
+static size_t path_grow(to_json_ctx *c, int k) {
+    size_t old = c->len, room = sizeof c->path - c->len;
+    c->len += k < 0 ? 0 : (size_t)k < room ? (size_t)k : room - 1;
+    return old;
+}
+
+static size_t path_key(to_json_ctx *c, const char *key) {
+    return path_grow(c, snprintf(c->path + c->len, sizeof c->path - c->len, "%s%s", c->len ? "." : "", key));
+}
+
+static size_t path_index(to_json_ctx *c, uint32_t i) {
+    return path_grow(c, snprintf(c->path + c->len, sizeof c->path - c->len, "[%u]", (unsigned)i));
+}
+
+static void path_pop(to_json_ctx *c, size_t old) {
+    c->len = old;
+    c->path[old] = 0;
+}
+
+static json_t *to_json(to_json_ctx *c, const msgpack_object *o);
+
+static json_t *float_to_json(to_json_ctx *c, double v) {
+    /* JSON has no NaN or infinity; jansson's json_real returns NULL for them. */
+    if (isnan(v)) return refuse(c, "is NaN, not a finite number");
+    if (isinf(v)) return refuse(c, v > 0 ? "is Infinity, not a finite number" : "is -Infinity, not a finite number");
+    json_t *j = json_real(v);
+    return j ? j : refuse(c, "cannot be converted to JSON (out of memory)");
+}
+
+static json_t *array_to_json(to_json_ctx *c, const msgpack_object *o) {
+    json_t *a = json_array();
+    if (!a) return refuse(c, "cannot be converted to JSON (out of memory)");
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        size_t old = path_index(c, i);
+        json_t *v = to_json(c, &o->via.array.ptr[i]);
+        if (v && json_array_append_new(a, v)) v = refuse(c, "cannot be converted to JSON (out of memory)");
+        if (!v) {
+            json_decref(a);
+            return NULL;
+        }
+        path_pop(c, old);
+    }
+    return a;
+}
+
+static json_t *map_to_json(to_json_ctx *c, const msgpack_object *o) {
+    const msgpack_object_kv *dup = dfs_mp_dup_key(o);
+    if (dup) {
+        char what[300];
+        snprintf(what, sizeof what, "repeats the key \"%.*s\"", (int)(dup->key.via.str.size > 255 ? 255 : dup->key.via.str.size),
+                 dup->key.via.str.ptr);
+        return refuse(c, what);
+    }
+    json_t *m = json_object();
+    if (!m) return refuse(c, "cannot be converted to JSON (out of memory)");
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[i];
+        char key[256];
+        if (dfs_mp_str(&kv->key, key, sizeof key)) {
+            json_decref(m);
+            return refuse(c, "has a key that is not a UTF-8 string of at most 255 bytes");
+        }
+        size_t old = path_key(c, key);
+        json_t *v = to_json(c, &kv->val);
+        if (v && json_object_set_new(m, key, v)) v = refuse(c, "cannot be converted to JSON (out of memory)");
+        if (!v) {
+            json_decref(m);
+            return NULL;
+        }
+        path_pop(c, old);
+    }
+    return m;
+}
+
+static json_t *to_json(to_json_ctx *c, const msgpack_object *o) {
+    json_t *j = NULL;
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: j = json_null(); break;
+    case MSGPACK_OBJECT_BOOLEAN: j = json_boolean(o->via.boolean); break;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        if (o->via.u64 > INT64_MAX) return refuse(c, "is an integer above 2^63-1, which JSON readers cannot hold");
+        j = json_integer((json_int_t)o->via.u64);
+        break;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: j = json_integer((json_int_t)o->via.i64); break;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: return float_to_json(c, o->via.f64);
+    case MSGPACK_OBJECT_STR:
+        if (!dfs_utf8_ok(o->via.str.ptr, o->via.str.size)) return refuse(c, "is not valid UTF-8 (or contains NUL)");
+        j = json_stringn(o->via.str.ptr, o->via.str.size);
+        break;
+    case MSGPACK_OBJECT_ARRAY: return array_to_json(c, o);
+    case MSGPACK_OBJECT_MAP: return map_to_json(c, o);
+    default: return refuse(c, "is of a type JSON cannot hold (bin or ext)");
+    }
+    return j ? j : refuse(c, "cannot be converted to JSON (out of memory)");
+}
+
+json_t *dfs_mp_to_json(const msgpack_object *o, char *why, size_t whylen) {
+    to_json_ctx c = {.len = 0, .why = why, .whylen = whylen};
+    c.path[0] = 0;
+    return to_json(&c, o);
 }
 
 int dfs_mp_pack_cstr(msgpack_packer *pk, const char *s) {

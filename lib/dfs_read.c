@@ -188,7 +188,7 @@ static int stream_header(dfs_reader *r, const msgpack_object *h) {
     if (!producer || producer->type != MSGPACK_OBJECT_STR || !created || created->type != MSGPACK_OBJECT_STR)
         return bad(r, "stream header: \"producer\" and \"created\" must be strings");
     if (!meta || meta->type != MSGPACK_OBJECT_MAP) return bad(r, "stream header: \"meta\" is not a map");
-    char why[200];
+    char why[800];
     json_t *j = dfs_mp_to_json(h, why, sizeof why);
     if (!j) return bad(r, "stream header: %s", why);
     json_object_del(j, "payload");

@@ -79,3 +79,24 @@ for f in "$T"/h-*.dfs; do
 done
 expect_exit 65 "version 2 refused" dflash-pack --verify "$T/h-version2.dfs"
 grep -q 'version 2.0 is not supported' "$T/.err" && pass "version refusal names both versions" || fail "version message" "$(cat "$T/.err")"
+
+# Header values JSON cannot hold (NaN, infinities, integers past 2^63-1, bin)
+# are refused with a message naming the field; jansson's json_real() gives
+# NULL for NaN and infinities, and the reader once printed an unset buffer.
+$PY - "$T" "$here/tests/interop" <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[2])
+from dfs_py import _record, stream_header, end_record
+for name, meta in {"nan": {"f": float("nan")}, "ninf": {"t": {"x": [1, float("-inf")]}},
+                   "u64": {"a": 2**64 - 1}, "bin": {"b": b"\0"}}.items():
+    with open("%s/m-%s.dfs" % (sys.argv[1], name), "wb") as f:
+        _record(f, stream_header(meta))
+        end_record(f, 0)
+PYEOF
+for c in 'nan|meta "f" is NaN, not a finite number' 'ninf|meta "t.x[1]" is -Infinity, not a finite number' \
+         'u64|meta "a" is an integer above 2^63-1' 'bin|meta "b" is of a type JSON cannot hold'; do
+    name=${c%%|*} want=${c#*|}
+    expect_exit 65 "meta $name refused" dflash-pack --verify "$T/m-$name.dfs"
+    grep -qF "m-$name.dfs: byte 0 (record 0): stream header: $want" "$T/.err" && pass "meta $name names the field" ||
+        fail "meta $name message" "$(cat -v "$T/.err")"
+done
