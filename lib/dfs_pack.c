@@ -156,22 +156,22 @@ typedef struct {
     int          tmp_files;   /* bucket files created so far (for names) */
 } pack;
 
-/* Open every input and check that their identities agree with the first. */
-static int open_inputs(pack *p) {
-    const dfs_pack_opts *o = p->o;
-    int nstdin = 0;
-    for (int i = 0; i < o->ninputs; i++) nstdin += !strcmp(o->inputs[i], "-");
+int dfs_pack_open_inputs(const char *const *inputs, int n, dfs_reader ***out) {
+    int nstdin = 0, rc = 0;
+    for (int i = 0; i < n; i++) nstdin += !strcmp(inputs[i], "-");
+    *out = NULL;
     if (nstdin > 1) return dfl_err(DFL_EX_USAGE, "stdin ('-') can be read only once");
-    p->in = dfl_calloc((size_t)o->ninputs, sizeof *p->in);
-    for (int i = 0; i < o->ninputs; i++) {
-        int rc = dfs_reader_open(&p->in[i], o->inputs[i]);
-        if (rc) return rc;
+    dfs_reader **in = dfl_calloc(n ? (size_t)n : 1, sizeof *in);
+    for (int i = 0; i < n && !rc; i++) {
         char diff[900];
-        if (i && dfs_meta_diff(dfs_reader_meta(p->in[0]), dfs_reader_meta(p->in[i]), diff, sizeof diff))
-            return dfl_err(DFL_EX_DATA, "%s: stream header differs from that of %s (values there vs here): %s",
-                           dfs_reader_path(p->in[i]), dfs_reader_path(p->in[0]), diff);
+        rc = dfs_reader_open(&in[i], inputs[i]);
+        if (!rc && i && dfs_meta_diff(dfs_reader_meta(in[0]), dfs_reader_meta(in[i]), diff, sizeof diff))
+            rc = dfl_err(DFL_EX_DATA, "%s: stream header differs from that of %s (values there vs here): %s",
+                         dfs_reader_path(in[i]), dfs_reader_path(in[0]), diff);
     }
-    return 0;
+    if (rc) dfs_pack_close_inputs(in, n);
+    else *out = in;
+    return rc;
 }
 
 /* Every output stays a registered temporary file until the end, beside the
@@ -189,6 +189,13 @@ static void allow_open_files(const pack *p) {
     rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
     setrlimit(RLIMIT_NOFILE, &rl);
 }
+
+void dfs_pack_close_inputs(dfs_reader **in, int n) {
+    for (int i = 0; in && i < n; i++) dfs_reader_close(in[i]);
+    free(in);
+}
+
+static int open_inputs(pack *p) { return dfs_pack_open_inputs(p->o->inputs, p->o->ninputs, &p->in); }
 
 static int open_outputs(pack *p) {
     const dfs_pack_opts *o = p->o;
@@ -229,9 +236,8 @@ static int finish(pack *p, int rc) {
         if (!rc) rc = dfl_out_commit(p->out[i]);
         else dfl_out_abort(p->out[i]);
     }
-    for (int i = 0; p->in && i < p->o->ninputs; i++) dfs_reader_close(p->in[i]);
+    dfs_pack_close_inputs(p->in, p->o->ninputs);
     if (p->tmp[0]) dfl_tmpdir_abort(p->tmp);
-    free(p->in);
     free(p->out);
     free(p->w);
     return rc;

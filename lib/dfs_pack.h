@@ -41,6 +41,13 @@ int dfs_pack_pattern_ok(const char *pattern, char kind);
  * cumulative normalised fractions. */
 int dfs_pack_split_of(const dfs_pack_opts *o, const char *id);
 
+/* Open every input ("-" at most once) and check that their stream headers
+ * agree on every identity field (dfs_meta_diff), as every mode but
+ * --inspect needs. Returns 0 with *in set, or an exit code (65 naming both
+ * files and each differing field) with every reader closed. */
+int dfs_pack_open_inputs(const char *const *inputs, int n, dfs_reader ***in);
+void dfs_pack_close_inputs(dfs_reader **in, int n);
+
 /* Merge (and shuffle, split, shard) the inputs into the outputs. Returns 0
  * or an exit code with the error recorded; outputs appear only on success. */
 int dfs_pack_run(const dfs_pack_opts *o);

@@ -15,16 +15,10 @@
 
 /* ---- shared ------------------------------------------------------------- */
 
-/* Open an input; a hidden-state meta is parsed into *hs (*is_hs set). */
-static int open_input(dfs_reader **r, const char *path, dfs_hs_meta *hs, int *is_hs) {
-    int rc = dfs_reader_open(r, path);
-    if (rc) return rc;
-    *is_hs = json_object_get(dfs_reader_meta(*r), "target") != NULL;
-    if (*is_hs && (rc = dfs_hs_meta_from_json(dfs_reader_meta(*r), hs, dfs_reader_path(*r)))) {
-        dfs_reader_close(*r);
-        *r = NULL;
-    }
-    return rc;
+/* A hidden-state meta is parsed into *hs (*is_hs set); 0 or an exit code. */
+static int hs_meta_of(dfs_reader *r, dfs_hs_meta *hs, int *is_hs) {
+    *is_hs = json_object_get(dfs_reader_meta(r), "target") != NULL;
+    return *is_hs ? dfs_hs_meta_from_json(dfs_reader_meta(r), hs, dfs_reader_path(r)) : 0;
 }
 
 static int out_error(void) { return dfl_err(DFL_EX_IOERR, "stdout: write failed: %s", strerror(errno)); }
@@ -119,10 +113,8 @@ static void add_tensor(totals *tt, const dfs_tensor *t) {
 
 static double ratio(uint64_t raw, uint64_t stored) { return stored ? (double)raw / (double)stored : 0; }
 
-static int stats_add_file(totals *tt, const char *path) {
-    dfs_reader *r;
-    int rc = dfs_reader_open(&r, path);
-    if (rc) return rc;
+static int stats_add_file(totals *tt, dfs_reader *r) {
+    int rc;
     dfs_sample *s;
     while ((rc = dfs_read(r, &s)) == 1) {
         tt->records++;
@@ -137,7 +129,6 @@ static int stats_add_file(totals *tt, const char *path) {
     }
     tt->files++;
     tt->segments += (uint64_t)dfs_reader_segments(r);
-    dfs_reader_close(r);
     return rc;
 }
 
@@ -171,9 +162,12 @@ static void stats_print_text(const totals *tt, FILE *out) {
 }
 
 int dfs_pack_stats(const char *const *inputs, int n, int as_json, FILE *out) {
+    dfs_reader **in;
+    int rc = dfs_pack_open_inputs(inputs, n, &in); /* one table of totals: the inputs must agree */
+    if (rc) return rc;
     totals *tt = dfl_calloc(1, sizeof *tt);
-    int rc = 0;
-    for (int f = 0; f < n && !rc; f++) rc = stats_add_file(tt, inputs[f]);
+    for (int f = 0; f < n && !rc; f++) rc = stats_add_file(tt, in[f]);
+    dfs_pack_close_inputs(in, n);
     if (!rc && as_json) rc = stats_print_json(tt, out);
     else if (!rc) stats_print_text(tt, out);
     free(tt);
@@ -182,24 +176,28 @@ int dfs_pack_stats(const char *const *inputs, int n, int as_json, FILE *out) {
 
 /* ---- verify -------------------------------------------------------------- */
 
+static int verify_input(dfs_reader *r, uint64_t *total) {
+    dfs_hs_meta hs;
+    int is_hs, rc = hs_meta_of(r, &hs, &is_hs);
+    dfs_sample *s;
+    while (!rc && (rc = dfs_read(r, &s)) == 1) {
+        rc = 0;
+        for (int i = 0; i < s->ntensors && !rc; i++) rc = dfs_decode(r, &s->t[i]);
+        if (!rc && is_hs) rc = dfs_hs_check_sample(&hs, s, dfs_reader_path(r));
+        if (!rc) ++*total;
+    }
+    return rc;
+}
+
 int dfs_pack_verify(const char *const *inputs, int n, FILE *out) {
     uint64_t total = 0;
-    for (int f = 0; f < n; f++) {
-        dfs_reader *r;
-        dfs_hs_meta hs;
-        int is_hs, rc = open_input(&r, inputs[f], &hs, &is_hs);
-        if (rc) return rc;
-        dfs_sample *s;
-        while ((rc = dfs_read(r, &s)) == 1) {
-            rc = 0;
-            for (int i = 0; i < s->ntensors && !rc; i++) rc = dfs_decode(r, &s->t[i]);
-            if (!rc && is_hs) rc = dfs_hs_check_sample(&hs, s, dfs_reader_path(r));
-            if (rc) break;
-            total++;
-        }
-        dfs_reader_close(r);
-        if (rc) return rc;
-    }
+    dfs_reader **in;
+    /* Inputs that merging would refuse are not a valid whole (nor is their
+     * concatenation, which the reader refuses): the same check here. */
+    int rc = dfs_pack_open_inputs(inputs, n, &in);
+    for (int f = 0; f < n && !rc; f++) rc = verify_input(in[f], &total);
+    dfs_pack_close_inputs(in, n);
+    if (rc) return rc;
     if (fprintf(out, "OK %llu records\n", (unsigned long long)total) < 0) return out_error();
     return 0;
 }
@@ -277,37 +275,46 @@ static int make_dir(const char *path) {
     return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", path, strerror(errno));
 }
 
-int dfs_pack_export(const char *const *inputs, int n, const char *dir) {
-    int rc = make_dir(dir);
-    uint64_t index = 0;
-    for (int f = 0; f < n && !rc; f++) {
-        dfs_reader *r;
-        if ((rc = dfs_reader_open(&r, inputs[f]))) return rc;
-        if (f == 0) {
-            char path[PATH_MAX];
-            snprintf(path, sizeof path, "%s/stream.json", dir);
-            dfl_out *o;
-            if (!(rc = dfl_out_open(&o, path, 0))) {
-                json_dumpf(dfs_reader_header(r), dfl_out_file(o), JSON_INDENT(2));
-                fputc('\n', dfl_out_file(o));
-                rc = dfl_out_commit(o);
-            }
-        }
-        dfs_sample *s;
-        while (!rc && (rc = dfs_read(r, &s)) == 1) {
-            char id[96], sub[PATH_MAX];
-            sanitise(id, s->id, sizeof id);
-            snprintf(sub, sizeof sub, "%s/%06llu-%s", dir, (unsigned long long)index++, id);
-            rc = make_dir(sub);
-            for (int i = 0; i < s->ntensors && !rc; i++) {
-                char name[96], path[PATH_MAX + 128];
-                sanitise(name, s->t[i].name, sizeof name);
-                snprintf(path, sizeof path, "%s/%s.npy", sub, name);
-                rc = dfs_decode(r, &s->t[i]);
-                if (!rc) rc = write_npy(path, &s->t[i]);
-            }
-        }
-        dfs_reader_close(r);
+static int export_header(dfs_reader *r, const char *dir) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/stream.json", dir);
+    dfl_out *o;
+    int rc = dfl_out_open(&o, path, 0);
+    if (rc) return rc;
+    json_dumpf(dfs_reader_header(r), dfl_out_file(o), JSON_INDENT(2));
+    fputc('\n', dfl_out_file(o));
+    return dfl_out_commit(o);
+}
+
+static int export_sample(dfs_reader *r, dfs_sample *s, const char *dir, uint64_t index) {
+    char id[96], sub[PATH_MAX];
+    sanitise(id, s->id, sizeof id);
+    snprintf(sub, sizeof sub, "%s/%06llu-%s", dir, (unsigned long long)index, id);
+    int rc = make_dir(sub);
+    for (int i = 0; i < s->ntensors && !rc; i++) {
+        char name[96], path[PATH_MAX + 128];
+        sanitise(name, s->t[i].name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s.npy", sub, name);
+        rc = dfs_decode(r, &s->t[i]);
+        if (!rc) rc = write_npy(path, &s->t[i]);
     }
+    return rc;
+}
+
+int dfs_pack_export(const char *const *inputs, int n, const char *dir) {
+    dfs_reader **in;
+    /* One stream.json describes every record: the inputs must agree, and
+     * are checked before anything is written. */
+    int rc = dfs_pack_open_inputs(inputs, n, &in);
+    if (rc) return rc;
+    uint64_t index = 0;
+    rc = make_dir(dir);
+    if (!rc) rc = export_header(in[0], dir);
+    for (int f = 0; f < n && !rc; f++) {
+        dfs_sample *s;
+        while ((rc = dfs_read(in[f], &s)) == 1)
+            if ((rc = export_sample(in[f], s, dir, index++))) break;
+    }
+    dfs_pack_close_inputs(in, n);
     return rc;
 }

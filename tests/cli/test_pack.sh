@@ -28,6 +28,16 @@ expect_exit 65 "inputs with other layer ids are refused" dflash-pack -o "$T/x.df
 grep -q 'layer_ids: \[1,6\] vs \[1,3,6\]' "$T/.err" && pass "refusal names the field and both values" ||
     fail "refusal message" "$(cat "$T/.err")"
 [ ! -e "$T/x.dfs" ] && pass "no output after a refusal" || fail "no output after a refusal"
+# The modes that read the inputs as one whole refuse them the same way:
+# --stats would add up hidden tensors of other widths, --export would write
+# one stream.json that is wrong for some records, and --verify would pass
+# inputs whose concatenation it refuses.
+for mode in --verify --stats "--export $T/xd"; do
+    expect_exit 65 "$mode: inputs with other layer ids are refused" dflash-pack $mode "$T/a.dfs" "$T/k3.dfs"
+    grep -qF "k3.dfs: stream header differs from that of $T/a.dfs (values there vs here): layer_ids: [1,6] vs [1,3,6]" "$T/.err" &&
+        pass "$mode: refusal names both files, the field and both values" || fail "$mode refusal message" "$(cat "$T/.err")"
+done
+[ ! -e "$T/xd" ] && pass "--export: nothing written after a refusal" || fail "--export wrote $(ls "$T/xd")"
 $GEN -n 3 -H 32 -K 2 -o "$T/h32.dfs"
 expect_exit 65 "inputs with another hidden size are refused" dflash-pack -o "$T/x.dfs" "$T/a.dfs" "$T/h32.dfs"
 grep -q 'target.hidden_size: 16 vs 32' "$T/.err" && pass "hidden size named" || fail "hidden size named" "$(cat "$T/.err")"
