@@ -125,7 +125,12 @@ typedef struct dfs_writer dfs_writer;
 
 /* Start a segment on `f` (not closed by the writer): write the stream header
  * with `meta` (a JSON object, copied) and `producer` ("dflash-extract 0.1.0").
- * `path` names the output in error messages. */
+ * `path` names the output in error messages. "created" is the current time,
+ * or SOURCE_DATE_EPOCH when set; a value it cannot be is refused (exit 2). */
+/* Check SOURCE_DATE_EPOCH: unset, or decimal seconds in 0..253402300799
+ * (9999-12-31T23:59:59Z). Returns 0, or DFL_EX_USAGE with the reason
+ * recorded. Tools that write streams call it before creating any output. */
+int dfs_check_source_date_epoch(void);
 int dfs_writer_open(dfs_writer **w, FILE *f, const char *path, const json_t *meta,
                     const char *producer, dfs_encoding enc);
 int dfs_write(dfs_writer *w, const char *id, int ntensors, const dfs_tensor_in *t);

@@ -26,7 +26,9 @@
 #include "rng.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -50,29 +52,44 @@ static int name_ok(const char *s, size_t n) {
     return 1;
 }
 
+/* One NAME=FRACTION part of --split, the bytes [s, end), appended to o. */
+static int split_part(const char *s, const char *end, dfs_pack_opts *o) {
+    const char *eq = memchr(s, '=', (size_t)(end - s));
+    if (!eq || !name_ok(s, (size_t)(eq - s)))
+        return dfl_err(DFL_EX_USAGE, "--split: '%.*s' is not NAME=FRACTION (NAME of letters, digits, . _ -)",
+                       (int)(end - s), s);
+    if (o->nsplits == DFS_PACK_MAX_SPLITS) return dfl_err(DFL_EX_USAGE, "--split: at most %d parts", DFS_PACK_MAX_SPLITS);
+    char num[64];
+    snprintf(num, sizeof num, "%.*s", (int)(end - eq - 1), eq + 1);
+    double f;
+    if (dfl_parse_double(num, &f) || !(f > 0))
+        return dfl_err(DFL_EX_USAGE, "--split: fraction '%s' is not a positive number", num);
+    int k = o->nsplits++;
+    snprintf(o->split_name[k], sizeof o->split_name[k], "%.*s", (int)(eq - s), s);
+    o->split_frac[k] = f;
+    for (int j = 0; j < k; j++)
+        if (!strcmp(o->split_name[j], o->split_name[k]))
+            return dfl_err(DFL_EX_USAGE, "--split: '%s' named twice", o->split_name[k]);
+    return 0;
+}
+
 int dfs_pack_parse_split(const char *spec, dfs_pack_opts *o) {
     o->nsplits = 0;
-    for (const char *s = spec; *s;) {
+    for (const char *s = spec;;) {
+        /* every ',' starts a part: a trailing one gives an empty part, refused */
         const char *comma = strchr(s, ','), *end = comma ? comma : s + strlen(s);
-        const char *eq = memchr(s, '=', (size_t)(end - s));
-        if (!eq || !name_ok(s, (size_t)(eq - s)))
-            return dfl_err(DFL_EX_USAGE, "--split: '%.*s' is not NAME=FRACTION (NAME of letters, digits, . _ -)",
-                           (int)(end - s), s);
-        if (o->nsplits == DFS_PACK_MAX_SPLITS) return dfl_err(DFL_EX_USAGE, "--split: at most %d parts", DFS_PACK_MAX_SPLITS);
-        char num[64];
-        snprintf(num, sizeof num, "%.*s", (int)(end - eq - 1), eq + 1);
-        double f;
-        if (dfl_parse_double(num, &f) || !(f > 0))
-            return dfl_err(DFL_EX_USAGE, "--split: fraction '%s' is not a positive number", num);
-        int k = o->nsplits++;
-        snprintf(o->split_name[k], sizeof o->split_name[k], "%.*s", (int)(eq - s), s);
-        o->split_frac[k] = f;
-        for (int j = 0; j < k; j++)
-            if (!strcmp(o->split_name[j], o->split_name[k]))
-                return dfl_err(DFL_EX_USAGE, "--split: '%s' named twice", o->split_name[k]);
-        s = comma ? comma + 1 : end;
+        int rc = split_part(s, end, o);
+        if (rc) return rc;
+        if (!comma) break;
+        s = comma + 1;
     }
-    if (o->nsplits < 1) return dfl_err(DFL_EX_USAGE, "--split: no parts given");
+    /* dfs_pack_split_of divides by the sum: past DBL_MAX it is inf, every
+     * fraction 0, and every record would go to the last part */
+    double sum = 0;
+    for (int i = 0; i < o->nsplits; i++) sum += o->split_frac[i];
+    if (!isfinite(sum))
+        return dfl_err(DFL_EX_USAGE, "--split: the fractions add up to more than %g; only their ratios matter, so "
+                                     "give smaller numbers", DBL_MAX);
     return 0;
 }
 

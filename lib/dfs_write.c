@@ -95,15 +95,39 @@ static msgpack_packer start_header(dfs_writer *w, const char *type, int nkeys, u
     return pk;
 }
 
-/* "created": now in UTC, or SOURCE_DATE_EPOCH for reproducible output. */
-static void created_now(char *buf, size_t n) {
-    time_t t = time(NULL);
+/* The last second "created" can hold in YYYY-MM-DDTHH:MM:SSZ:
+ * 9999-12-31T23:59:59Z. */
+#define SDE_MAX INT64_C(253402300799)
+
+/* SOURCE_DATE_EPOCH into *t when set. Reproducible-build tools refuse a value
+ * they cannot use rather than quietly writing the current time, which
+ * defeats the point of setting it. */
+static int source_date_epoch(time_t *t) {
     const char *sde = getenv("SOURCE_DATE_EPOCH");
+    if (!sde) return 0;
     int64_t v;
-    if (sde && !dfl_parse_i64(sde, &v) && v >= 0) t = (time_t)v;
+    /* digits only: strtoll would also take " 5", "+5" and "-0" */
+    if (strspn(sde, "0123456789") != strlen(sde) || dfl_parse_i64(sde, &v) || v > SDE_MAX)
+        return dfl_err(DFL_EX_USAGE, "SOURCE_DATE_EPOCH: '%.40s' is not a count of seconds in 0..%lld "
+                                     "(up to 9999-12-31T23:59:59Z)", sde, (long long)SDE_MAX);
+    *t = (time_t)v;
+    return 0;
+}
+
+int dfs_check_source_date_epoch(void) {
+    time_t t;
+    return source_date_epoch(&t);
+}
+
+/* "created": now in UTC, or SOURCE_DATE_EPOCH for reproducible output. */
+static int created_now(char *buf, size_t n) {
+    time_t t = time(NULL);
+    int rc = source_date_epoch(&t);
+    if (rc) return rc;
     struct tm tm;
     gmtime_r(&t, &tm);
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return 0;
 }
 
 /* ---- open / close -------------------------------------------------------- */
@@ -112,14 +136,15 @@ int dfs_writer_open(dfs_writer **out, FILE *f, const char *path, const json_t *m
                     dfs_encoding enc) {
     *out = NULL;
     if (!json_is_object(meta)) return dfl_err(DFL_EX_SOFTWARE, "%s: stream meta is not a JSON object", path);
+    char created[32];
+    int rc = created_now(created, sizeof created);
+    if (rc) return rc;
     dfs_writer *w = dfl_calloc(1, sizeof *w);
     w->f = f;
     w->path = dfl_strdup(path);
     w->enc = enc;
     if (w->enc.lz4_accel < 1) w->enc.lz4_accel = 1;
     dfs_codec_init(&w->codec);
-    char created[32];
-    created_now(created, sizeof created);
     msgpack_packer pk = start_header(w, "stream", 7, 0);
     pack_kv_str(&pk, "format", "dflash-stream");
     dfs_mp_pack_cstr(&pk, "version");
@@ -130,7 +155,7 @@ int dfs_writer_open(dfs_writer **out, FILE *f, const char *path, const json_t *m
     pack_kv_str(&pk, "created", created);
     dfs_mp_pack_cstr(&pk, "meta");
     dfs_mp_pack_json(&pk, meta);
-    int rc = write_record(w, NULL, 0, NULL);
+    rc = write_record(w, NULL, 0, NULL);
     if (rc) {
         dfs_writer_abort(w);
         return rc;

@@ -79,6 +79,7 @@ int main(int argc, char **argv) {
         else dfl_cli_usage_error(&cli, "--with: '%s' is not one of target-ids, last-hidden", with.v[i]);
     }
     free(with.v);
+    if (dfs_check_source_date_epoch()) dfl_die_last(cli.prog);
     dfl_ops_cpu_threads(threads);
 
     const dfl_ops *ops;

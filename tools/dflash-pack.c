@@ -23,7 +23,7 @@ static const dfl_opt opts[] = {
     {"shuffle", 0, DFL_OPT_FLAG, &shuffle, NULL,
      "Shuffle the records of all inputs uniformly: each record draws a random 64-bit key from the --seed RNG and "
      "the output is sorted by key. The order depends only on the seed and the inputs (not on --mem).", NULL},
-    {"seed", 0, DFL_OPT_INT, &seed, "N", "Seed of the --shuffle RNG.", NULL},
+    {"seed", 0, DFL_OPT_INT, &seed, "N", "Seed of the --shuffle RNG, 0 to 2^63-1.", "0"},
     {"mem", 0, DFL_OPT_SIZE, &mem, "SIZE",
      "Records held in memory while shuffling; beyond it they go to temporary bucket files in --tmpdir.", "1G"},
     {"tmpdir", 0, DFL_OPT_STR, &tmpdir, "DIR", "Directory for the shuffle's temporary files, removed afterwards.",
@@ -97,6 +97,9 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "--inspect, --stats, --verify and --export write no stream: -o, --shuffle, --split, "
                                   "--shards, --compress and --byte-shuffle do not go with them");
     if (accel < 1 || accel > 65537) dfl_cli_usage_error(&cli, "--accel must be in 1..65537");
+    /* as dflash-score: -1 would silently mean 2^64-1, which itself is
+     * refused as out of range, so one value had two spellings, one refused */
+    if (seed < 0) dfl_cli_usage_error(&cli, "--seed must be >= 0");
     /* "" (an unset shell variable) names no file: -o would fail at the rename
      * after the whole pass, --tmpdir '' would put the buckets in / */
     if (dfl_out_check_name("-o", output) || dfl_out_check_name("--export", export_dir) ||
@@ -130,6 +133,7 @@ int main(int argc, char **argv) {
         if (shards && dfs_pack_pattern_ok(output, 'd'))
             dfl_cli_usage_error(&cli, "--shards needs -o with exactly one %%d, e.g. 'train-%%03d.dfs'");
         encoding(&o);
+        if (dfs_check_source_date_epoch()) dfl_die_last(cli.prog); /* before any output exists */
         rc = dfs_pack_run(&o);
     }
     free(pos);

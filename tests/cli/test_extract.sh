@@ -169,6 +169,9 @@ expect_exit 66 "missing input: exit 66" dflash-extract -m "$TG/qwen3-tied" -l 1,
 expect_exit 2 "layer id out of range: exit 2" dflash-extract -m "$TG/qwen3-tied" -l 1,6 -o "$T/x.dfs" "$good"
 expect_exit 2 "bad --with: exit 2" dflash-extract -m "$TG/qwen3-tied" --with logits -o "$T/x.dfs" "$good"
 expect_exit 2 "no --model: exit 2" dflash-extract -o "$T/x.dfs" "$good"
+expect_exit 2 "SOURCE_DATE_EPOCH that is not a time: exit 2" env SOURCE_DATE_EPOCH=abc dflash-extract -m "$TG/qwen3-tied" -l 1,4 -o "$T/x.dfs" "$good"
+if grep -q "SOURCE_DATE_EPOCH: 'abc' is not a count of seconds" "$T/.err"; then pass "  ... named"; else fail "SOURCE_DATE_EPOCH message" "$(cat "$T/.err")"; fi
+expect_exit 2 "SOURCE_DATE_EPOCH past 9999: exit 2" env SOURCE_DATE_EPOCH=253402300800 dflash-extract -m "$TG/qwen3-tied" -l 1,4 -o "$T/x.dfs" "$good"
 expect_exit 69 "--device cuda without a GPU: exit 69" dflash-extract -m "$TG/qwen3-tied" -l 1,4 --device cuda -o "$T/x.dfs" "$good"
 if [ ! -e "$T/x.dfs" ]; then pass "failed runs leave no output file"; else fail "failed runs leave no output file"; fi
 if ls -a "$T" | grep -q '\.tmp\.'; then fail "no temporary files left behind"; else pass "no temporary files left behind"; fi

@@ -90,6 +90,9 @@ PYEOF
 expect_exit 2 "--split needs %s in -o" dflash-pack --split a=1,b=1 -o "$T/x.dfs" "$T/a.dfs"
 expect_exit 2 "--split rejects a bad fraction" dflash-pack --split a=0,b=1 -o "$T/x-%s.dfs" "$T/a.dfs"
 expect_exit 2 "--split rejects a repeated name" dflash-pack --split a=1,a=1 -o "$T/x-%s.dfs" "$T/a.dfs"
+expect_exit 2 "--split rejects a trailing comma" dflash-pack --split a=1,b=1, -o "$T/x-%s.dfs" "$T/a.dfs"
+expect_exit 2 "--split rejects fractions whose sum overflows" dflash-pack --split a=1e308,b=1e308 -o "$T/x-%s.dfs" "$T/a.dfs"
+grep -q 'add up to more than' "$T/.err" && pass "--split overflow explained" || fail "--split overflow message" "$(cat "$T/.err")"
 
 # ---- shards ----------------------------------------------------------------
 check "shards" dflash-pack --shards 3 -o "$T/sh-%03d.dfs" "$T/m.dfs"
@@ -269,6 +272,17 @@ m, s = pty.openpty()
 r = subprocess.run(['dflash-pack', '--verify'], stdin=s, stderr=subprocess.PIPE)
 sys.stderr.write(r.stderr.decode()); sys.exit(r.returncode)"
 expect_exit 73 "unwritable output" dflash-pack -o "$T/no/such/dir/x.dfs" "$T/a.dfs"
+expect_exit 2 "--seed -1 is refused (as 2^64-1 is)" dflash-pack --shuffle --seed -1 -o "$T/x.dfs" "$T/a.dfs"
+# SOURCE_DATE_EPOCH: refused unless it is a time "created" can hold (before
+# any output exists); the last second of 9999 is the largest.
+for v in abc -1 1e9 '' ' 5' 253402300800; do
+    expect_exit 2 "SOURCE_DATE_EPOCH='$v' is refused" env SOURCE_DATE_EPOCH="$v" dflash-pack -o "$T/sde.dfs" "$T/a.dfs"
+    grep -q "SOURCE_DATE_EPOCH: '$v' is not a count of seconds" "$T/.err" && [ ! -e "$T/sde.dfs" ] &&
+        pass "  ... named, and no output" || fail "SOURCE_DATE_EPOCH='$v' refusal" "$(cat "$T/.err"; ls "$T/sde.dfs" 2>&1)"
+done
+SOURCE_DATE_EPOCH=253402300799 dflash-pack -o "$T/sde.dfs" "$T/a.dfs" &&
+    [ "$(dflash-pack --inspect "$T/sde.dfs" | head -1 | jq -r .created)" = 9999-12-31T23:59:59Z ] &&
+    pass "SOURCE_DATE_EPOCH=253402300799 gives 9999-12-31T23:59:59Z" || fail "SOURCE_DATE_EPOCH largest"
 
 # A closed pipe ends the tool by SIGPIPE, as it ends cat (141); with SIGPIPE
 # ignored the write fails with 74 (the pages said 74 for both). 2 MB of raw

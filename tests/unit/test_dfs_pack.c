@@ -111,6 +111,19 @@ static void test_split_rule(void) {
     T_CHECK(dfs_pack_parse_split("a=1,,b=2", &o) != 0);
     T_CHECK(dfs_pack_parse_split("a/b=1", &o) != 0);
     T_CHECK(dfs_pack_parse_split("a=-1", &o) != 0);
+    /* a trailing ',' is an empty part, as in the middle */
+    T_CHECK(dfs_pack_parse_split("a=1,b=1,", &o) == DFL_EX_USAGE && strstr(dfl_errmsg(), "'' is not NAME=FRACTION"));
+    /* finite fractions whose sum is not: every part but the last got 0 */
+    T_CHECK(dfs_pack_parse_split("a=1e308,b=1e308", &o) == DFL_EX_USAGE && strstr(dfl_errmsg(), "add up to more"));
+    /* large but summable: the ratios are kept */
+    T_CHECK(dfs_pack_parse_split("a=8e307,b=8e307", &o) == 0);
+    int k[2] = {0, 0};
+    for (int i = 0; i < 400; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "sample-%d", i);
+        k[dfs_pack_split_of(&o, id)]++;
+    }
+    T_CHECKF(k[0] > 150 && k[1] > 150, "a %d, b %d of 400", k[0], k[1]);
 }
 
 static void test_patterns(void) {
