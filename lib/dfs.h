@@ -60,6 +60,7 @@ typedef struct {
     int        ntensors;
     dfs_tensor t[DFS_MAX_TENSORS];
     uint64_t   offset;       /* byte offset of the record in its file */
+    uint64_t   record;       /* its index among every record of the file, from 0 */
 } dfs_sample;
 
 /* ---- reader ------------------------------------------------------------- */
@@ -196,9 +197,10 @@ int dfs_meta_diff(const json_t *a, const json_t *b, char *buf, size_t n);
  * DFL_EX_DATA naming `path`, the record offset, the sample and the tensor. */
 int dfs_hs_check_sample(const dfs_hs_meta *m, const dfs_sample *s, const char *path);
 
-/* The error of a bad sample, as dfs_hs_check_sample words it:
- * "PATH: byte OFFSET: sample "ID": <fmt ...>". Returns DFL_EX_DATA. */
-int dfs_sample_err(const char *path, uint64_t offset, const char *id, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* The error of a bad sample, as dfs_hs_check_sample words it, in the
+ * reader's form: "PATH: byte OFFSET (record N): sample "ID": <fmt ...>".
+ * Returns DFL_EX_DATA. */
+int dfs_sample_err(const char *path, uint64_t offset, uint64_t record, const char *id, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 #endif

@@ -29,8 +29,10 @@ json_t *dfs_hs_meta_to_json(const dfs_hs_meta *m) {
                      m->has_target_ids, "has_last_hidden", m->has_last_hidden);
 }
 
+/* The meta checked is the first stream header's, which a stream must start
+ * with: record 0, at byte 0. */
 static int meta_bad(const char *path, const char *field, const char *what) {
-    return dfl_err(DFL_EX_DATA, "%s: stream meta: \"%s\" %s", path, field, what);
+    return dfl_err(DFL_EX_DATA, "%s: byte 0 (record 0): stream meta: \"%s\" %s", path, field, what);
 }
 
 static int get_str(const json_t *o, const char *key, char *buf, size_t n, const char *path, const char *field) {
@@ -157,16 +159,17 @@ static int shape_is(const dfs_tensor *t, int ndim, int64_t d0, int64_t d1) {
     return t->ndim == ndim && t->shape[0] == d0 && (ndim < 2 || t->shape[1] == d1);
 }
 
-int dfs_sample_err(const char *path, uint64_t offset, const char *id, const char *fmt, ...) {
+int dfs_sample_err(const char *path, uint64_t offset, uint64_t record, const char *id, const char *fmt, ...) {
     char msg[300];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return dfl_err(DFL_EX_DATA, "%s: byte %" PRIu64 ": sample \"%s\": %s", path, offset, id ? id : "", msg);
+    return dfl_err(DFL_EX_DATA, "%s: byte %" PRIu64 " (record %" PRIu64 "): sample \"%s\": %s", path, offset, record,
+                   id ? id : "", msg);
 }
 
-#define sample_bad(path, s, ...) dfs_sample_err(path, (s)->offset, (s)->id, __VA_ARGS__)
+#define sample_bad(path, s, ...) dfs_sample_err(path, (s)->offset, (s)->record, (s)->id, __VA_ARGS__)
 
 /* Check one tensor's presence, dtype and shape ([T] or [T, width]). */
 static int want_tensor(const char *path, const dfs_sample *s, const char *name, dfl_dtype dt, int ndim, int64_t T,

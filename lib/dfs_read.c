@@ -262,6 +262,7 @@ static int sample_header(dfs_reader *r, const msgpack_object *h, uint64_t payloa
         return bad(r, "sample \"%s\": \"tensors\" is not an array of at most %d maps", r->id, DFS_MAX_TENSORS);
     s->id = r->id;
     s->offset = r->rec_off;
+    s->record = r->nrec;
     s->ntensors = (int)ts->via.array.size;
     uint64_t sum = 0;
     for (int i = 0; i < s->ntensors; i++) {

@@ -352,8 +352,20 @@ int dfs_encode_sample(const dfs_writer *w, dfs_encoded *e, const char *id, int n
 
 int dfs_write_encoded(dfs_writer *w, const dfs_encoded *e) { return emit_sample(w, e->id, e->o, e->n, e->payload.p); }
 
+/* A stored tensor that does not decode, found while re-encoding: in the
+ * reader's form when the sample's reader is known. A shuffled sample has
+ * come through memory or a bucket file: its input and offset are lost, and
+ * only its id names it. */
+static int undecodable(const dfs_reader *from, const dfs_sample *s, const dfs_tensor *t, const char *why) {
+    if (from)
+        return dfl_err(DFL_EX_DATA, "%s: byte %llu (record %llu): sample \"%s\", tensor \"%s\": %s",
+                       dfs_reader_path(from), (unsigned long long)s->offset, (unsigned long long)s->record, s->id,
+                       t->name, why);
+    return dfl_err(DFL_EX_DATA, "shuffled input record: sample \"%s\", tensor \"%s\": %s", s->id, t->name, why);
+}
+
 int dfs_write_sample(dfs_writer *w, dfs_reader *from, dfs_sample *s, int keep_encoding) {
-    (void)from; /* decoding uses the writer's own buffers, so the reader's decode slots stay untouched */
+    /* decoding uses the writer's own buffers, so the reader's decode slots stay untouched */
     out_tensor o[DFS_MAX_TENSORS];
     size_t len = 0;
     for (int i = 0; i < s->ntensors; i++) {
@@ -367,9 +379,7 @@ int dfs_write_sample(dfs_writer *w, dfs_reader *from, dfs_sample *s, int keep_en
         if (!raw) {
             char why[300];
             dfs_abuf_reserve(&w->dec, (size_t)(t->raw_bytes ? t->raw_bytes : 1));
-            if (dfs_decode_into(&w->codec, w->dec.p, t, why, sizeof why))
-                return dfl_err(DFL_EX_DATA, "sample \"%s\" (byte %llu), tensor \"%s\": %s", s->id,
-                               (unsigned long long)s->offset, t->name, why);
+            if (dfs_decode_into(&w->codec, w->dec.p, t, why, sizeof why)) return undecodable(from, s, t, why);
             raw = w->dec.p;
         }
         const char *why = NULL;

@@ -32,7 +32,7 @@ int dfl_records_check_meta(const dfs_hs_meta *m, const char *path, const dfl_mod
 typedef struct {
     int rc;                  /* 1: a record; 0: the end of the input; else an exit code */
     char *err;               /* rc's message, kept for the thread that takes the record */
-    uint64_t offset;         /* the record's byte offset and id, for messages */
+    uint64_t offset, record; /* the record's byte offset, index and id, for messages */
     char *id;
     dfl_train_seq q;         /* points into the buffers below */
     int64_t records, epoch;  /* the source's position after this record (its caller's bookkeeping) */

@@ -191,10 +191,10 @@ static int anchors_from(const json_t *map, const char *path, const dfl_record *s
     json_array_foreach(arr, i, v) {
         json_int_t a = json_integer_value(v);
         if (a < 0 || a >= T)
-            return dfs_sample_err(path, s->offset, s->id, "--anchors-from: anchor %lld is outside the record's %" PRId64
+            return dfs_sample_err(path, s->offset, s->record, s->id, "--anchors-from: anchor %lld is outside the record's %" PRId64
                                   " tokens", (long long)a, T);
         if (i > 0 && a <= out[i - 1])
-            return dfs_sample_err(path, s->offset, s->id, "--anchors-from: anchors must increase (%lld after %d)",
+            return dfs_sample_err(path, s->offset, s->record, s->id, "--anchors-from: anchors must increase (%lld after %d)",
                                   (long long)a, out[i - 1]);
         out[i] = (int32_t)a;
     }

@@ -144,7 +144,7 @@ static int next_seq(dfl_trainer *t, dfl_train_seq *q, int *got) {
     t->epoch = o->epoch;
     /* keep the first sample's hidden dtype for the whole run (one micro-batch, one dtype) */
     if (t->mb.nseq > 0 && t->o.noise_std <= 0 && o->q.hidden_dtype != t->mb.b.feats_dtype)
-        return dfs_sample_err(t->path, o->offset, o->id, "\"hidden\" changes dtype within the stream");
+        return dfs_sample_err(t->path, o->offset, o->record, o->id, "\"hidden\" changes dtype within the stream");
     if (o->q.T > t->cap) { /* the step's anchors of this sequence */
         t->cap = o->q.T;
         t->anchors = dfl_realloc(t->anchors, (size_t)t->cap * 4);

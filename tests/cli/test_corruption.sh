@@ -100,3 +100,23 @@ for c in 'nan|meta "f" is NaN, not a finite number' 'ninf|meta "t.x[1]" is -Infi
     grep -qF "m-$name.dfs: byte 0 (record 0): stream header: $want" "$T/.err" && pass "meta $name names the field" ||
         fail "meta $name message" "$(cat -v "$T/.err")"
 done
+
+# A stored LZ4 frame that does not decode, under a checksum that matches (so
+# reading passes): re-encoding finds it, and names the file, byte and record
+# as the reader does (it used to name neither the file nor the record).
+$PY - "$T/frame.dfs" "$here/tests/interop" <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+from dfs_py import _record, stream_header, encode, sample_record, end_record, xxh64
+info, stored = encode("x", np.arange(100, dtype=np.int32), "i32", "lz4", False)
+stored = stored[:4] + bytes([stored[4] ^ 0x40]) + stored[5:]   # the frame's version bits
+info["xxh64"] = xxh64(stored)
+with open(sys.argv[1], "wb") as f:
+    _record(f, stream_header({}))
+    sample_record(f, "c", [(info, stored)])
+    end_record(f, 1)
+PYEOF
+expect_exit 65 "re-encoding a frame that does not decode" dflash-pack --compress none -o "$T/frame-out.dfs" "$T/frame.dfs"
+grep -Eq 'frame.dfs: byte [0-9]+ \(record 1\): sample "c", tensor "x": bad LZ4 frame' "$T/.err" &&
+    pass "  ... named in the reader's form" || fail "re-encode message" "$(cat "$T/.err")"

@@ -241,7 +241,23 @@ with open(src, "rb") as f, open(dst, "wb") as out:
         dfs_py._record(out, h, payload)
 PYEOF
 expect_exit 65 "verify checks token ids against the vocabulary" dflash-pack --verify "$T/v1000.dfs"
-grep -q 'input_ids.*outside' "$T/.err" && pass "token id error named" || fail "token id error" "$(cat "$T/.err")"
+grep -Eq 'v1000.dfs: byte [0-9]+ \(record 1\): sample "s-0": tensor "input_ids"\[[0-9]+\] is [0-9]+, outside' "$T/.err" &&
+    pass "token id error named, in the reader's form FILE: byte N (record N)" || fail "token id error" "$(cat "$T/.err")"
+# A hidden-state meta that breaks its rules: the first header, byte 0, record 0.
+$PY - "$T/v5000.dfs" "$T/rep.dfs" <<'PYEOF'
+import sys
+sys.path.insert(0, "tests/interop")
+import dfs_py
+src, dst = sys.argv[1:]
+with open(src, "rb") as f, open(dst, "wb") as out:
+    for off, h, payload in dfs_py.read_records(f):
+        if h["type"] == "stream":
+            h["meta"]["layer_ids"] = [1, 1]
+        dfs_py._record(out, h, payload)
+PYEOF
+expect_exit 65 "verify checks the hidden-state meta" dflash-pack --verify "$T/rep.dfs"
+grep -qF 'rep.dfs: byte 0 (record 0): stream meta: "layer_ids" repeats a layer' "$T/.err" &&
+    pass "meta error in the reader's form FILE: byte 0 (record 0)" || fail "meta error" "$(cat "$T/.err")"
 
 # ---- export ------------------------------------------------------------------
 check "export" dflash-pack --export "$T/ex" "$T/a.dfs"
