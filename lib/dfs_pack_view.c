@@ -286,14 +286,31 @@ static int export_header(dfs_reader *r, const char *dir) {
     return dfl_out_commit(o);
 }
 
+/* The file names of s's tensors. Two tensor names can reduce to one
+ * ("a/b" and "a_b"): refused, since one file would silently replace the
+ * other, and a renamed one would no longer say which tensor it holds. */
+static int export_names(dfs_reader *r, const dfs_sample *s, char (*names)[96]) {
+    for (int i = 0; i < s->ntensors; i++) {
+        sanitise(names[i], s->t[i].name, sizeof names[i]);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(names[i], names[j]))
+                return dfs_sample_err(dfs_reader_path(r), s->offset, s->record, s->id,
+                                      "tensors \"%s\" and \"%s\" would both be exported as %s.npy", s->t[j].name,
+                                      s->t[i].name, names[i]);
+    }
+    return 0;
+}
+
 static int export_sample(dfs_reader *r, dfs_sample *s, const char *dir, uint64_t index) {
-    char id[96], sub[PATH_MAX];
+    char id[96], sub[PATH_MAX], names[DFS_MAX_TENSORS][96];
+    int rc = export_names(r, s, names);
+    if (rc) return rc;
     sanitise(id, s->id, sizeof id);
     snprintf(sub, sizeof sub, "%s/%06llu-%s", dir, (unsigned long long)index, id);
-    int rc = make_dir(sub);
+    rc = make_dir(sub);
     for (int i = 0; i < s->ntensors && !rc; i++) {
-        char name[96], path[PATH_MAX + 128];
-        sanitise(name, s->t[i].name, sizeof name);
+        char path[PATH_MAX + 128], name[sizeof names[i]];
+        memcpy(name, names[i], sizeof name); /* a length gcc's format check can bound */
         snprintf(path, sizeof path, "%s/%s.npy", sub, name);
         rc = dfs_decode(r, &s->t[i]);
         if (!rc) rc = write_npy(path, &s->t[i]);

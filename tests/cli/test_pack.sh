@@ -271,6 +271,27 @@ assert h.dtype == np.float32 and h.shape == (i.shape[0], 32) and i.dtype == np.i
 assert ((h.view(np.uint32) & 0xffff) == 0).all()   # bf16 values, exactly
 "
 
+# Tensor names that reduce to one file name ("a/b", "a_b") are refused: one
+# file would have silently replaced the other. The records before it stay.
+$PY - "$T/collide.dfs" "$here/tests/interop" <<'PYEOF'
+import sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+from dfs_py import _record, stream_header, encode, sample_record, end_record
+with open(sys.argv[1], "wb") as f:
+    _record(f, stream_header({}))
+    sample_record(f, "ok", [encode("a/b", np.array([1], np.int32), "i32", "none", False)])
+    sample_record(f, "c", [encode("a/b", np.array([1], np.int32), "i32", "none", False),
+                           encode("x", np.array([3], np.int32), "i32", "none", False),
+                           encode("a_b", np.array([2], np.int32), "i32", "none", False)])
+    end_record(f, 2)
+PYEOF
+expect_exit 65 "export: two tensors of one file name are refused" dflash-pack --export "$T/cx" "$T/collide.dfs"
+grep -Eq 'collide.dfs: byte [0-9]+ \(record 2\): sample "c": tensors "a/b" and "a_b" would both be exported as a_b.npy' "$T/.err" &&
+    pass "  ... naming the record and both tensors" || fail "export collision message" "$(cat "$T/.err")"
+[ -f "$T/cx/000000-ok/a_b.npy" ] && [ ! -e "$T/cx/000001-c" ] && pass "  ... after the records before it, none of its files" ||
+    fail "export collision output" "$(ls -R "$T/cx")"
+
 # ---- usage and outputs ------------------------------------------------------
 expect_exit 2 "two modes at once" dflash-pack --inspect --verify "$T/a.dfs"
 expect_exit 2 "unknown option" dflash-pack --frobnicate "$T/a.dfs"
