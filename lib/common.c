@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static _Thread_local char err_buf[1024];
@@ -156,9 +157,20 @@ double dfl_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int dfl_refuse_directory(FILE *f, const char *name) {
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) return dfl_err(DFL_EX_NOINPUT, "%s: is a directory", name);
+    return 0;
+}
+
 int dfl_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
+    int rc = dfl_refuse_directory(f, path);
+    if (rc) {
+        fclose(f);
+        return rc;
+    }
     size_t cap = 4096, n = 0;
     char *b = dfl_malloc(cap);
     for (;;) {

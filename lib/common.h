@@ -94,6 +94,11 @@ int dfl_parse_size(const char *s, uint64_t *out);
  * Returns 0, DFL_EX_NOINPUT, DFL_EX_DATA (too large) or DFL_EX_IOERR. */
 int dfl_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len);
 
+/* Refuse an opened input that is a directory: fopen takes one, and only
+ * the first read fails, as an I/O error (74) after outputs exist. Returns 0,
+ * or DFL_EX_NOINPUT with "NAME: is a directory" recorded. */
+int dfl_refuse_directory(FILE *f, const char *name);
+
 /* Monotonic wall clock in seconds. */
 double dfl_now(void);
 

@@ -393,7 +393,8 @@ int dfs_reader_open(dfs_reader **out, const char *path) {
     FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
     if (!is_stdin) setvbuf(f, NULL, _IOFBF, 1 << 18);
-    int rc = dfs_reader_open_stream(out, f, is_stdin ? "stdin" : path);
+    int rc = dfl_refuse_directory(f, is_stdin ? "stdin" : path);
+    if (!rc) rc = dfs_reader_open_stream(out, f, is_stdin ? "stdin" : path);
     if (rc && !is_stdin) fclose(f);
     if (!rc) (*out)->own_f = !is_stdin;
     return rc;

@@ -25,6 +25,11 @@ int dfl_jsonl_open(dfl_jsonl **out, const char *path, int64_t vocab_size) {
     int is_stdin = !strcmp(path, "-");
     FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
+    int rc = dfl_refuse_directory(f, is_stdin ? "<stdin>" : path);
+    if (rc) {
+        if (!is_stdin) fclose(f);
+        return rc;
+    }
     dfl_jsonl *r = dfl_calloc(1, sizeof *r);
     r->f = f;
     r->is_stdin = is_stdin;

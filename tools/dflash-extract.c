@@ -16,7 +16,7 @@
 static const char *model_dir = NULL, *out_path = "-", *layers = NULL, *drafter_cfg = NULL, *device = "cpu";
 static dfl_strlist with = {0, NULL};
 static int64_t batch_tokens = 4096, threads = 0;
-static const char *compress = "none", *byte_shuffle = "off";
+static const char *compress = NULL, *byte_shuffle = "off"; /* compress NULL: not given */
 static int skip_bad = 0, progress = 0;
 
 static const dfl_opt opts[] = {
@@ -40,9 +40,10 @@ static const dfl_opt opts[] = {
      "records, so memory grows with N.", NULL},
     {"threads", 't', DFL_OPT_INT, &threads, "N", "CPU threads: the forward on the CPU, and the records' encoding (byte shuffle, LZ4, checksums), one sample a thread, written in order (the encoded bytes do not depend on N).", "all cores"},
     {"device", 'd', DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
-    {"compress", 0, DFL_OPT_CHOICE, &compress, "none|lz4", "Codec of the output's tensors (as dflash-pack --compress).", NULL},
+    {"compress", 0, DFL_OPT_CHOICE, &compress, "none|lz4", "Codec of the output's tensors (as dflash-pack --compress).", "none"},
     {"byte-shuffle", 0, DFL_OPT_CHOICE, &byte_shuffle, "on|off",
-     "Byte-shuffle tensors before LZ4 (what makes bf16 compressible; on implies --compress lz4).", NULL},
+     "Byte-shuffle tensors before LZ4 (what makes bf16 compressible). on implies --compress lz4 when --compress is "
+     "not given; with --compress none it is refused, as by dflash-pack.", NULL},
     {"skip-bad", 0, DFL_OPT_FLAG, &skip_bad, NULL,
      "Skip bad samples (reported on stderr, counted in a summary) instead of stopping at the first.", NULL},
     {"progress", 'p', DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal.", NULL},
@@ -79,6 +80,11 @@ int main(int argc, char **argv) {
         else dfl_cli_usage_error(&cli, "--with: '%s' is not one of target-ids, last-hidden", with.v[i]);
     }
     free(with.v);
+    /* "on implies lz4" is for --byte-shuffle on alone; against an explicit
+     * --compress none it is a contradiction, refused as dflash-pack does */
+    int shuffle = !strcmp(byte_shuffle, "on");
+    if (shuffle && compress && !strcmp(compress, "none"))
+        dfl_cli_usage_error(&cli, "--byte-shuffle on needs --compress lz4 (shuffling is part of the lz4 encoding)");
     if (dfs_check_source_date_epoch()) dfl_die_last(cli.prog);
     dfl_ops_cpu_threads(threads);
 
@@ -110,8 +116,7 @@ int main(int argc, char **argv) {
     json_t *meta = dfl_extract_meta(t, &eo);
     char producer[64];
     snprintf(producer, sizeof producer, "dflash-extract %s", DFLASH_VERSION);
-    int shuffle = !strcmp(byte_shuffle, "on");
-    dfs_encoding enc = {shuffle || !strcmp(compress, "lz4") ? DFS_CODEC_LZ4 : DFS_CODEC_NONE, shuffle, 1};
+    dfs_encoding enc = {shuffle || (compress && !strcmp(compress, "lz4")) ? DFS_CODEC_LZ4 : DFS_CODEC_NONE, shuffle, 1};
     dfs_writer *w;
     if (dfs_writer_open(&w, dfl_out_file(out), dfl_out_path(out), meta, producer, enc)) {
         dfl_out_abort(out);
@@ -135,8 +140,9 @@ int main(int argc, char **argv) {
     if (wrc) dfl_die_last(cli.prog);
     if (msg) {
         fprintf(stderr, "%s: %s\n", cli.prog, msg);
-        fprintf(stderr, "%s: stopped; %lld samples before it were written (use --skip-bad to skip bad samples)\n",
-                cli.prog, (long long)st.samples);
+        /* --skip-bad skips bad samples (65), not read errors (74) */
+        fprintf(stderr, "%s: stopped; %lld samples before it were written%s\n", cli.prog, (long long)st.samples,
+                rc == DFL_EX_DATA ? " (use --skip-bad to skip bad samples)" : "");
         free(msg);
     }
     if (st.skipped)

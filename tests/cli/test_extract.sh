@@ -169,6 +169,20 @@ expect_exit 66 "missing input: exit 66" dflash-extract -m "$TG/qwen3-tied" -l 1,
 expect_exit 2 "layer id out of range: exit 2" dflash-extract -m "$TG/qwen3-tied" -l 1,6 -o "$T/x.dfs" "$good"
 expect_exit 2 "bad --with: exit 2" dflash-extract -m "$TG/qwen3-tied" --with logits -o "$T/x.dfs" "$good"
 expect_exit 2 "no --model: exit 2" dflash-extract -o "$T/x.dfs" "$good"
+# A directory as the input is refused before anything runs: no output, and
+# no hint to use --skip-bad (which skips bad samples, not read errors).
+mkdir -p "$T/indir"
+expect_exit 66 "a directory as the input: exit 66" dflash-extract -m "$TG/qwen3-tied" -l 1,4 -o "$T/x.dfs" "$T/indir"
+if grep -qx "dflash-extract: $T/indir: is a directory" "$T/.err" && ! grep -q -- --skip-bad "$T/.err"; then
+    pass "  ... named, without the --skip-bad hint"; else fail "directory input message" "$(cat "$T/.err")"; fi
+if [ ! -e "$T/x.dfs" ]; then pass "  ... and no output"; else fail "directory input left an output"; rm -f "$T/x.dfs"; fi
+# --byte-shuffle on implies lz4 only when --compress is not given; against
+# --compress none it is refused (in either order), as dflash-pack does.
+expect_exit 2 "--compress none --byte-shuffle on: exit 2" dflash-extract -m "$TG/qwen3-tied" -l 1,4 --compress none --byte-shuffle on -o "$T/x.dfs" "$good"
+expect_exit 2 "--byte-shuffle on --compress none: exit 2" dflash-extract -m "$TG/qwen3-tied" -l 1,4 --byte-shuffle on --compress none -o "$T/x.dfs" "$good"
+check "--byte-shuffle on alone: extract" dflash-extract -m "$TG/qwen3-tied" -l 1,4 --byte-shuffle on -o "$T/bs.dfs" "$good"
+[ "$(dflash-pack --inspect "$T/bs.dfs" | jq -r 'select(.type=="sample").tensors[] | select(.name=="hidden") | "\(.codec) \(.shuffle)"' | sort -u)" = "lz4 true" ] &&
+    pass "  ... writes lz4, shuffled" || fail "--byte-shuffle on alone"
 expect_exit 2 "SOURCE_DATE_EPOCH that is not a time: exit 2" env SOURCE_DATE_EPOCH=abc dflash-extract -m "$TG/qwen3-tied" -l 1,4 -o "$T/x.dfs" "$good"
 if grep -q "SOURCE_DATE_EPOCH: 'abc' is not a count of seconds" "$T/.err"; then pass "  ... named"; else fail "SOURCE_DATE_EPOCH message" "$(cat "$T/.err")"; fi
 expect_exit 2 "SOURCE_DATE_EPOCH past 9999: exit 2" env SOURCE_DATE_EPOCH=253402300800 dflash-extract -m "$TG/qwen3-tied" -l 1,4 -o "$T/x.dfs" "$good"
