@@ -484,15 +484,18 @@ static json_t *ids_json(const int32_t *v, int64_t n) {
     return a;
 }
 
-static int emit_line(FILE *f, const char *id, const char *name, int64_t n, const dfl_gen_result *sp,
+static int emit_line(const dfl_online_opts *o, const char *id, const char *name, int64_t n, const dfl_gen_result *sp,
                      const dfl_gen_result *g) {
+    FILE *f = o->emit;
     json_t *j = json_pack("{ss ss sI so so so so}", "id", id, "drafter", name, "prompt_tokens", (json_int_t)n,
                           "output_ids", ids_json(sp->ids, sp->n), "greedy_ids", ids_json(g->ids, g->n),
                           "acceptance_lengths", ids_json(sp->len, sp->ncycles), "anchors",
                           ids_json(sp->anchors, sp->ncycles));
     int bad = json_dumpf(j, f, JSON_COMPACT) != 0 || fputc('\n', f) == EOF;
     json_decref(j);
-    return bad ? dfl_err(DFL_EX_IOERR, "--emit: write error: %s", strerror(errno)) : 0;
+    /* worded as the output's other write errors (outfile.c) */
+    return bad ? dfl_err(DFL_EX_IOERR, "%s: write failed: %s", o->emit_name ? o->emit_name : "--emit", strerror(errno))
+               : 0;
 }
 
 int dfl_score_online(dfl_target *t, dfl_drafter *const *d, int nd, dfl_jsonl *in, const dfl_online_opts *o,
@@ -562,7 +565,7 @@ int dfl_score_online(dfl_target *t, dfl_drafter *const *d, int nd, dfl_jsonl *in
             x->greedy_s += g.decode_s;
             if (sp.n) x->tpot_spec += sp.decode_s / (double)sp.n;
             if (g.n) x->tpot_greedy += g.decode_s / (double)g.n;
-            if (o->emit) rc = emit_line(o->emit, s.id, o->names ? o->names[i] : "", s.n, &sp, &g);
+            if (o->emit) rc = emit_line(o, s.id, o->names ? o->names[i] : "", s.n, &sp, &g);
         }
         if (rc) break;
         prompts++;

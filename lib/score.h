@@ -161,6 +161,7 @@ typedef struct {
     float    top_p;             /* 0: off */
     int     progress;
     FILE   *emit;               /* JSON lines per prompt and drafter, or NULL */
+    const char *emit_name;      /* its name, for messages */
     const char *const *names;   /* drafter names for the emitted lines */
 } dfl_online_opts;
 

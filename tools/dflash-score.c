@@ -243,6 +243,7 @@ int main(int argc, char **argv) {
                               .top_p = isnan(top_p) ? 0.0f : (float)top_p,
                               .progress = progress,
                               .emit = emit ? dfl_out_file(emit) : NULL,
+                              .emit_name = emit ? dfl_out_path(emit) : NULL,
                               .names = drafters.v};
         dfl_score_stats *st = dfl_calloc((size_t)nd, sizeof *st);
         int rc = dfl_score_online(t, d, nd, in, &oo, st);

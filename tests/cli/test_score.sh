@@ -100,6 +100,15 @@ check "--micro-rows 40 splits the work, same numbers" bash -c "$SC --target '$T/
 check "online: lossless on three prompts" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/prompts.jsonl" \
     --max-new-tokens 9 --emit "$T/emit.jsonl"
 cp "$T/.out" "$T/on.tsv"
+# A write error on the --emit file names it (ulimit -f: 1 KiB of any file the
+# process writes, so stdout goes to /dev/null and stderr through a pipe).
+( trap '' XFSZ; ulimit -f 1; $SC --target "$T/target" --drafter "$T/d1" --drafter "$T/d2" --prompts "$T/prompts.jsonl" \
+    --max-new-tokens 60 --ignore-eos --emit "$T/big.jsonl" 2>&1 >/dev/null | cat >"$T/big.err"; exit "${PIPESTATUS[0]}" )
+rc=$?
+[ $rc -eq 74 ] && grep -qx "dflash-score: $T/big.jsonl: write failed: File too large" "$T/big.err" &&
+    pass "--emit write error: exit 74, names the file" || fail "--emit write error" "rc $rc: $(cat "$T/big.err")"
+[ ! -e "$T/big.jsonl" ] && ! ls -A "$T" | grep -q '^\.big\.jsonl\.' && pass "  ... and leaves nothing" ||
+    fail "--emit write error left $(ls -A "$T" | grep big)"
 check "  ... columns, emitted lines" python3 - "$T/on.tsv" "$T/emit.jsonl" <<'EOF'
 import csv, json, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
