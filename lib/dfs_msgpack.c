@@ -267,8 +267,8 @@ static json_t *map_to_json(to_json_ctx *c, const msgpack_object *o) {
     const msgpack_object_kv *dup = dfs_mp_dup_key(o);
     if (dup) {
         char what[300];
-        snprintf(what, sizeof what, "repeats the key \"%.*s\"", (int)(dup->key.via.str.size > 255 ? 255 : dup->key.via.str.size),
-                 dup->key.via.str.ptr);
+        const int klen = (int)(dup->key.via.str.size > 255 ? 255 : dup->key.via.str.size);
+        snprintf(what, sizeof what, "repeats the key \"%.*s\"", klen, dup->key.via.str.ptr);
         return refuse(c, what);
     }
     json_t *m = json_object();

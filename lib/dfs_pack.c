@@ -58,7 +58,8 @@ static int split_part(const char *s, const char *end, dfs_pack_opts *o) {
     if (!eq || !name_ok(s, (size_t)(eq - s)))
         return dfl_err(DFL_EX_USAGE, "--split: '%.*s' is not NAME=FRACTION (NAME of letters, digits, . _ -)",
                        (int)(end - s), s);
-    if (o->nsplits == DFS_PACK_MAX_SPLITS) return dfl_err(DFL_EX_USAGE, "--split: at most %d parts", DFS_PACK_MAX_SPLITS);
+    if (o->nsplits == DFS_PACK_MAX_SPLITS)
+        return dfl_err(DFL_EX_USAGE, "--split: at most %d parts", DFS_PACK_MAX_SPLITS);
     char num[64];
     snprintf(num, sizeof num, "%.*s", (int)(end - eq - 1), eq + 1);
     double f;

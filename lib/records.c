@@ -117,7 +117,8 @@ int dfl_record_read(dfs_reader *r, const dfs_hs_meta *m, const char *path, int w
     if ((rc = dfs_hs_check_sample(m, s, path))) return rc; /* names, dtypes, shapes */
     dfs_tensor *ids, *mask, *hid, *tid = NULL, *last = NULL;
     if (dfs_find(s, "input_ids")->shape[0] > DFL_RECORD_MAX_TOKENS)
-        return dfs_sample_err(path, s->offset, s->record, s->id, "tensor \"input_ids\" holds %" PRId64 " tokens, more than 2^24",
+        return dfs_sample_err(path, s->offset, s->record, s->id,
+                              "tensor \"input_ids\" holds %" PRId64 " tokens, more than 2^24",
                               dfs_find(s, "input_ids")->shape[0]);
     if ((rc = decode(r, s, "input_ids", &ids)) || (rc = decode(r, s, "loss_mask", &mask)) ||
         (rc = decode(r, s, "hidden", &hid)) || (want_target_ids && (rc = decode(r, s, "target_ids", &tid))) ||
