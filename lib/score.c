@@ -179,7 +179,8 @@ const dfl_score_stats *dfl_offline_finish(dfl_offline *s) {
 
 /* ---- offline: the stream ---------------------------------------------------------------- */
 
-/* The anchors of record s from --anchors-from: strictly increasing, in [0, T). */
+/* The anchors of record s from --anchors-from, in [0, T) (strictly
+ * increasing: dfl_score_load_anchors checked that). */
 static int anchors_from(const json_t *map, const char *path, const dfl_record *s, int64_t T, int32_t *out, int64_t *n,
                         int64_t *matched) {
     *n = 0;
@@ -191,11 +192,8 @@ static int anchors_from(const json_t *map, const char *path, const dfl_record *s
     json_array_foreach(arr, i, v) {
         json_int_t a = json_integer_value(v);
         if (a < 0 || a >= T)
-            return dfs_sample_err(path, s->offset, s->record, s->id, "--anchors-from: anchor %lld is outside the record's %" PRId64
-                                  " tokens", (long long)a, T);
-        if (i > 0 && a <= out[i - 1])
-            return dfs_sample_err(path, s->offset, s->record, s->id, "--anchors-from: anchors must increase (%lld after %d)",
-                                  (long long)a, out[i - 1]);
+            return dfs_sample_err(path, s->offset, s->record, s->id,
+                                  "--anchors-from: anchor %lld is outside the record's %" PRId64 " tokens", (long long)a, T);
         out[i] = (int32_t)a;
     }
     *n = (int64_t)json_array_size(arr);
@@ -269,6 +267,52 @@ int dfl_score_stream(dfl_offline *const *sc, dfl_drafter *const *d, int nd, cons
     return rc;
 }
 
+/* The positions of one line's "anchors": integers in [0, 2^24), strictly
+ * increasing (the order blocks are scored in; checked here, where the fault
+ * can be named by its file and line, not against the stream later). */
+static int anchors_check(const json_t *arr, const char *path, int64_t lineno) {
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= DFL_RECORD_MAX_TOKENS)
+            return dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": anchors[%zu] is not a position", path, lineno, i);
+        if (i > 0 && json_integer_value(v) <= json_integer_value(json_array_get(arr, i - 1)))
+            return dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": anchors must increase (anchors[%zu] is %lld, after %lld)",
+                           path, lineno, i, (long long)json_integer_value(v),
+                           (long long)json_integer_value(json_array_get(arr, i - 1)));
+    }
+    return 0;
+}
+
+/* One line of an --anchors-from file (l bytes, not blank) into map. */
+static int anchors_line(json_t *map, const char *path, int64_t lineno, const char *line, size_t l) {
+    json_error_t je;
+    json_t *o = json_loadb(line, l, JSON_REJECT_DUPLICATES, &je);
+    if (!o || !json_is_object(o)) {
+        int rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": not a JSON object%s%s", path, lineno, o ? "" : ": ",
+                         o ? "" : je.text);
+        json_decref(o);
+        return rc;
+    }
+    json_t *id = json_object_get(o, "id"), *arr = json_object_get(o, "anchors");
+    char idbuf[32];
+    const char *ids = json_string_value(id);
+    if (json_is_integer(id)) {
+        snprintf(idbuf, sizeof idbuf, "%lld", (long long)json_integer_value(id));
+        ids = idbuf;
+    }
+    int rc = 0;
+    if (!ids) rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": \"id\" is missing or not a string or integer", path, lineno);
+    else if (!json_is_array(arr))
+        rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": \"anchors\" is missing or not a list", path, lineno);
+    else if (json_object_get(map, ids))
+        rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": id \"%s\" appears twice (a file of one drafter's run is needed)",
+                     path, lineno, ids);
+    if (!rc) rc = anchors_check(arr, path, lineno);
+    if (!rc) json_object_set(map, ids, arr);
+    json_decref(o);
+    return rc;
+}
+
 int dfl_score_load_anchors(const char *path, json_t **out) {
     *out = NULL;
     FILE *f = fopen(path, "r");
@@ -278,39 +322,12 @@ int dfl_score_load_anchors(const char *path, json_t **out) {
     size_t lcap = 0;
     ssize_t len;
     int64_t lineno = 0;
-    int rc = 0;
+    int rc = dfl_refuse_directory(f, path);
     while (!rc && (len = getline(&line, &lcap, f)) >= 0) {
         lineno++;
         size_t l = (size_t)len;
         while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' ')) l--;
-        if (l == 0) continue;
-        json_error_t je;
-        json_t *o = json_loadb(line, l, JSON_REJECT_DUPLICATES, &je);
-        if (!o || !json_is_object(o)) {
-            rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": not a JSON object%s%s", path, lineno, o ? "" : ": ", o ? "" : je.text);
-            json_decref(o);
-            break;
-        }
-        json_t *id = json_object_get(o, "id"), *arr = json_object_get(o, "anchors");
-        char idbuf[32];
-        const char *ids = json_string_value(id);
-        if (json_is_integer(id)) {
-            snprintf(idbuf, sizeof idbuf, "%lld", (long long)json_integer_value(id));
-            ids = idbuf;
-        }
-        if (!ids) rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": \"id\" is missing or not a string or integer", path, lineno);
-        else if (!json_is_array(arr))
-            rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": \"anchors\" is missing or not a list", path, lineno);
-        else if (json_object_get(map, ids))
-            rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": id \"%s\" appears twice (a file of one drafter's run is needed)",
-                         path, lineno, ids);
-        for (size_t i = 0; !rc && i < json_array_size(arr); i++) {
-            json_t *v = json_array_get(arr, i);
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= DFL_RECORD_MAX_TOKENS)
-                rc = dfl_err(DFL_EX_DATA, "%s:%" PRId64 ": anchors[%zu] is not a position", path, lineno, i);
-        }
-        if (!rc) json_object_set(map, ids, arr);
-        json_decref(o);
+        if (l) rc = anchors_line(map, path, lineno, line, l);
     }
     if (!rc && ferror(f)) rc = dfl_err(DFL_EX_IOERR, "%s: read error", path);
     free(line);

@@ -162,6 +162,12 @@ printf '{"id": "s0", "anchors": [4, 5]}\n{"id": "zz", "anchors": [1]}\n' >"$T/fr
 expect_exit 65 "--anchors-from with an id the stream lacks" $SC --target "$T/target" --drafter "$T/d1" --anchors-from "$T/from.jsonl" "$T/val.dfs"
 printf '{"id": "s0", "anchors": [4, 99]}\n' >"$T/from.jsonl"
 expect_exit 65 "--anchors-from with an anchor past the record" $SC --target "$T/target" --drafter "$T/d1" --anchors-from "$T/from.jsonl" "$T/val.dfs"
+# Anchors that do not increase are a fault of the anchors file: named by its
+# file and line when it is loaded, not against a record of the stream.
+printf '{"id": "s1", "anchors": [1]}\n{"id": "s0", "anchors": [4, 4]}\n' >"$T/from.jsonl"
+expect_exit 65 "--anchors-from with anchors that do not increase" $SC --target "$T/target" --drafter "$T/d1" --anchors-from "$T/from.jsonl" "$T/val.dfs"
+grep -qx "dflash-score: $T/from.jsonl:2: anchors must increase (anchors\[1\] is 4, after 4)" "$T/.err" &&
+    pass "  ... named by the anchors file and line" || fail "anchors order message" "$(cat "$T/.err")"
 printf '{"id": "s0", "anchors": [4, 5, 9]}\n' >"$T/from.jsonl"
 check "--anchors-from: exactly those blocks" $SC --target "$T/target" --drafter "$T/d1" --anchors-from "$T/from.jsonl" "$T/val.dfs"
 keep

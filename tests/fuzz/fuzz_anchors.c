@@ -36,6 +36,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             json_t *v;
             json_array_foreach(arr, i, v) {
                 FUZZ_CHECK(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) < (INT64_C(1) << 24));
+                /* strictly increasing, as scoring takes them */
+                FUZZ_CHECK(i == 0 || json_integer_value(v) > json_integer_value(json_array_get(arr, i - 1)));
             }
         }
         json_decref(map);
