@@ -174,21 +174,24 @@ typedef struct {
     int          tmp_files;   /* bucket files created so far (for names) */
 } pack;
 
-int dfs_pack_open_inputs(const char *const *inputs, int n, dfs_reader ***out) {
-    int nstdin = 0, rc = 0;
+static int stdin_once(const char *const *inputs, int n) {
+    int nstdin = 0;
     for (int i = 0; i < n; i++) nstdin += !strcmp(inputs[i], "-");
-    *out = NULL;
-    if (nstdin > 1) return dfl_err(DFL_EX_USAGE, "stdin ('-') can be read only once");
-    dfs_reader **in = dfl_calloc(n ? (size_t)n : 1, sizeof *in);
-    for (int i = 0; i < n && !rc; i++) {
-        char diff[900];
-        rc = dfs_reader_open(&in[i], inputs[i]);
-        if (!rc && i && dfs_meta_diff(dfs_reader_meta(in[0]), dfs_reader_meta(in[i]), diff, sizeof diff))
-            rc = dfl_err(DFL_EX_DATA, "%s: stream header differs from that of %s (values there vs here): %s",
-                         dfs_reader_path(in[i]), dfs_reader_path(in[0]), diff);
-    }
-    if (rc) dfs_pack_close_inputs(in, n);
-    else *out = in;
+    return nstdin > 1 ? dfl_err(DFL_EX_USAGE, "stdin ('-') can be read only once") : 0;
+}
+
+/* Open `path` and check that its stream header agrees with that of `first`
+ * on every identity field (dfs_meta_diff); first NULL: path is the first.
+ * Returns 0, or an exit code (65 naming both files and each differing
+ * field) with *r NULL. */
+static int open_like(dfs_reader **r, const char *path, const dfs_reader *first) {
+    char diff[900];
+    int rc = dfs_reader_open(r, path);
+    if (rc || !first || !dfs_meta_diff(dfs_reader_meta(first), dfs_reader_meta(*r), diff, sizeof diff)) return rc;
+    rc = dfl_err(DFL_EX_DATA, "%s: stream header differs from that of %s (values there vs here): %s",
+                 dfs_reader_path(*r), dfs_reader_path(first), diff);
+    dfs_reader_close(*r);
+    *r = NULL;
     return rc;
 }
 
@@ -208,12 +211,48 @@ static void allow_open_files(const pack *p) {
     setrlimit(RLIMIT_NOFILE, &rl);
 }
 
-void dfs_pack_close_inputs(dfs_reader **in, int n) {
-    for (int i = 0; in && i < n; i++) dfs_reader_close(in[i]);
-    free(in);
+/* Open every input and check that their identities agree with the first:
+ * merging reads them all before it writes anything. */
+static int open_inputs(pack *p) {
+    const dfs_pack_opts *o = p->o;
+    int rc = stdin_once(o->inputs, o->ninputs);
+    if (rc) return rc;
+    p->in = dfl_calloc((size_t)o->ninputs, sizeof *p->in);
+    for (int i = 0; i < o->ninputs && !rc; i++) rc = open_like(&p->in[i], o->inputs[i], i ? p->in[0] : NULL);
+    return rc;
 }
 
-static int open_inputs(pack *p) { return dfs_pack_open_inputs(p->o->inputs, p->o->ninputs, &p->in); }
+/* Check inputs 1.. against the first before any is read: each opened and
+ * closed, but standard input, which cannot be opened twice, is kept in
+ * *held (at *held_at). */
+static int check_inputs(const char *const *inputs, int n, const dfs_reader *first, dfs_reader **held, int *held_at) {
+    int rc = 0;
+    for (int i = 1; i < n && !rc; i++) {
+        dfs_reader *r;
+        if ((rc = open_like(&r, inputs[i], first))) break;
+        if (!strcmp(inputs[i], "-")) *held = r, *held_at = i;
+        else dfs_reader_close(r);
+    }
+    return rc;
+}
+
+int dfs_pack_each_input(const char *const *inputs, int n, int check_first, dfs_pack_input_fn fn, void *ctx) {
+    DFL_ASSERT(n >= 1);
+    dfs_reader *first = NULL, *held = NULL;
+    int held_at = -1, rc = stdin_once(inputs, n);
+    if (!rc) rc = open_like(&first, inputs[0], NULL);
+    if (!rc && check_first) rc = check_inputs(inputs, n, first, &held, &held_at);
+    for (int i = 0; i < n && !rc; i++) {
+        dfs_reader *r = i == 0 ? first : i == held_at ? held : NULL;
+        if (!r && (rc = open_like(&r, inputs[i], first))) break;
+        rc = fn(r, ctx);
+        if (i > 0) dfs_reader_close(r); /* the first stays open: the others are compared with it */
+        if (i == held_at) held = NULL;
+    }
+    dfs_reader_close(held);
+    dfs_reader_close(first);
+    return rc;
+}
 
 static int open_outputs(pack *p) {
     const dfs_pack_opts *o = p->o;
@@ -254,8 +293,9 @@ static int finish(pack *p, int rc) {
         if (!rc) rc = dfl_out_commit(p->out[i]);
         else dfl_out_abort(p->out[i]);
     }
-    dfs_pack_close_inputs(p->in, p->o->ninputs);
+    for (int i = 0; p->in && i < p->o->ninputs; i++) dfs_reader_close(p->in[i]);
     if (p->tmp[0]) dfl_tmpdir_abort(p->tmp);
+    free(p->in);
     free(p->out);
     free(p->w);
     return rc;

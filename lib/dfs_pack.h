@@ -41,12 +41,16 @@ int dfs_pack_pattern_ok(const char *pattern, char kind);
  * cumulative normalised fractions. */
 int dfs_pack_split_of(const dfs_pack_opts *o, const char *id);
 
-/* Open every input ("-" at most once) and check that their stream headers
- * agree on every identity field (dfs_meta_diff), as every mode but
- * --inspect needs. Returns 0 with *in set, or an exit code (65 naming both
- * files and each differing field) with every reader closed. */
-int dfs_pack_open_inputs(const char *const *inputs, int n, dfs_reader ***in);
-void dfs_pack_close_inputs(dfs_reader **in, int n);
+/* Run fn on each input in turn, in order ("-" at most once), after checking
+ * that its stream header agrees with the first input's on every identity
+ * field (dfs_meta_diff), as merging does: every mode but --inspect takes
+ * the inputs as one whole. With check_first, every input is checked before
+ * fn runs on any (for --export, which writes). Inputs are opened one at a
+ * time (the first stays open), so thousands of shards need few descriptors.
+ * Returns 0, fn's error, or an exit code (65 naming both files and each
+ * differing field). */
+typedef int (*dfs_pack_input_fn)(dfs_reader *r, void *ctx);
+int dfs_pack_each_input(const char *const *inputs, int n, int check_first, dfs_pack_input_fn fn, void *ctx);
 
 /* Merge (and shuffle, split, shard) the inputs into the outputs. Returns 0
  * or an exit code with the error recorded; outputs appear only on success. */

@@ -113,7 +113,8 @@ static void add_tensor(totals *tt, const dfs_tensor *t) {
 
 static double ratio(uint64_t raw, uint64_t stored) { return stored ? (double)raw / (double)stored : 0; }
 
-static int stats_add_file(totals *tt, dfs_reader *r) {
+static int stats_add_file(dfs_reader *r, void *ctx) {
+    totals *tt = ctx;
     int rc;
     dfs_sample *s;
     while ((rc = dfs_read(r, &s)) == 1) {
@@ -162,12 +163,9 @@ static void stats_print_text(const totals *tt, FILE *out) {
 }
 
 int dfs_pack_stats(const char *const *inputs, int n, int as_json, FILE *out) {
-    dfs_reader **in;
-    int rc = dfs_pack_open_inputs(inputs, n, &in); /* one table of totals: the inputs must agree */
-    if (rc) return rc;
     totals *tt = dfl_calloc(1, sizeof *tt);
-    for (int f = 0; f < n && !rc; f++) rc = stats_add_file(tt, in[f]);
-    dfs_pack_close_inputs(in, n);
+    /* one table of totals: the inputs must agree */
+    int rc = dfs_pack_each_input(inputs, n, 0, stats_add_file, tt);
     if (!rc && as_json) rc = stats_print_json(tt, out);
     else if (!rc) stats_print_text(tt, out);
     free(tt);
@@ -176,7 +174,8 @@ int dfs_pack_stats(const char *const *inputs, int n, int as_json, FILE *out) {
 
 /* ---- verify -------------------------------------------------------------- */
 
-static int verify_input(dfs_reader *r, uint64_t *total) {
+static int verify_input(dfs_reader *r, void *ctx) {
+    uint64_t *total = ctx;
     dfs_hs_meta hs;
     int is_hs, rc = hs_meta_of(r, &hs, &is_hs);
     dfs_sample *s;
@@ -191,12 +190,9 @@ static int verify_input(dfs_reader *r, uint64_t *total) {
 
 int dfs_pack_verify(const char *const *inputs, int n, FILE *out) {
     uint64_t total = 0;
-    dfs_reader **in;
     /* Inputs that merging would refuse are not a valid whole (nor is their
      * concatenation, which the reader refuses): the same check here. */
-    int rc = dfs_pack_open_inputs(inputs, n, &in);
-    for (int f = 0; f < n && !rc; f++) rc = verify_input(in[f], &total);
-    dfs_pack_close_inputs(in, n);
+    int rc = dfs_pack_each_input(inputs, n, 0, verify_input, &total);
     if (rc) return rc;
     if (fprintf(out, "OK %llu records\n", (unsigned long long)total) < 0) return out_error();
     return 0;
@@ -318,20 +314,28 @@ static int export_sample(dfs_reader *r, dfs_sample *s, const char *dir, uint64_t
     return rc;
 }
 
-int dfs_pack_export(const char *const *inputs, int n, const char *dir) {
-    dfs_reader **in;
-    /* One stream.json describes every record: the inputs must agree, and
-     * are checked before anything is written. */
-    int rc = dfs_pack_open_inputs(inputs, n, &in);
-    if (rc) return rc;
-    uint64_t index = 0;
-    rc = make_dir(dir);
-    if (!rc) rc = export_header(in[0], dir);
-    for (int f = 0; f < n && !rc; f++) {
-        dfs_sample *s;
-        while ((rc = dfs_read(in[f], &s)) == 1)
-            if ((rc = export_sample(in[f], s, dir, index++))) break;
+typedef struct {
+    const char *dir;
+    uint64_t    index; /* records exported so far */
+    int         started;
+} export_ctx;
+
+static int export_input(dfs_reader *r, void *ctx) {
+    export_ctx *x = ctx;
+    int rc = 0;
+    if (!x->started) { /* the first input: every input has been checked by now */
+        x->started = 1;
+        rc = make_dir(x->dir);
+        if (!rc) rc = export_header(r, x->dir);
     }
-    dfs_pack_close_inputs(in, n);
+    dfs_sample *s;
+    while (!rc && (rc = dfs_read(r, &s)) == 1) rc = export_sample(r, s, x->dir, x->index++);
     return rc;
+}
+
+int dfs_pack_export(const char *const *inputs, int n, const char *dir) {
+    export_ctx x = {dir, 0, 0};
+    /* One stream.json describes every record: the inputs must agree, and
+     * are all checked before anything is written. */
+    return dfs_pack_each_input(inputs, n, 1, export_input, &x);
 }

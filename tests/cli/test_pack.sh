@@ -38,6 +38,17 @@ for mode in --verify --stats "--export $T/xd"; do
         pass "$mode: refusal names both files, the field and both values" || fail "$mode refusal message" "$(cat "$T/.err")"
 done
 [ ! -e "$T/xd" ] && pass "--export: nothing written after a refusal" || fail "--export wrote $(ls "$T/xd")"
+# Standard input among the inputs is checked before anything is written too
+# (and kept for the export, since it cannot be opened twice).
+expect_exit 65 "--export: a differing stdin is refused" sh -c "dflash-pack --export '$T/xd' '$T/a.dfs' - <'$T/k3.dfs'"
+[ ! -e "$T/xd" ] && pass "  ... before anything is written" || fail "--export with stdin wrote $(ls "$T/xd")"
+check "--export: stdin between two files" sh -c "dflash-pack --export '$T/xs' '$T/a.dfs' - '$T/a.dfs' <'$T/b.dfs'"
+[ -f "$T/xs/000040-b-0/hidden.npy" ] && [ -f "$T/xs/000065-a-0/hidden.npy" ] && [ "$(ls "$T/xs" | wc -l)" -eq 106 ] &&
+    pass "  ... exports its records in place" || fail "--export with stdin" "$(ls "$T/xs" | sed -n '40,42p')"
+# The inputs are read one at a time: a few descriptors do for many shards.
+for i in $(seq 30); do ln -s "$T/b.dfs" "$T/many-$i.dfs"; done
+check "--verify of 30 inputs under ulimit -n 12" sh -c "ulimit -n 12; dflash-pack --verify '$T'/many-*.dfs"
+grep -qx 'OK 750 records' "$T/.out" && pass "  ... reads them all" || fail "--verify of 30 inputs" "$(cat "$T/.out")"
 $GEN -n 3 -H 32 -K 2 -o "$T/h32.dfs"
 expect_exit 65 "inputs with another hidden size are refused" dflash-pack -o "$T/x.dfs" "$T/a.dfs" "$T/h32.dfs"
 grep -q 'target.hidden_size: 16 vs 32' "$T/.err" && pass "hidden size named" || fail "hidden size named" "$(cat "$T/.err")"
