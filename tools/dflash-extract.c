@@ -40,7 +40,7 @@ static const dfl_opt opts[] = {
      "records, so memory grows with N.", NULL},
     {"threads", 't', DFL_OPT_INT, &threads, "N", "CPU threads: the forward on the CPU, and the records' encoding (byte shuffle, LZ4, checksums), one sample a thread, written in order (the encoded bytes do not depend on N).", "all cores"},
     {"device", 'd', DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
-    {"compress", 0, DFL_OPT_CHOICE, &compress, "none|lz4", "Codec of the output's tensors (as dflash-pack --compress).",
+    {"compress", 0, DFL_OPT_CHOICE, &compress, "none|lz4", "Codec of the output's tensors (as dflash-pack --compress, but lz4 alone does not byte-shuffle here: add --byte-shuffle on).",
      "none"},
     {"byte-shuffle", 0, DFL_OPT_CHOICE, &byte_shuffle, "on|off",
      "Byte-shuffle tensors before LZ4 (what makes bf16 compressible). on implies --compress lz4 when --compress is "

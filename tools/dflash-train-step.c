@@ -308,6 +308,8 @@ int main(int argc, char **argv) {
     if (!!init_cfg + !!init_from + !!resume != 1)
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
     if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
+    /* as dflash-pack and dflash-score: -1 would silently mean 2^64-1 */
+    if (seed < 0) dfl_cli_usage_error(&cli, "--seed must be >= 0");
     dfl_ops_cpu_threads(threads);
     dfs_set_codec_threads((int)threads); /* the records' decoding too */
     if (!strcmp(input, "-") && (steps > 0 || resume) && isatty(STDIN_FILENO))

@@ -64,7 +64,7 @@ for o in "--anchors -3" "--seed -1" "--micro-rows -2"; do
     expect_exit 2 "dflash-score $o: 2" $SC $o "$T/train.dfs"
 done
 expect_exit 2 "dflash-score --max-new-tokens -1: 2" $SC --prompts "$T/data.jsonl" --max-new-tokens -1
-for o in "--anchors -3" "--batch-seqs -1" "--batch-tokens -5" "--micro-rows -1" "--total-steps -4"; do
+for o in "--anchors -3" "--batch-seqs -1" "--batch-tokens -5" "--micro-rows -1" "--total-steps -4" "--seed -1"; do
     expect_exit 2 "dflash-train-step $o: 2" $INIT --steps 1 $o --out "$T/neg" "$T/train.dfs"
 done
 expect_exit 2 "dflash-train-step --resume --anchors -3: 2 (differs from the checkpoint's)" \
