@@ -127,7 +127,6 @@ static int skip_payload(dfs_reader *r, uint64_t n) {
 
 /* ---- record framing ---------------------------------------------------- */
 
-
 /* Read the next record's prefix and header and parse the header. Returns 1
  * with *mp filled (caller destroys), 0 at a clean end of input (no byte of a
  * new record), or an error code. */
