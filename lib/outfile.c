@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 struct dfl_out {
@@ -40,17 +41,33 @@ static int set_up;
 static pthread_t cleanup_thread; /* the thread that opens and writes the outputs */
 static mode_t process_umask;     /* read once, by set_up_once() */
 
-/* Remove a directory and the plain files in it (checkpoints are flat). */
+static int is_dot_or_dotdot(const char *name) {
+    return name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0));
+}
+
+/* Remove a directory and the plain files in it (checkpoints are flat).
+ * The signal handler runs this, so it uses only async-signal-safe calls:
+ * opendir and readdir allocate, and a signal that lands inside malloc
+ * would deadlock on its lock. getdents64 reads the names into a buffer on
+ * the stack; as unlinking while reading may skip a name, the directory is
+ * read again until a pass removes nothing. */
 static void remove_flat_dir(const char *path) {
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        char p[PATH_MAX];
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            if (snprintf(p, sizeof p, "%s/%s", path, e->d_name) < (int)sizeof p) unlink(p);
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        _Alignas(struct dirent64) char buf[8192];
+        for (int pass = 0, removed = 1; removed && pass < 64; pass++) {
+            removed = 0;
+            if (lseek(fd, 0, SEEK_SET) < 0) break;
+            long n;
+            while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+                for (long off = 0; off < n;) {
+                    const struct dirent64 *e = (const struct dirent64 *)(buf + off);
+                    off += e->d_reclen;
+                    if (!is_dot_or_dotdot(e->d_name) && unlinkat(fd, e->d_name, 0) == 0) removed = 1;
+                }
+            }
         }
-        closedir(d);
+        close(fd);
     }
     rmdir(path);
 }
@@ -84,10 +101,13 @@ static void on_signal(int sig) {
 
 /* A signal ignored when the tool starts stays ignored: under nohup
  * (SIGHUP) or as a script's background job (SIGINT) the caller asked for
- * the run to survive it, as GNU tools and zstd let it. */
+ * the run to survive it, as GNU tools and zstd let it. SIGPIPE (the reader
+ * of a pipe went away, as `| head` does) kills as before, but after the
+ * temporary outputs are removed; ignored, it stays ignored, and the write
+ * fails with EPIPE, which the tool reports as an I/O error. */
 static void install_handlers(void) {
     atexit(run_cleanup);
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
         struct sigaction sa, old;
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;

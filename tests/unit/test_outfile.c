@@ -5,10 +5,12 @@
 #include "../test.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -133,9 +135,124 @@ static void test_registry_holds_every_shard(void) {
     t_rm_rf(parent);
 }
 
+static pthread_t main_thread;
+
+static void *signal_main_soon(void *arg) {
+    (void)arg;
+    const struct timespec wait = {0, 2 * 1000 * 1000};
+    nanosleep(&wait, NULL);
+    pthread_kill(main_thread, SIGTERM);
+    for (;;) pause();
+    return NULL;
+}
+
+/* The child: a full checkpoint directory, and the main thread busy in
+ * malloc and free (sizes past the thread cache, so the arena lock is
+ * taken) when SIGTERM lands on it. A cleanup that allocates (opendir)
+ * deadlocks on that lock; alarm() ends such a child by SIGALRM. */
+static void child_in_malloc_when_signalled(const char *parent) {
+    char final[PATH_MAX], tmp[PATH_MAX], f[PATH_MAX + 32];
+    snprintf(final, sizeof final, "%s/ck", parent);
+    if (dfl_tmpdir_create(final, tmp, sizeof tmp)) _exit(3);
+    for (int i = 0; i < 300; i++) {
+        snprintf(f, sizeof f, "%s/file-%d", tmp, i);
+        int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(4);
+        close(fd);
+    }
+    alarm(10);
+    main_thread = pthread_self();
+    pthread_t th;
+    if (pthread_create(&th, NULL, signal_main_soon, NULL)) _exit(5);
+    for (unsigned long i = 0;; i++) {
+        volatile char *p = malloc(40000 + (i % 7) * 4096);
+        if (!p) _exit(6);
+        p[0] = (char)i;
+        free((void *)p);
+    }
+}
+
+/* The cleanup runs in the signal handler, so it must not allocate: it
+ * used opendir/readdir, and a signal that landed inside malloc hung the
+ * tool forever (found by review; now getdents64 into a stack buffer). */
+static void test_signal_inside_malloc_cleans_up(void) {
+    for (int round = 0; round < 20; round++) {
+        char parent[] = "/tmp/dflash-outfile.XXXXXX";
+        T_CHECK(mkdtemp(parent) != NULL);
+        pid_t pid = fork();
+        if (pid == 0) child_in_malloc_when_signalled(parent);
+        int status = 0;
+        T_CHECK(waitpid(pid, &status, 0) == pid);
+        T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM,
+                 "round %d: status 0x%x, expected death by SIGTERM (%d; SIGALRM %d means the cleanup hung)", round,
+                 status, SIGTERM, SIGALRM);
+        T_CHECKF(count_entries(parent) == 0, "round %d: %d entries left in %s", round, count_entries(parent), parent);
+        t_rm_rf(parent);
+        if (t_failed_now) break;
+    }
+}
+
+/* Writes to a pipe whose reader is gone, with one output open. */
+static int write_to_a_closed_pipe(const char *parent, dfl_out **o) {
+    char final[PATH_MAX];
+    snprintf(final, sizeof final, "%s/out.dfs", parent);
+    if (dfl_out_open(o, final, 1)) return -2;
+    fputs("partial", dfl_out_file(*o));
+    fflush(dfl_out_file(*o));
+    int fds[2];
+    if (pipe(fds)) return -2;
+    close(fds[0]);
+    return (int)write(fds[1], "x", 1);
+}
+
+/* `dflash-pack --stats ... | head`: SIGPIPE kills the tool, as it kills
+ * any tool, but the temporary outputs go first; they were left behind. */
+static void test_sigpipe_cleans_up(void) {
+    char parent[] = "/tmp/dflash-outfile.XXXXXX";
+    T_CHECK(mkdtemp(parent) != NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGPIPE, SIG_DFL);
+        dfl_out *o;
+        write_to_a_closed_pipe(parent, &o);
+        _exit(5);
+    }
+    int status = 0;
+    T_CHECK(waitpid(pid, &status, 0) == pid);
+    T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE, "status 0x%x, expected death by SIGPIPE", status);
+    T_CHECKF(count_entries(parent) == 0, "%d entries left in %s", count_entries(parent), parent);
+    t_rm_rf(parent);
+}
+
+/* SIGPIPE ignored by the caller stays ignored: the write fails with EPIPE
+ * (the tool reports it and removes its outputs on the error path). */
+static void test_ignored_sigpipe_stays_ignored(void) {
+    char parent[] = "/tmp/dflash-outfile.XXXXXX";
+    T_CHECK(mkdtemp(parent) != NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGPIPE, SIG_IGN);
+        dfl_out *o;
+        int n = write_to_a_closed_pipe(parent, &o);
+        if (n != -1 || errno != EPIPE) _exit(3);
+        if (count_entries(parent) != 1) _exit(4); /* the temporary output is still there */
+        dfl_out_abort(o);
+        _exit(0);
+    }
+    int status = 0;
+    T_CHECK(waitpid(pid, &status, 0) == pid);
+    T_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x (exit %d)", status,
+             WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    T_CHECKF(count_entries(parent) == 0, "%d entries left in %s", count_entries(parent), parent);
+    t_rm_rf(parent);
+}
+
 int main(void) {
     T_RUN(test_signal_on_the_writer_cleans_up);
     T_RUN(test_signal_on_another_thread_cleans_up);
     T_RUN(test_registry_holds_every_shard);
+    T_RUN(test_signal_inside_malloc_cleans_up);
+    T_RUN(test_sigpipe_cleans_up);
+    T_RUN(test_ignored_sigpipe_stays_ignored);
     return t_exit();
 }
