@@ -69,7 +69,7 @@ static int has_option(const dfl_cli *cli, const char *name) {
 static void exit_status_help(const dfl_cli *cli, FILE *f) {
     fprintf(f, "\nexit status: 0 ok, 1 (reserved), 2 usage, 65 bad input data, 66 cannot open input,\n%s70 internal error, "
                "73 cannot create output, 74 I/O error;\nkilled by signal N: 128+N, e.g. 130 for Ctrl-C (temporary outputs "
-               "removed first), 141 for a closed pipe.\n",
+               "removed first), 141 for a closed pipe (the same).\n",
             has_option(cli, "device") ? "69 no CUDA device, " : "");
 }
 

@@ -24,6 +24,11 @@ int dfl_err(int code, const char *fmt, ...) {
 const char *dfl_errmsg(void) { return err_buf[0] ? err_buf : "unknown error"; }
 int dfl_errcode(void) { return err_code ? err_code : DFL_EX_SOFTWARE; }
 
+int dfl_in_check_name(const char *what, const char *path) {
+    if (!path || *path) return 0;
+    return dfl_err(DFL_EX_NOINPUT, "%s '': an empty path names no file or directory (is a shell variable unset?)", what);
+}
+
 void dfl_die_last(const char *prog) {
     fprintf(stderr, "%s: %s\n", prog, dfl_errmsg());
     exit(dfl_errcode());

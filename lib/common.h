@@ -39,6 +39,12 @@ int dfl_err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 const char *dfl_errmsg(void);
 int dfl_errcode(void);
 
+/* "" given for an input (an unset shell variable): refused, naming `what`
+ * (the option, or "input"), with DFL_EX_NOINPUT. Left alone it read
+ * "/config.json" for --target '' (the path joined with "/"), or failed
+ * later with a message naming no option. 0 for NULL or a non-empty path. */
+int dfl_in_check_name(const char *what, const char *path);
+
 /* Print "prog: message" for the last recorded error and exit with its code. */
 DFL_NORETURN void dfl_die_last(const char *prog);
 /* Print "prog: message" and exit with `code`. */

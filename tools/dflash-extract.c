@@ -67,6 +67,9 @@ int main(int argc, char **argv) {
     if (!model_dir) dfl_cli_usage_error(&cli, "--model DIR is required");
     if (layers && drafter_cfg) dfl_cli_usage_error(&cli, "give --layers or --drafter-config, not both");
     if (dfl_out_check_name("-o", out_path)) dfl_die_last(cli.prog); /* before the model is loaded */
+    if (dfl_in_check_name("--model", model_dir) || dfl_in_check_name("--drafter-config", drafter_cfg) ||
+        dfl_in_check_name("input", in_path))
+        dfl_die_last(cli.prog);
     /* -o INPUT would replace the samples with their hidden states */
     struct stat si, so;
     if (strcmp(in_path, "-") && strcmp(out_path, "-") && stat(in_path, &si) == 0 && stat(out_path, &so) == 0 &&

@@ -105,6 +105,8 @@ int main(int argc, char **argv) {
     if (dfl_out_check_name("-o", output) || dfl_out_check_name("--export", export_dir) ||
         dfl_out_check_name("--tmpdir", tmpdir))
         dfl_die_last(cli.prog);
+    for (int i = 0; i < ninputs; i++)
+        if (dfl_in_check_name("input", inputs[i])) dfl_die_last(cli.prog);
     int rc;
     if (modes) {
         if (inspect) rc = dfs_pack_inspect(inputs, ninputs, stdout);

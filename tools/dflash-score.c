@@ -168,6 +168,15 @@ static void check_options(int online, int npos, char **pos) {
     }
 }
 
+/* "" (an unset shell variable) for an input: --target '' read /config.json */
+static void check_input_names(int npos, char **pos) {
+    int rc = dfl_in_check_name("--target", target_dir) || dfl_in_check_name("--anchors-from", anchors_from_path) ||
+             dfl_in_check_name("--prompts", prompts);
+    for (int i = 0; !rc && i < drafters.n; i++) rc = dfl_in_check_name("--drafter", drafters.v[i]);
+    for (int i = 0; !rc && i < npos; i++) rc = dfl_in_check_name("input", pos[i]);
+    if (rc) dfl_die_last(PROG);
+}
+
 static dfl_drafter *load_drafter(const dfl_ops *ops, const char *dir, const dfl_model_config *tcfg) {
     dfl_drafter_config c;
     if (dfl_ckpt_load_config(dir, &c)) dfl_die_last(PROG);
@@ -205,6 +214,7 @@ int main(int argc, char **argv) {
     const int online = prompts != NULL;
     check_options(online, npos, pos);
     if (dfl_out_check_name("--emit", emit_path)) dfl_die_last(PROG); /* before the models are loaded */
+    check_input_names(npos, pos);
     const char *input = online ? prompts : npos ? pos[0] : "-";
     dfl_ops_cpu_threads(threads);
     dfs_set_codec_threads((int)threads); /* the records' decoding too */

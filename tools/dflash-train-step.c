@@ -304,6 +304,10 @@ int main(int argc, char **argv) {
     /* an empty --out (an unset shell variable) used to train every step,
      * then fail at the rename */
     if (dfl_out_check_name("--out", out_dir) || dfl_out_check_name("--log", log_path)) dfl_die_last(PROG);
+    if (dfl_in_check_name("--target", target_dir) || dfl_in_check_name("--init", init_cfg) ||
+        dfl_in_check_name("--init-from", init_from) || dfl_in_check_name("--resume", resume) ||
+        dfl_in_check_name("input", input))
+        dfl_die_last(PROG);
     if (steps < 0) dfl_cli_usage_error(&cli, "--steps N is required (N >= 0)");
     if (!!init_cfg + !!init_from + !!resume != 1)
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");

@@ -91,9 +91,35 @@ empty_out -o "dflash-pack -o ''" dflash-pack -o "" "$T/train.dfs"
 empty_out --export "dflash-pack --export ''" dflash-pack --export "" "$T/train.dfs"
 empty_out --tmpdir "dflash-pack --tmpdir ''" dflash-pack --shuffle --mem 1 --tmpdir "" -o "$T/e.dfs" "$T/train.dfs"
 empty_out --emit "dflash-score --emit ''" $SC --prompts "$T/data.jsonl" --max-new-tokens 2 --emit ""
+# the same for inputs, exit 66 (--target '' and --model '' read /config.json,
+# the path joined with "/"; an empty stream name failed with ": cannot open")
+empty_in() { # OPT NAME CMD...: exit 66, the option named, nothing written
+    local opt=$1 name=$2; shift 2
+    expect_exit 66 "$name: 66" "$@"
+    grep -q "^${1}: $opt '': an empty path names no file or directory" "$T/.err" && [ -z "$(ls -A "$T/ecwd")" ] &&
+        pass "$name: the option named, nothing written" || fail "$name: the option named, nothing written" "$(cat "$T/.err"; ls -A "$T/ecwd")"
+}
+EX="dflash-extract -t 1 -o $T/e.dfs"
+empty_in --model "dflash-extract --model ''" $EX -m "" -l 1,3 "$T/data.jsonl"
+empty_in --drafter-config "dflash-extract --drafter-config ''" $EX -m "$T/target" --drafter-config "" "$T/data.jsonl"
+empty_in input "dflash-extract ''" $EX -m "$T/target" -l 1,3 ""
+empty_in input "dflash-pack ''" dflash-pack -o "$T/e.dfs" ""
+empty_in input "dflash-pack FILE '' (the second of two)" dflash-pack -o "$T/e.dfs" "$T/train.dfs" ""
+SC0="dflash-score --threads 1"
+empty_in --target "dflash-score --target ''" $SC0 --target "" --drafter "$T/ck2" "$T/train.dfs"
+empty_in --drafter "dflash-score --drafter ''" $SC0 --target "$T/target" --drafter "$T/ck2" --drafter "" "$T/train.dfs"
+empty_in --anchors-from "dflash-score --anchors-from ''" $SC --anchors-from "" "$T/train.dfs"
+empty_in --prompts "dflash-score --prompts ''" $SC --prompts "" --max-new-tokens 2
+empty_in input "dflash-score ''" $SC ""
+TS0="$TS --steps 1 --out $T/e-ck"
+empty_in --target "dflash-train-step --target ''" $TS0 --target "" --init "$T/drafter.json" "$T/train.dfs"
+empty_in --init "dflash-train-step --init ''" $TS0 --target "$T/target" --init "" "$T/train.dfs"
+empty_in --init-from "dflash-train-step --init-from ''" $TS0 --target "$T/target" --init-from "" "$T/train.dfs"
+empty_in --resume "dflash-train-step --resume ''" $TS0 --target "$T/target" --resume "" "$T/train.dfs"
+empty_in input "dflash-train-step ''" $TS0 --target "$T/target" --init "$T/drafter.json" ""
 popd >/dev/null
-[ ! -e "$T/e-ck" ] && [ ! -e "$T/e.dfs" ] && pass "empty output paths: no output written elsewhere" ||
-    fail "empty output paths: no output written elsewhere" "$(ls "$T")"
+[ ! -e "$T/e-ck" ] && [ ! -e "$T/e.dfs" ] && pass "empty output and input paths: no output written elsewhere" ||
+    fail "empty output and input paths: no output written elsewhere" "$(ls "$T")"
 
 # ---- --log on a full disk: exit 74 (the lines used to be lost with exit 0) -----------------
 expect_exit 74 "--log /dev/full: 74" $INIT --steps 2 --log /dev/full --out "$T/logfull" "$T/train.dfs"
