@@ -315,3 +315,31 @@ expect_exit 2 "--init and --resume together: usage error" $TS --target "$T/targe
 expect_exit 66 "a missing target directory: exit 66" $TS --target "$T/nope" --init "$T/drafter.json" --steps 1 \
     --out "$T/x" "$T/train.dfs"
 check "--help" $TS --help
+
+# ---- every logged step: the metrics are mutually consistent ----------------------------
+# Per-position accuracies (a null: no row with a loss at that position) lie in
+# [0,1]; the overall accuracy, their row-weighted mean, lies between their min
+# and max; offline tau = 1 + mean accepted prefix lies in [1, 1 + sum of the
+# per-position accuracies] (a block's prefix reaches position k only if k is
+# right, and a position's count is at most the number of blocks).
+check "every step line of every log: accuracies in [0,1], 1 <= tau <= 1 + sum of them" python3 - \
+    "$T/learn.log" "$T/cut-on.log" "$T/cut-off.log" "$T/kl.log" "$T/from.log" <<'EOF'
+import json, math, sys
+eps, n = 1e-6, 0
+for path in sys.argv[1:]:
+    lines = open(path).read().splitlines()
+    assert lines, path + " is empty"
+    for i, line in enumerate(lines):
+        s, where = json.loads(line), "%s line %d" % (path, i + 1)
+        acc = s["accuracy_per_position"]
+        assert len(acc) == 5, (where, acc)
+        real = [a for a in acc if a is not None]
+        assert real, (where, "no position has a loss", acc)
+        for a in real:
+            assert isinstance(a, (int, float)) and math.isfinite(a) and -eps <= a <= 1 + eps, (where, acc)
+        assert min(real) - eps <= s["accuracy"] <= max(real) + eps, (where, s["accuracy"], acc)
+        assert 1 - eps <= s["tau"] <= 1 + sum(real) + eps, (where, "tau", s["tau"], "accuracies", acc)
+        n += 1
+print("%d step lines checked" % n)
+EOF
+sed 's/^/    /' "$T/.out"

@@ -933,6 +933,77 @@ static void test_checkpoint(void) {
     dfl_drafter_config_free(&c);
 }
 
+/* ---- the step metrics: per-position accuracy and offline tau ------------------- */
+
+/* dfl_train_mb_run's counting on a hand-made micro-batch. The target's LM
+ * head is all zeros, so every logit is 0 and the argmax (lowest index on
+ * ties) predicts token 0 in every slot whatever the drafter computes: slot k
+ * of the block at anchor a is right iff its label ids[a+k] is 0 (CE labels),
+ * and it carries a loss iff loss_mask[a+k]. Block size 4 (slots 1..3), T 17,
+ * ids 3 except the 0s below, loss_mask 1 except at 15:
+ *
+ *   block  anchor  slot 1      slot 2        slot 3     accepted prefix s_j
+ *   A      1       ids[2]=0 ok ids[3]=0 ok   ids[4]=5 x  2
+ *   B      5       ids[6]=7 x  ids[7]=0 ok   ids[8]=0 ok 0  (matches after a miss do not count)
+ *   C      9       ids[10]=0ok ids[11]=0 ok  ids[12]=0ok 3
+ *   D      13      ids[14]=0ok 15: no loss   ids[16]=0ok 1  (a slot without a loss ends the prefix)
+ *
+ * per slot (correct/count): k=1 3/4, k=2 3/3 (D's has no loss), k=3 3/4;
+ * accuracy 9/11; tau = 1 + (2+0+3+1)/4 = 2.5. Counting every right slot
+ * instead of the prefix would give s = 2,2,3,2 and tau 3.25; not ending the
+ * prefix at the slot without a loss, s_D = 2 and tau 2.75. */
+static void test_tau_and_position_accuracy(void) {
+    dfl_drafter_config c;
+    dfl_rng r;
+    test_seq a;
+    dfl_drafter *d = small_drafter(&c, &r, &a, 1, 23, 17, 0.4, 17, 0);
+    T_CHECK(c.block_size == 4);
+    const int64_t VH = c.V * c.H;
+    float *e = dfl_malloc((size_t)VH * 4), *w = dfl_malloc((size_t)VH * 4);
+    for (int64_t i = 0; i < VH; i++) e[i] = (float)frand(&r), w[i] = 0.0f;
+    dfl_drafter_set_target(d, e, w, NULL, 1e-5f);
+    for (int t = 0; t < 17; t++) a.ids[t] = 3, a.mask[t] = 1;
+    static const int zero[] = {2, 3, 7, 8, 10, 11, 12, 14, 15, 16};
+    for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++) a.ids[zero[i]] = 0;
+    a.ids[4] = 5;
+    a.ids[6] = 7;
+    a.mask[15] = 0;
+    int32_t anc[] = {1, 5, 9, 13};
+    dfl_train_opts o;
+    dfl_train_opts_default(&o, c.block_size);
+    o.kl = 0;
+    o.labels_target = 0;
+    dfl_train_seq sq = as_seq(&a);
+    dfl_rng rr;
+    dfl_rng_seed(&rr, 1);
+    dfl_train_mb mb;
+    dfl_train_mb_init(&mb);
+    dfl_train_mb_add(&mb, &c, &o, &sq, anc, 4, &rr);
+    T_CHECK(mb.b.nblk == 4);
+    dfl_train_stats st;
+    memset(&st, 0, sizeof st);
+    dfl_drafter_zero_grad(d);
+    dfl_train_mb_run(d, &o, &mb, &st, 0);
+    if (mb.b.nblk == 4) {
+        T_CHECKF(mb.streak[0] == 2 && mb.streak[1] == 0 && mb.streak[2] == 3 && mb.streak[3] == 1,
+                 "streaks %d %d %d %d, want 2 0 3 1", mb.streak[0], mb.streak[1], mb.streak[2], mb.streak[3]);
+    }
+    T_CHECK(st.nblocks == 4);
+    T_CHECKF(st.streak_sum == 6.0, "streak_sum %g, want 6", st.streak_sum);
+    T_CHECK(st.count[0] == 0 && st.correct[0] == 0);
+    T_CHECKF(st.correct[1] == 3 && st.count[1] == 4, "slot 1: %lld/%lld, want 3/4", (long long)st.correct[1],
+             (long long)st.count[1]);
+    T_CHECKF(st.correct[2] == 3 && st.count[2] == 3, "slot 2: %lld/%lld, want 3/3", (long long)st.correct[2],
+             (long long)st.count[2]);
+    T_CHECKF(st.correct[3] == 3 && st.count[3] == 4, "slot 3: %lld/%lld, want 3/4", (long long)st.correct[3],
+             (long long)st.count[3]);
+    T_CHECKF(dfl_train_tau(&st) == 2.5, "tau %.17g, want 2.5", dfl_train_tau(&st));
+    T_CHECKF(dfl_train_accuracy(&st) == 9.0 / 11.0, "accuracy %.17g, want 9/11", dfl_train_accuracy(&st));
+    dfl_train_mb_free(&mb);
+    free(e), free(w);
+    small_free(&c, d, &a);
+}
+
 int main(void) {
     ops = dfl_ops_cpu();
     T_RUN(test_config);
@@ -950,5 +1021,6 @@ int main(void) {
     T_RUN(test_fixture_start_grad);
     T_RUN(test_start_grad_no_context);
     T_RUN(test_fixture_adamw);
+    T_RUN(test_tau_and_position_accuracy);
     return t_exit();
 }
