@@ -7,9 +7,13 @@
 #
 # One pass through the pipe is one epoch; a checkpoint is written at the end
 # of each (OUT/ckpt-e1, ckpt-e2, ...). Run it again after a crash: finished
-# epochs are kept and training resumes from the last one (the checkpoint
-# appears only when complete). Training through the pipe gives the same
-# checkpoint, bit for bit, as training from the extracted file.
+# epochs are kept and training resumes from the last one. An epoch's
+# checkpoint gets its name only when every tool of the pipe succeeded: one
+# that stopped early (a bad sample stops dflash-extract, exit 65, and the
+# trainer would save what it had) is removed, the run exits with that tool's
+# status naming it, and a re-run redoes the whole epoch. Training through the
+# pipe gives the same checkpoint, bit for bit, as training from the extracted
+# file.
 #
 #   pipelines/train-online.sh -m TARGET_DIR -c DRAFTER.json -o OUT_DIR [OPTIONS] SAMPLES.jsonl [-- TRAIN_OPTIONS]
 #
@@ -86,11 +90,28 @@ for ((e = 1; e <= EPOCHS; e++)); do
     fi
     echo "epoch $e of $EPOCHS: up to $per_epoch steps (schedule: $total) -> $ck"
     rm -f "$ck.log"   # a redone epoch logs afresh
+    part="$OUT/.ckpt-e$e.partial"   # hidden (eval-sweep.sh skips it); renamed when the epoch is whole
+    rm -rf "$part"
     # --steps per_epoch + 1: the pass ends with the input, the tool saves and exits 0
     # shellcheck disable=SC2086
     shuf --random-source=<(yes "$SEED-$e") "$SAMPLES" |
         dflash-extract -m "$TARGET" --drafter-config "$DRAFTER" --device "$DEVICE" $EXTRACT_OPTS |
         dflash-train-step --target "$TARGET" "${start[@]}" --steps $((per_epoch + 1)) --total-steps "$total" \
-            --batch-seqs "$BATCH_SEQS" --device "$DEVICE" --log "$ck.log" $TRAIN_OPTS --out "$ck"
+            --batch-seqs "$BATCH_SEQS" --device "$DEVICE" --log "$ck.log" $TRAIN_OPTS --out "$part" &&
+        st=(0 0 0) || st=("${PIPESTATUS[@]}")
+    # Any tool failing fails the epoch; the cause is the first status that is
+    # not a broken pipe (141: a tool whose reader had stopped).
+    tools=(shuf dflash-extract dflash-train-step) why="" rc=0
+    for i in 0 1 2; do
+        [ "${st[$i]}" -eq 0 ] && continue
+        why="$why${why:+, }${tools[$i]} exited ${st[$i]}"
+        if [ "$rc" -eq 0 ] || { [ "$rc" -eq 141 ] && [ "${st[$i]}" -ne 141 ]; }; then rc=${st[$i]}; fi
+    done
+    if [ "$rc" -ne 0 ]; then
+        rm -rf "$part"
+        echo "train-online.sh: epoch $e failed ($why): not all its samples were trained on, so no $ck; run again to redo epoch $e" >&2
+        exit "$rc"
+    fi
+    mv -T "$part" "$ck"
 done
 echo "done: $OUT/ckpt-e$EPOCHS"

@@ -70,6 +70,28 @@ grep -q "epoch 1: done before" again.out && same_ckpt online/ckpt-e2 man-e2 &&
     pass "train-online.sh again: epoch 1 kept, epoch 2 redone, same bytes" ||
     fail "train-online.sh again: epoch 1 kept, epoch 2 redone, same bytes" "$(tail -3 again.out)"
 
+# A bad sample stops dflash-extract (exit 65); the trainer saves what it had.
+# That epoch is not done: no checkpoint under its name, exit non-zero naming
+# the tool, and a re-run (the sample fixed) redoes it: the bytes of a clean run.
+{ head -5 samples.jsonl; echo '{"id":"bad","input_ids":[1,2,999999],"loss_mask":[0,1,1]}'; tail -n +6 samples.jsonl; } >bad.jsonl
+TO_ARGS=(-m target -c drafter.json -o badrun -e 2 -d cpu -b 2 -s 7 --extract-opts "-t 1")
+"$TO" "${TO_ARGS[@]}" bad.jsonl -- --threads 1 --lr 5e-3 --anchors 4 >bad.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ ! -e badrun/ckpt-e1 ] && [ -z "$(ls -A badrun | grep -v '\.log$')" ] &&
+    grep -q "epoch 1 failed (.*dflash-extract exited 65" bad.out &&
+    pass "an epoch whose extraction failed: no checkpoint, exit non-zero naming the tool" ||
+    fail "an epoch whose extraction failed: no checkpoint, exit non-zero naming the tool" "rc $rc: $(ls -A badrun); $(tail -2 bad.out)"
+"$TO" "${TO_ARGS[@]}" bad.jsonl -- --threads 1 --lr 5e-3 --anchors 4 >bad2.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && ! grep -q "done before" bad2.out && [ ! -e badrun/ckpt-e1 ] &&
+    pass "... run again: still not counted as done" || fail "... run again: still not counted as done" "rc $rc: $(tail -2 bad2.out)"
+grep -v '"bad"' bad.jsonl >fixed.jsonl
+"$TO" "${TO_ARGS[@]}" fixed.jsonl -- --threads 1 --lr 5e-3 --anchors 4 >bad3.out 2>&1
+rc=$?
+[ $rc = 0 ] && same_ckpt badrun/ckpt-e2 man-e2 &&
+    pass "... the sample fixed: both epochs redone, the bytes of a clean run" ||
+    fail "... the sample fixed: both epochs redone, the bytes of a clean run" "rc $rc: $(tail -2 bad3.out)"
+
 # ---- a pipe that runs dry -------------------------------------------------------------
 head -3 samples.jsonl | "${EX[@]}" | "${TR[@]}" --init drafter.json --steps 50 --out short 2>short.err
 rc=$?
