@@ -13,6 +13,16 @@
 # joins the pieces in input order into OUT: the same records, in the same
 # order, as one dflash-extract over the whole file.
 #
+# WORKDIR keeps signatures of what its pieces were made from: the input and
+# SHARDS (in/SIGNATURE), and the settings that shape the records
+# (out/SIGNATURE: the model directory, its *.json files' checksums and its
+# *.safetensors files' sizes and times, LAYERS, every EXTRACT_OPTS word, and
+# the checksum of every file an EXTRACT_OPTS word names, e.g. the
+# --drafter-config). A run whose signatures differ from those of the pieces
+# there is refused (exit 2) rather than mixed with them: remove WORKDIR or
+# pick another. DEVICE, JOBS and THREADS are not in it: a re-run may move to
+# other GPUs or the CPU (the records then differ by float rounding only).
+#
 # Options (each also an environment variable, given here in capitals):
 #   -m, --model DIR       MODEL   target model directory (Hugging Face layout)
 #   -o, --output OUT      OUT     merged stream; with PACK_OPTS holding --split or
@@ -110,6 +120,32 @@ else
     rm -f "$WORKDIR"/in/piece-*
     split -n "l/$SHARDS" -d -a 4 --additional-suffix=.jsonl "$INPUT" "$WORKDIR/in/piece-"
     echo "$sig" >"$WORKDIR/in/SIGNATURE"
+fi
+
+# The settings of the extraction, checked against those of the pieces there.
+settings() {
+    local w v f
+    echo "model $MODEL"
+    for f in "$MODEL"/*.json; do [ -f "$f" ] && echo "json ${f##*/} $(cksum <"$f")"; done
+    for f in "$MODEL"/*.safetensors; do [ -f "$f" ] && echo "weights ${f##*/} $(stat -L -c '%s %Y' -- "$f")"; done
+    echo "layers $LAYERS"
+    read -ra words <<<"$EXTRACT_OPTS"
+    for w in "${words[@]}"; do
+        echo "opt $w"
+        v=${w#*=}
+        [ -f "$w" ] && echo "file $(cksum <"$w")"
+        [ "$v" != "$w" ] && [ -f "$v" ] && echo "file $(cksum <"$v")"
+    done
+    return 0
+}
+osig=$(settings)
+if [ -f "$WORKDIR/out/SIGNATURE" ]; then
+    [ "$(cat "$WORKDIR/out/SIGNATURE")" = "$osig" ] ||
+        die "$WORKDIR holds pieces extracted with other settings (model, layers or extract options); these differ: $(diff "$WORKDIR/out/SIGNATURE" <(echo "$osig") | grep '^[<>]' | tr '\n' ' ')- remove it or pick another --workdir"
+elif [ -n "$(find "$WORKDIR/out" -name 'piece-*.dfs' -print -quit)" ]; then
+    die "$WORKDIR/out holds pieces with no record of their settings (out/SIGNATURE); remove them or pick another --workdir"
+else
+    echo "$osig" >"$WORKDIR/out/SIGNATURE"
 fi
 
 # 2. One job per piece. Runs in a fresh bash on its host (local or ssh), so it
