@@ -28,7 +28,10 @@
 #   --lock FILE         LOCK       the lock (default: TSV with .lock)
 #   --wait SECONDS      WAIT       wait this long for the lock (default 0: if another
 #                                  sweep runs, exit 0 at once and let it work)
-#   after --: options for dflash-score (SCORE_OPTS), e.g. --device cuda --anchors 64
+#   after --: options for dflash-score, e.g. --device cuda --anchors 64 (or in
+#                       SCORE_OPTS, split at spaces)
+# An option without its value, an unknown option or a bad number: exit 2. A
+# path may hold spaces or begin with '-'.
 # Tools are found on PATH, or in DFLASH_BIN when set. Needs flock and jq (a
 # run without them stops at once, exit 69); gnuplot only for the plot.
 #
@@ -53,29 +56,39 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
 die() { echo "eval-sweep.sh: $*" >&2; exit 2; }
+need() { [ $# -ge 2 ] || die "$1 needs a value (try --help)"; }
+int() { [[ $2 =~ ^[0-9]+$ ]] || die "$1 must be a whole number, not '$2'"; }
+# A relative path that begins with '-' would read as an option to the tools: ./ before it.
+dashpath() { case $1 in -*) printf './%s' "$1" ;; *) printf '%s' "$1" ;; esac; }
 unavailable() { echo "eval-sweep.sh: $*" >&2; exit 69; }
 
 TARGET=${TARGET:-} VAL=${VAL:-} PROMPTS=${PROMPTS:-} MAX_NEW=${MAX_NEW:-256} CKPT_DIR=${CKPT_DIR:-.}
 TSV=${TSV:-} PNG=${PNG-unset} LOCK=${LOCK:-} WAIT=${WAIT:-0} SCORE_OPTS=${SCORE_OPTS:-}
+SCORE_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --target) TARGET=$2; shift 2 ;;
-        --val) VAL=$2; shift 2 ;;
-        --prompts) PROMPTS=$2; shift 2 ;;
-        --max-new-tokens) MAX_NEW=$2; shift 2 ;;
-        --dir) CKPT_DIR=$2; shift 2 ;;
-        --tsv) TSV=$2; shift 2 ;;
-        --png) PNG=$2; shift 2 ;;
-        --lock) LOCK=$2; shift 2 ;;
-        --wait) WAIT=$2; shift 2 ;;
+        --target) need "$@"; TARGET=$2; shift 2 ;;
+        --val) need "$@"; VAL=$2; shift 2 ;;
+        --prompts) need "$@"; PROMPTS=$2; shift 2 ;;
+        --max-new-tokens) need "$@"; MAX_NEW=$2; shift 2 ;;
+        --dir) need "$@"; CKPT_DIR=$2; shift 2 ;;
+        --tsv) need "$@"; TSV=$2; shift 2 ;;
+        --png) need "$@"; PNG=$2; shift 2 ;;
+        --lock) need "$@"; LOCK=$2; shift 2 ;;
+        --wait) need "$@"; WAIT=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        --) shift; SCORE_OPTS="$SCORE_OPTS $*"; break ;;
+        --) shift; SCORE_ARGS=("$@"); break ;;
         *) die "unknown argument '$1' (try --help)" ;;
     esac
 done
 [ -n "$TARGET" ] || die "--target DIR is required"
 [ -n "$VAL" ] || [ -n "$PROMPTS" ] || die "--val STREAM or --prompts FILE is required"
 [ -z "$VAL" ] || [ -z "$PROMPTS" ] || die "--val and --prompts exclude each other (one TSV per kind of score)"
+int "--max-new-tokens (MAX_NEW)" "$MAX_NEW"
+[[ $WAIT =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--wait (WAIT) must be a number of seconds, not '$WAIT'"
+TARGET=$(dashpath "$TARGET") VAL=$(dashpath "$VAL") PROMPTS=$(dashpath "$PROMPTS") CKPT_DIR=$(dashpath "$CKPT_DIR")
+TSV=$(dashpath "$TSV") LOCK=$(dashpath "$LOCK")
+[ "$PNG" = unset ] || PNG=$(dashpath "$PNG")
 [ -d "$CKPT_DIR" ] || { echo "eval-sweep.sh: $CKPT_DIR: no such directory" >&2; exit 66; }
 [ -n "${DFLASH_BIN:-}" ] && export PATH="$DFLASH_BIN:$PATH"
 command -v dflash-score >/dev/null || unavailable "dflash-score is not on PATH (set DFLASH_BIN)"
@@ -139,7 +152,7 @@ score() {
     local d; for d in "$@"; do a+=(--drafter "$d"); done
     if [ -n "$VAL" ]; then a+=("$VAL"); else a+=(--prompts "$PROMPTS" --max-new-tokens "$MAX_NEW"); fi
     # shellcheck disable=SC2086
-    dflash-score $SCORE_OPTS "${a[@]}" >"$out"
+    dflash-score $SCORE_OPTS ${SCORE_ARGS[@]+"${SCORE_ARGS[@]}"} "${a[@]}" >"$out"
 }
 
 if [ ${#new[@]} -eq 0 ]; then

@@ -41,8 +41,11 @@
 #                                 format, e.g. "8/gpu-node-01"; ":" is this host)
 #   --pack-opts "OPTS"    PACK_OPTS options of the final dflash-pack, e.g.
 #                                 "--shuffle --seed 1 --split train=0.99,val=0.01"
-#   after --: options passed to every dflash-extract (EXTRACT_OPTS), e.g.
-#                                 --byte-shuffle on --with target-ids
+#   after --: options passed to every dflash-extract, e.g. --byte-shuffle on
+#                                 --with target-ids (or in EXTRACT_OPTS, split
+#                                 at spaces)
+# An option without its value, an unknown option or a bad number: exit 2. A
+# path may hold spaces or begin with '-' (the input file: ./-NAME).
 # Tools are found on PATH, or in DFLASH_BIN when set.
 #
 # Several hosts: WORKDIR, the input, the model directory and the dflash tools
@@ -64,25 +67,29 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
 die() { echo "extract-sharded.sh: $*" >&2; exit 2; }
+need() { [ $# -ge 2 ] || die "$1 needs a value (try --help)"; }
+int() { [[ $2 =~ ^[0-9]+$ ]] || die "$1 must be a whole number, not '$2'"; }
+# A relative path that begins with '-' would read as an option to the tools: ./ before it.
+dashpath() { case $1 in -*) printf './%s' "$1" ;; *) printf '%s' "$1" ;; esac; }
 
 MODEL=${MODEL:-} OUT=${OUT:-} LAYERS=${LAYERS:-} DEVICE=${DEVICE:-cuda} JOBS=${JOBS:-}
 SHARDS=${SHARDS:-} THREADS=${THREADS:-} WORKDIR=${WORKDIR:-} SSHLOGINFILE=${SSHLOGINFILE:-}
 PACK_OPTS=${PACK_OPTS:-} EXTRACT_OPTS=${EXTRACT_OPTS:-}
-INPUT=""
+INPUT="" XARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        -m|--model) MODEL=$2; shift 2 ;;
-        -o|--output) OUT=$2; shift 2 ;;
-        -l|--layers) LAYERS=$2; shift 2 ;;
-        -d|--device) DEVICE=$2; shift 2 ;;
-        -j|--jobs) JOBS=$2; shift 2 ;;
-        -n|--shards) SHARDS=$2; shift 2 ;;
-        -t|--threads) THREADS=$2; shift 2 ;;
-        -w|--workdir) WORKDIR=$2; shift 2 ;;
-        -S|--sshloginfile) SSHLOGINFILE=$2; shift 2 ;;
-        --pack-opts) PACK_OPTS=$2; shift 2 ;;
+        -m|--model) need "$@"; MODEL=$2; shift 2 ;;
+        -o|--output) need "$@"; OUT=$2; shift 2 ;;
+        -l|--layers) need "$@"; LAYERS=$2; shift 2 ;;
+        -d|--device) need "$@"; DEVICE=$2; shift 2 ;;
+        -j|--jobs) need "$@"; JOBS=$2; shift 2 ;;
+        -n|--shards) need "$@"; SHARDS=$2; shift 2 ;;
+        -t|--threads) need "$@"; THREADS=$2; shift 2 ;;
+        -w|--workdir) need "$@"; WORKDIR=$2; shift 2 ;;
+        -S|--sshloginfile) need "$@"; SSHLOGINFILE=$2; shift 2 ;;
+        --pack-opts) need "$@"; PACK_OPTS=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        --) shift; EXTRACT_OPTS="$EXTRACT_OPTS $*"; break ;;
+        --) shift; XARGS=("$@"); break ;;
         -*) die "unknown option '$1' (try --help)" ;;
         *) [ -z "$INPUT" ] || die "one input file, not '$INPUT' and '$1'"; INPUT=$1; shift ;;
     esac
@@ -90,6 +97,17 @@ done
 [ -n "$MODEL" ] || die "--model DIR is required"
 [ -n "$OUT" ] || die "--output OUT is required"
 [ -n "$INPUT" ] || die "an input JSONL file is required"
+[ -z "$JOBS" ] || { int "--jobs (JOBS)" "$JOBS"; [ "$JOBS" -ge 1 ] || die "--jobs (JOBS) must be at least 1"; }
+[ -z "$SHARDS" ] || int "--shards (SHARDS)" "$SHARDS"
+[ -z "$THREADS" ] || int "--threads (THREADS)" "$THREADS"
+MODEL=$(dashpath "$MODEL") OUT=$(dashpath "$OUT") INPUT=$(dashpath "$INPUT") WORKDIR=$(dashpath "$WORKDIR")
+SSHLOGINFILE=$(dashpath "$SSHLOGINFILE")
+# The extract options as words: EXTRACT_OPTS split at spaces, then those after
+# -- as given; passed to the jobs shell-quoted.
+read -ra words <<<"$EXTRACT_OPTS"
+words+=(${XARGS[@]+"${XARGS[@]}"})
+EXTRACT_OPTS=""
+[ ${#words[@]} -eq 0 ] || printf -v EXTRACT_OPTS '%q ' "${words[@]}"
 [ -f "$INPUT" ] || { echo "extract-sharded.sh: $INPUT: not a regular file" >&2; exit 66; }
 case "$DEVICE" in cpu|cuda) ;; *) die "--device is cpu or cuda, not '$DEVICE'" ;; esac
 [ -d "$MODEL" ] || { echo "extract-sharded.sh: $MODEL: no such directory" >&2; exit 66; }
@@ -129,8 +147,7 @@ settings() {
     for f in "$MODEL"/*.json; do [ -f "$f" ] && echo "json ${f##*/} $(cksum <"$f")"; done
     for f in "$MODEL"/*.safetensors; do [ -f "$f" ] && echo "weights ${f##*/} $(stat -L -c '%s %Y' -- "$f")"; done
     echo "layers $LAYERS"
-    read -ra words <<<"$EXTRACT_OPTS"
-    for w in "${words[@]}"; do
+    for w in ${words[@]+"${words[@]}"}; do
         echo "opt $w"
         v=${w#*=}
         [ -f "$w" ] && echo "file $(cksum <"$w")"
@@ -156,7 +173,8 @@ extract_piece() {
     out="$DFL_WORKDIR/out/$name.dfs"
     [ -e "$out" ] && { echo "$name: done before, skipped"; return 0; }
     [ -n "$DFL_BIN" ] && PATH="$DFL_BIN:$PATH"
-    local -a cmd=(dflash-extract -m "$DFL_MODEL" -o "$out.part" $DFL_EXTRACT_OPTS)
+    eval "local -a xo=($DFL_EXTRACT_OPTS)"   # shell-quoted words
+    local -a cmd=(dflash-extract -m "$DFL_MODEL" -o "$out.part" ${xo[@]+"${xo[@]}"})
     [ -n "$DFL_LAYERS" ] && cmd+=(-l "$DFL_LAYERS")
     if [ "$DFL_DEVICE" = cpu ]; then
         "${cmd[@]}" --device cpu --threads "$DFL_THREADS" "$piece" || return

@@ -29,7 +29,10 @@
 #                                   sample count it sets the schedule's length
 #   -s, --seed N           SEED     shuffle seed (epoch e uses SEED-e) and init seed
 #       --extract-opts "OPTS"  EXTRACT_OPTS  more dflash-extract options, e.g. "-t 8"
-#   after --: more dflash-train-step options (TRAIN_OPTS), e.g. --lr 6e-4 --anchors 512
+#   after --: more dflash-train-step options, e.g. --lr 6e-4 --anchors 512 (or in
+#                       TRAIN_OPTS, split at spaces)
+# An option without its value, an unknown option or a bad number: exit 2. A
+# path may hold spaces or begin with '-' (a samples file: ./-NAME).
 # Tools are found on PATH, or in DFLASH_BIN when set.
 #
 # Napkin math, Qwen3-8B (40 KiB of hidden states per token): 800K samples x
@@ -43,24 +46,28 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
 die() { echo "train-online.sh: $*" >&2; exit 2; }
+need() { [ $# -ge 2 ] || die "$1 needs a value (try --help)"; }
+int() { [[ $2 =~ ^[0-9]+$ ]] || die "$1 must be a whole number, not '$2'"; }
+# A relative path that begins with '-' would read as an option to the tools: ./ before it.
+dashpath() { case $1 in -*) printf './%s' "$1" ;; *) printf '%s' "$1" ;; esac; }
 
 TARGET=${TARGET:-} DRAFTER=${DRAFTER:-} INIT_FROM=${INIT_FROM:-} OUT=${OUT:-} EPOCHS=${EPOCHS:-6}
 DEVICE=${DEVICE:-cuda} BATCH_SEQS=${BATCH_SEQS:-32} SEED=${SEED:-0} TRAIN_OPTS=${TRAIN_OPTS:-}
 EXTRACT_OPTS=${EXTRACT_OPTS:-}
-SAMPLES=""
+SAMPLES="" TRAIN_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        -m|--model) TARGET=$2; shift 2 ;;
-        -c|--drafter) DRAFTER=$2; shift 2 ;;
-        --init-from) INIT_FROM=$2; shift 2 ;;
-        -o|--out) OUT=$2; shift 2 ;;
-        -e|--epochs) EPOCHS=$2; shift 2 ;;
-        -d|--device) DEVICE=$2; shift 2 ;;
-        -b|--batch-seqs) BATCH_SEQS=$2; shift 2 ;;
-        -s|--seed) SEED=$2; shift 2 ;;
-        --extract-opts) EXTRACT_OPTS=$2; shift 2 ;;
+        -m|--model) need "$@"; TARGET=$2; shift 2 ;;
+        -c|--drafter) need "$@"; DRAFTER=$2; shift 2 ;;
+        --init-from) need "$@"; INIT_FROM=$2; shift 2 ;;
+        -o|--out) need "$@"; OUT=$2; shift 2 ;;
+        -e|--epochs) need "$@"; EPOCHS=$2; shift 2 ;;
+        -d|--device) need "$@"; DEVICE=$2; shift 2 ;;
+        -b|--batch-seqs) need "$@"; BATCH_SEQS=$2; shift 2 ;;
+        -s|--seed) need "$@"; SEED=$2; shift 2 ;;
+        --extract-opts) need "$@"; EXTRACT_OPTS=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        --) shift; TRAIN_OPTS="$TRAIN_OPTS $*"; break ;;
+        --) shift; TRAIN_ARGS=("$@"); break ;;
         -*) die "unknown option '$1' (try --help)" ;;
         *) [ -z "$SAMPLES" ] || die "one samples file, not '$SAMPLES' and '$1'"; SAMPLES=$1; shift ;;
     esac
@@ -69,6 +76,10 @@ done
 [ -n "$DRAFTER" ] || die "--drafter CONFIG.json is required (its layer ids are the ones tapped)"
 [ -n "$OUT" ] || die "--out DIR is required"
 [ -n "$SAMPLES" ] || die "a samples JSONL file is required"
+int "--epochs (EPOCHS)" "$EPOCHS"; int "--batch-seqs (BATCH_SEQS)" "$BATCH_SEQS"; int "--seed (SEED)" "$SEED"
+[ "$BATCH_SEQS" -ge 1 ] || die "--batch-seqs (BATCH_SEQS) must be at least 1"
+TARGET=$(dashpath "$TARGET") DRAFTER=$(dashpath "$DRAFTER") INIT_FROM=$(dashpath "$INIT_FROM") OUT=$(dashpath "$OUT")
+SAMPLES=$(dashpath "$SAMPLES")
 [ -f "$SAMPLES" ] || { echo "train-online.sh: $SAMPLES: no such file" >&2; exit 66; }
 [ -n "${DFLASH_BIN:-}" ] && export PATH="$DFLASH_BIN:$PATH"
 mkdir -p "$OUT"
@@ -97,7 +108,7 @@ for ((e = 1; e <= EPOCHS; e++)); do
     shuf --random-source=<(yes "$SEED-$e") "$SAMPLES" |
         dflash-extract -m "$TARGET" --drafter-config "$DRAFTER" --device "$DEVICE" $EXTRACT_OPTS |
         dflash-train-step --target "$TARGET" "${start[@]}" --steps $((per_epoch + 1)) --total-steps "$total" \
-            --batch-seqs "$BATCH_SEQS" --device "$DEVICE" --log "$ck.log" $TRAIN_OPTS --out "$part" &&
+            --batch-seqs "$BATCH_SEQS" --device "$DEVICE" --log "$ck.log" $TRAIN_OPTS ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} --out "$part" &&
         st=(0 0 0) || st=("${PIPESTATUS[@]}")
     # Any tool failing fails the epoch; the cause is the first status that is
     # not a broken pipe (141: a tool whose reader had stopped).

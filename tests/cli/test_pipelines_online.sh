@@ -92,6 +92,19 @@ rc=$?
     pass "... the sample fixed: both epochs redone, the bytes of a clean run" ||
     fail "... the sample fixed: both epochs redone, the bytes of a clean run" "rc $rc: $(tail -2 bad3.out)"
 
+# Arguments: a missing value, a bad number, an unknown option: exit 2, named.
+expect_exit 2 "-e with no value: exit 2" "$TO" -m target -c drafter.json -o x samples.jsonl -e
+grep -q -- "-e needs a value" "$T/.err" && pass "... naming -e" || fail "... naming -e" "$(cat "$T/.err")"
+expect_exit 2 "-b two: exit 2" "$TO" -m target -c drafter.json -o x -b two samples.jsonl
+grep -q -- "--batch-seqs" "$T/.err" && pass "... naming --batch-seqs" || fail "... naming --batch-seqs" "$(cat "$T/.err")"
+expect_exit 2 "an unknown option: exit 2" "$TO" -m target -c drafter.json -o x --bogus samples.jsonl
+grep -q -- "--bogus" "$T/.err" && pass "... naming it" || fail "... naming it" "$(cat "$T/.err")"
+# Paths with spaces, beginning with '-': the same two epochs, the same bytes.
+cp -r target "./-tar get" && cp drafter.json "./-draf ter.json" && cp samples.jsonl "./-sam ples.jsonl"
+check "train-online.sh, paths with spaces beginning with '-'" "$TO" -m "-tar get" -c "-draf ter.json" -o "-on line" -e 2 -d cpu -b 2 -s 7 \
+    --extract-opts "-t 1" "./-sam ples.jsonl" -- --threads 1 --lr 5e-3 --anchors 4
+same_ckpt "./-on line/ckpt-e2" man-e2 && pass "... the bytes of the plain run" || fail "... the bytes of the plain run" "$(tail -2 "$T/.err")"
+
 # ---- a pipe that runs dry -------------------------------------------------------------
 head -3 samples.jsonl | "${EX[@]}" | "${TR[@]}" --init drafter.json --steps 50 --out short 2>short.err
 rc=$?

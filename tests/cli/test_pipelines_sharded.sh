@@ -90,6 +90,23 @@ check "sharded run with --drafter-config" "$SH" -m "$T/target" -d cpu -j 2 -n 2 
 printf '{"dflash_config": {"target_layer_ids": [1, 3]}}\n' >"$T/dc.json"
 expect_exit 2 "the --drafter-config file changed: refused" "$SH" -m "$T/target" -d cpu -j 2 -n 2 -t 1 -o "$T/dc.dfs" "$T/in.jsonl" -- --drafter-config "$T/dc.json"
 
+# Arguments: a missing value, a bad number, an unknown option: exit 2, named.
+expect_exit 2 "-n with no value: exit 2" "$SH" -m "$T/target" -o "$T/x.dfs" "$T/in.jsonl" -n
+grep -q -- "-n needs a value" "$T/.err" && pass "... naming -n" || fail "... naming -n" "$(cat "$T/.err")"
+expect_exit 2 "-t many: exit 2" "$SH" -m "$T/target" -d cpu -t many -o "$T/x.dfs" "$T/in.jsonl"
+grep -q -- "--threads" "$T/.err" && pass "... naming --threads" || fail "... naming --threads" "$(cat "$T/.err")"
+expect_exit 2 "an unknown option: exit 2" "$SH" -m "$T/target" --bogus -o "$T/x.dfs" "$T/in.jsonl"
+grep -q -- "--bogus" "$T/.err" && pass "... naming it" || fail "... naming it" "$(cat "$T/.err")"
+# Paths with spaces, beginning with '-': model, input, output, a file in the extract options.
+cp -r "$T/target" "$T/-tar get" && cp "$T/in.jsonl" "$T/-in put.jsonl" && mkdir "$T/my dir"
+printf '{"dflash_config": {"target_layer_ids": [0, 2]}}\n' >"$T/my dir/d c.json"
+(cd "$T" && "$SH" -m "-tar get" -d cpu -j 2 -n 3 -t 1 -o "-out put.dfs" "./-in put.jsonl" -- -b 1 --byte-shuffle on \
+    --drafter-config "$T/my dir/d c.json") >"$T/sp.out" 2>&1
+rc=$?
+[ $rc = 0 ] && [ "$(records "$T/-out put.dfs")" = "$(records "$T/ref1.dfs")" ] &&
+    pass "paths with spaces beginning with '-': the records of one run" ||
+    fail "paths with spaces beginning with '-': the records of one run" "rc $rc: $(tail -3 "$T/sp.out")"
+
 # ---- --sshloginfile with this host, and a split of the join ---------------------------
 echo "2/:" >"$T/hosts"
 check "--sshloginfile (local host) with --pack-opts --split" "$SH" -m "$T/target" -l 0,2 -d cpu -n 2 -t 1 -S "$T/hosts" \

@@ -127,3 +127,18 @@ rc=$?
 [ $rc -ne 0 ] && grep -q "ckpt-10: weights but no readable config.json" allbad.out &&
     pass "every checkpoint unreadable: non-zero exit, each named" ||
     fail "every checkpoint unreadable: non-zero exit, each named" "rc $rc: $(tail -3 allbad.out)"
+
+# ---- arguments: a missing value or an unknown option is exit 2, named ---------------
+expect_exit 2 "--target with no value: exit 2" "$SW" --val val.dfs --dir run --target
+grep -q -- "--target needs a value" "$T/.err" && pass "... naming --target" || fail "... naming --target" "$(cat "$T/.err")"
+expect_exit 2 "an unknown option: exit 2" "$SW" --target target --val val.dfs --bogus
+grep -q -- "--bogus" "$T/.err" && pass "... naming it" || fail "... naming it" "$(cat "$T/.err")"
+expect_exit 2 "--wait soon: exit 2" "$SW" --target target --val val.dfs --dir run --wait soon
+grep -q -- "--wait" "$T/.err" && pass "... naming --wait" || fail "... naming --wait" "$(cat "$T/.err")"
+# Paths with spaces that begin with '-': the run directory, the stream, a checkpoint.
+mkdir -- "-my run" && cp -r run/ckpt-10 "./-my run/ckpt 10" && cp val.dfs "./-v al.dfs"
+check "paths with spaces, beginning with '-'" "$SW" --target target --val "-v al.dfs" --dir "-my run" -- --threads 1
+[ "$(wc -l <"./-my run/scores.tsv")" = 2 ] && [ "$(tail -1 "./-my run/scores.tsv" | cut -f 3)" = "$T/-my run/ckpt 10" ] &&
+    [ -s "./-my run/scores.png" ] && pass "... scored and plotted" || fail "... scored and plotted" "$(cat "$T/.out" "$T/.err")"
+check "... again" "$SW" --target target --val "-v al.dfs" --dir "-my run" -- --threads 1
+grep -q "nothing new" "$T/.out" && pass "... a second run adds nothing" || fail "... a second run adds nothing" "$(cat "$T/.out")"
