@@ -38,8 +38,10 @@
 # A checkpoint dflash-score cannot score (a broken file) does not hold up the
 # others: when the one call fails, each new checkpoint is scored alone, the
 # good ones are appended, the bad ones are named on stderr, and the run exits
-# 1 (a later run tries them again). So does a directory with weights whose
-# config.json is not readable JSON. Exit 0 means every checkpoint was scored.
+# 1 (a later run tries them again). A directory with weights whose
+# config.json is not readable JSON is named and counted the same way. Exit 0:
+# every new checkpoint was scored (or none was new, or another sweep held the
+# lock).
 #
 # Cron, every 30 minutes (crontab -e):
 #   */30 * * * * cd /data/run1 && /opt/dflash/pipelines/eval-sweep.sh --target /models/Qwen3-8B --val val.dfs --dir . -- --device cuda >>sweep.log 2>&1
