@@ -11,7 +11,10 @@
 # checkpoint gets its name only when every tool of the pipe succeeded: one
 # that stopped early (a bad sample stops dflash-extract, exit 65, and the
 # trainer would save what it had) is removed, the run exits with that tool's
-# status naming it, and a re-run redoes the whole epoch. Training through the
+# status naming it, and a re-run redoes the whole epoch. So is an epoch whose
+# trainer made more than ceil(samples / BATCH_SEQS) steps: it stopped at
+# --steps with samples unread (--batch-tokens makes steps smaller: leave it
+# out). Training through the
 # pipe gives the same checkpoint, bit for bit, as training from the extracted
 # file.
 #
@@ -84,6 +87,10 @@ SAMPLES=$(dashpath "$SAMPLES")
 [ -n "${DFLASH_BIN:-}" ] && export PATH="$DFLASH_BIN:$PATH"
 mkdir -p "$OUT"
 
+# The step count of checkpoint DIR (trainer_state.json, written by the tool
+# with an indent of 2: "step" is the third key).
+step_of() { sed -n 's/^  "step": \([0-9]*\),\{0,1\}$/\1/p' "$1/trainer_state.json" | head -n 1 | grep . || echo 0; }
+
 # The schedule spans every epoch: ceil(samples / batch) steps each.
 n=$(grep -c . "$SAMPLES" || true)
 per_epoch=$(( (n + BATCH_SEQS - 1) / BATCH_SEQS ))
@@ -93,11 +100,13 @@ total=$(( per_epoch * EPOCHS ))
 for ((e = 1; e <= EPOCHS; e++)); do
     ck="$OUT/ckpt-e$e"
     if [ -d "$ck" ]; then echo "epoch $e: done before ($ck)"; continue; fi
+    prev_step=0
     if [ "$e" = 1 ]; then
         if [ -n "$INIT_FROM" ]; then start=(--init-from "$INIT_FROM"); else start=(--init "$DRAFTER"); fi
         start+=(--seed "$SEED")
     else
         start=(--resume "$OUT/ckpt-e$((e - 1))")
+        prev_step=$(step_of "$OUT/ckpt-e$((e - 1))")
     fi
     echo "epoch $e of $EPOCHS: up to $per_epoch steps (schedule: $total) -> $ck"
     rm -f "$ck.log"   # a redone epoch logs afresh
@@ -118,6 +127,15 @@ for ((e = 1; e <= EPOCHS; e++)); do
         why="$why${why:+, }${tools[$i]} exited ${st[$i]}"
         if [ "$rc" -eq 0 ] || { [ "$rc" -eq 141 ] && [ "${st[$i]}" -ne 141 ]; }; then rc=${st[$i]}; fi
     done
+    # A full epoch takes at most per_epoch steps; a trainer that made
+    # per_epoch + 1 stopped at --steps with samples left unread (a step took
+    # fewer than BATCH_SEQS sequences: --batch-tokens?), which would drop them.
+    made=0; [ -f "$part/trainer_state.json" ] && made=$(( $(step_of "$part") - prev_step ))
+    if [ "$made" -gt "$per_epoch" ]; then
+        rm -rf "$part"
+        echo "train-online.sh: epoch $e failed: dflash-train-step made $made steps, more than the $per_epoch that $n samples take in steps of $BATCH_SEQS sequences, and stopped with samples left; no $ck (with --batch-tokens a step holds fewer sequences: leave it out)${why:+; $why}" >&2
+        exit 1
+    fi
     if [ "$rc" -ne 0 ]; then
         rm -rf "$part"
         echo "train-online.sh: epoch $e failed ($why): not all its samples were trained on, so no $ck; run again to redo epoch $e" >&2

@@ -92,6 +92,16 @@ rc=$?
     pass "... the sample fixed: both epochs redone, the bytes of a clean run" ||
     fail "... the sample fixed: both epochs redone, the bytes of a clean run" "rc $rc: $(tail -2 bad3.out)"
 
+# Steps smaller than --batch-seqs (--batch-tokens): the trainer reaches its
+# --steps with samples unread (here all in the pipe's buffer, so no tool
+# fails): the epoch is refused, not kept short.
+"$TO" -m target -c drafter.json -o tokrun -e 1 -d cpu -b 2 -s 7 --extract-opts "-t 1" samples.jsonl -- --threads 1 --anchors 4 \
+    --batch-tokens 10 >tok.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ ! -e tokrun/ckpt-e1 ] && grep -q "made 7 steps, more than the 6" tok.out &&
+    pass "an epoch that stopped at --steps with samples unread: refused" ||
+    fail "an epoch that stopped at --steps with samples unread: refused" "rc $rc: $(ls -A tokrun); $(tail -2 tok.out)"
+
 # Arguments: a missing value, a bad number, an unknown option: exit 2, named.
 expect_exit 2 "-e with no value: exit 2" "$TO" -m target -c drafter.json -o x samples.jsonl -e
 grep -q -- "-e needs a value" "$T/.err" && pass "... naming -e" || fail "... naming -e" "$(cat "$T/.err")"
