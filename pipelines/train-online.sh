@@ -8,15 +8,14 @@
 # One pass through the pipe is one epoch; a checkpoint is written at the end
 # of each (OUT/ckpt-e1, ckpt-e2, ...). Run it again after a crash: finished
 # epochs are kept and training resumes from the last one. An epoch's
-# checkpoint gets its name only when every tool of the pipe succeeded: one
-# that stopped early (a bad sample stops dflash-extract, exit 65, and the
-# trainer would save what it had) is removed, the run exits with that tool's
-# status naming it, and a re-run redoes the whole epoch. So is an epoch whose
-# trainer made more than ceil(samples / BATCH_SEQS) steps: it stopped at
-# --steps with samples unread (--batch-tokens makes steps smaller: leave it
-# out). Training through the
-# pipe gives the same checkpoint, bit for bit, as training from the extracted
-# file.
+# checkpoint gets its name only when the epoch is whole: every tool of the
+# pipe succeeded (a bad sample stops dflash-extract, exit 65, and the trainer
+# would save what it had), and the trainer made at most ceil(samples /
+# BATCH_SEQS) steps (one more: it stopped at --steps with samples unread;
+# --batch-tokens makes steps smaller, leave it out). Otherwise the partial
+# checkpoint is removed, the run exits non-zero naming the cause, and a re-run
+# redoes the whole epoch. Training through the pipe gives the same checkpoint,
+# bit for bit, as training from the extracted file.
 #
 #   pipelines/train-online.sh -m TARGET_DIR -c DRAFTER.json -o OUT_DIR [OPTIONS] SAMPLES.jsonl [-- TRAIN_OPTIONS]
 #
