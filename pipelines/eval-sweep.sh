@@ -189,13 +189,16 @@ elif [ -n "$PNG" ] && [ -s "$TSV" ] && [ "$(wc -l <"$TSV")" -gt 1 ]; then
     data=$(mktemp)
     awk -F'\t' -v s="$scol" -v t="$tcol" -v l="$lcol" 'NR > 1 { print $s "\t" $t "\t" (l ? $l : "NaN") }' "$TSV" |
         sort -n >"$data"
-    plot="plot '$data' using 1:2 with linespoints title 'tau (mean accepted length)' axes x1y1"
+    # gnuplot strings in single quotes: a quote in a name is doubled
+    gq() { local q="'"; printf "'%s'" "${1//$q/$q$q}"; }
+    title="$(basename -- "$(realpath -- "$CKPT_DIR")"): $( [ -n "$VAL" ] && echo "offline on $(basename -- "$VAL")" || echo "online on $(basename -- "$PROMPTS")")"
+    plot="plot $(gq "$data") using 1:2 with linespoints title 'tau (mean accepted length)' axes x1y1"
     [ "$lcol" -gt 0 ] && plot="$plot, '' using 1:3 with linespoints title 'loss' axes x1y2"
     gnuplot <<EOF
 set terminal png size 900,500
-set output '$PNG.tmp'
+set output $(gq "$PNG.tmp")
 set datafile separator "\t"
-set title "$(basename "$(realpath "$CKPT_DIR")"): $( [ -n "$VAL" ] && echo "offline on $(basename "$VAL")" || echo "online on $(basename "$PROMPTS")")"
+set title $(gq "$title") noenhanced
 set xlabel 'step'
 set ylabel 'tau'
 set y2label 'loss'

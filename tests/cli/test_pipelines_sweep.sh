@@ -142,3 +142,8 @@ check "paths with spaces, beginning with '-'" "$SW" --target target --val "-v al
     [ -s "./-my run/scores.png" ] && pass "... scored and plotted" || fail "... scored and plotted" "$(cat "$T/.out" "$T/.err")"
 check "... again" "$SW" --target target --val "-v al.dfs" --dir "-my run" -- --threads 1
 grep -q "nothing new" "$T/.out" && pass "... a second run adds nothing" || fail "... a second run adds nothing" "$(cat "$T/.out")"
+# A quote in the run directory's name (the plot's output file and title).
+mkdir "it's run" && cp -r run/ckpt-10 "it's run/"
+check "a quote in the run directory's name" "$SW" --target target --val val.dfs --dir "it's run" -- --threads 1
+[ "$(head -c 8 "it's run/scores.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] &&
+    pass "... plotted" || fail "... plotted" "$(cat "$T/.err")"
