@@ -13,6 +13,16 @@
 # joins the pieces in input order into OUT: the same records, in the same
 # order, as one dflash-extract over the whole file.
 #
+# WORKDIR keeps signatures of what its pieces were made from: the input and
+# SHARDS (in/SIGNATURE), and the settings that shape the records
+# (out/SIGNATURE: the model directory, its *.json files' checksums and its
+# *.safetensors files' sizes and times, LAYERS, every EXTRACT_OPTS word, and
+# the checksum of every file an EXTRACT_OPTS word names, e.g. the
+# --drafter-config). A run whose signatures differ from those of the pieces
+# there is refused (exit 2) rather than mixed with them: remove WORKDIR or
+# pick another. DEVICE, JOBS and THREADS are not in it: a re-run may move to
+# other GPUs or the CPU (the records then differ by float rounding only).
+#
 # Options (each also an environment variable, given here in capitals):
 #   -m, --model DIR       MODEL   target model directory (Hugging Face layout)
 #   -o, --output OUT      OUT     merged stream; with PACK_OPTS holding --split or
@@ -31,8 +41,11 @@
 #                                 format, e.g. "8/gpu-node-01"; ":" is this host)
 #   --pack-opts "OPTS"    PACK_OPTS options of the final dflash-pack, e.g.
 #                                 "--shuffle --seed 1 --split train=0.99,val=0.01"
-#   after --: options passed to every dflash-extract (EXTRACT_OPTS), e.g.
-#                                 --byte-shuffle on --with target-ids
+#   after --: options passed to every dflash-extract, e.g. --byte-shuffle on
+#                                 --with target-ids (or in EXTRACT_OPTS, split
+#                                 at spaces)
+# An option without its value, an unknown option or a bad number: exit 2. A
+# path may hold spaces or begin with '-' (the input file: ./-NAME).
 # Tools are found on PATH, or in DFLASH_BIN when set.
 #
 # Several hosts: WORKDIR, the input, the model directory and the dflash tools
@@ -54,25 +67,29 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
 die() { echo "extract-sharded.sh: $*" >&2; exit 2; }
+need() { [ $# -ge 2 ] || die "$1 needs a value (try --help)"; }
+int() { [[ $2 =~ ^[0-9]+$ ]] || die "$1 must be a whole number, not '$2'"; }
+# A relative path that begins with '-' would read as an option to the tools: ./ before it.
+dashpath() { case $1 in -*) printf './%s' "$1" ;; *) printf '%s' "$1" ;; esac; }
 
 MODEL=${MODEL:-} OUT=${OUT:-} LAYERS=${LAYERS:-} DEVICE=${DEVICE:-cuda} JOBS=${JOBS:-}
 SHARDS=${SHARDS:-} THREADS=${THREADS:-} WORKDIR=${WORKDIR:-} SSHLOGINFILE=${SSHLOGINFILE:-}
 PACK_OPTS=${PACK_OPTS:-} EXTRACT_OPTS=${EXTRACT_OPTS:-}
-INPUT=""
+INPUT="" XARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        -m|--model) MODEL=$2; shift 2 ;;
-        -o|--output) OUT=$2; shift 2 ;;
-        -l|--layers) LAYERS=$2; shift 2 ;;
-        -d|--device) DEVICE=$2; shift 2 ;;
-        -j|--jobs) JOBS=$2; shift 2 ;;
-        -n|--shards) SHARDS=$2; shift 2 ;;
-        -t|--threads) THREADS=$2; shift 2 ;;
-        -w|--workdir) WORKDIR=$2; shift 2 ;;
-        -S|--sshloginfile) SSHLOGINFILE=$2; shift 2 ;;
-        --pack-opts) PACK_OPTS=$2; shift 2 ;;
+        -m|--model) need "$@"; MODEL=$2; shift 2 ;;
+        -o|--output) need "$@"; OUT=$2; shift 2 ;;
+        -l|--layers) need "$@"; LAYERS=$2; shift 2 ;;
+        -d|--device) need "$@"; DEVICE=$2; shift 2 ;;
+        -j|--jobs) need "$@"; JOBS=$2; shift 2 ;;
+        -n|--shards) need "$@"; SHARDS=$2; shift 2 ;;
+        -t|--threads) need "$@"; THREADS=$2; shift 2 ;;
+        -w|--workdir) need "$@"; WORKDIR=$2; shift 2 ;;
+        -S|--sshloginfile) need "$@"; SSHLOGINFILE=$2; shift 2 ;;
+        --pack-opts) need "$@"; PACK_OPTS=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        --) shift; EXTRACT_OPTS="$EXTRACT_OPTS $*"; break ;;
+        --) shift; XARGS=("$@"); break ;;
         -*) die "unknown option '$1' (try --help)" ;;
         *) [ -z "$INPUT" ] || die "one input file, not '$INPUT' and '$1'"; INPUT=$1; shift ;;
     esac
@@ -80,6 +97,17 @@ done
 [ -n "$MODEL" ] || die "--model DIR is required"
 [ -n "$OUT" ] || die "--output OUT is required"
 [ -n "$INPUT" ] || die "an input JSONL file is required"
+[ -z "$JOBS" ] || { int "--jobs (JOBS)" "$JOBS"; [ "$JOBS" -ge 1 ] || die "--jobs (JOBS) must be at least 1"; }
+[ -z "$SHARDS" ] || int "--shards (SHARDS)" "$SHARDS"
+[ -z "$THREADS" ] || int "--threads (THREADS)" "$THREADS"
+MODEL=$(dashpath "$MODEL") OUT=$(dashpath "$OUT") INPUT=$(dashpath "$INPUT") WORKDIR=$(dashpath "$WORKDIR")
+SSHLOGINFILE=$(dashpath "$SSHLOGINFILE")
+# The extract options as words: EXTRACT_OPTS split at spaces, then those after
+# -- as given; passed to the jobs shell-quoted.
+read -ra words <<<"$EXTRACT_OPTS"
+words+=(${XARGS[@]+"${XARGS[@]}"})
+EXTRACT_OPTS=""
+[ ${#words[@]} -eq 0 ] || printf -v EXTRACT_OPTS '%q ' "${words[@]}"
 [ -f "$INPUT" ] || { echo "extract-sharded.sh: $INPUT: not a regular file" >&2; exit 66; }
 case "$DEVICE" in cpu|cuda) ;; *) die "--device is cpu or cuda, not '$DEVICE'" ;; esac
 [ -d "$MODEL" ] || { echo "extract-sharded.sh: $MODEL: no such directory" >&2; exit 66; }
@@ -112,6 +140,31 @@ else
     echo "$sig" >"$WORKDIR/in/SIGNATURE"
 fi
 
+# The settings of the extraction, checked against those of the pieces there.
+settings() {
+    local w v f
+    echo "model $MODEL"
+    for f in "$MODEL"/*.json; do [ -f "$f" ] && echo "json ${f##*/} $(cksum <"$f")"; done
+    for f in "$MODEL"/*.safetensors; do [ -f "$f" ] && echo "weights ${f##*/} $(stat -L -c '%s %Y' -- "$f")"; done
+    echo "layers $LAYERS"
+    for w in ${words[@]+"${words[@]}"}; do
+        echo "opt $w"
+        v=${w#*=}
+        [ -f "$w" ] && echo "file $(cksum <"$w")"
+        [ "$v" != "$w" ] && [ -f "$v" ] && echo "file $(cksum <"$v")"
+    done
+    return 0
+}
+osig=$(settings)
+if [ -f "$WORKDIR/out/SIGNATURE" ]; then
+    [ "$(cat "$WORKDIR/out/SIGNATURE")" = "$osig" ] ||
+        die "$WORKDIR holds pieces extracted with other settings (model, layers or extract options); these differ: $(diff "$WORKDIR/out/SIGNATURE" <(echo "$osig") | grep '^[<>]' | tr '\n' ' ')- remove it or pick another --workdir"
+elif [ -n "$(find "$WORKDIR/out" -name 'piece-*.dfs' -print -quit)" ]; then
+    die "$WORKDIR/out holds pieces with no record of their settings (out/SIGNATURE); remove them or pick another --workdir"
+else
+    echo "$osig" >"$WORKDIR/out/SIGNATURE"
+fi
+
 # 2. One job per piece. Runs in a fresh bash on its host (local or ssh), so it
 # gets everything through exported variables and this exported function.
 extract_piece() {
@@ -120,7 +173,8 @@ extract_piece() {
     out="$DFL_WORKDIR/out/$name.dfs"
     [ -e "$out" ] && { echo "$name: done before, skipped"; return 0; }
     [ -n "$DFL_BIN" ] && PATH="$DFL_BIN:$PATH"
-    local -a cmd=(dflash-extract -m "$DFL_MODEL" -o "$out.part" $DFL_EXTRACT_OPTS)
+    eval "local -a xo=($DFL_EXTRACT_OPTS)"   # shell-quoted words
+    local -a cmd=(dflash-extract -m "$DFL_MODEL" -o "$out.part" ${xo[@]+"${xo[@]}"})
     [ -n "$DFL_LAYERS" ] && cmd+=(-l "$DFL_LAYERS")
     if [ "$DFL_DEVICE" = cpu ]; then
         "${cmd[@]}" --device cpu --threads "$DFL_THREADS" "$piece" || return

@@ -7,9 +7,15 @@
 #
 # One pass through the pipe is one epoch; a checkpoint is written at the end
 # of each (OUT/ckpt-e1, ckpt-e2, ...). Run it again after a crash: finished
-# epochs are kept and training resumes from the last one (the checkpoint
-# appears only when complete). Training through the pipe gives the same
-# checkpoint, bit for bit, as training from the extracted file.
+# epochs are kept and training resumes from the last one. An epoch's
+# checkpoint gets its name only when the epoch is whole: every tool of the
+# pipe succeeded (a bad sample stops dflash-extract, exit 65, and the trainer
+# would save what it had), and the trainer made at most ceil(samples /
+# BATCH_SEQS) steps (one more: it stopped at --steps with samples unread;
+# --batch-tokens makes steps smaller, leave it out). Otherwise the partial
+# checkpoint is removed, the run exits non-zero naming the cause, and a re-run
+# redoes the whole epoch. Training through the pipe gives the same checkpoint,
+# bit for bit, as training from the extracted file.
 #
 #   pipelines/train-online.sh -m TARGET_DIR -c DRAFTER.json -o OUT_DIR [OPTIONS] SAMPLES.jsonl [-- TRAIN_OPTIONS]
 #
@@ -25,7 +31,10 @@
 #                                   sample count it sets the schedule's length
 #   -s, --seed N           SEED     shuffle seed (epoch e uses SEED-e) and init seed
 #       --extract-opts "OPTS"  EXTRACT_OPTS  more dflash-extract options, e.g. "-t 8"
-#   after --: more dflash-train-step options (TRAIN_OPTS), e.g. --lr 6e-4 --anchors 512
+#   after --: more dflash-train-step options, e.g. --lr 6e-4 --anchors 512 (or in
+#                       TRAIN_OPTS, split at spaces)
+# An option without its value, an unknown option or a bad number: exit 2. A
+# path may hold spaces or begin with '-' (a samples file: ./-NAME).
 # Tools are found on PATH, or in DFLASH_BIN when set.
 #
 # Napkin math, Qwen3-8B (40 KiB of hidden states per token): 800K samples x
@@ -39,24 +48,28 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
 die() { echo "train-online.sh: $*" >&2; exit 2; }
+need() { [ $# -ge 2 ] || die "$1 needs a value (try --help)"; }
+int() { [[ $2 =~ ^[0-9]+$ ]] || die "$1 must be a whole number, not '$2'"; }
+# A relative path that begins with '-' would read as an option to the tools: ./ before it.
+dashpath() { case $1 in -*) printf './%s' "$1" ;; *) printf '%s' "$1" ;; esac; }
 
 TARGET=${TARGET:-} DRAFTER=${DRAFTER:-} INIT_FROM=${INIT_FROM:-} OUT=${OUT:-} EPOCHS=${EPOCHS:-6}
 DEVICE=${DEVICE:-cuda} BATCH_SEQS=${BATCH_SEQS:-32} SEED=${SEED:-0} TRAIN_OPTS=${TRAIN_OPTS:-}
 EXTRACT_OPTS=${EXTRACT_OPTS:-}
-SAMPLES=""
+SAMPLES="" TRAIN_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        -m|--model) TARGET=$2; shift 2 ;;
-        -c|--drafter) DRAFTER=$2; shift 2 ;;
-        --init-from) INIT_FROM=$2; shift 2 ;;
-        -o|--out) OUT=$2; shift 2 ;;
-        -e|--epochs) EPOCHS=$2; shift 2 ;;
-        -d|--device) DEVICE=$2; shift 2 ;;
-        -b|--batch-seqs) BATCH_SEQS=$2; shift 2 ;;
-        -s|--seed) SEED=$2; shift 2 ;;
-        --extract-opts) EXTRACT_OPTS=$2; shift 2 ;;
+        -m|--model) need "$@"; TARGET=$2; shift 2 ;;
+        -c|--drafter) need "$@"; DRAFTER=$2; shift 2 ;;
+        --init-from) need "$@"; INIT_FROM=$2; shift 2 ;;
+        -o|--out) need "$@"; OUT=$2; shift 2 ;;
+        -e|--epochs) need "$@"; EPOCHS=$2; shift 2 ;;
+        -d|--device) need "$@"; DEVICE=$2; shift 2 ;;
+        -b|--batch-seqs) need "$@"; BATCH_SEQS=$2; shift 2 ;;
+        -s|--seed) need "$@"; SEED=$2; shift 2 ;;
+        --extract-opts) need "$@"; EXTRACT_OPTS=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        --) shift; TRAIN_OPTS="$TRAIN_OPTS $*"; break ;;
+        --) shift; TRAIN_ARGS=("$@"); break ;;
         -*) die "unknown option '$1' (try --help)" ;;
         *) [ -z "$SAMPLES" ] || die "one samples file, not '$SAMPLES' and '$1'"; SAMPLES=$1; shift ;;
     esac
@@ -65,9 +78,17 @@ done
 [ -n "$DRAFTER" ] || die "--drafter CONFIG.json is required (its layer ids are the ones tapped)"
 [ -n "$OUT" ] || die "--out DIR is required"
 [ -n "$SAMPLES" ] || die "a samples JSONL file is required"
+int "--epochs (EPOCHS)" "$EPOCHS"; int "--batch-seqs (BATCH_SEQS)" "$BATCH_SEQS"; int "--seed (SEED)" "$SEED"
+[ "$BATCH_SEQS" -ge 1 ] || die "--batch-seqs (BATCH_SEQS) must be at least 1"
+TARGET=$(dashpath "$TARGET") DRAFTER=$(dashpath "$DRAFTER") INIT_FROM=$(dashpath "$INIT_FROM") OUT=$(dashpath "$OUT")
+SAMPLES=$(dashpath "$SAMPLES")
 [ -f "$SAMPLES" ] || { echo "train-online.sh: $SAMPLES: no such file" >&2; exit 66; }
 [ -n "${DFLASH_BIN:-}" ] && export PATH="$DFLASH_BIN:$PATH"
 mkdir -p "$OUT"
+
+# The step count of checkpoint DIR (trainer_state.json, written by the tool
+# with an indent of 2: "step" is the third key).
+step_of() { sed -n 's/^  "step": \([0-9]*\),\{0,1\}$/\1/p' "$1/trainer_state.json" | head -n 1 | grep . || echo 0; }
 
 # The schedule spans every epoch: ceil(samples / batch) steps each.
 n=$(grep -c . "$SAMPLES" || true)
@@ -78,19 +99,47 @@ total=$(( per_epoch * EPOCHS ))
 for ((e = 1; e <= EPOCHS; e++)); do
     ck="$OUT/ckpt-e$e"
     if [ -d "$ck" ]; then echo "epoch $e: done before ($ck)"; continue; fi
+    prev_step=0
     if [ "$e" = 1 ]; then
         if [ -n "$INIT_FROM" ]; then start=(--init-from "$INIT_FROM"); else start=(--init "$DRAFTER"); fi
         start+=(--seed "$SEED")
     else
         start=(--resume "$OUT/ckpt-e$((e - 1))")
+        prev_step=$(step_of "$OUT/ckpt-e$((e - 1))")
     fi
     echo "epoch $e of $EPOCHS: up to $per_epoch steps (schedule: $total) -> $ck"
     rm -f "$ck.log"   # a redone epoch logs afresh
+    part="$OUT/.ckpt-e$e.partial"   # hidden (eval-sweep.sh skips it); renamed when the epoch is whole
+    rm -rf "$part"
     # --steps per_epoch + 1: the pass ends with the input, the tool saves and exits 0
     # shellcheck disable=SC2086
     shuf --random-source=<(yes "$SEED-$e") "$SAMPLES" |
         dflash-extract -m "$TARGET" --drafter-config "$DRAFTER" --device "$DEVICE" $EXTRACT_OPTS |
         dflash-train-step --target "$TARGET" "${start[@]}" --steps $((per_epoch + 1)) --total-steps "$total" \
-            --batch-seqs "$BATCH_SEQS" --device "$DEVICE" --log "$ck.log" $TRAIN_OPTS --out "$ck"
+            --batch-seqs "$BATCH_SEQS" --device "$DEVICE" --log "$ck.log" $TRAIN_OPTS ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} --out "$part" &&
+        st=(0 0 0) || st=("${PIPESTATUS[@]}")
+    # Any tool failing fails the epoch; the cause is the first status that is
+    # not a broken pipe (141: a tool whose reader had stopped).
+    tools=(shuf dflash-extract dflash-train-step) why="" rc=0
+    for i in 0 1 2; do
+        [ "${st[$i]}" -eq 0 ] && continue
+        why="$why${why:+, }${tools[$i]} exited ${st[$i]}"
+        if [ "$rc" -eq 0 ] || { [ "$rc" -eq 141 ] && [ "${st[$i]}" -ne 141 ]; }; then rc=${st[$i]}; fi
+    done
+    # A full epoch takes at most per_epoch steps; a trainer that made
+    # per_epoch + 1 stopped at --steps with samples left unread (a step took
+    # fewer than BATCH_SEQS sequences: --batch-tokens?), which would drop them.
+    made=0; [ -f "$part/trainer_state.json" ] && made=$(( $(step_of "$part") - prev_step ))
+    if [ "$made" -gt "$per_epoch" ]; then
+        rm -rf "$part"
+        echo "train-online.sh: epoch $e failed: dflash-train-step made $made steps, more than the $per_epoch that $n samples take in steps of $BATCH_SEQS sequences, and stopped with samples left; no $ck (with --batch-tokens a step holds fewer sequences: leave it out)${why:+; $why}" >&2
+        exit 1
+    fi
+    if [ "$rc" -ne 0 ]; then
+        rm -rf "$part"
+        echo "train-online.sh: epoch $e failed ($why): not all its samples were trained on, so no $ck; run again to redo epoch $e" >&2
+        exit "$rc"
+    fi
+    mv -T "$part" "$ck"
 done
 echo "done: $OUT/ckpt-e$EPOCHS"

@@ -70,6 +70,51 @@ grep -q "epoch 1: done before" again.out && same_ckpt online/ckpt-e2 man-e2 &&
     pass "train-online.sh again: epoch 1 kept, epoch 2 redone, same bytes" ||
     fail "train-online.sh again: epoch 1 kept, epoch 2 redone, same bytes" "$(tail -3 again.out)"
 
+# A bad sample stops dflash-extract (exit 65); the trainer saves what it had.
+# That epoch is not done: no checkpoint under its name, exit non-zero naming
+# the tool, and a re-run (the sample fixed) redoes it: the bytes of a clean run.
+{ head -5 samples.jsonl; echo '{"id":"bad","input_ids":[1,2,999999],"loss_mask":[0,1,1]}'; tail -n +6 samples.jsonl; } >bad.jsonl
+TO_ARGS=(-m target -c drafter.json -o badrun -e 2 -d cpu -b 2 -s 7 --extract-opts "-t 1")
+"$TO" "${TO_ARGS[@]}" bad.jsonl -- --threads 1 --lr 5e-3 --anchors 4 >bad.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ ! -e badrun/ckpt-e1 ] && [ -z "$(ls -A badrun | grep -v '\.log$')" ] &&
+    grep -q "epoch 1 failed (.*dflash-extract exited 65" bad.out &&
+    pass "an epoch whose extraction failed: no checkpoint, exit non-zero naming the tool" ||
+    fail "an epoch whose extraction failed: no checkpoint, exit non-zero naming the tool" "rc $rc: $(ls -A badrun); $(tail -2 bad.out)"
+"$TO" "${TO_ARGS[@]}" bad.jsonl -- --threads 1 --lr 5e-3 --anchors 4 >bad2.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && ! grep -q "done before" bad2.out && [ ! -e badrun/ckpt-e1 ] &&
+    pass "... run again: still not counted as done" || fail "... run again: still not counted as done" "rc $rc: $(tail -2 bad2.out)"
+grep -v '"bad"' bad.jsonl >fixed.jsonl
+"$TO" "${TO_ARGS[@]}" fixed.jsonl -- --threads 1 --lr 5e-3 --anchors 4 >bad3.out 2>&1
+rc=$?
+[ $rc = 0 ] && same_ckpt badrun/ckpt-e2 man-e2 &&
+    pass "... the sample fixed: both epochs redone, the bytes of a clean run" ||
+    fail "... the sample fixed: both epochs redone, the bytes of a clean run" "rc $rc: $(tail -2 bad3.out)"
+
+# Steps smaller than --batch-seqs (--batch-tokens): the trainer reaches its
+# --steps with samples unread (here all in the pipe's buffer, so no tool
+# fails): the epoch is refused, not kept short.
+"$TO" -m target -c drafter.json -o tokrun -e 1 -d cpu -b 2 -s 7 --extract-opts "-t 1" samples.jsonl -- --threads 1 --anchors 4 \
+    --batch-tokens 10 >tok.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ ! -e tokrun/ckpt-e1 ] && grep -q "made 7 steps, more than the 6" tok.out &&
+    pass "an epoch that stopped at --steps with samples unread: refused" ||
+    fail "an epoch that stopped at --steps with samples unread: refused" "rc $rc: $(ls -A tokrun); $(tail -2 tok.out)"
+
+# Arguments: a missing value, a bad number, an unknown option: exit 2, named.
+expect_exit 2 "-e with no value: exit 2" "$TO" -m target -c drafter.json -o x samples.jsonl -e
+grep -q -- "-e needs a value" "$T/.err" && pass "... naming -e" || fail "... naming -e" "$(cat "$T/.err")"
+expect_exit 2 "-b two: exit 2" "$TO" -m target -c drafter.json -o x -b two samples.jsonl
+grep -q -- "--batch-seqs" "$T/.err" && pass "... naming --batch-seqs" || fail "... naming --batch-seqs" "$(cat "$T/.err")"
+expect_exit 2 "an unknown option: exit 2" "$TO" -m target -c drafter.json -o x --bogus samples.jsonl
+grep -q -- "--bogus" "$T/.err" && pass "... naming it" || fail "... naming it" "$(cat "$T/.err")"
+# Paths with spaces, beginning with '-': the same two epochs, the same bytes.
+cp -r target "./-tar get" && cp drafter.json "./-draf ter.json" && cp samples.jsonl "./-sam ples.jsonl"
+check "train-online.sh, paths with spaces beginning with '-'" "$TO" -m "-tar get" -c "-draf ter.json" -o "-on line" -e 2 -d cpu -b 2 -s 7 \
+    --extract-opts "-t 1" "./-sam ples.jsonl" -- --threads 1 --lr 5e-3 --anchors 4
+same_ckpt "./-on line/ckpt-e2" man-e2 && pass "... the bytes of the plain run" || fail "... the bytes of the plain run" "$(tail -2 "$T/.err")"
+
 # ---- a pipe that runs dry -------------------------------------------------------------
 head -3 samples.jsonl | "${EX[@]}" | "${TR[@]}" --init drafter.json --steps 50 --out short 2>short.err
 rc=$?

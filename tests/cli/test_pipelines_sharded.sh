@@ -71,6 +71,42 @@ before=$(stat -c %Y.%s "$T/exact.dfs")
 expect_exit 2 "another shard count over the same work directory is refused" \
     "$SH" -m "$T/target" -l 0,2 -d cpu -j 2 -n 5 -o "$T/exact.dfs" "$T/in.jsonl"
 
+# Other settings over the same work directory: refused, nothing reused or redone.
+cp -r "$T/target" "$T/target2"
+before=$(stat -c %Y.%s "$T/exact.dfs" "$T/exact.work/out/"*.dfs)
+for v in "layers:-l 0,1 -o $T/exact.dfs $T/in.jsonl -- -b 1 --byte-shuffle on" \
+         "extract options:-l 0,2 -o $T/exact.dfs $T/in.jsonl -- -b 1" \
+         "model:-l 0,2 -m $T/target2 -o $T/exact.dfs $T/in.jsonl -- -b 1 --byte-shuffle on"; do
+    # shellcheck disable=SC2086
+    "$SH" -m "$T/target" -d cpu -j 2 -n 4 -t 1 ${v#*:} >"$T/sig.out" 2>&1
+    rc=$?
+    [ $rc = 2 ] && grep -q "other settings" "$T/sig.out" && [ "$(stat -c %Y.%s "$T/exact.dfs" "$T/exact.work/out/"*.dfs)" = "$before" ] &&
+        pass "other ${v%%:*} over the same work directory: refused, pieces kept" ||
+        fail "other ${v%%:*} over the same work directory: refused, pieces kept" "rc $rc: $(tail -2 "$T/sig.out")"
+done
+# A file named in the extract options (a drafter config) changed under the same name.
+printf '{"dflash_config": {"target_layer_ids": [0, 2]}}\n' >"$T/dc.json"
+check "sharded run with --drafter-config" "$SH" -m "$T/target" -d cpu -j 2 -n 2 -t 1 -o "$T/dc.dfs" "$T/in.jsonl" -- --drafter-config "$T/dc.json"
+printf '{"dflash_config": {"target_layer_ids": [1, 3]}}\n' >"$T/dc.json"
+expect_exit 2 "the --drafter-config file changed: refused" "$SH" -m "$T/target" -d cpu -j 2 -n 2 -t 1 -o "$T/dc.dfs" "$T/in.jsonl" -- --drafter-config "$T/dc.json"
+
+# Arguments: a missing value, a bad number, an unknown option: exit 2, named.
+expect_exit 2 "-n with no value: exit 2" "$SH" -m "$T/target" -o "$T/x.dfs" "$T/in.jsonl" -n
+grep -q -- "-n needs a value" "$T/.err" && pass "... naming -n" || fail "... naming -n" "$(cat "$T/.err")"
+expect_exit 2 "-t many: exit 2" "$SH" -m "$T/target" -d cpu -t many -o "$T/x.dfs" "$T/in.jsonl"
+grep -q -- "--threads" "$T/.err" && pass "... naming --threads" || fail "... naming --threads" "$(cat "$T/.err")"
+expect_exit 2 "an unknown option: exit 2" "$SH" -m "$T/target" --bogus -o "$T/x.dfs" "$T/in.jsonl"
+grep -q -- "--bogus" "$T/.err" && pass "... naming it" || fail "... naming it" "$(cat "$T/.err")"
+# Paths with spaces, beginning with '-': model, input, output, a file in the extract options.
+cp -r "$T/target" "$T/-tar get" && cp "$T/in.jsonl" "$T/-in put.jsonl" && mkdir "$T/my dir"
+printf '{"dflash_config": {"target_layer_ids": [0, 2]}}\n' >"$T/my dir/d c.json"
+(cd "$T" && "$SH" -m "-tar get" -d cpu -j 2 -n 3 -t 1 -o "-out put.dfs" "./-in put.jsonl" -- -b 1 --byte-shuffle on \
+    --drafter-config "$T/my dir/d c.json") >"$T/sp.out" 2>&1
+rc=$?
+[ $rc = 0 ] && [ "$(records "$T/-out put.dfs")" = "$(records "$T/ref1.dfs")" ] &&
+    pass "paths with spaces beginning with '-': the records of one run" ||
+    fail "paths with spaces beginning with '-': the records of one run" "rc $rc: $(tail -3 "$T/sp.out")"
+
 # ---- --sshloginfile with this host, and a split of the join ---------------------------
 echo "2/:" >"$T/hosts"
 check "--sshloginfile (local host) with --pack-opts --split" "$SH" -m "$T/target" -l 0,2 -d cpu -n 2 -t 1 -S "$T/hosts" \
@@ -86,7 +122,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 else
     TMPDIR=$T "$SH" -m "$T/target" -l 0,2 -d cuda -j 1 -n 2 -o "$T/gpu.dfs" "$T/in.jsonl" >"$T/gpu.out" 2>&1
     rc=$?
-    [ $rc -ne 0 ] && [ ! -e "$T/gpu.dfs" ] && [ -z "$(ls "$T/gpu.work/out")" ] && grep -q "0 of 2 pieces done" "$T/gpu.out" &&
+    [ $rc -ne 0 ] && [ ! -e "$T/gpu.dfs" ] && [ -z "$(ls "$T/gpu.work/out" | grep -v "^SIGNATURE$")" ] && grep -q "0 of 2 pieces done" "$T/gpu.out" &&
         pass "--device cuda without a GPU: non-zero exit, nothing marked done" ||
         fail "--device cuda without a GPU: non-zero exit, nothing marked done" "rc $rc: $(tail -3 "$T/gpu.out")"
 fi

@@ -84,3 +84,66 @@ n10=$(cut -f 3 run/rel.tsv | grep -c 'ckpt-10$'); n20=$(cut -f 3 run/rel.tsv | g
     pass "relative entries (from here and from the TSV's directory) count as scored" ||
     fail "relative entries count as scored" "$(cut -f 3 run/rel.tsv | tr '\n' ' ')"
 expect_exit 2 "no --val or --prompts is a usage error" "$SW" --target target --dir run
+
+# ---- failures are loud: exit non-zero, the cause named -----------------------------
+# A PATH of links to every tool the sweep uses but one: a missing jq or flock
+# stops the run (before, every checkpoint was skipped, or the lock counted as
+# held, and the run exited 0 having scored nothing).
+path_without() {
+    local dir=$T/path-no-$1 t
+    mkdir -p "$dir"
+    for t in bash env sed awk find sort realpath grep cut tail head cat mktemp mv cp rm wc dirname basename flock jq gnuplot dflash-score; do
+        [ "$t" = "$1" ] || ln -sf "$(command -v "$t")" "$dir/$t"
+    done
+    echo "$dir"
+}
+mkdir fresh && cp -r run/ckpt-10 fresh/
+for tool in jq flock; do
+    PATH=$(path_without $tool) "$SW" --png "" "${SW_ARGS[@]/#run/fresh}" >"$tool.out" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && grep -q "$tool is not installed" "$tool.out" && [ ! -s fresh/scores.tsv ] &&
+        pass "no $tool: non-zero exit naming it" || fail "no $tool: non-zero exit naming it" "rc $rc: $(tail -2 "$tool.out")"
+done
+# One broken checkpoint among good ones: the good ones are scored, the bad one
+# named, exit non-zero; the next run scores nothing twice and still says so.
+mkdir mixed && cp -r run/ckpt-10 run/ckpt-30 mixed/ && cp -r run/ckpt-20 mixed/ckpt-20
+head -c 100 run/ckpt-20/model.safetensors >mixed/ckpt-20/model.safetensors
+"$SW" --png "" --target target --val val.dfs --dir mixed -- --threads 1 >mixed.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ "$(wc -l <mixed/scores.tsv)" = 3 ] && grep -q "ckpt-20: dflash-score failed" mixed.out &&
+    [ "$(cut -f 2,4- mixed/scores.tsv | sed -n 2p)" = "$(cut -f 2,4- run/scores.tsv | sed -n 2p)" ] &&
+    [ "$(cut -f 2,4- mixed/scores.tsv | sed -n 3p)" = "$(cut -f 2,4- run/scores.tsv | sed -n 4p)" ] &&
+    pass "a broken checkpoint: the others scored, it is named, exit non-zero" ||
+    fail "a broken checkpoint: the others scored, it is named, exit non-zero" "rc $rc: $(tail -3 mixed.out); $(cut -f 3 mixed/scores.tsv | tr '\n' ' ')"
+"$SW" --png "" --target target --val val.dfs --dir mixed -- --threads 1 >mixed2.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ "$(wc -l <mixed/scores.tsv)" = 3 ] && grep -q "ckpt-20" mixed2.out &&
+    pass "... a re-run tries it again, scores nothing twice, exit non-zero" ||
+    fail "... a re-run tries it again, scores nothing twice, exit non-zero" "rc $rc: $(tail -3 mixed2.out)"
+# Every checkpoint bad (weights, but a config.json cut short): non-zero, named.
+mkdir allbad && cp -r run/ckpt-10 allbad/ && head -c 20 run/ckpt-10/config.json >allbad/ckpt-10/config.json
+"$SW" --png "" --target target --val val.dfs --dir allbad -- --threads 1 >allbad.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "ckpt-10: weights but no readable config.json" allbad.out &&
+    pass "every checkpoint unreadable: non-zero exit, each named" ||
+    fail "every checkpoint unreadable: non-zero exit, each named" "rc $rc: $(tail -3 allbad.out)"
+
+# ---- arguments: a missing value or an unknown option is exit 2, named ---------------
+expect_exit 2 "--target with no value: exit 2" "$SW" --val val.dfs --dir run --target
+grep -q -- "--target needs a value" "$T/.err" && pass "... naming --target" || fail "... naming --target" "$(cat "$T/.err")"
+expect_exit 2 "an unknown option: exit 2" "$SW" --target target --val val.dfs --bogus
+grep -q -- "--bogus" "$T/.err" && pass "... naming it" || fail "... naming it" "$(cat "$T/.err")"
+expect_exit 2 "--wait soon: exit 2" "$SW" --target target --val val.dfs --dir run --wait soon
+grep -q -- "--wait" "$T/.err" && pass "... naming --wait" || fail "... naming --wait" "$(cat "$T/.err")"
+# Paths with spaces that begin with '-': the run directory, the stream, a checkpoint.
+mkdir -- "-my run" && cp -r run/ckpt-10 "./-my run/ckpt 10" && cp val.dfs "./-v al.dfs"
+check "paths with spaces, beginning with '-'" "$SW" --target target --val "-v al.dfs" --dir "-my run" -- --threads 1
+[ "$(wc -l <"./-my run/scores.tsv")" = 2 ] && [ "$(tail -1 "./-my run/scores.tsv" | cut -f 3)" = "$T/-my run/ckpt 10" ] &&
+    [ -s "./-my run/scores.png" ] && pass "... scored and plotted" || fail "... scored and plotted" "$(cat "$T/.out" "$T/.err")"
+check "... again" "$SW" --target target --val "-v al.dfs" --dir "-my run" -- --threads 1
+grep -q "nothing new" "$T/.out" && pass "... a second run adds nothing" || fail "... a second run adds nothing" "$(cat "$T/.out")"
+# A quote in the run directory's name (the plot's output file and title).
+mkdir "it's run" && cp -r run/ckpt-10 "it's run/"
+check "a quote in the run directory's name" "$SW" --target target --val val.dfs --dir "it's run" -- --threads 1
+[ "$(head -c 8 "it's run/scores.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] &&
+    pass "... plotted" || fail "... plotted" "$(cat "$T/.err")"
