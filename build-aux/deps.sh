@@ -4,7 +4,7 @@
 set -eu
 
 need="liblz4-dev libjansson-dev libxxhash-dev libopenblas-openmp-dev pkg-config
-      parallel scdoc clang lz4 zstd man-db gnuplot-nox jq
+      parallel scdoc clang lz4 zstd man-db gnuplot-nox jq bsdextrautils
       python3 python3-msgpack python3-lz4 python3-numpy"
 
 missing=""
