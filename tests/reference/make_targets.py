@@ -312,12 +312,26 @@ def q35_init_weights(model, seed):
     assert seen == {"norm1p", "gated_norm", "conv", "A_log", "dt_bias", "matrix"}, seen
 
 
+def plain_function(fn):
+    """The Python function behind HF's name. A decorator leaves it in
+    __wrapped__; transformers 5.25 turns a function a hub kernel may replace
+    into an nn.Module instance ("Func") whose forward calls the original,
+    held in its closure, when no kernel is active (none is, here)."""
+    fn = getattr(fn, "__wrapped__", fn)
+    if isinstance(fn, torch.nn.Module):
+        cells = type(fn).forward.__closure__ or ()
+        inner = [c.cell_contents for c in cells if inspect.isfunction(c.cell_contents)]
+        assert len(inner) == 1, f"{type(fn).__qualname__}: {len(inner)} functions in its forward's closure"
+        fn = inner[0]
+    return fn
+
+
 def hf_in_float64(fn):
     """HF's own function run in float64: its source with torch.float32 replaced
     by torch.float64 (it upcasts everything to float32 first), executed in its
     module's namespace. Nothing else in the algorithm changes."""
     m = q35_module()
-    fn = getattr(fn, "__wrapped__", fn)
+    fn = plain_function(fn)
     lines = inspect.getsource(fn).splitlines()
     while lines[0].startswith("@"):
         lines.pop(0)
