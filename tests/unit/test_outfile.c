@@ -28,6 +28,23 @@ static int count_entries(const char *dir) {
     return n;
 }
 
+/* Waits for the child forked to work in `parent`; checks that it ended by
+ * `sig` (0: exited with status 0) and left `parent` empty, then removes
+ * `parent`. `round` (>= 0) goes into the messages. */
+static void reap_and_check(pid_t pid, int sig, const char *parent, int round) {
+    int status = 0;
+    T_CHECK(waitpid(pid, &status, 0) == pid);
+    if (sig)
+        T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == sig,
+                 "round %d: status 0x%x (exit %d), expected death by signal %d (SIGALRM %d: the cleanup hung)", round,
+                 status, WIFEXITED(status) ? WEXITSTATUS(status) : -1, sig, SIGALRM);
+    else
+        T_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "round %d: status 0x%x (exit %d)", round, status,
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    T_CHECKF(count_entries(parent) == 0, "round %d: %d entries left in %s", round, count_entries(parent), parent);
+    t_rm_rf(parent);
+}
+
 static void *signal_this_thread(void *arg) {
     const struct timespec wait = {0, 200 * 1000 * 1000}; /* the directory fills: a long cleanup */
     nanosleep(&wait, NULL);
@@ -64,13 +81,7 @@ static void test_signal_on_another_thread_cleans_up(void) {
         T_CHECK(mkdtemp(parent) != NULL);
         pid_t pid = fork();
         if (pid == 0) child_fills_while_signalled(parent, sig);
-        int status = 0;
-        T_CHECK(waitpid(pid, &status, 0) == pid);
-        T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == sig, "round %d: status 0x%x, expected death by signal %d",
-                 round, status, sig);
-        T_CHECKF(count_entries(parent) == 0, "round %d (signal %d): %d entries left in %s", round, sig,
-                 count_entries(parent), parent);
-        t_rm_rf(parent);
+        reap_and_check(pid, sig, parent, round);
     }
 }
 
@@ -91,11 +102,7 @@ static void test_signal_on_the_writer_cleans_up(void) {
         raise(SIGTERM);
         _exit(5);
     }
-    int status = 0;
-    T_CHECK(waitpid(pid, &status, 0) == pid);
-    T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "status 0x%x", status);
-    T_CHECKF(count_entries(parent) == 0, "%d entries left in %s", count_entries(parent), parent);
-    t_rm_rf(parent);
+    reap_and_check(pid, SIGTERM, parent, 0);
 }
 
 /* The registry holds DFL_CLEANUP_MAX temporary outputs at once (dflash-pack
@@ -127,12 +134,7 @@ static void test_registry_holds_every_shard(void) {
     T_CHECK(mkdtemp(parent) != NULL);
     pid_t pid = fork();
     if (pid == 0) child_fills_the_registry(parent);
-    int status = 0;
-    T_CHECK(waitpid(pid, &status, 0) == pid);
-    T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM, "status 0x%x (exit %d)", status,
-             WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-    T_CHECKF(count_entries(parent) == 0, "%d entries left in %s", count_entries(parent), parent);
-    t_rm_rf(parent);
+    reap_and_check(pid, SIGTERM, parent, 0);
 }
 
 static pthread_t main_thread;
@@ -181,13 +183,7 @@ static void test_signal_inside_malloc_cleans_up(void) {
         T_CHECK(mkdtemp(parent) != NULL);
         pid_t pid = fork();
         if (pid == 0) child_in_malloc_when_signalled(parent);
-        int status = 0;
-        T_CHECK(waitpid(pid, &status, 0) == pid);
-        T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM,
-                 "round %d: status 0x%x, expected death by SIGTERM (%d; SIGALRM %d means the cleanup hung)", round,
-                 status, SIGTERM, SIGALRM);
-        T_CHECKF(count_entries(parent) == 0, "round %d: %d entries left in %s", round, count_entries(parent), parent);
-        t_rm_rf(parent);
+        reap_and_check(pid, SIGTERM, parent, round);
         if (t_failed_now) break;
     }
 }
@@ -217,11 +213,7 @@ static void test_sigpipe_cleans_up(void) {
         write_to_a_closed_pipe(parent, &o);
         _exit(5);
     }
-    int status = 0;
-    T_CHECK(waitpid(pid, &status, 0) == pid);
-    T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE, "status 0x%x, expected death by SIGPIPE", status);
-    T_CHECKF(count_entries(parent) == 0, "%d entries left in %s", count_entries(parent), parent);
-    t_rm_rf(parent);
+    reap_and_check(pid, SIGPIPE, parent, 0);
 }
 
 /* SIGPIPE ignored by the caller stays ignored: the write fails with EPIPE
@@ -239,12 +231,7 @@ static void test_ignored_sigpipe_stays_ignored(void) {
         dfl_out_abort(o);
         _exit(0);
     }
-    int status = 0;
-    T_CHECK(waitpid(pid, &status, 0) == pid);
-    T_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x (exit %d)", status,
-             WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-    T_CHECKF(count_entries(parent) == 0, "%d entries left in %s", count_entries(parent), parent);
-    t_rm_rf(parent);
+    reap_and_check(pid, 0, parent, 0);
 }
 
 int main(void) {
