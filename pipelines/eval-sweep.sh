@@ -38,8 +38,11 @@
 # A checkpoint dflash-score cannot score (a broken file) does not hold up the
 # others: when the one call fails, each new checkpoint is scored alone, the
 # good ones are appended, the bad ones are named on stderr, and the run exits
-# 1 (a later run tries them again). A directory with weights whose
-# config.json is not readable JSON is named and counted the same way. Exit 0:
+# 1 (a later run tries them again). A call that exits 0 counts only when it
+# wrote exactly one line per checkpoint given; otherwise it failed too, and a
+# checkpoint left without its line is named (no line) the same way. A
+# directory with weights whose config.json is not readable JSON is named and
+# counted the same way. Exit 0:
 # every new checkpoint was scored (or none was new, or another sweep held the
 # lock).
 #
@@ -147,14 +150,25 @@ done < <(
         printf '%s\t%s\n' "${step:-0}" "$(realpath "$d")"
     done | sort -t$'\t' -k1,1n -k2,2V)
 
-# Score DRAFTER... into FILE (stdout of dflash-score), 0 on success.
+# Score DRAFTER... into FILE (stdout of dflash-score), 0 on success: dflash-score
+# exited 0 and FILE holds its header, then exactly one line per DRAFTER. When it
+# exited 0 but the lines do not match, unlined names the DRAFTERs without
+# exactly one line (or says how many lines are for none of them).
+unlined=""
 score() {
     local out=$1; shift
     local -a a=(--target "$TARGET")
     local d; for d in "$@"; do a+=(--drafter "$d"); done
     if [ -n "$VAL" ]; then a+=("$VAL"); else a+=(--prompts "$PROMPTS" --max-new-tokens "$MAX_NEW"); fi
     # shellcheck disable=SC2086
-    dflash-score $SCORE_OPTS ${SCORE_ARGS[@]+"${SCORE_ARGS[@]}"} "${a[@]}" >"$out"
+    dflash-score $SCORE_OPTS ${SCORE_ARGS[@]+"${SCORE_ARGS[@]}"} "${a[@]}" >"$out" || return
+    unlined=$(printf '%s\n' "$@" | awk -F'\t' -v n=$# '
+        FILENAME == ARGV[1] { if (FNR == 1) { for (i = 1; i <= NF; i++) if ($i == "drafter") c = i }
+                              else { lines++; if (c) seen[$c]++ }
+                              next }
+        { if (seen[$0] == 1) ok++; else print }
+        END { if (ok == n && lines != n) print "(" lines - n " line(s) for no checkpoint given)" }' "$out" -)
+    [ -z "$unlined" ] || return 3
 }
 
 if [ ${#new[@]} -eq 0 ]; then
@@ -164,13 +178,23 @@ else
     tmp=$(mktemp "$TSV.XXXXXX")
     trap 'rm -f "$tmp" "$tmp.all" "$tmp.one"' EXIT
     if ! score "$tmp" "${new[@]}"; then
-        # One call failed: score each alone, keep the good ones (in step order).
+        # One call failed, or exited 0 without a line for each checkpoint:
+        # score each alone, keep the good ones (in step order).
+        [ -z "$unlined" ] || echo "eval-sweep.sh: dflash-score exited 0 but wrote no line (or more than one) for: $(tr '\n' ' ' <<<"$unlined")- scoring each alone" >&2
         : >"$tmp"
         for d in "${new[@]}"; do
-            if [ ${#new[@]} -gt 1 ] && score "$tmp.one" "$d"; then
-                if [ -s "$tmp" ]; then tail -n +2 "$tmp.one" >>"$tmp"; else cat "$tmp.one" >"$tmp"; fi
+            if [ ${#new[@]} -gt 1 ]; then
+                unlined=""
+                if score "$tmp.one" "$d"; then
+                    if [ -s "$tmp" ]; then tail -n +2 "$tmp.one" >>"$tmp"; else cat "$tmp.one" >"$tmp"; fi
+                    continue
+                fi
+            fi
+            bad+=("$d")
+            if [ -n "$unlined" ]; then
+                echo "eval-sweep.sh: $d: dflash-score exited 0 but wrote no line for it (or more than one); not scored" >&2
             else
-                bad+=("$d"); echo "eval-sweep.sh: $d: dflash-score failed on it; not scored" >&2
+                echo "eval-sweep.sh: $d: dflash-score failed on it; not scored" >&2
             fi
         done
     fi

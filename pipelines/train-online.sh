@@ -17,6 +17,18 @@
 # redoes the whole epoch. Training through the pipe gives the same checkpoint,
 # bit for bit, as training from the extracted file.
 #
+# OUT keeps a signature of the settings its checkpoints were trained with
+# (OUT/SIGNATURE, written before the first epoch: the target directory, its
+# *.json files' checksums and its *.safetensors files' sizes and times, the
+# samples file's path, size and time, the drafter config's checksum, the
+# --init-from directory likewise, EPOCHS, BATCH_SEQS, SEED, every
+# EXTRACT_OPTS and training option word, and the checksum of every file such
+# a word names). A run whose signature differs from that of the checkpoints
+# there is refused (exit 2, the difference shown, nothing touched) rather than
+# resumed from them; so are checkpoints with no SIGNATURE (an older run): pick
+# another --out, or remove them. DEVICE is not in it: a re-run may move to
+# the CPU or another GPU (the checkpoints then differ by float rounding only).
+#
 #   pipelines/train-online.sh -m TARGET_DIR -c DRAFTER.json -o OUT_DIR [OPTIONS] SAMPLES.jsonl [-- TRAIN_OPTIONS]
 #
 # Options (each also an environment variable, given here in capitals):
@@ -95,6 +107,49 @@ n=$(grep -c . "$SAMPLES" || true)
 per_epoch=$(( (n + BATCH_SEQS - 1) / BATCH_SEQS ))
 [ "$per_epoch" -ge 1 ] || die "$SAMPLES has no samples"
 total=$(( per_epoch * EPOCHS ))
+
+# The settings of the training, checked against those of the checkpoints in
+# OUT (as extract-sharded.sh checks its pieces).
+dirsig() {   # WHAT DIR: a model directory by its path, *.json checksums, weights' sizes and times
+    local f
+    echo "$1 $(realpath -m -- "$2")"
+    for f in "$2"/*.json; do [ -f "$f" ] && echo "$1 json ${f##*/} $(cksum <"$f")"; done
+    for f in "$2"/*.safetensors; do [ -f "$f" ] && echo "$1 weights ${f##*/} $(stat -L -c '%s %Y' -- "$f")"; done
+    return 0
+}
+filesig() {   # WORD: the checksum of a file it names (as is, or after '=')
+    local v=${1#*=}
+    [ -f "$1" ] && echo "file $(cksum <"$1")"
+    [ "$v" != "$1" ] && [ -f "$v" ] && echo "file $(cksum <"$v")"
+    return 0
+}
+settings() {
+    local w
+    dirsig model "$TARGET"
+    echo "samples $(realpath -m -- "$SAMPLES") $(stat -L -c '%s %Y' -- "$SAMPLES")"
+    echo "drafter $(cksum <"$DRAFTER" 2>/dev/null || echo missing)"
+    [ -z "$INIT_FROM" ] || dirsig init-from "$INIT_FROM"
+    echo "epochs $EPOCHS"
+    echo "batch-seqs $BATCH_SEQS"
+    echo "seed $SEED"
+    for w in ${xwords[@]+"${xwords[@]}"}; do echo "extract-opt $w"; filesig "$w"; done
+    for w in ${twords[@]+"${twords[@]}"}; do echo "train-opt $w"; filesig "$w"; done
+    return 0
+}
+read -ra xwords <<<"$EXTRACT_OPTS"
+read -ra twords <<<"$TRAIN_OPTS"
+twords+=(${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"})
+sig=$(settings)
+if [ -n "$(find "$OUT" -mindepth 1 -maxdepth 1 -type d -name 'ckpt-e*' -print -quit)" ]; then
+    if [ -f "$OUT/SIGNATURE" ]; then
+        [ "$(cat "$OUT/SIGNATURE")" = "$sig" ] ||
+            die "$OUT holds checkpoints trained with other settings (target, samples, drafter config, epochs, batch, seed, extract or train options); these differ: $(diff "$OUT/SIGNATURE" <(echo "$sig") | grep '^[<>]' | tr '\n' ' ')- remove them or pick another --out"
+    else
+        die "$OUT holds checkpoints with no record of their settings (SIGNATURE; an older run?); remove them or pick another --out"
+    fi
+else
+    echo "$sig" >"$OUT/SIGNATURE"
+fi
 
 for ((e = 1; e <= EPOCHS; e++)); do
     ck="$OUT/ckpt-e$e"

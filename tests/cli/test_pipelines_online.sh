@@ -70,6 +70,36 @@ grep -q "epoch 1: done before" again.out && same_ckpt online/ckpt-e2 man-e2 &&
     pass "train-online.sh again: epoch 1 kept, epoch 2 redone, same bytes" ||
     fail "train-online.sh again: epoch 1 kept, epoch 2 redone, same bytes" "$(tail -3 again.out)"
 
+# The settings of the checkpoints are recorded (OUT/SIGNATURE); a re-run with
+# others (seed, samples, a train or extract option) is refused, exit 2, the
+# difference shown, nothing touched; checkpoints with no record are refused too.
+[ -f online/SIGNATURE ] && pass "train-online.sh records its settings in OUT/SIGNATURE" ||
+    fail "train-online.sh records its settings in OUT/SIGNATURE" "$(ls -A online)"
+snap() { find "$1" -printf '%p %s %T@\n' | sort; }
+before=$(snap online)
+head -11 samples.jsonl >fewer.jsonl
+sigcase() {   # NAME GREP ARGS...: exit 2, the message, nothing touched
+    local name=$1 want=$2; shift 2
+    "$TO" "$@" >sig.out 2>&1
+    local rc=$?
+    [ $rc = 2 ] && grep -q "other settings" sig.out && grep -q -- "$want" sig.out && [ "$(snap online)" = "$before" ] &&
+        pass "train-online.sh, $name: refused (exit 2), the difference shown, nothing touched" ||
+        fail "train-online.sh, $name: refused (exit 2), the difference shown, nothing touched" "rc $rc: $(tail -3 sig.out)"
+}
+sigcase "another seed" "seed 8" -m target -c drafter.json -o online -e 2 -d cpu -b 2 -s 8 --extract-opts "-t 1" samples.jsonl -- --threads 1 --lr 5e-3 --anchors 4
+sigcase "another samples file" "fewer.jsonl" -m target -c drafter.json -o online -e 2 -d cpu -b 2 -s 7 --extract-opts "-t 1" fewer.jsonl -- --threads 1 --lr 5e-3 --anchors 4
+sigcase "another train option" "6e-3" -m target -c drafter.json -o online -e 2 -d cpu -b 2 -s 7 --extract-opts "-t 1" samples.jsonl -- --threads 1 --lr 6e-3 --anchors 4
+sigcase "another extract option" "extract-opt 2" -m target -c drafter.json -o online -e 2 -d cpu -b 2 -s 7 --extract-opts "-t 2" samples.jsonl -- --threads 1 --lr 5e-3 --anchors 4
+{ cat drafter.json; echo; } >drafter2.json   # the same config, other bytes
+sigcase "another drafter config" "drafter [0-9]" -m target -c drafter2.json -o online -e 2 -d cpu -b 2 -s 7 --extract-opts "-t 1" samples.jsonl -- --threads 1 --lr 5e-3 --anchors 4
+cp -r online legacy && rm -f legacy/SIGNATURE
+before_l=$(snap legacy)
+"$TO" -m target -c drafter.json -o legacy -e 2 -d cpu -b 2 -s 7 --extract-opts "-t 1" samples.jsonl -- --threads 1 --lr 5e-3 --anchors 4 >sig.out 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "no record of their settings" sig.out && grep -q -- "another --out" sig.out && [ "$(snap legacy)" = "$before_l" ] &&
+    pass "train-online.sh, checkpoints with no SIGNATURE (an older run): refused (exit 2), told what to do, nothing touched" ||
+    fail "train-online.sh, checkpoints with no SIGNATURE (an older run): refused (exit 2), told what to do, nothing touched" "rc $rc: $(tail -3 sig.out)"
+
 # A bad sample stops dflash-extract (exit 65); the trainer saves what it had.
 # That epoch is not done: no checkpoint under its name, exit non-zero naming
 # the tool, and a re-run (the sample fixed) redoes it: the bytes of a clean run.
@@ -77,7 +107,7 @@ grep -q "epoch 1: done before" again.out && same_ckpt online/ckpt-e2 man-e2 &&
 TO_ARGS=(-m target -c drafter.json -o badrun -e 2 -d cpu -b 2 -s 7 --extract-opts "-t 1")
 "$TO" "${TO_ARGS[@]}" bad.jsonl -- --threads 1 --lr 5e-3 --anchors 4 >bad.out 2>&1
 rc=$?
-[ $rc -ne 0 ] && [ ! -e badrun/ckpt-e1 ] && [ -z "$(ls -A badrun | grep -v '\.log$')" ] &&
+[ $rc -ne 0 ] && [ ! -e badrun/ckpt-e1 ] && [ -z "$(ls -A badrun | grep -v -e '\.log$' -e '^SIGNATURE$')" ] &&
     grep -q "epoch 1 failed (.*dflash-extract exited 65" bad.out &&
     pass "an epoch whose extraction failed: no checkpoint, exit non-zero naming the tool" ||
     fail "an epoch whose extraction failed: no checkpoint, exit non-zero naming the tool" "rc $rc: $(ls -A badrun); $(tail -2 bad.out)"

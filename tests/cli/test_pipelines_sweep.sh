@@ -120,6 +120,23 @@ rc=$?
 [ $rc -ne 0 ] && [ "$(wc -l <mixed/scores.tsv)" = 3 ] && grep -q "ckpt-20" mixed2.out &&
     pass "... a re-run tries it again, scores nothing twice, exit non-zero" ||
     fail "... a re-run tries it again, scores nothing twice, exit non-zero" "rc $rc: $(tail -3 mixed2.out)"
+# dflash-score exits 0 but writes no line for one checkpoint (here a wrapper
+# drops it): that one is named and not counted as scored, the others are
+# kept, exit non-zero; a later run (a good dflash-score) scores it.
+mkdir lost fake && cp -r run/ckpt-10 run/ckpt-20 run/ckpt-30 lost/
+printf '#!/usr/bin/env bash\nout=$(%q "$@") || exit\nprintf "%%s\\n" "$out" | grep -v "/ckpt-20\t"\nexit 0\n' \
+    "$(command -v dflash-score)" >fake/dflash-score
+chmod +x fake/dflash-score
+DFLASH_BIN=$T/fake "$SW" --png "" --target target --val val.dfs --dir lost -- --threads 1 >lost.out 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ "$(cut -f 3 lost/scores.tsv | tail -n +2 | tr '\n' ' ')" = "$T/lost/ckpt-10 $T/lost/ckpt-30 " ] &&
+    grep -q "lost/ckpt-20: dflash-score exited 0 but wrote no line for it" lost.out &&
+    pass "dflash-score exits 0 but writes no line for a checkpoint: it is named, the others kept, exit non-zero" ||
+    fail "dflash-score exits 0 but writes no line for a checkpoint: it is named, the others kept, exit non-zero" "rc $rc: $(tail -3 lost.out); $(cut -f 3 lost/scores.tsv | tr '\n' ' ')"
+"$SW" --png "" --target target --val val.dfs --dir lost -- --threads 1 >lost2.out 2>&1
+rc=$?
+[ $rc = 0 ] && [ "$(cut -f 3 lost/scores.tsv | tail -n +2 | tr '\n' ' ')" = "$T/lost/ckpt-10 $T/lost/ckpt-30 $T/lost/ckpt-20 " ] &&
+    pass "... a later run scores it" || fail "... a later run scores it" "rc $rc: $(tail -3 lost2.out); $(cut -f 3 lost/scores.tsv | tr '\n' ' ')"
 # Every checkpoint bad (weights, but a config.json cut short): non-zero, named.
 mkdir allbad && cp -r run/ckpt-10 allbad/ && head -c 20 run/ckpt-10/config.json >allbad/ckpt-10/config.json
 "$SW" --png "" --target target --val val.dfs --dir allbad -- --threads 1 >allbad.out 2>&1
