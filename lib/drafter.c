@@ -397,6 +397,16 @@ dfl_drafter *dfl_drafter_new_frozen(const dfl_ops *ops, const dfl_drafter_config
     return drafter_create(ops, cfg, 0);
 }
 
+/* The target's embedding, LM head (possibly the same buffer) and final
+ * norm, released and forgotten. */
+static void release_target(dfl_drafter *d) {
+    const dfl_ops *ops = d->ops;
+    if (d->lm_head && d->lm_head != d->embed) ops->free(d->lm_head);
+    if (d->embed) ops->free(d->embed);
+    if (d->target_norm) ops->free(d->target_norm);
+    d->lm_head = d->embed = d->target_norm = NULL;
+}
+
 void dfl_drafter_free(dfl_drafter *d) {
     if (!d) return;
     const dfl_ops *ops = d->ops;
@@ -409,9 +419,7 @@ void dfl_drafter_free(dfl_drafter *d) {
         ops->free(d->v);
     }
     ops->free(d->inv_freq);
-    if (d->lm_head && d->lm_head != d->embed) ops->free(d->lm_head);
-    if (d->embed) ops->free(d->embed);
-    if (d->target_norm) ops->free(d->target_norm);
+    release_target(d);
     free(d->W.layer);
     free(d->G.layer);
     free(d->info);
@@ -459,6 +467,7 @@ void dfl_drafter_start_grad(dfl_drafter *d) {
 void dfl_drafter_set_target(dfl_drafter *d, const float *embed, const float *lm_head, const float *target_norm,
                             float target_eps) {
     const dfl_ops *ops = d->ops;
+    release_target(d); /* a second call replaces the weights: the first ones were leaked */
     size_t VH = (size_t)(d->cfg.V * d->cfg.H);
     d->embed = ops->alloc(VH * (size_t)ops->wt_bytes);
     ops->load_wt(d->embed, embed, DFL_F32, (int64_t)VH);

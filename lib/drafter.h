@@ -159,7 +159,8 @@ int dfl_drafter_load_target(dfl_drafter *d, const char *dir, const dfl_model_con
  * too; call it first to refuse a drafter for another target before
  * allocating it. */
 int dfl_drafter_check_target(const dfl_drafter_config *c, const dfl_model_config *tcfg, const char *dir);
-/* Same from host f32 arrays (tests). target_norm may be NULL. */
+/* Same from host f32 arrays (tests). target_norm may be NULL. A second call
+ * replaces the target weights of the first. */
 void dfl_drafter_set_target(dfl_drafter *d, const float *embed, const float *lm_head, const float *target_norm,
                             float target_eps);
 
