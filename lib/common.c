@@ -24,9 +24,13 @@ int dfl_err(int code, const char *fmt, ...) {
 const char *dfl_errmsg(void) { return err_buf[0] ? err_buf : "unknown error"; }
 int dfl_errcode(void) { return err_code ? err_code : DFL_EX_SOFTWARE; }
 
+int dfl_empty_path_err(int code, const char *what) {
+    return dfl_err(code, "%s%san empty path names no file or directory (is a shell variable unset?)", what ? what : "",
+                   what ? " '': " : "");
+}
+
 int dfl_in_check_name(const char *what, const char *path) {
-    if (!path || *path) return 0;
-    return dfl_err(DFL_EX_NOINPUT, "%s '': an empty path names no file or directory (is a shell variable unset?)", what);
+    return path && !*path ? dfl_empty_path_err(DFL_EX_NOINPUT, what) : 0;
 }
 
 void dfl_die_last(const char *prog) {

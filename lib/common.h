@@ -44,6 +44,10 @@ int dfl_errcode(void);
  * "/config.json" for --target '' (the path joined with "/"), or failed
  * later with a message naming no option. 0 for NULL or a non-empty path. */
 int dfl_in_check_name(const char *what, const char *path);
+/* The error of an empty path, for inputs (DFL_EX_NOINPUT) and outputs
+ * (DFL_EX_CANTCREAT, dfl_out_check_name) alike: "WHAT '': an empty path
+ * names no file or directory (...)", without the prefix when `what` is NULL. */
+int dfl_empty_path_err(int code, const char *what);
 
 /* Print "prog: message" for the last recorded error and exit with its code. */
 DFL_NORETURN void dfl_die_last(const char *prog);

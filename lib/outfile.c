@@ -171,10 +171,7 @@ static int tmp_name_for(const char *final, char *buf, size_t n) {
     return k > 0 && (size_t)k < n ? 0 : -1;
 }
 
-static int empty_path(const char *opt) {
-    return dfl_err(DFL_EX_CANTCREAT, "%s%san empty path names no file or directory (is a shell variable unset?)",
-                   opt ? opt : "", opt ? " '': " : "");
-}
+static int empty_path(const char *opt) { return dfl_empty_path_err(DFL_EX_CANTCREAT, opt); }
 
 int dfl_out_check_name(const char *opt, const char *path) { return path && !*path ? empty_path(opt) : 0; }
 

@@ -206,9 +206,10 @@ else
 fi
 
 # The plot: tau (and loss, offline) against step, from the columns by name.
-if [ -n "$PNG" ] && [ -s "$TSV" ] && [ "$(wc -l <"$TSV")" -gt 1 ] && ! command -v gnuplot >/dev/null; then
-    echo "eval-sweep.sh: gnuplot is not installed (make deps); no plot" >&2
-elif [ -n "$PNG" ] && [ -s "$TSV" ] && [ "$(wc -l <"$TSV")" -gt 1 ]; then
+# Without gnuplot, no plot, but the run goes on to its exit status.
+plot_scores() {
+    command -v gnuplot >/dev/null || { echo "eval-sweep.sh: gnuplot is not installed (make deps); no plot" >&2; return 0; }
+    local scol tcol lcol data title plot
     scol=$(col_of step "$TSV") tcol=$(col_of tau_pooled "$TSV") lcol=$(col_of loss "$TSV")
     data=$(mktemp)
     awk -F'\t' -v s="$scol" -v t="$tcol" -v l="$lcol" 'NR > 1 { print $s "\t" $t "\t" (l ? $l : "NaN") }' "$TSV" |
@@ -234,7 +235,8 @@ $plot
 EOF
     mv "$PNG.tmp" "$PNG"
     rm -f "$data"
-fi
+}
+if [ -n "$PNG" ] && [ -s "$TSV" ] && [ "$(wc -l <"$TSV")" -gt 1 ]; then plot_scores; fi
 if [ ${#bad[@]} -gt 0 ]; then
     echo "eval-sweep.sh: ${#bad[@]} checkpoint(s) not scored: ${bad[*]}" >&2
     exit 1

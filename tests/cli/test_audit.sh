@@ -77,12 +77,13 @@ expect_exit 2 "dflash-train-step --resume --anchors -3: 2 (differs from the chec
 # the whole pass; --tmpdir '' put the shuffle's buckets in /). Run from an
 # empty directory, where a temporary name beside '' would go.
 mkdir -p "$T/ecwd" && pushd "$T/ecwd" >/dev/null
-empty_out() { # OPT NAME CMD...: exit 73, the option named, nothing written
-    local opt=$1 name=$2; shift 2
-    expect_exit 73 "$name: 73" "$@"
+empty_path() { # CODE OPT NAME CMD...: exit CODE, the option named, nothing written
+    local code=$1 opt=$2 name=$3; shift 3
+    expect_exit "$code" "$name: $code" "$@"
     grep -q "^${1}: $opt '': an empty path names no file or directory" "$T/.err" && [ -z "$(ls -A "$T/ecwd")" ] &&
         pass "$name: the option named, nothing written" || fail "$name: the option named, nothing written" "$(cat "$T/.err"; ls -A "$T/ecwd")"
 }
+empty_out() { empty_path 73 "$@"; }
 empty_out --out "dflash-train-step --out ''" $INIT --steps 3 --log "$T/e.log" --out "" "$T/train.dfs"
 [ ! -s "$T/e.log" ] && pass "dflash-train-step --out '': refused before any step" || fail "dflash-train-step --out '': refused before any step" "$(cat "$T/e.log")"
 empty_out --log "dflash-train-step --log ''" $INIT --steps 3 --log "" --out "$T/e-ck" "$T/train.dfs"
@@ -93,12 +94,7 @@ empty_out --tmpdir "dflash-pack --tmpdir ''" dflash-pack --shuffle --mem 1 --tmp
 empty_out --emit "dflash-score --emit ''" $SC --prompts "$T/data.jsonl" --max-new-tokens 2 --emit ""
 # the same for inputs, exit 66 (--target '' and --model '' read /config.json,
 # the path joined with "/"; an empty stream name failed with ": cannot open")
-empty_in() { # OPT NAME CMD...: exit 66, the option named, nothing written
-    local opt=$1 name=$2; shift 2
-    expect_exit 66 "$name: 66" "$@"
-    grep -q "^${1}: $opt '': an empty path names no file or directory" "$T/.err" && [ -z "$(ls -A "$T/ecwd")" ] &&
-        pass "$name: the option named, nothing written" || fail "$name: the option named, nothing written" "$(cat "$T/.err"; ls -A "$T/ecwd")"
-}
+empty_in() { empty_path 66 "$@"; }
 EX="dflash-extract -t 1 -o $T/e.dfs"
 empty_in --model "dflash-extract --model ''" $EX -m "" -l 1,3 "$T/data.jsonl"
 empty_in --drafter-config "dflash-extract --drafter-config ''" $EX -m "$T/target" --drafter-config "" "$T/data.jsonl"
