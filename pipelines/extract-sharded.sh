@@ -46,7 +46,9 @@
 #                                 at spaces)
 # An option without its value, an unknown option or a bad number: exit 2. A
 # path may hold spaces or begin with '-' (the input file: ./-NAME).
-# Tools are found on PATH, or in DFLASH_BIN when set.
+# Tools are found on PATH, or in DFLASH_BIN when set; a run without
+# dflash-extract, dflash-pack or GNU parallel (or flock, for -d cuda) stops at
+# once, exit 69.
 #
 # Several hosts: WORKDIR, the input, the model directory and the dflash tools
 # must be at the same paths on every host (a shared filesystem), and bash,
@@ -67,6 +69,7 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
 die() { echo "extract-sharded.sh: $*" >&2; exit 2; }
+unavailable() { echo "extract-sharded.sh: $*" >&2; exit 69; }
 need() { [ $# -ge 2 ] || die "$1 needs a value (try --help)"; }
 int() { [[ $2 =~ ^[0-9]+$ ]] || die "$1 must be a whole number, not '$2'"; }
 # A relative path that begins with '-' would read as an option to the tools: ./ before it.
@@ -113,8 +116,12 @@ case "$DEVICE" in cpu|cuda) ;; *) die "--device is cpu or cuda, not '$DEVICE'" ;
 [ -d "$MODEL" ] || { echo "extract-sharded.sh: $MODEL: no such directory" >&2; exit 66; }
 MODEL=$(realpath "$MODEL")   # jobs may run elsewhere (ssh): absolute paths only
 if [ -n "${DFLASH_BIN:-}" ]; then DFLASH_BIN=$(realpath "$DFLASH_BIN"); export PATH="$DFLASH_BIN:$PATH"; fi
-command -v dflash-extract >/dev/null || die "dflash-extract is not on PATH (set DFLASH_BIN)"
-command -v parallel >/dev/null || die "GNU parallel is not installed (make deps)"
+for t in dflash-extract dflash-pack; do
+    command -v $t >/dev/null || unavailable "$t is not on PATH (set DFLASH_BIN); nothing extracted"
+done
+for t in parallel $([ "$DEVICE" = cuda ] && echo flock); do
+    command -v $t >/dev/null || unavailable "$t is not installed (make deps); nothing extracted"
+done
 
 if [ -z "$JOBS" ]; then
     if [ "$DEVICE" = cuda ]; then JOBS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); else JOBS=1; fi

@@ -47,7 +47,8 @@
 #                       TRAIN_OPTS, split at spaces)
 # An option without its value, an unknown option or a bad number: exit 2. A
 # path may hold spaces or begin with '-' (a samples file: ./-NAME).
-# Tools are found on PATH, or in DFLASH_BIN when set.
+# Tools are found on PATH, or in DFLASH_BIN when set; a run without
+# dflash-extract or dflash-train-step stops at once, exit 69.
 #
 # Napkin math, Qwen3-8B (40 KiB of hidden states per token): 800K samples x
 # 1,000 tokens would be 33 TB on disk; here the pipe holds a few records at a
@@ -60,6 +61,7 @@ set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'; }
 die() { echo "train-online.sh: $*" >&2; exit 2; }
+unavailable() { echo "train-online.sh: $*" >&2; exit 69; }
 need() { [ $# -ge 2 ] || die "$1 needs a value (try --help)"; }
 int() { [[ $2 =~ ^[0-9]+$ ]] || die "$1 must be a whole number, not '$2'"; }
 # A relative path that begins with '-' would read as an option to the tools: ./ before it.
@@ -96,6 +98,9 @@ TARGET=$(dashpath "$TARGET") DRAFTER=$(dashpath "$DRAFTER") INIT_FROM=$(dashpath
 SAMPLES=$(dashpath "$SAMPLES")
 [ -f "$SAMPLES" ] || { echo "train-online.sh: $SAMPLES: no such file" >&2; exit 66; }
 [ -n "${DFLASH_BIN:-}" ] && export PATH="$DFLASH_BIN:$PATH"
+for t in dflash-extract dflash-train-step; do
+    command -v $t >/dev/null || unavailable "$t is not on PATH (set DFLASH_BIN); nothing trained"
+done
 mkdir -p "$OUT"
 
 # The step count of checkpoint DIR (trainer_state.json, written by the tool

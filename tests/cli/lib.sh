@@ -40,6 +40,21 @@ expect_exit() {
     local rc=$?
     if [ "$rc" -eq "$code" ]; then pass "$name"; else fail "$name" "expected exit $code, got $rc from: $* ($(head -c 300 "$T/.err"))"; fi
 }
+# A PATH that holds every command of this one but NAME...: a directory of
+# links (the first of each name on PATH), for the runs of a missing tool.
+path_without() {
+    local dir d f n
+    dir=$(mktemp -d "$T/path-without.XXXXXX")
+    IFS=: read -ra dirs <<<"$PATH"
+    for d in "${dirs[@]}"; do
+        for f in "$d"/*; do
+            n=${f##*/}
+            [ -x "$f" ] && [ ! -e "$dir/$n" ] || continue
+            [[ " $* " == *" $n "* ]] || ln -s "$f" "$dir/$n"
+        done
+    done
+    echo "$dir"
+}
 require_built() {
     local x
     for x in "$@"; do

@@ -139,6 +139,14 @@ expect_exit 2 "-b two: exit 2" "$TO" -m target -c drafter.json -o x -b two sampl
 grep -q -- "--batch-seqs" "$T/.err" && pass "... naming --batch-seqs" || fail "... naming --batch-seqs" "$(cat "$T/.err")"
 expect_exit 2 "an unknown option: exit 2" "$TO" -m target -c drafter.json -o x --bogus samples.jsonl
 grep -q -- "--bogus" "$T/.err" && pass "... naming it" || fail "... naming it" "$(cat "$T/.err")"
+# A missing tool stops the run before any work: exit 69, the tool named
+# (DFLASH_BIN unset: the script would put the tools back on PATH).
+for tool in dflash-extract dflash-train-step; do
+    PATH=$(path_without $tool) env -u DFLASH_BIN "$TO" -m target -c drafter.json -o "no-$tool" -d cpu samples.jsonl >"no-$tool.out" 2>&1
+    rc=$?
+    [ $rc = 69 ] && grep -q "$tool is not on PATH" "no-$tool.out" && [ ! -e "no-$tool" ] &&
+        pass "no $tool: exit 69 naming it, nothing made" || fail "no $tool: exit 69 naming it, nothing made" "rc $rc: $(tail -2 "no-$tool.out")"
+done
 # Paths with spaces, beginning with '-': the same two epochs, the same bytes.
 cp -r target "./-tar get" && cp drafter.json "./-draf ter.json" && cp samples.jsonl "./-sam ples.jsonl"
 check "train-online.sh, paths with spaces beginning with '-'" "$TO" -m "-tar get" -c "-draf ter.json" -o "-on line" -e 2 -d cpu -b 2 -s 7 \

@@ -128,3 +128,15 @@ else
 fi
 expect_exit 2 "no --model is a usage error" "$SH" -o "$T/x.dfs" "$T/in.jsonl"
 expect_exit 66 "a missing input is exit 66" "$SH" -m "$T/target" -o "$T/x.dfs" "$T/nope.jsonl"
+# A missing tool stops the run before any work: exit 69, the tool named
+# (DFLASH_BIN unset: the script would put the tools back on PATH).
+for tool in dflash-extract dflash-pack parallel; do
+    PATH=$(path_without $tool) env -u DFLASH_BIN "$SH" -m "$T/target" -l 0,2 -d cpu -n 2 -o "$T/no-$tool.dfs" "$T/in.jsonl" >"$T/no-$tool.out" 2>&1
+    rc=$?
+    [ $rc = 69 ] && grep -q "$tool is not" "$T/no-$tool.out" && [ ! -e "$T/no-$tool.work" ] && [ ! -e "$T/no-$tool.dfs" ] &&
+        pass "no $tool: exit 69 naming it, nothing made" || fail "no $tool: exit 69 naming it, nothing made" "rc $rc: $(tail -2 "$T/no-$tool.out")"
+done
+PATH=$(path_without flock) env -u DFLASH_BIN "$SH" -m "$T/target" -l 0,2 -d cuda -n 2 -o "$T/no-flock.dfs" "$T/in.jsonl" >"$T/no-flock.out" 2>&1
+rc=$?
+[ $rc = 69 ] && grep -q "flock is not installed" "$T/no-flock.out" &&
+    pass "no flock with -d cuda: exit 69 naming it" || fail "no flock with -d cuda: exit 69 naming it" "rc $rc: $(tail -2 "$T/no-flock.out")"

@@ -86,17 +86,9 @@ n10=$(cut -f 3 run/rel.tsv | grep -c 'ckpt-10$'); n20=$(cut -f 3 run/rel.tsv | g
 expect_exit 2 "no --val or --prompts is a usage error" "$SW" --target target --dir run
 
 # ---- failures are loud: exit non-zero, the cause named -----------------------------
-# A PATH of links to every tool the sweep uses but one: a missing jq or flock
+# A PATH without one tool (path_without, lib.sh): a missing jq or flock
 # stops the run (before, every checkpoint was skipped, or the lock counted as
 # held, and the run exited 0 having scored nothing).
-path_without() {
-    local dir=$T/path-no-$1 t
-    mkdir -p "$dir"
-    for t in bash env sed awk find sort realpath grep cut tail head cat mktemp mv cp rm wc dirname basename flock jq gnuplot dflash-score; do
-        [ "$t" = "$1" ] || ln -sf "$(command -v "$t")" "$dir/$t"
-    done
-    echo "$dir"
-}
 mkdir fresh && cp -r run/ckpt-10 fresh/
 for tool in jq flock; do
     PATH=$(path_without $tool) "$SW" --png "" "${SW_ARGS[@]/#run/fresh}" >"$tool.out" 2>&1
