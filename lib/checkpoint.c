@@ -15,7 +15,7 @@
 
 static void join(char *buf, size_t n, const char *dir, const char *name) { snprintf(buf, n, "%s/%s", dir, name); }
 
-/* config.json: written with 15 significant digits, so 1e-06 stays 1e-06,
+/* config.json: written with 15 significant digits, so 1e-06 stays 1e-6,
  * and a trailing newline, as Python's writers leave it. A failed write (a
  * full disk) is an I/O error (74), like the tensors'; only the open is 73. */
 static int write_json(const char *path, const json_t *j, size_t flags) {

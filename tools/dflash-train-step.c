@@ -72,7 +72,7 @@ static const dfl_opt opts[] = {
      "Linear warm-up over floor(R * total steps) steps, then cosine decay to 0.", "0.04"},
     {"total-steps", 0, DFL_OPT_INT, &total_steps, "N",
      "Length of the learning-rate schedule over the whole training (all runs): give the first run the total, as "
-     "--resume keeps it; a --resume with every step past it (at learning rate 0) is refused.", "--steps of the first run"},
+     "--resume keeps it; a --resume with every step past it (at learning rate 0) is refused.", "--steps of the first run, or 1 when that is 0"},
     {"weight-decay", 0, DFL_OPT_DOUBLE, &weight_decay, "W", "AdamW decoupled weight decay.", "0"},
     {"max-grad-norm", 0, DFL_OPT_DOUBLE, &max_grad_norm, "X",
      "Clip the global gradient norm: scale by min(1, X / (norm + 1e-6)); 0 disables.", "1"},

@@ -8,6 +8,7 @@
 #     lists the codes of common.h the tool can give, as its --help does, and
 #     the status after a signal;
 #   - groff renders every page without a warning, and man -l shows it;
+#   - every option a page names in its text or EXAMPLES is one of the tool's own;
 #   - make install PREFIX=... installs the tools and the pages, and man finds them.
 . "$(dirname "$0")/lib.sh"
 
@@ -86,6 +87,53 @@ for tool in "${tools[@]}"; do
     grep -q "dflash-stream" "$page" && pass "$tool: SEE ALSO names the stream page" ||
         fail "$tool: SEE ALSO names the stream page"
 done
+
+# The options the pages name: every option of a dflash command in EXAMPLES
+# (and in the stream page's) is one its tool's --help lists, and every *--option*
+# a tool's page names elsewhere is its own, or another tool's on a line that
+# names that tool. OPTIONS comes from the table; the prose and the examples are
+# written by hand and would keep a renamed option.
+for tool in "${tools[@]}"; do
+    "$DFLASH_BIN/$tool" --help | grep -E '^ {2,}-' | grep -oE -- '(^|[ ,])--?[A-Za-z0-9][a-z0-9-]*' |
+        tr -d ' ,' | sort -u >"$T/opts.$tool"
+done
+if python3 - "$T" "$MAN" "${tools[@]}" >"$T/optnames.out" 2>&1 <<'PY'
+import re, sys
+T, MAN, tools = sys.argv[1], sys.argv[2], sys.argv[3:]
+opts = {t: set(open(f"{T}/opts.{t}").read().split()) for t in tools}
+tool_re = re.compile(r"\b(" + "|".join(map(re.escape, tools)) + r")\b")
+bad = []
+pages = [(t, f"{MAN}/{t}.1.scd") for t in tools] + [(None, f"{MAN}/dflash-stream.5.scd")]
+for own, page in pages:
+    section = ""
+    text = open(page).read().replace("\\\\\n", " ").replace("++\n", "\n")
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.startswith("# "):
+            section = line[2:].strip()
+            continue
+        line = line.replace("\\*", "*").replace("\\\\", "\\")
+        if section == "EXAMPLES":
+            # each command of a pipeline or list: the words after the tool's name
+            for cmd in re.split(r"\||;|&&|\$\(|:::", line):
+                m = tool_re.search(cmd)
+                if not m:
+                    continue
+                for o in re.findall(r"(?<![\w-])(--?[A-Za-z][a-z0-9-]*)", cmd[m.end():]):
+                    if o not in opts[m.group(1)]:
+                        bad.append(f"{page}:{n}: {m.group(1)} has no {o}")
+        elif own and section not in ("OPTIONS",):
+            others = set(tool_re.findall(line)) - {own}
+            for o in re.findall(r"\*(--[a-z][a-z0-9-]*)", line):
+                if o not in opts[own] and not any(o in opts[t] for t in others):
+                    bad.append(f"{page}:{n}: {own} has no {o}")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+then
+    pass "the options named in the pages' text and EXAMPLES are the tools' own"
+else
+    fail "the options named in the pages' text and EXAMPLES are the tools' own" "$(head -5 "$T/optnames.out")"
+fi
 
 # Section 5: the stream.
 page=$MAN/dflash-stream.5

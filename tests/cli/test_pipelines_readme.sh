@@ -6,7 +6,8 @@
 # Qwen3.5 hybrid); only sizes are scaled
 # down (steps, tokens, layer ids of a 4-layer model, the mask token of a
 # 61-token vocabulary) and cuda becomes cpu. A renamed option, a wrong file
-# name or a broken loop in the README fails here.
+# name or a broken loop in the README fails here, in a pipe too (pipefail:
+# `dflash-score ... | cut` used to pass with dflash-score exiting 2).
 . "$(dirname "$0")/lib.sh"
 
 if ! command -v dflash-score >/dev/null; then echo "SKIP README commands: dflash-score is not built yet (issue 5)"; exit 0; fi
@@ -38,7 +39,7 @@ sed -i -e 's/-d cuda/-d cpu/g; s/--device cuda/--device cpu/g' \
     -e 's|OUT=run run/drafter.json|OUT=run LAYERS=1,2 DRAFT_LAYERS=1 BLOCK=4 MASK_TOKEN=60 run/drafter.json|' \
     -e 's/--split train=0.99,val=0.01/--split train=0.75,val=0.25/' readme.sh
 export OMP_NUM_THREADS=1
-if bash -e readme.sh >readme.out 2>&1; then
+if bash -e -o pipefail readme.sh >readme.out 2>&1; then
     pass "the README's commands run ($(grep -c . readme.sh) lines)"
 else
     fail "the README's commands run" "$(tail -5 readme.out)"

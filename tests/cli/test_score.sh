@@ -125,6 +125,29 @@ assert int(r["tokens"]) == sum(len(e["output_ids"]) for e in E)
 assert sum(int(x) for x in r["hist"].split(",")) == int(r["blocks"])
 EOF
 
+# The defaults --help shows (written in the option table by hand; the real
+# ones are set in check_options) are the ones a run without the options
+# records: offline labels, anchors, gamma (block 6), seed; online
+# max-new-tokens, temperature, top-k, top-p (--ignore-eos: every response
+# is max-new-tokens long).
+check "online with the default options" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/prompts.jsonl" --ignore-eos
+cp "$T/.out" "$T/on-default.tsv"
+check "  ... the defaults of --help are those the runs record" python3 - "$T/off.tsv" "$T/on-default.tsv" <<'EOF'
+import csv, re, subprocess, sys
+help = subprocess.run(["dflash-score", "--help"], capture_output=True, text=True, check=True).stdout
+text = re.sub(r"\n {20,}", " ", help)
+default = {m.group(1): m.group(2) for m in re.finditer(r"^ +(?:-\w, )?--([a-z-]+)[^\n]*\(default: ([^\n]*)\)$", text, re.M)}
+off = next(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
+on = next(csv.DictReader(open(sys.argv[2]), delimiter="\t"))
+assert off["labels"] == default["labels"], (off["labels"], default["labels"])
+assert default["anchors"] == "0" and off["anchors"] == "all" and off["seed"] == "", off
+assert default["gamma"] == "7 for B >= 16, 5 for B >= 10, else 4" and float(off["gamma"]) == 4, off["gamma"]
+assert on["max_new_tokens"] == default["max-new-tokens"], (on["max_new_tokens"], default["max-new-tokens"])
+assert int(on["tokens"]) == 3 * int(default["max-new-tokens"]), on["tokens"]
+assert float(on["temperature"]) == float(default["temperature"]) == 0 and on["seed"] == "", on
+assert default["top-k"] == default["top-p"] == "off" and on["top_k"] == on["top_p"] == "", on
+EOF
+
 # ---- refusals ----------------------------------------------------------------------------------
 expect_exit 65 "a stream tapping other layers" $SC --target "$T/target" --drafter "$T/d1" "$T/other.dfs"
 keep

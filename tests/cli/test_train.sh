@@ -93,6 +93,32 @@ json.dump(c, open('$T/drafter-mp.json', 'w'))"
 check "--init from a config with max_position_embeddings" $TS --target "$T/target" --init "$T/drafter-mp.json" --steps 0 --out "$T/mp"
 check "  ... keeps it" python3 -c "import json; v = json.load(open('$T/mp/config.json'))['max_position_embeddings']; assert v == 777, v"
 
+# ---- the defaults --help shows are the ones a run records ------------------------------------
+# The help's defaults are written in the option table by hand (the real ones
+# are set in options_default), so each is read back from a run that gives no
+# option: trainer_state.json's options. --total-steps defaults to the first
+# run's --steps, which cannot be 0: a --steps 0 run (a baseline to score)
+# records 1, and the help must say so.
+$TS --target "$T/target" --init "$T/drafter.json" --steps 3 --out "$T/defaults" "$T/train.dfs" 2>/dev/null
+$TS --target "$T/target" --init "$T/drafter.json" --steps 0 --out "$T/defaults0" 2>/dev/null
+check "the defaults of --help are those a run records (block size 6)" python3 - "$T/defaults" "$T/defaults0" <<'EOF2'
+import json, re, subprocess, sys
+help = subprocess.run(["dflash-train-step", "--help"], capture_output=True, text=True, check=True).stdout
+text = re.sub(r"\n {20,}", " ", help)  # the options' continuation lines
+default = {m.group(1): m.group(2) for m in re.finditer(r"^ +(?:-\w, )?--([a-z-]+)[^\n]*\(default: ([^\n]*)\)$", text, re.M)}
+o = json.load(open(sys.argv[1] + "/trainer_state.json"))["options"]
+o0 = json.load(open(sys.argv[2] + "/trainer_state.json"))["options"]
+for opt in ["anchors", "lr", "warmup-ratio", "weight-decay", "max-grad-norm", "batch-seqs", "batch-tokens",
+            "micro-rows", "noise-std"]:
+    assert float(default[opt]) == o[opt.replace("-", "_")], (opt, default[opt], o[opt.replace("-", "_")])
+for opt in ["loss", "labels", "loss-norm"]:
+    assert default[opt] == o[opt.replace("-", "_")], (opt, default[opt], o[opt.replace("-", "_")])
+assert default["gamma"] == "7 for B >= 16, 5 for B >= 10, else 4" and o["gamma"] == 4, (default["gamma"], o["gamma"])
+assert default["total-steps"].startswith("--steps of the first run") and o["total_steps"] == 3, o["total_steps"]
+assert o0["total_steps"] == 1, o0["total_steps"]
+assert default["total-steps"] == "--steps of the first run, or 1 when that is 0", default["total-steps"]
+EOF2
+
 # ---- resume: N then N more equals 2N, bit for bit ------------------------------------------
 O="$COMMON --total-steps 10 --seed 7"
 check "2N steps in one run" $TS $O --init "$T/drafter.json" --steps 10 --out "$T/r2n" "$T/train.dfs"
