@@ -310,11 +310,12 @@ void cuda_rmsnorm_bwd(void *din, float *dw, const void *dout, const void *in, co
 // dw[dim] += the sum of part[nparts][dim] over its rows, in a fixed order
 void cuda_sum_partials(float *dw, const float *part, int nparts, int dim);
 // rope.cu
-void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, int inverse);
+void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, float scale, int64_t T, int64_t nh, int64_t d,
+               int inverse);
 void cuda_qk_norm_rope(void *out, float *rstd, const void *in, const void *w, int plus_one, const int32_t *pos,
-                       const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps);
+                       const float *inv_freq, float scale, int64_t T, int64_t nh, int64_t d, float eps);
 void cuda_qk_norm_rope_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd, const void *w,
-                           const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d);
+                           const int32_t *pos, const float *inv_freq, float scale, int64_t T, int64_t nh, int64_t d);
 // elementwise.cu
 void cuda_swiglu(void *out, const void *gate, const void *up, int64_t n);
 void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,

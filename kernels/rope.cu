@@ -3,14 +3,15 @@
 //
 // One thread per (token, pair index): it computes the angle once, in f32
 // exactly as the CPU reference does (pos as float times inv_freq, then a
-// correctly range-reduced sincosf), and rotates that pair in every head.
+// correctly range-reduced sincosf, each of sin and cos times the scale),
+// and rotates that pair in every head.
 #include "common.cuh"
 
 // ---------------------------------------------------------------------------
 // CUDA kernels
 
-__global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, int64_t T, int nh, int d,
-                            float sign) {
+__global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, float scale, int64_t T, int nh,
+                            int d, float sign) {
     int half = d / 2;
     int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (idx >= T * half) return;
@@ -19,7 +20,8 @@ __global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, 
     float th = (float)pos[t] * inv_freq[i];
     float s, c;
     sincosf(th, &s, &c);
-    s *= sign;
+    c *= scale;
+    s = s * scale * sign;
     bf16 *row = x + t * (int64_t)nh * d;
     for (int h = 0; h < nh; h++) {
         bf16 *p = row + (int64_t)h * d;
@@ -49,18 +51,24 @@ constexpr int HEADS_PER_WARP = 8, MAX_K = 2;
 // f(i, sin[V], cos[V]) for every pair group i of the lane.
 template <int V>
 struct LaneAngles {
-    float sn[MAX_K][V], cs[MAX_K][V], p;
+    float sn[MAX_K][V], cs[MAX_K][V], p, scale;
     const float *inv_freq;
     int lane, half;
-    __device__ LaneAngles(float p_, const float *inv_freq_, int lane_, int half_)
-        : p(p_), inv_freq(inv_freq_), lane(lane_), half(half_) {
+    __device__ LaneAngles(float p_, const float *inv_freq_, float scale_, int lane_, int half_)
+        : p(p_), scale(scale_), inv_freq(inv_freq_), lane(lane_), half(half_) {
 #pragma unroll
         for (int k = 0; k < MAX_K; k++)
 #pragma unroll
             for (int v = 0; v < V; v++) {
                 const int i = lane * V + 32 * V * k + v;
-                if (i < half) sincosf(p * inv_freq[i], &sn[k][v], &cs[k][v]);
+                if (i < half) angle(i, &sn[k][v], &cs[k][v]);
             }
+    }
+    // sin and cos of pair i's angle, each times the scale (as rope_kernel)
+    __device__ __forceinline__ void angle(int i, float *s, float *c) const {
+        sincosf(p * inv_freq[i], s, c);
+        *s *= scale;
+        *c *= scale;
     }
     template <typename F>
     __device__ __forceinline__ void each(F f) const {
@@ -72,7 +80,7 @@ struct LaneAngles {
         for (int i = lane * V + 32 * V * MAX_K; i < half; i += 32 * V) {
             float s_[V], c_[V];
 #pragma unroll
-            for (int v = 0; v < V; v++) sincosf(p * inv_freq[i + v], &s_[v], &c_[v]);
+            for (int v = 0; v < V; v++) angle(i + v, &s_[v], &c_[v]);
             f(i, s_, c_);
         }
     }
@@ -165,13 +173,14 @@ __device__ __forceinline__ void norm_rotate_heads(bf16 *out, float *rstd, const 
 
 template <int V>
 __global__ void qk_norm_rope_kernel(bf16 *out, float *rstd, const bf16 *in, const bf16 *w, float w_add,
-                                    const int32_t *pos, const float *inv_freq, int64_t T, int nh, int d, float eps) {
+                                    const int32_t *pos, const float *inv_freq, float scale, int64_t T, int nh, int d,
+                                    float eps) {
     const int lane = threadIdx.x % 32, half = d / 2, groups = (nh + HEADS_PER_WARP - 1) / HEADS_PER_WARP;
     const int64_t wid = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     if (wid >= T * groups) return;
     const int64_t t = wid / groups;
     const int h0 = (int)(wid % groups) * HEADS_PER_WARP, h1 = h0 + HEADS_PER_WARP < nh ? h0 + HEADS_PER_WARP : nh;
-    const LaneAngles<V> ang((float)pos[t], inv_freq, lane, half);
+    const LaneAngles<V> ang((float)pos[t], inv_freq, scale, lane, half);
     if (half <= 32 * V) {
         norm_rotate_heads<V, 1>(out, rstd, in, w, w_add, ang, t * nh + h0, h1 - h0, d, eps);
         return;
@@ -292,7 +301,7 @@ __device__ __forceinline__ void norm_rotate_heads_bwd(bf16 *din, float *mydw, co
 template <int V>
 __global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *dout, const bf16 *in,
                                         const float *rstd, const bf16 *w, const int32_t *pos, const float *inv_freq,
-                                        int64_t T, int nh, int d, int64_t upb) {
+                                        float scale, int64_t T, int nh, int d, int64_t upb) {
     DYN_SMEM(float, sdw); // [nwarps][d]
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32, half = d / 2;
     const int groups = (nh + HEADS_PER_WARP - 1) / HEADS_PER_WARP;
@@ -304,7 +313,7 @@ __global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *d
     for (int64_t u = u0 + warp; u < u1; u += nwarps) {
         const int64_t t = u / groups;
         const int h0 = (int)(u % groups) * HEADS_PER_WARP, h1 = h0 + HEADS_PER_WARP < nh ? h0 + HEADS_PER_WARP : nh;
-        const LaneAngles<V> ang((float)pos[t], inv_freq, lane, half);
+        const LaneAngles<V> ang((float)pos[t], inv_freq, scale, lane, half);
         float *dwrow = dw_part ? mydw : NULL;
         if (half <= 32 * V) {
             norm_rotate_heads_bwd<V, 1>(din, dwrow, dout, in, rstd, w, ang, t * nh + h0, h1 - h0, d);
@@ -357,17 +366,18 @@ __global__ void qk_norm_rope_bwd_kernel(bf16 *din, float *dw_part, const bf16 *d
 // ---------------------------------------------------------------------------
 // kernel launchers
 
-void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, int inverse) {
+void cuda_rope(void *x, const int32_t *pos, const float *inv_freq, float scale, int64_t T, int64_t nh, int64_t d,
+               int inverse) {
     CU_ASSERT(x && pos && inv_freq && T >= 0 && nh > 0 && d > 0 && d % 2 == 0 && nh <= INT32_MAX && d <= INT32_MAX);
     int64_t n = T * (d / 2);
     if (n == 0) return;
     KLAUNCH(rope_kernel, (unsigned)CEIL_DIV(n, (int64_t)256), 256, 0)(
-        (bf16 *)x, pos, inv_freq, T, (int)nh, (int)d, inverse ? -1.0f : 1.0f);
+        (bf16 *)x, pos, inv_freq, scale, T, (int)nh, (int)d, inverse ? -1.0f : 1.0f);
     LAUNCH_CHECK();
 }
 
 void cuda_qk_norm_rope(void *out, float *rstd, const void *in, const void *w, int plus_one, const int32_t *pos,
-                       const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps) {
+                       const float *inv_freq, float scale, int64_t T, int64_t nh, int64_t d, float eps) {
     CU_ASSERT(out && in && w && pos && inv_freq && T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     CU_ASSERT(nh <= INT32_MAX && d <= INT32_MAX);
     if (T == 0) return;
@@ -377,17 +387,17 @@ void cuda_qk_norm_rope(void *out, float *rstd, const void *in, const void *w, in
     const float w_add = plus_one ? 1.0f : 0.0f;
     if ((d / 2) % 2 == 0 && is_aligned(out, 4) && is_aligned(in, 4) && is_aligned(w, 4))
         KLAUNCH(qk_norm_rope_kernel<2>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in, (const bf16 *)w,
-                                                             w_add, pos, inv_freq, T, (int)nh, (int)d, eps);
+                                                             w_add, pos, inv_freq, scale, T, (int)nh, (int)d, eps);
     else
         KLAUNCH(qk_norm_rope_kernel<1>, grid, warps * 32, 0)((bf16 *)out, rstd, (const bf16 *)in, (const bf16 *)w,
-                                                             w_add, pos, inv_freq, T, (int)nh, (int)d, eps);
+                                                             w_add, pos, inv_freq, scale, T, (int)nh, (int)d, eps);
     LAUNCH_CHECK();
 }
 
 // One wave of blocks (one_wave_blocks), as the RMSNorm backward.
 template <int V>
 static void launch_qk_bwd(bf16 *din, float *dw, const bf16 *dout, const bf16 *in, const float *rstd, const bf16 *w,
-                          const int32_t *pos, const float *inv_freq, int64_t T, int nh, int d) {
+                          const int32_t *pos, const float *inv_freq, float scale, int64_t T, int nh, int d) {
     const int warps = 4;
     const size_t smem = dw ? (size_t)warps * d * 4 : 0;
     static size_t smem_set = 48 << 10;
@@ -401,13 +411,14 @@ static void launch_qk_bwd(bf16 *din, float *dw, const bf16 *dout, const bf16 *in
     const int64_t nblk = one_wave_blocks(qk_norm_rope_bwd_kernel<V>, warps * 32, smem, units, warps, &upb);
     float *part = dw ? (float *)cuda_scratch(SCRATCH_OP, (size_t)nblk * d * 4) : NULL;
     KLAUNCH(qk_norm_rope_bwd_kernel<V>, (unsigned)nblk, warps * 32, smem)(din, part, dout, in, rstd, w, pos,
-                                                                          inv_freq, T, nh, d, upb);
+                                                                          inv_freq, scale, T, nh, d, upb);
     LAUNCH_CHECK();
     if (dw) cuda_sum_partials(dw, part, (int)nblk, d);
 }
 
 void cuda_qk_norm_rope_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd, const void *w,
-                           const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d) {
+                           const int32_t *pos, const float *inv_freq, float scale, int64_t T, int64_t nh,
+                           int64_t d) {
     CU_ASSERT(dout && in && rstd && w && pos && inv_freq && T >= 0 && nh > 0 && d > 0 && d % 2 == 0);
     CU_ASSERT(nh <= INT32_MAX && d <= INT32_MAX);
     CU_ASSERT((size_t)4 * d * 4 <= g_cuda.smem_optin);
@@ -415,8 +426,8 @@ void cuda_qk_norm_rope_bwd(void *din, float *dw, const void *dout, const void *i
     if ((d / 2) % 2 == 0 && (!din || is_aligned(din, 4)) && is_aligned(dout, 4) && is_aligned(in, 4) &&
         is_aligned(w, 4))
         launch_qk_bwd<2>((bf16 *)din, dw, (const bf16 *)dout, (const bf16 *)in, rstd, (const bf16 *)w, pos, inv_freq,
-                         T, (int)nh, (int)d);
+                         scale, T, (int)nh, (int)d);
     else
         launch_qk_bwd<1>((bf16 *)din, dw, (const bf16 *)dout, (const bf16 *)in, rstd, (const bf16 *)w, pos, inv_freq,
-                         T, (int)nh, (int)d);
+                         scale, T, (int)nh, (int)d);
 }

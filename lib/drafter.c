@@ -386,6 +386,7 @@ static dfl_drafter *drafter_create(const dfl_ops *ops, const dfl_drafter_config 
     d->inv_freq = ops->alloc((size_t)(cfg->D / 2) * 4);
     float *inv = dfl_malloc((size_t)(cfg->D / 2) * 4);
     dfl_rope_inv_freq(&cfg->mc, inv);
+    d->rope_scale = dfl_rope_scale(&cfg->mc);
     ops->upload(d->inv_freq, inv, (size_t)(cfg->D / 2) * 4);
     free(inv);
     return d;
@@ -578,7 +579,7 @@ void dfl_drafter_forward(dfl_drafter *d, const dfl_drafter_batch *b) {
         ops->rmsnorm(a->x1, a->rstd1, a->h, W->ln1, Q, H, eps);
         /* queries from the block rows only; q_norm per head before RoPE */
         ops->matmul(a->qpre, a->x1, W->q, Q, H, QD, 0);
-        ops->qk_norm_rope(a->q, a->rstd_q, a->qpre, W->qn, 0, qpos, d->inv_freq, Q, Hq, D, eps);
+        ops->qk_norm_rope(a->q, a->rstd_q, a->qpre, W->qn, 0, qpos, d->inv_freq, d->rope_scale, Q, Hq, D, eps);
         /* keys/values: context rows through THIS layer's k_proj/v_proj, then block rows */
         if (NC > 0) {
             ops->matmul(a->kpre, w->ctx, W->k, NC, H, KVD, 0);
@@ -586,7 +587,8 @@ void dfl_drafter_forward(dfl_drafter *d, const dfl_drafter_batch *b) {
         }
         ops->matmul(DFL_AT(ops, a->kpre, NC * KVD), a->x1, W->k, Q, H, KVD, 0);
         ops->matmul(DFL_AT(ops, a->v, NC * KVD), a->x1, W->v, Q, H, KVD, 0);
-        ops->qk_norm_rope(a->k, a->rstd_k, a->kpre, W->kn, 0, w->pos, d->inv_freq, NK, Hkv, D, eps);
+        ops->qk_norm_rope(a->k, a->rstd_k, a->kpre, W->kn, 0, w->pos, d->inv_freq, d->rope_scale, NK, Hkv, D,
+                          eps);
         ops->attn_dflash(a->att, a->lse, a->q, a->k, a->v, w->blocks, nblk, B, NK, Hq, Hkv, D);
         ops->copy(a->h1, a->h, hb);
         ops->matmul(a->h1, a->att, W->o, Q, QD, H, 1);
@@ -667,8 +669,10 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
                              Hq, Hkv, D);
         /* RoPE's backward (the inverse rotation), then the q/k norm's: one
          * pass each, writing dqpre and dkpre */
-        ops->qk_norm_rope_bwd(w->dqpre, G->qn, w->dq, a->qpre, a->rstd_q, W->qn, qpos, d->inv_freq, Q, Hq, D);
-        ops->qk_norm_rope_bwd(w->dkpre, G->kn, w->dk, a->kpre, a->rstd_k, W->kn, w->pos, d->inv_freq, NK, Hkv, D);
+        ops->qk_norm_rope_bwd(w->dqpre, G->qn, w->dq, a->qpre, a->rstd_q, W->qn, qpos, d->inv_freq, d->rope_scale, Q,
+                              Hq, D);
+        ops->qk_norm_rope_bwd(w->dkpre, G->kn, w->dk, a->kpre, a->rstd_k, W->kn, w->pos, d->inv_freq, d->rope_scale,
+                              NK, Hkv, D);
         ops->matmul_bwd(w->dx, G->q, w->dqpre, a->x1, W->q, Q, H, QD, first_dw);
         ops->matmul_bwd(w->dx, G->k, DFL_AT(ops, w->dkpre, NC * KVD), a->x1, W->k, Q, H, KVD, din | first_dw);
         ops->matmul_bwd(w->dx, G->v, DFL_AT(ops, w->dv, NC * KVD), a->x1, W->v, Q, H, KVD, din | first_dw);

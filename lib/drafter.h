@@ -125,6 +125,7 @@ struct dfl_drafter {
     float  target_eps;
     int    target_norm_plus_one; /* Qwen3.5's final norm scales by (1 + w) */
     float *inv_freq;                /* f32 [D/2] */
+    float  rope_scale;              /* on RoPE's cos and sin: dfl_rope_scale */
     struct dfl_drafter_ws *ws;      /* activations, grown as needed */
     int grad_fresh;                 /* dfl_drafter_start_grad was called and no backward has run
                                        since: the next one writes each weight matrix's gradient

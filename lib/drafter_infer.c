@@ -111,7 +111,8 @@ static void append_context(dfl_drafter_cache *dc, const void *feats, dfl_dtype d
         const dfl_drafter_layer *W = &d->W.layer[l];
         void *kd = DFL_AT(ops, dc->k[l], dc->len * KVD), *vd = DFL_AT(ops, dc->v[l], dc->len * KVD);
         ops->matmul(dc->kpre, dc->ctx, W->k, n, H, KVD, 0);
-        ops->qk_norm_rope(kd, NULL, dc->kpre, W->kn, 0, dc->pos_new, d->inv_freq, n, c->Hkv, c->D, c->eps);
+        ops->qk_norm_rope(kd, NULL, dc->kpre, W->kn, 0, dc->pos_new, d->inv_freq, d->rope_scale, n, c->Hkv, c->D,
+                          c->eps);
         ops->matmul(vd, dc->ctx, W->v, n, H, KVD, 0);
     }
     dc->len += n;
@@ -148,9 +149,11 @@ int dfl_drafter_draft(dfl_drafter_cache *dc, const void *feats, dfl_dtype dtype,
         void *kb = DFL_AT(ops, dc->k[l], len * KVD), *vb = DFL_AT(ops, dc->v[l], len * KVD);
         ops->rmsnorm(dc->x, NULL, dc->h, W->ln1, B, H, c->eps);
         ops->matmul(dc->qpre, dc->x, W->q, B, H, QD, 0);
-        ops->qk_norm_rope(dc->q, NULL, dc->qpre, W->qn, 0, dc->pos_blk, d->inv_freq, B, Hq, D, c->eps);
+        ops->qk_norm_rope(dc->q, NULL, dc->qpre, W->qn, 0, dc->pos_blk, d->inv_freq, d->rope_scale, B, Hq, D,
+                          c->eps);
         ops->matmul(dc->kpre, dc->x, W->k, B, H, KVD, 0);
-        ops->qk_norm_rope(kb, NULL, dc->kpre, W->kn, 0, dc->pos_blk, d->inv_freq, B, Hkv, D, c->eps);
+        ops->qk_norm_rope(kb, NULL, dc->kpre, W->kn, 0, dc->pos_blk, d->inv_freq, d->rope_scale, B, Hkv, D,
+                          c->eps);
         ops->matmul(vb, dc->x, W->v, B, H, KVD, 0);
         /* no lse: no backward follows (and the CUDA forward then does not
          * count key tiles for one) */

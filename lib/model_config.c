@@ -204,24 +204,9 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
     return 0;
 }
 
-/* rope_theta/rope_scaling (4.x) or rope_parameters (5.x). */
-static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
-    json_t *rp = json_object_get(j, "rope_parameters"), *rs = json_object_get(j, "rope_scaling");
-    const json_t *scaling = json_is_object(rp) ? rp : (json_is_object(rs) ? rs : NULL);
-    int rc = get_num(json_is_object(rp) ? rp : j, "rope_theta", json_is_object(rp) ? NAN : 10000.0, &c->rope_theta, path);
-    if (rc && json_is_object(rp)) rc = get_num(j, "rope_theta", NAN, &c->rope_theta, path);
-    if (rc) return rc;
-    /* f32 RoPE: a base of at least 1 keeps every frequency in (0, 1] */
-    if (!(c->rope_theta >= 1 && isfinite((float)c->rope_theta)))
-        return dfl_err(DFL_EX_DATA, "%s: \"rope_theta\" must be a float of at least 1", path);
-    c->rope_type = DFL_ROPE_DEFAULT;
-    if (!scaling) return 0;
-    json_t *t = json_object_get(scaling, "rope_type");
-    if (!t) t = json_object_get(scaling, "type");
-    const char *type = json_string_value(t) ? json_string_value(t) : "default";
-    if (!strcmp(type, "default")) return 0;
-    if (strcmp(type, "llama3"))
-        return dfl_err(DFL_EX_DATA, "%s: rope type \"%s\" is not supported (supported: default, llama3)", path, type);
+/* Llama 3.1's frequency bands (transformers _compute_llama3_parameters). */
+static int parse_llama3(dfl_model_config *c, const json_t *scaling, const char *path) {
+    int rc;
     c->rope_type = DFL_ROPE_LLAMA3;
     if ((rc = get_num(scaling, "factor", NAN, &c->rope_factor, path))) return rc;
     if ((rc = get_num(scaling, "low_freq_factor", NAN, &c->rope_low_freq_factor, path))) return rc;
@@ -234,6 +219,78 @@ static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
     if (!(factor >= 1 && isfinite(factor)) || !(lo > 0 && hi > lo && isfinite(hi)) || c->rope_original_max_pos < 1)
         return dfl_err(DFL_EX_DATA, "%s: llama3 rope factors are inconsistent", path);
     return 0;
+}
+
+/* YaRN's mscale (the paper's eq. 21): 0.1 m ln(s) + 1, and 1 for s <= 1. */
+static double yarn_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * log(s) + 1.0; }
+
+/* A number key where absent, null and 0 all mean the default, as
+ * transformers reads YaRN's optional keys (`get(key) or default`). */
+static int get_num_or(const json_t *o, const char *key, double def, double *out, const char *path) {
+    int rc = get_num(o, key, def, out, path);
+    if (!rc && *out == 0) *out = def;
+    return rc;
+}
+
+/* YaRN (transformers 5 _compute_yarn_parameters): the factor as given
+ * (transformers 4.x replaced it by max_position_embeddings /
+ * original_max_position_embeddings when both were present), the
+ * pretraining length from the top-level key, else from the scaling, else
+ * max_position_embeddings. */
+static int parse_yarn(dfl_model_config *c, const json_t *j, const json_t *scaling, const char *path) {
+    int rc, trunc = 1;
+    double att = NAN, ms = 0, ms_all = 0;
+    c->rope_type = DFL_ROPE_YARN;
+    if ((rc = get_num(scaling, "factor", NAN, &c->rope_factor, path))) return rc;
+    int64_t orig = c->max_position_embeddings > 0 ? c->max_position_embeddings : -2;
+    const json_t *from = json_object_get(j, "original_max_position_embeddings") ? j : scaling;
+    if ((rc = get_int(from, "original_max_position_embeddings", orig, &c->rope_original_max_pos, path))) return rc;
+    if ((rc = get_num_or(scaling, "beta_fast", 32, &c->rope_beta_fast, path))) return rc;
+    if ((rc = get_num_or(scaling, "beta_slow", 1, &c->rope_beta_slow, path))) return rc;
+    const json_t *af = json_object_get(scaling, "attention_factor");
+    if (af && !json_is_null(af) && (rc = get_num(scaling, "attention_factor", NAN, &att, path))) return rc;
+    if ((rc = get_num(scaling, "mscale", 0, &ms, path)) || (rc = get_num(scaling, "mscale_all_dim", 0, &ms_all, path)))
+        return rc;
+    json_t *t = json_object_get(scaling, "truncate");
+    if (t && !json_is_null(t) && !json_is_boolean(t))
+        return dfl_err(DFL_EX_DATA, "%s: \"truncate\" is not true or false", path);
+    if (json_is_false(t)) trunc = 0;
+    c->rope_truncate = trunc;
+    if (!(c->rope_factor >= 1 && isfinite((float)c->rope_factor)))
+        return dfl_err(DFL_EX_DATA, "%s: yarn rope \"factor\" must be a float of at least 1", path);
+    if (c->rope_original_max_pos < 1)
+        return dfl_err(DFL_EX_DATA, "%s: yarn rope \"original_max_position_embeddings\" must be positive", path);
+    if (!(c->rope_beta_fast > 0 && c->rope_beta_slow > 0 && isfinite(c->rope_beta_fast) && isfinite(c->rope_beta_slow)))
+        return dfl_err(DFL_EX_DATA, "%s: yarn rope \"beta_fast\" and \"beta_slow\" must be positive", path);
+    if (isnan(att))
+        att = ms != 0 && ms_all != 0 ? yarn_mscale(c->rope_factor, ms) / yarn_mscale(c->rope_factor, ms_all)
+                                     : yarn_mscale(c->rope_factor, 1);
+    if (!(att > 0 && isfinite((float)att)))
+        return dfl_err(DFL_EX_DATA, "%s: yarn rope attention factor %g is not a positive float", path, att);
+    c->rope_attention_factor = att;
+    return 0;
+}
+
+/* rope_theta/rope_scaling (4.x) or rope_parameters (5.x). */
+static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
+    json_t *rp = json_object_get(j, "rope_parameters"), *rs = json_object_get(j, "rope_scaling");
+    const json_t *scaling = json_is_object(rp) ? rp : (json_is_object(rs) ? rs : NULL);
+    int rc = get_num(json_is_object(rp) ? rp : j, "rope_theta", json_is_object(rp) ? NAN : 10000.0, &c->rope_theta, path);
+    if (rc && json_is_object(rp)) rc = get_num(j, "rope_theta", NAN, &c->rope_theta, path);
+    if (rc) return rc;
+    /* f32 RoPE: a base of at least 1 keeps every frequency in (0, 1] */
+    if (!(c->rope_theta >= 1 && isfinite((float)c->rope_theta)))
+        return dfl_err(DFL_EX_DATA, "%s: \"rope_theta\" must be a float of at least 1", path);
+    c->rope_type = DFL_ROPE_DEFAULT;
+    c->rope_attention_factor = 1;
+    if (!scaling) return 0;
+    json_t *t = json_object_get(scaling, "rope_type");
+    if (!t) t = json_object_get(scaling, "type");
+    const char *type = json_string_value(t) ? json_string_value(t) : "default";
+    if (!strcmp(type, "default")) return 0;
+    if (!strcmp(type, "llama3")) return parse_llama3(c, scaling, path);
+    if (!strcmp(type, "yarn")) return parse_yarn(c, j, scaling, path);
+    return dfl_err(DFL_EX_DATA, "%s: rope type \"%s\" is not supported (supported: default, llama3, yarn)", path, type);
 }
 
 static void parse_token_ids(dfl_model_config *c, const json_t *j) {
@@ -432,12 +489,8 @@ void dfl_model_config_free(dfl_model_config *c) {
     c->json = NULL;
 }
 
-void dfl_rope_inv_freq(const dfl_model_config *c, float *inv_freq) {
-    int64_t half = c->head_dim / 2, rot = c->rotary_dim ? c->rotary_dim : c->head_dim;
-    float base = (float)c->rope_theta;
-    for (int64_t i = 0; i < half; i++) inv_freq[i] = 2 * i < rot ? 1.0f / powf(base, (float)(2 * i) / (float)rot) : 0.0f;
-    if (c->rope_type != DFL_ROPE_LLAMA3) return;
-    /* transformers _compute_llama3_parameters */
+/* transformers _compute_llama3_parameters, on the default frequencies */
+static void llama3_bands(const dfl_model_config *c, float *inv_freq, int64_t half) {
     float factor = (float)c->rope_factor, lo = (float)c->rope_low_freq_factor, hi = (float)c->rope_high_freq_factor;
     float old = (float)c->rope_original_max_pos, low_wl = old / lo, high_wl = old / hi;
     for (int64_t i = 0; i < half; i++) {
@@ -449,6 +502,44 @@ void dfl_rope_inv_freq(const dfl_model_config *c, float *inv_freq) {
         }
         inv_freq[i] = scaled;
     }
+}
+
+/* The dimension (of `rot`) whose wavelength fits `rotations` times into the
+ * pretraining length (in double, as transformers' Python). */
+static double yarn_dim(double rotations, int64_t rot, double base, double orig) {
+    return (double)rot * log(orig / (rotations * 2 * M_PI)) / (2 * log(base));
+}
+
+/* transformers _compute_yarn_parameters: each frequency is the pretrained
+ * one (extrapolation) below the ramp, the one divided by factor
+ * (interpolation) above it, a linear mix on it; in f32 as torch computes,
+ * from the same powers as the default frequencies. */
+static void yarn_mix(const dfl_model_config *c, float *inv_freq, int64_t rot) {
+    double base = c->rope_theta, orig = (double)c->rope_original_max_pos;
+    double low = yarn_dim(c->rope_beta_fast, rot, base, orig), high = yarn_dim(c->rope_beta_slow, rot, base, orig);
+    if (c->rope_truncate) low = floor(low), high = ceil(high);
+    low = fmax(low, 0), high = fmin(high, (double)(rot - 1));
+    if (low == high) high += 0.001; /* transformers: no division by zero */
+    const float lo = (float)low, span = (float)(high - low), factor = (float)c->rope_factor;
+    for (int64_t i = 0; i < rot / 2; i++) {
+        float pos_freq = powf((float)base, (float)(2 * i) / (float)rot);
+        float ramp = fminf(fmaxf(((float)i - lo) / span, 0.0f), 1.0f), extra = 1.0f - ramp;
+        float interp_part = (1.0f / (factor * pos_freq)) * (1.0f - extra);
+        float extra_part = (1.0f / pos_freq) * extra;
+        inv_freq[i] = interp_part + extra_part;
+    }
+}
+
+void dfl_rope_inv_freq(const dfl_model_config *c, float *inv_freq) {
+    int64_t half = c->head_dim / 2, rot = c->rotary_dim ? c->rotary_dim : c->head_dim;
+    float base = (float)c->rope_theta;
+    for (int64_t i = 0; i < half; i++) inv_freq[i] = 2 * i < rot ? 1.0f / powf(base, (float)(2 * i) / (float)rot) : 0.0f;
+    if (c->rope_type == DFL_ROPE_LLAMA3) llama3_bands(c, inv_freq, half);
+    if (c->rope_type == DFL_ROPE_YARN) yarn_mix(c, inv_freq, rot);
+}
+
+float dfl_rope_scale(const dfl_model_config *c) {
+    return c->rope_type == DFL_ROPE_YARN ? (float)c->rope_attention_factor : 1.0f;
 }
 
 void dfl_default_layer_ids(int L, int n, int *ids) {

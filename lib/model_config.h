@@ -22,7 +22,7 @@
 /* The most decoder layers a config may have (a layer count fits an int). */
 #define DFL_MAX_LAYERS 100000
 
-typedef enum { DFL_ROPE_DEFAULT = 0, DFL_ROPE_LLAMA3 = 1 } dfl_rope_type;
+typedef enum { DFL_ROPE_DEFAULT = 0, DFL_ROPE_LLAMA3 = 1, DFL_ROPE_YARN = 2 } dfl_rope_type;
 
 typedef struct {
     char    architecture[64];   /* architectures[0] */
@@ -56,6 +56,10 @@ typedef struct {
     double  rope_theta;
     double  rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int64_t rope_original_max_pos;
+    /* YaRN: the ramp's bounds (in rotations), whether its ends are rounded
+     * to whole dimensions, and the factor on cos and sin */
+    double  rope_beta_fast, rope_beta_slow, rope_attention_factor;
+    int     rope_truncate;
     /* token ids (-1 if absent); eos may be a list */
     int64_t bos_token_id;
     int     n_eos;
@@ -86,10 +90,14 @@ int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i);
 void dfl_model_config_moe_layers(const dfl_model_config *c, int64_t n, unsigned char *sparse);
 
 /* RoPE inverse frequencies, head_dim/2 floats, computed in f32 as
- * transformers does (including the llama3 rescaling). With a partial
- * rotary_dim, the first rotary_dim/2 are those of a rotary_dim-wide RoPE
- * and the rest are 0 (no rotation). */
+ * transformers does (including the llama3 and YaRN rescalings). With a
+ * partial rotary_dim, the first rotary_dim/2 are those of a rotary_dim-wide
+ * RoPE and the rest are 0 (no rotation). */
 void dfl_rope_inv_freq(const dfl_model_config *c, float *inv_freq);
+/* The factor on RoPE's cos and sin (transformers' attention_scaling): YaRN's
+ * attention factor, 1 for the other types. It scales q and k both, so the
+ * attention logits by its square. */
+float dfl_rope_scale(const dfl_model_config *c);
 
 /* The reference default tap rule (spec §1.2): n taps spread over [1, L-3],
  * Python round() (half to even); one tap is L/2. Writes n ids. */

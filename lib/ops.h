@@ -110,10 +110,14 @@ struct dfl_ops {
      * round 1 + w to bf16 on CUDA (up to 2^-8 relative, per channel). */
     void (*rmsnorm1p)(void *out, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
     /* Rotate x[T, nh, d] in place, NeoX pairing (i, i + d/2): with
-     * th = pos[t] * inv_freq[i], x_i' = x_i cos th - x_{i+d/2} sin th and
-     * x_{i+d/2}' = x_{i+d/2} cos th + x_i sin th. inverse = 1 rotates by -th
-     * (the backward pass). pos: i32 [T]; inv_freq: f32 [d/2]. */
-    void (*rope)(void *x, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, int inverse);
+     * th = pos[t] * inv_freq[i], c = cos th * scale and s = sin th * scale
+     * (each rounded to f32, as transformers scales its cos and sin tables),
+     * x_i' = x_i c - x_{i+d/2} s and x_{i+d/2}' = x_{i+d/2} c + x_i s.
+     * inverse = 1 uses -s: the transpose, which is the backward pass (and
+     * the inverse when scale is 1). pos: i32 [T]; inv_freq: f32 [d/2];
+     * scale: YaRN's attention factor, else 1 (dfl_rope_scale). */
+    void (*rope)(void *x, const int32_t *pos, const float *inv_freq, float scale, int64_t T, int64_t nh, int64_t d,
+                 int inverse);
     /* A per-head q/k norm and its RoPE in one pass (the forward of targets
      * and drafters): for each row (t, h) of in[T, nh, d], y = in * rstd * w
      * (plus_one: * (1 + w), as rmsnorm1p), then out = y rotated as rope
@@ -121,14 +125,14 @@ struct dfl_ops {
      * then rope on out. rstd[T * nh] (f32) is saved as rmsnorm saves it
      * when not NULL (training: qk_norm_rope_bwd reads it). out may alias in. */
     void (*qk_norm_rope)(void *out, float *rstd, const void *in, const void *w, int plus_one, const int32_t *pos,
-                         const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps);
+                         const float *inv_freq, float scale, int64_t T, int64_t nh, int64_t d, float eps);
     /* Its backward (plain norms, plus_one 0): dout rotated back (rope's
      * inverse), then rmsnorm_bwd from the saved rstd, except that din is
      * written, not added to (no zeroing pass before it); dw[d] (f32) is
      * added to. din may be NULL. */
     void (*qk_norm_rope_bwd)(void *din, float *dw, const void *dout, const void *in, const float *rstd,
-                             const void *w, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh,
-                             int64_t d);
+                             const void *w, const int32_t *pos, const float *inv_freq, float scale, int64_t T,
+                             int64_t nh, int64_t d);
     /* out = silu(gate) * up, elementwise (out may alias gate or up). */
     void (*swiglu)(void *out, const void *gate, const void *up, int64_t n);
     /* dgate = dout * up * silu'(gate), dup = dout * silu(gate), each plus

@@ -276,9 +276,10 @@ static void cpu_rmsnorm_bwd(void *din_, float *dw, const void *dout_, const void
 
 /* NeoX rotate-half RoPE on x[T, nh, d], in place. The angle is the f32
  * product pos * inv_freq (transformers' f32 matmul of one term), its cos and
- * sin in f32; inverse rotates by -angle, the exact backward pass. */
-static void cpu_rope(void *x_, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d,
-                     int inverse) {
+ * sin in f32, each times scale in f32; inverse negates the sine, the exact
+ * backward pass. */
+static void cpu_rope(void *x_, const int32_t *pos, const float *inv_freq, float scale, int64_t T, int64_t nh,
+                     int64_t d, int inverse) {
     DFL_ASSERT(d % 2 == 0);
     float *x = x_;
     int64_t half = d / 2;
@@ -288,7 +289,8 @@ static void cpu_rope(void *x_, const int32_t *pos, const float *inv_freq, int64_
         float *xt = x + t * nh * d;
         for (int64_t i = 0; i < half; i++) {
             float th = p * inv_freq[i];
-            float c = cosf(th), s = inverse ? -sinf(th) : sinf(th);
+            float c = cosf(th) * scale, s = sinf(th) * scale;
+            if (inverse) s = -s;
             for (int64_t h = 0; h < nh; h++) {
                 float *xh = xt + h * d;
                 float x0 = xh[i], x1 = xh[i + half];
@@ -301,20 +303,21 @@ static void cpu_rope(void *x_, const int32_t *pos, const float *inv_freq, int64_
 
 /* The composition, which is what the op is defined as. */
 static void cpu_qk_norm_rope(void *out, float *rstd, const void *in, const void *w, int plus_one,
-                             const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh, int64_t d, float eps) {
+                             const int32_t *pos, const float *inv_freq, float scale, int64_t T, int64_t nh, int64_t d,
+                             float eps) {
     rmsnorm_rows(out, rstd, in, w, plus_one ? 1.0f : 0.0f, T * nh, d, eps);
-    cpu_rope(out, pos, inv_freq, T, nh, d, 0);
+    cpu_rope(out, pos, inv_freq, scale, T, nh, d, 0);
 }
 
 /* The composition again: rope's inverse on a copy of dout, then the norm's
  * backward into a zeroed din. */
 static void cpu_qk_norm_rope_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd,
-                                 const void *w, const int32_t *pos, const float *inv_freq, int64_t T, int64_t nh,
-                                 int64_t d) {
+                                 const void *w, const int32_t *pos, const float *inv_freq, float scale, int64_t T,
+                                 int64_t nh, int64_t d) {
     const size_t bytes = (size_t)(T * nh * d) * sizeof(float);
     float *g = dfl_malloc(bytes);
     memcpy(g, dout, bytes);
-    cpu_rope(g, pos, inv_freq, T, nh, d, 1);
+    cpu_rope(g, pos, inv_freq, scale, T, nh, d, 1);
     if (din) memset(din, 0, bytes);
     cpu_rmsnorm_bwd(din, dw, g, in, rstd, w, T * nh, d);
     free(g);

@@ -584,11 +584,12 @@ void dfl_target_qk_rope(const dfl_target *t, void *out, const void *in, const vo
                         int64_t T, int64_t nh) {
     const dfl_model_config *c = &t->cfg;
     if (c->qk_norm) {
-        t->ops->qk_norm_rope(out, NULL, in, norm_w, c->norm_plus_one, pos, t->inv_freq, T, nh, c->head_dim,
+        t->ops->qk_norm_rope(out, NULL, in, norm_w, c->norm_plus_one, pos, t->inv_freq, dfl_rope_scale(c), T, nh,
+                             c->head_dim,
                              (float)c->rms_norm_eps);
     } else {
         DFL_ASSERT(out == in);
-        t->ops->rope(out, pos, t->inv_freq, T, nh, c->head_dim, 0);
+        t->ops->rope(out, pos, t->inv_freq, dfl_rope_scale(c), T, nh, c->head_dim, 0);
     }
 }
 

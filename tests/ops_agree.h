@@ -274,36 +274,40 @@ static void rmsnorm_agrees(void) {
     if (AG_BIG) rmsnorm_case(4099, 4096);
 }
 
-static void rope_case(int64_t T, int64_t nh, int64_t d) {
+/* scale: 1, or a YaRN attention factor (the same f32 products on both sides) */
+static void rope_case(int64_t T, int64_t nh, int64_t d, float scale) {
     float *hx = ag_randn(T * nh * d, 1);
     int32_t *pos = dfl_malloc((size_t)T * 4);
     float *inv = dfl_malloc((size_t)(d / 2) * 4);
     for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)dfl_rng_below(&AG_RNG, 40960);
     for (int64_t i = 0; i < d / 2; i++) inv[i] = (float)pow(1e6, -2.0 * (double)i / (double)d);
     ag_pair x = ag_new(hx, T * nh * d, AG_ACT), p = ag_new(pos, T, AG_I32), f = ag_new(inv, d / 2, AG_F32);
-    REF->rope(x.r, p.r, f.r, T, nh, d, 0);
-    DEV->rope(x.d, p.d, f.d, T, nh, d, 0);
-    ag_check("rope", &x, NMSE_ROUND);
-    REF->rope(x.r, p.r, f.r, T, nh, d, 1);
-    DEV->rope(x.d, p.d, f.d, T, nh, d, 1);
-    ag_check("rope, then inverse", &x, NMSE_ROUND);
-    float *back = ag_get(DEV, x.d, T * nh * d, AG_ACT); /* the inverse undoes it (to bf16 roundings) */
+    REF->rope(x.r, p.r, f.r, scale, T, nh, d, 0);
+    DEV->rope(x.d, p.d, f.d, scale, T, nh, d, 0);
+    ag_check(scale == 1 ? "rope" : "rope, scaled", &x, NMSE_ROUND);
+    REF->rope(x.r, p.r, f.r, scale, T, nh, d, 1);
+    DEV->rope(x.d, p.d, f.d, scale, T, nh, d, 1);
+    ag_check(scale == 1 ? "rope, then inverse" : "rope, then inverse, scaled", &x, NMSE_ROUND);
+    /* the transpose undoes it but for scale^2 (to bf16 roundings) */
+    float *back = ag_get(DEV, x.d, T * nh * d, AG_ACT);
+    for (int64_t i = 0; i < T * nh * d; i++) back[i] /= scale * scale;
     double e = t_nmse_f32(back, hx, T * nh * d);
-    T_CHECKF(e < 4 * NMSE_ROUND, "rope inverse does not undo rope: nmse %.3g", e);
+    T_CHECKF(e < 4 * NMSE_ROUND, "rope's transpose does not undo rope (scale %g): nmse %.3g", scale, e);
     ag_free(&x), ag_free(&p), ag_free(&f);
     free(hx), free(pos), free(inv), free(back);
 }
 
 static void rope_agrees(void) {
-    rope_case(19, 3, 64);
-    rope_case(7, 5, 10);
+    rope_case(19, 3, 64, 1.0f);
+    rope_case(7, 5, 10, 1.0f);
+    rope_case(19, 3, 64, 1.1386294f); /* YaRN's factor for a context 4x the pretrained */
 }
 
 /* qk_norm_rope against the CPU's composition (rmsnorm or rmsnorm1p, then
  * rope); the CUDA kernel rounds once where the two ops round twice; rstd
  * as rmsnorm saves it. Also in place (out = in), as the op allows, and
  * without rstd. */
-static void qk_norm_rope_case(int64_t T, int64_t nh, int64_t d, int plus_one) {
+static void qk_norm_rope_case(int64_t T, int64_t nh, int64_t d, int plus_one, float scale) {
     float *hx = ag_randn(T * nh * d, 3), *hw = ag_randn(d, 0.5);
     int32_t *pos = dfl_malloc((size_t)T * 4);
     float *inv = dfl_malloc((size_t)(d / 2) * 4);
@@ -313,14 +317,15 @@ static void qk_norm_rope_case(int64_t T, int64_t nh, int64_t d, int plus_one) {
     ag_pair f = ag_new(inv, d / 2, AG_F32), out = ag_new(NULL, T * nh * d, AG_ACT);
     ag_pair rstd = ag_new(NULL, T * nh, AG_F32);
     char what[64];
-    REF->qk_norm_rope(out.r, rstd.r, x.r, w.r, plus_one, p.r, f.r, T, nh, d, 1e-6f);
-    DEV->qk_norm_rope(out.d, rstd.d, x.d, w.d, plus_one, p.d, f.d, T, nh, d, 1e-6f);
-    snprintf(what, sizeof what, "qk_norm_rope d%d%s", (int)d, plus_one ? " (1 + w)" : "");
+    REF->qk_norm_rope(out.r, rstd.r, x.r, w.r, plus_one, p.r, f.r, scale, T, nh, d, 1e-6f);
+    DEV->qk_norm_rope(out.d, rstd.d, x.d, w.d, plus_one, p.d, f.d, scale, T, nh, d, 1e-6f);
+    snprintf(what, sizeof what, "qk_norm_rope d%d%s%s", (int)d, plus_one ? " (1 + w)" : "",
+             scale != 1 ? " scaled" : "");
     ag_check(what, &out, NMSE_ROUND);
     snprintf(what, sizeof what, "qk_norm_rope d%d rstd", (int)d);
     ag_check(what, &rstd, NMSE_F32);
-    REF->qk_norm_rope(x.r, NULL, x.r, w.r, plus_one, p.r, f.r, T, nh, d, 1e-6f);
-    DEV->qk_norm_rope(x.d, NULL, x.d, w.d, plus_one, p.d, f.d, T, nh, d, 1e-6f);
+    REF->qk_norm_rope(x.r, NULL, x.r, w.r, plus_one, p.r, f.r, scale, T, nh, d, 1e-6f);
+    DEV->qk_norm_rope(x.d, NULL, x.d, w.d, plus_one, p.d, f.d, scale, T, nh, d, 1e-6f);
     snprintf(what, sizeof what, "qk_norm_rope d%d in place", (int)d);
     ag_check(what, &x, NMSE_ROUND);
     ag_free(&x), ag_free(&w), ag_free(&p), ag_free(&f), ag_free(&out), ag_free(&rstd);
@@ -330,7 +335,7 @@ static void qk_norm_rope_case(int64_t T, int64_t nh, int64_t d, int plus_one) {
 /* its backward, both from the reference's rstd (identical inputs): din
  * pre-filled with noise that must be overwritten, dw with values that the
  * gradient is added to */
-static void qk_norm_rope_bwd_case(int64_t T, int64_t nh, int64_t d) {
+static void qk_norm_rope_bwd_case(int64_t T, int64_t nh, int64_t d, float scale) {
     const int64_t n = T * nh * d;
     float *hx = ag_randn(n, 3), *hw = ag_randn(d, 0.5), *hd = ag_randn(n, 1);
     int32_t *pos = dfl_malloc((size_t)T * 4);
@@ -340,19 +345,19 @@ static void qk_norm_rope_bwd_case(int64_t T, int64_t nh, int64_t d) {
     ag_pair x = ag_new(hx, n, AG_ACT), w = ag_new(hw, d, AG_ACT), dout = ag_new(hd, n, AG_ACT);
     ag_pair p = ag_new(pos, T, AG_I32), f = ag_new(inv, d / 2, AG_F32);
     ag_pair out = ag_new(NULL, n, AG_ACT), rstd = ag_new(NULL, T * nh, AG_F32);
-    REF->qk_norm_rope(out.r, rstd.r, x.r, w.r, 0, p.r, f.r, T, nh, d, 1e-6f);
+    REF->qk_norm_rope(out.r, rstd.r, x.r, w.r, 0, p.r, f.r, scale, T, nh, d, 1e-6f);
     float *hr = ag_get(REF, rstd.r, T * nh, AG_F32);
     DEV->upload(rstd.d, hr, (size_t)(T * nh) * 4);
     ag_pair din = ag_grad(n, AG_ACT, 5.0), dw = ag_grad(d, AG_F32, 3.0);
-    REF->qk_norm_rope_bwd(din.r, dw.r, dout.r, x.r, rstd.r, w.r, p.r, f.r, T, nh, d);
-    DEV->qk_norm_rope_bwd(din.d, dw.d, dout.d, x.d, rstd.d, w.d, p.d, f.d, T, nh, d);
+    REF->qk_norm_rope_bwd(din.r, dw.r, dout.r, x.r, rstd.r, w.r, p.r, f.r, scale, T, nh, d);
+    DEV->qk_norm_rope_bwd(din.d, dw.d, dout.d, x.d, rstd.d, w.d, p.d, f.d, scale, T, nh, d);
     char what[64];
-    snprintf(what, sizeof what, "qk_norm_rope_bwd d%d din", (int)d);
+    snprintf(what, sizeof what, "qk_norm_rope_bwd d%d%s din", (int)d, scale != 1 ? " scaled" : "");
     ag_check(what, &din, NMSE_ROUND);
     snprintf(what, sizeof what, "qk_norm_rope_bwd d%d dw (+=)", (int)d);
     ag_check(what, &dw, NMSE_F32);
-    REF->qk_norm_rope_bwd(NULL, dw.r, dout.r, x.r, rstd.r, w.r, p.r, f.r, T, nh, d);
-    DEV->qk_norm_rope_bwd(NULL, dw.d, dout.d, x.d, rstd.d, w.d, p.d, f.d, T, nh, d);
+    REF->qk_norm_rope_bwd(NULL, dw.r, dout.r, x.r, rstd.r, w.r, p.r, f.r, scale, T, nh, d);
+    DEV->qk_norm_rope_bwd(NULL, dw.d, dout.d, x.d, rstd.d, w.d, p.d, f.d, scale, T, nh, d);
     snprintf(what, sizeof what, "qk_norm_rope_bwd d%d dw (din NULL)", (int)d);
     ag_check(what, &dw, NMSE_F32);
     ag_free(&x), ag_free(&w), ag_free(&dout), ag_free(&p), ag_free(&f), ag_free(&out), ag_free(&rstd);
@@ -361,14 +366,19 @@ static void qk_norm_rope_bwd_case(int64_t T, int64_t nh, int64_t d) {
 }
 
 static void qk_norm_rope_agrees(void) {
-    qk_norm_rope_case(37, 8, 128, 0); /* the Qwen3 head; pairs of pairs */
-    qk_norm_rope_case(9, 3, 256, 1);  /* Qwen3.5's, (1 + w); two passes a lane */
-    qk_norm_rope_case(11, 2, 10, 0);  /* an odd half: one pair a lane */
-    qk_norm_rope_case(5, 12, 576, 0); /* two head groups; angles past the cached ones */
-    qk_norm_rope_bwd_case(300, 8, 128); /* the drafter's q/k: many units a block, several blocks */
-    qk_norm_rope_bwd_case(7, 12, 64);   /* two head groups, the second part-full */
-    qk_norm_rope_bwd_case(11, 2, 10);   /* an odd half: one pair a lane */
-    qk_norm_rope_bwd_case(5, 3, 576);   /* angles past the cached ones */
+    const float yarn = 1.1386294f; /* YaRN's factor on cos and sin, a context 4x the pretrained */
+    qk_norm_rope_case(37, 8, 128, 0, 1); /* the Qwen3 head; pairs of pairs */
+    qk_norm_rope_case(37, 8, 128, 0, yarn);
+    qk_norm_rope_case(9, 3, 256, 1, 1);  /* Qwen3.5's, (1 + w); two passes a lane */
+    qk_norm_rope_case(11, 2, 10, 0, 1);  /* an odd half: one pair a lane */
+    qk_norm_rope_case(5, 12, 576, 0, 1); /* two head groups; angles past the cached ones */
+    qk_norm_rope_case(5, 12, 576, 0, yarn);
+    qk_norm_rope_bwd_case(300, 8, 128, 1); /* the drafter's q/k: many units a block, several blocks */
+    qk_norm_rope_bwd_case(300, 8, 128, yarn);
+    qk_norm_rope_bwd_case(7, 12, 64, 1);   /* two head groups, the second part-full */
+    qk_norm_rope_bwd_case(11, 2, 10, 1);   /* an odd half: one pair a lane */
+    qk_norm_rope_bwd_case(5, 3, 576, 1);   /* angles past the cached ones */
+    qk_norm_rope_bwd_case(5, 3, 576, yarn);
 }
 
 static void swiglu_case(int64_t n) {

@@ -13,7 +13,7 @@ ids_upto() { seq -s, 0 $(($1 - 1)); }
 nlayers() { sed -n 's/.*"num_hidden_layers": *\([0-9]*\).*/\1/p' "$TG/$1/config.json"; }
 
 # Every layer of every model, with target ids and the pre-norm last state.
-for m in qwen3-tied qwen3-untied llama3 qwen3-sharded qwen35 qwen35-vlm; do
+for m in qwen3-tied qwen3-untied llama3 qwen3-yarn qwen3-sharded qwen35 qwen35-vlm; do
     L=$(nlayers $m)
     all=$(ids_upto "$L")
     check "$m: extract all layers" dflash-extract --model "$TG/$m" --layers "$all" --with target-ids \
@@ -152,15 +152,15 @@ check "--skip-bad: output verifies" "$CMP" "$TG/qwen3-tied/reference" "$T/skip.d
 if grep -q '^samples: 3$' "$T/.out"; then pass "--skip-bad: the 3 good samples written"; else fail "--skip-bad: the 3 good samples written" "$(cat "$T/.out")"; fi
 
 # Broken models and bad options.
-mkdir -p "$T/trunc" "$T/yarn" "$T/arch"
+mkdir -p "$T/trunc" "$T/dynamic" "$T/arch"
 cp "$TG/qwen3-tied/config.json" "$T/trunc/"
 head -c 500000 "$TG/qwen3-tied/model.safetensors" >"$T/trunc/model.safetensors"
 expect_exit 65 "truncated safetensors: exit 65" dflash-extract -m "$T/trunc" -l 1,4 -o "$T/x.dfs" "$good"
-cp "$TG/qwen3-tied/model.safetensors" "$T/yarn/"
-sed 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}/' \
-    "$TG/qwen3-tied/config.json" >"$T/yarn/config.json"
-expect_exit 65 "rope yarn: exit 65" dflash-extract -m "$T/yarn" -l 1,4 -o "$T/x.dfs" "$good"
-if grep -q yarn "$T/.err"; then pass "rope yarn: message names it"; else fail "rope yarn: message names it" "$(cat "$T/.err")"; fi
+cp "$TG/qwen3-tied/model.safetensors" "$T/dynamic/"
+sed 's/"rope_scaling": null/"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}/' \
+    "$TG/qwen3-tied/config.json" >"$T/dynamic/config.json"
+expect_exit 65 "rope dynamic: exit 65" dflash-extract -m "$T/dynamic" -l 1,4 -o "$T/x.dfs" "$good"
+if grep -q dynamic "$T/.err"; then pass "rope dynamic: message names it"; else fail "rope dynamic: message names it" "$(cat "$T/.err")"; fi
 cp "$TG/qwen3-tied/model.safetensors" "$T/arch/"
 sed 's/Qwen3ForCausalLM/GPT2LMHeadModel/' "$TG/qwen3-tied/config.json" >"$T/arch/config.json"
 expect_exit 65 "unknown architecture: exit 65" dflash-extract -m "$T/arch" -l 1,4 -o "$T/x.dfs" "$good"

@@ -12,7 +12,8 @@
  * positive sizes, head_dim even, query heads a multiple of the KV heads, the
  * weight shapes the model forms (heads * head_dim, vocab * hidden, ...) and
  * their total fit in int64 without overflow, the layer count fits an int,
- * a positive finite epsilon, finite RoPE frequencies (theta, llama3 factors);
+ * a positive finite epsilon, finite RoPE frequencies (theta, llama3 and YaRN
+ * factors) and a positive finite YaRN scale on cos and sin;
  * for a drafter also block_size, num_target_layers, mask_token_id and every
  * target layer id in range, the parameter table built without overflow, and
  * the checkpoint's config.json (dfl_drafter_config_json) read back to the
@@ -110,7 +111,7 @@ static void check_model(const dfl_model_config *c) {
     FUZZ_CHECK(c->qk_norm == (strcmp(c->architecture, "LlamaForCausalLM") != 0));
     FUZZ_CHECK(c->n_eos >= 0 && c->n_eos <= 8);
     /* RoPE */
-    FUZZ_CHECK(c->rope_type == DFL_ROPE_DEFAULT || c->rope_type == DFL_ROPE_LLAMA3);
+    FUZZ_CHECK(c->rope_type == DFL_ROPE_DEFAULT || c->rope_type == DFL_ROPE_LLAMA3 || c->rope_type == DFL_ROPE_YARN);
     float theta = (float)c->rope_theta;
     FUZZ_CHECK(theta > 0 && isfinite(theta));
     if (c->rope_type == DFL_ROPE_LLAMA3) {
@@ -119,6 +120,13 @@ static void check_model(const dfl_model_config *c) {
         FUZZ_CHECK((float)c->rope_low_freq_factor > 0 && (float)c->rope_high_freq_factor > (float)c->rope_low_freq_factor &&
               isfinite((float)c->rope_high_freq_factor));
     }
+    if (c->rope_type == DFL_ROPE_YARN) {
+        FUZZ_CHECK(c->rope_original_max_pos > 0 && (float)c->rope_factor >= 1 && isfinite((float)c->rope_factor));
+        FUZZ_CHECK(c->rope_beta_fast > 0 && c->rope_beta_slow > 0 && isfinite(c->rope_beta_fast) &&
+                   isfinite(c->rope_beta_slow));
+    }
+    const float scale = dfl_rope_scale(c);
+    FUZZ_CHECK(scale > 0 && isfinite(scale) && (c->rope_type == DFL_ROPE_YARN || scale == 1.0f));
     if (c->head_dim <= 1 << 16) {
         float *f = malloc((size_t)(c->head_dim / 2) * sizeof *f);
         dfl_rope_inv_freq(c, f);
@@ -137,6 +145,8 @@ static void check_same(const dfl_drafter_config *a, const dfl_drafter_config *b)
           a->mc.rope_factor == b->mc.rope_factor && a->mc.rope_low_freq_factor == b->mc.rope_low_freq_factor &&
           a->mc.rope_high_freq_factor == b->mc.rope_high_freq_factor &&
           a->mc.rope_original_max_pos == b->mc.rope_original_max_pos);
+    FUZZ_CHECK(a->mc.rope_beta_fast == b->mc.rope_beta_fast && a->mc.rope_beta_slow == b->mc.rope_beta_slow &&
+          a->mc.rope_truncate == b->mc.rope_truncate && dfl_rope_scale(&a->mc) == dfl_rope_scale(&b->mc));
 }
 
 static void check_drafter(const dfl_drafter_config *c, int roundtrip) {

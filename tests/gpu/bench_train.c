@@ -205,12 +205,12 @@ int main(int argc, char **argv) {
             const int64_t *o = LW[l].off;
             OPS->rmsnorm(a->x, a->rstd_in, hres[l], WT(o[N_IN]), Q, H, eps);
             MM(a->q_pre, a->x, WT(o[W_Q]), Q, H, QD, 0);
-            OPS->qk_norm_rope(a->q, a->rstd_q, a->q_pre, WT(o[N_QN]), 0, d_qpos, inv_freq, Q, HQ, D, eps);
+            OPS->qk_norm_rope(a->q, a->rstd_q, a->q_pre, WT(o[N_QN]), 0, d_qpos, inv_freq, 1.0f, Q, HQ, D, eps);
             MM(a->k_pre, ctx, WT(o[W_K]), S, H, KD, 0); /* context rows [0, S) */
             MM(AAT(a->k_pre, S, KD), a->x, WT(o[W_K]), Q, H, KD, 0); /* block rows */
             MM(a->v, ctx, WT(o[W_V]), S, H, KD, 0);
             MM(AAT(a->v, S, KD), a->x, WT(o[W_V]), Q, H, KD, 0);
-            OPS->qk_norm_rope(a->k, a->rstd_k, a->k_pre, WT(o[N_KN]), 0, d_kpos, inv_freq, NK, HKV, D, eps);
+            OPS->qk_norm_rope(a->k, a->rstd_k, a->k_pre, WT(o[N_KN]), 0, d_kpos, inv_freq, 1.0f, NK, HKV, D, eps);
             OPS->attn_dflash(a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ, HKV, D);
             FLOPS += 4.0 * attn_keys * (double)D * (double)HQ;
             MM(tmp, a->att, WT(o[W_O]), Q, QD, H, 0);
@@ -249,9 +249,9 @@ int main(int argc, char **argv) {
             OPS->attn_dflash_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ,
                                  HKV, D);
             FLOPS += 8.0 * attn_keys * (double)D * (double)HQ;
-            OPS->qk_norm_rope_bwd(dq_pre, GR(o[N_QN]), dq, a->q_pre, a->rstd_q, WT(o[N_QN]), d_qpos, inv_freq, Q, HQ,
+            OPS->qk_norm_rope_bwd(dq_pre, GR(o[N_QN]), dq, a->q_pre, a->rstd_q, WT(o[N_QN]), d_qpos, inv_freq, 1.0f, Q, HQ,
                                   D);
-            OPS->qk_norm_rope_bwd(dk_pre, GR(o[N_KN]), dk, a->k_pre, a->rstd_k, WT(o[N_KN]), d_kpos, inv_freq, NK,
+            OPS->qk_norm_rope_bwd(dk_pre, GR(o[N_KN]), dk, a->k_pre, a->rstd_k, WT(o[N_KN]), d_kpos, inv_freq, 1.0f, NK,
                                   HKV, D);
             MM_BWD(dx, GR(o[W_Q]), dq_pre, a->x, WT(o[W_Q]), Q, H, QD, 0);
             MM_BWD(dctx, GR(o[W_K]), dk_pre, ctx, WT(o[W_K]), S, H, KD, DFL_ACC_DIN);

@@ -29,6 +29,9 @@ Models (odd sizes on purpose, not powers of two):
   llama3         Llama with llama3 RoPE scaling (all three frequency bands hit),
                  no q/k norms, eps 1e-5, untied, 4.x spelling
   qwen3-sharded  small Qwen3 saved with a small max_shard_size (index + shards)
+  qwen3-yarn     Qwen3 with YaRN RoPE (factor 4 over a pretraining length of 64:
+                 extrapolated, ramped and interpolated frequencies, cos and sin
+                 times the attention factor 1.139), 4.x spelling
 
   qwen35         Qwen3.5 dense text model (Qwen3_5ForCausalLM, model_type
                  qwen3_5_text, keys model.layers.* / model.embed_tokens /
@@ -675,6 +678,12 @@ def build_existing():
             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                              "original_max_position_embeddings": 64}), seed=33),
+        "qwen3-yarn": lambda: build("qwen3-yarn", "qwen3", dict(
+            common, vocab_size=139, hidden_size=40, intermediate_size=72,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=20,
+            rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 64}), seed=77),
         "qwen3-sharded": lambda: build("qwen3-sharded", "qwen3", dict(
             common, vocab_size=97, hidden_size=32, intermediate_size=64,
             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ops_reference.py: golden fixtures for the CPU op table (tests/unit/test_ops_cpu.c).
 
-Writes tests/fixtures/ops/{dense,attn,lmhead,adamw}.safetensors: random inputs
+Writes tests/fixtures/ops/{dense,attn,lmhead,adamw,rope_yarn}.safetensors: random inputs
 with odd sizes, and what PyTorch / transformers compute from them, forward and
 autograd backward. Needs torch and transformers; CI only reads the committed
 files.
@@ -14,6 +14,10 @@ The oracles:
                  the same math in float64 from the f32 inputs (so the fixture
                  is more exact than the code under test), stored as f32
   adamw          torch.optim.AdamW(foreach=False) on f32 parameters
+  rope_yarn      transformers' YaRN RoPE (Qwen3RotaryEmbedding of a config with
+                 rope_type yarn: its inv_freq, attention_scaling and rotation),
+                 four configs; each config's JSON is in the file's metadata
+                 ("yarnN.config"), as save_pretrained would write it
 Backward: torch.autograd of sum(dout * out) (or of sum(gscale * loss)) in float64.
 
 Usage: python3 tests/reference/ops_reference.py [OUTDIR]
@@ -223,13 +227,71 @@ def adamw():
             "adam.hyper": torch.tensor([lr, b1, b2, eps, wd, gs]).float()}
 
 
+# ---------------------------------------------------------------------------
+YARN_CASES = (
+    # Qwen3's model-card recipe: 4x a 32K pretraining context, 128-wide heads
+    dict(head_dim=128, max_position_embeddings=131072,
+         rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                          "original_max_position_embeddings": 32768}),
+    # the ramp's bounds not rounded (truncate false), both betas given
+    dict(head_dim=24, max_position_embeddings=1024,
+         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                          "original_max_position_embeddings": 256, "beta_fast": 8.0, "beta_slow": 2.0,
+                          "truncate": False}),
+    # DeepSeek's spelling: the attention factor from mscale / mscale_all_dim
+    dict(head_dim=16, max_position_embeddings=2560,
+         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                          "original_max_position_embeddings": 64, "mscale": 1.0, "mscale_all_dim": 0.5}),
+    # the 4.x spelling (rope_scaling, "type"), an explicit attention factor,
+    # no original length: max_position_embeddings stands for it
+    dict(head_dim=16, max_position_embeddings=512, rope_theta=10000.0,
+         rope_scaling={"type": "yarn", "factor": 2.0, "attention_factor": 0.8}),
+)
+
+
+def rope_yarn():
+    """Per case: x[T, nh, d] rotated by transformers' YaRN RoPE (cos and sin
+    times attention_scaling), and the autograd dx of sum(dout * out)."""
+    import copy
+    import json
+    t, meta = {}, {}
+    for i, kw in enumerate(YARN_CASES):
+        d, nh, T = kw["head_dim"], 2, 5
+        # a copy: transformers fills the dict it is given in (e.g. the original length)
+        cfg = Qwen3Config(architectures=["Qwen3ForCausalLM"], hidden_size=nh * d, intermediate_size=64,
+                          num_hidden_layers=1, num_attention_heads=nh, num_key_value_heads=nh, vocab_size=64,
+                          **copy.deepcopy(kw))
+        rot = Qwen3RotaryEmbedding(cfg)
+        cfg_json = json.loads(cfg.to_json_string())
+        if "rope_scaling" in kw:  # the file as a 4.x checkpoint has it
+            cfg_json.pop("rope_parameters", None)
+            cfg_json["rope_theta"], cfg_json["rope_scaling"] = kw["rope_theta"], kw["rope_scaling"]
+        meta[f"yarn{i}.config"] = json.dumps(cfg_json, sort_keys=True)
+        top = kw["max_position_embeddings"] - 1
+        pos = torch.tensor([[0, 3, 1000 % top, top // 2, top]])
+        x, dout = randn(T, nh, d), randn(T, nh, d)
+        xr = x.clone().requires_grad_(True)
+        cos, sin = rot(xr, pos)
+        y, _ = apply_rotary_pos_emb(xr.transpose(0, 1)[None], xr.transpose(0, 1)[None], cos, sin)
+        y = y[0].transpose(0, 1)
+        (y * dout).sum().backward()
+        t.update({f"yarn{i}.x": x, f"yarn{i}.pos": i32(pos[0]), f"yarn{i}.inv_freq": f32(rot.inv_freq),
+                  f"yarn{i}.scale": torch.tensor([rot.attention_scaling]).float(), f"yarn{i}.out": f32(y),
+                  f"yarn{i}.dout": dout, f"yarn{i}.dx": f32(xr.grad)})
+    return t, meta
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
-    for name, fn in (("dense", dense), ("attn", attn), ("lmhead", lmhead), ("adamw", adamw)):
-        tensors = {k: v.contiguous() for k, v in fn().items()}
+    for name, fn in (("dense", dense), ("attn", attn), ("lmhead", lmhead), ("adamw", adamw),
+                     ("rope_yarn", rope_yarn)):
+        tensors, meta = fn(), {}
+        if isinstance(tensors, tuple):
+            tensors, meta = tensors
+        tensors = {k: v.contiguous() for k, v in tensors.items()}
         path = os.path.join(OUT, name + ".safetensors")
         save_file(tensors, path, metadata={"generator": "tests/reference/ops_reference.py",
-                                           "torch": torch.__version__})
+                                           "torch": torch.__version__, **meta})
         print(f"{path}: {len(tensors)} tensors, {os.path.getsize(path)} bytes")
 
 

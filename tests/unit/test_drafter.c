@@ -41,6 +41,9 @@ static int parse_cfg(dfl_drafter_config *c, const char *json) {
     return dfl_drafter_config_parse(c, json, strlen(json), "<test>");
 }
 
+/* The RoPE keys of cfg_text's configs (test_fd_yarn swaps in YaRN's). */
+static const char *rope_keys = "\"rope_theta\":500.0";
+
 /* A config string with the given sizes (Qwen3 drafter, z-lab layout). */
 static char *cfg_text(int H, int I, int L, int Hq, int Hkv, int D, int V, int B, const char *ids, int ntl, int mask) {
     char *s = dfl_malloc(2048);
@@ -49,8 +52,8 @@ static char *cfg_text(int H, int I, int L, int Hq, int Hkv, int D, int V, int B,
              "\"num_target_layers\":%d,\"dflash_config\":{\"mask_token_id\":%d,\"target_layer_ids\":%s},"
              "\"hidden_size\":%d,\"intermediate_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,"
              "\"num_key_value_heads\":%d,\"head_dim\":%d,\"hidden_act\":\"silu\",\"rms_norm_eps\":1e-6,"
-             "\"rope_theta\":500.0,\"vocab_size\":%d,\"max_position_embeddings\":4096}",
-             B, ntl, mask, ids, H, I, L, Hq, Hkv, D, V);
+             "%s,\"vocab_size\":%d,\"max_position_embeddings\":4096}",
+             B, ntl, mask, ids, H, I, L, Hq, Hkv, D, rope_keys, V);
     return s;
 }
 
@@ -527,6 +530,38 @@ static void fd_check(int kl) {
 
 static void test_fd_ce(void) { fd_check(0); }
 static void test_fd_kl(void) { fd_check(1); }
+/* A drafter with YaRN RoPE (its config's rope_scaling): the scale on cos
+ * and sin is in the forward (the output moves) and in the backward (the
+ * finite differences agree). With head_dim 4, one frequency is kept and one
+ * divided by the factor. */
+static void test_fd_yarn(void) {
+    const char *plain = rope_keys;
+    dfl_drafter_config c;
+    dfl_rng r;
+    test_seq a;
+    float out[2][8];
+    for (int yarn = 0; yarn < 2; yarn++) {
+        rope_keys = yarn ? "\"rope_theta\":500.0,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+                           "\"original_max_position_embeddings\":16}"
+                         : plain;
+        dfl_drafter *d = small_drafter(&c, &r, &a, 2, 13, 5, 0.5, 12, 2);
+        T_CHECK(yarn ? fabsf(d->rope_scale - 1.1386294f) < 1e-6f : d->rope_scale == 1.0f);
+        int32_t anc[] = {2, 6};
+        dfl_train_opts o;
+        dfl_train_opts_default(&o, c.block_size);
+        dfl_train_mb mb;
+        dfl_train_mb_init(&mb);
+        dfl_train_seq sq = as_seq(&a);
+        dfl_train_mb_add(&mb, &c, &o, &sq, anc, 2, &r);
+        close_mb(d, &o, &mb);
+        ops->act_to_f32(out[yarn], dfl_drafter_output(d), 8);
+        dfl_train_mb_free(&mb);
+        small_free(&c, d, &a);
+    }
+    T_CHECK(memcmp(out[0], out[1], sizeof out[0]) != 0);
+    fd_check(0);
+    rope_keys = plain;
+}
 
 /* ---- PyTorch fixtures -------------------------------------------------------------------- */
 
@@ -1016,6 +1051,7 @@ int main(void) {
     T_RUN(test_checkpoint);
     T_RUN(test_fd_ce);
     T_RUN(test_fd_kl);
+    T_RUN(test_fd_yarn);
     T_RUN(test_fixture_ce);
     T_RUN(test_fixture_kl);
     T_RUN(test_fixture_start_grad);

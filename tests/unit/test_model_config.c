@@ -44,11 +44,46 @@ static void test_llama3_rope(void) {
     dfl_model_config_free(&c);
 }
 
+/* YaRN's keys as transformers reads them: a top-level original length
+ * before the scaling's (Phi-3's spelling), absent or 0 betas as 32 and 1,
+ * the attention factor from the factor (0.1 ln 4 + 1). The frequencies
+ * themselves: test_ops_cpu against transformers. */
+static void test_yarn_keys(void) {
+    dfl_model_config c;
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"max_position_embeddings\":256,"
+                      "\"original_max_position_embeddings\":128,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4,"
+                      "\"original_max_position_embeddings\":64,\"beta_fast\":0}}") == 0);
+    T_CHECK(c.rope_type == DFL_ROPE_YARN && c.rope_original_max_pos == 128 && c.rope_truncate == 1);
+    T_CHECK(c.rope_beta_fast == 32 && c.rope_beta_slow == 1);
+    T_CHECKF(fabs(dfl_rope_scale(&c) - (0.1 * log(4.0) + 1)) < 1e-7, "scale %.9g", dfl_rope_scale(&c));
+    dfl_model_config_free(&c);
+    /* no original length anywhere: max_position_embeddings */
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"max_position_embeddings\":96,"
+                      "\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":10000,\"factor\":1}}") == 0);
+    T_CHECK(c.rope_original_max_pos == 96 && dfl_rope_scale(&c) == 1.0f);
+    dfl_model_config_free(&c);
+}
+
 static void test_refusals(void) {
     static const struct { const char *json, *why; } cases[] = {
         {"{\"architectures\":[\"MistralForCausalLM\"]," BASE "}", "not supported"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"attention_bias\":true}", "attention_bias"},
-        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}", "yarn"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":4}}", "dynamic"},
+        /* YaRN: no pretraining length (nor max_position_embeddings), a factor below 1, ... */
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}",
+         "\"original_max_position_embeddings\" is missing"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"max_position_embeddings\":64,\"rope_scaling\":{\"type\":\"yarn\"}}",
+         "\"factor\" is missing"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"max_position_embeddings\":64,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":0.5}}",
+         "\"factor\" must be"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"max_position_embeddings\":64,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":2,"
+         "\"beta_fast\":-1}}", "\"beta_fast\" and \"beta_slow\" must be positive"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"max_position_embeddings\":64,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":2,"
+         "\"truncate\":\"no\"}}", "\"truncate\" is not true or false"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"max_position_embeddings\":64,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":2,"
+         "\"attention_factor\":-1}}", "attention factor -1"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"max_position_embeddings\":64,\"rope_scaling\":{\"type\":\"yarn\",\"factor\":2,"
+         "\"mscale\":\"big\"}}", "\"mscale\" is not a number"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":64}", "intermediate_size"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"hidden_act\":\"gelu\"}", "hidden_act"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"layer_types\":[\"sliding_attention\"]}", "layer_types"},
@@ -322,6 +357,7 @@ static void test_default_layer_ids(void) {
 int main(void) {
     T_RUN(test_both_rope_spellings);
     T_RUN(test_llama3_rope);
+    T_RUN(test_yarn_keys);
     T_RUN(test_refusals);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_defaults);

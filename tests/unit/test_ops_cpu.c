@@ -20,6 +20,7 @@
  */
 #include "common.h"
 #include "ops.h"
+#include "model_config.h"
 #include "moe_oracle.h"
 #include "ops_cpu.h"
 #include "rng.h"
@@ -37,7 +38,7 @@
 #define FD_TOL 2e-3
 
 static const dfl_ops *ops;
-static dfl_st *fx_dense, *fx_attn, *fx_lm, *fx_adam, *fx_gdn;
+static dfl_st *fx_dense, *fx_attn, *fx_lm, *fx_adam, *fx_gdn, *fx_yarn;
 
 /* ------------------------------------------------------------------------ */
 /* fixtures and helpers                                                      */
@@ -393,35 +394,91 @@ static void test_rope(void) {
           *rdx = fx(fx_dense, "rope.dx", NULL);
     int32_t *pos = fxi(fx_dense, "rope.pos", NULL);
     float *y = fcopy(x, T * nh * d);
-    ops->rope(y, pos, inv, T, nh, d, 0);
+    ops->rope(y, pos, inv, 1.0f, T, nh, d, 0);
     CHECK_NMSE("rope out", y, ref, T * nh * d, NMSE_F32);
     /* the backward is the inverse rotation of dout (autograd fixture) */
     float *g = fcopy(dout, T * nh * d);
-    ops->rope(g, pos, inv, T, nh, d, 1);
+    ops->rope(g, pos, inv, 1.0f, T, nh, d, 1);
     CHECK_NMSE("rope inverse = autograd dx", g, rdx, T * nh * d, NMSE_F32);
+    /* YaRN's scale: the rotation times the scale (transformers scales its
+     * cos and sin tables), forward and backward */
+    float *ys = fcopy(x, T * nh * d), *gs = fcopy(dout, T * nh * d), *want = fbuf(T * nh * d);
+    ops->rope(ys, pos, inv, 1.25f, T, nh, d, 0);
+    for (int64_t i = 0; i < T * nh * d; i++) want[i] = 1.25f * y[i];
+    CHECK_NMSE("rope scaled = scale * rope", ys, want, T * nh * d, NMSE_F32);
+    ops->rope(gs, pos, inv, 1.25f, T, nh, d, 1);
+    for (int64_t i = 0; i < T * nh * d; i++) want[i] = 1.25f * rdx[i];
+    CHECK_NMSE("rope scaled, backward = scale * autograd dx", gs, want, T * nh * d, NMSE_F32);
     /* inverse(forward(x)) = x */
-    ops->rope(y, pos, inv, T, nh, d, 1);
+    ops->rope(y, pos, inv, 1.0f, T, nh, d, 1);
     CHECK_NMSE("rope inverse(rope(x))", y, x, T * nh * d, NMSE_F32);
+    ops->free(ys), ops->free(gs), ops->free(want);
     ops->free(x), ops->free(inv), ops->free(ref), ops->free(dout), ops->free(rdx), ops->free(pos), ops->free(y);
     ops->free(g);
+}
+
+/* YaRN against transformers (tests/fixtures/ops/rope_yarn.safetensors):
+ * the config as the file stores it, through the config parser, gives the
+ * frequencies and the scale on cos and sin that Qwen3RotaryEmbedding
+ * computes, and the op with them its rotation and autograd backward. */
+static void test_rope_yarn(void) {
+    for (int k = 0; k < 4; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "yarn%d.config", k);
+        const char *json = dfl_st_meta(fx_yarn, key);
+        dfl_model_config c;
+        T_CHECKF(json && dfl_model_config_parse(&c, json, strlen(json), key, "target") == 0, "%s: %s", key,
+                 json ? dfl_errmsg() : "missing");
+        if (!json) continue;
+        T_CHECKF(c.rope_type == DFL_ROPE_YARN, "%s: rope type %d", key, (int)c.rope_type);
+        int64_t nf, n;
+#define YX(name, out) (snprintf(key, sizeof key, "yarn%d." name, k), fx(fx_yarn, key, out))
+        float *want_f = YX("inv_freq", &nf), *want_s = YX("scale", NULL), *x = YX("x", &n), *ref = YX("out", NULL);
+        float *dout = YX("dout", NULL), *rdx = YX("dx", NULL);
+        snprintf(key, sizeof key, "yarn%d.pos", k);
+        int32_t *pos = fxi(fx_yarn, key, NULL);
+#undef YX
+        const int64_t d = c.head_dim, T = fx_find(fx_yarn, key)->shape[0], nh = n / (T * d);
+        T_CHECKF(nf == d / 2, "case %d: %lld frequencies for head_dim %lld", k, (long long)nf, (long long)d);
+        float *f = fbuf(d / 2), scale = dfl_rope_scale(&c);
+        dfl_rope_inv_freq(&c, f);
+        double worst = 0;
+        for (int64_t i = 0; i < nf; i++) worst = fmax(worst, fabs(f[i] - want_f[i]) / want_f[i]);
+        /* torch's pow may differ from powf by an ulp */
+        printf("  yarn%d inv_freq worst relative error %.3g, scale %.9g\n", k, worst, scale);
+        T_CHECKF(worst <= 2.5e-7, "case %d: inv_freq relative error %.3g", k, worst);
+        T_CHECKF(scale == want_s[0], "case %d: scale %.9g, transformers %.9g", k, scale, want_s[0]);
+        float *y = fcopy(x, n), *g = fcopy(dout, n);
+        ops->rope(y, pos, f, scale, T, nh, d, 0);
+        char what[64];
+        snprintf(what, sizeof what, "yarn%d rope out", k);
+        CHECK_NMSE(what, y, ref, n, NMSE_F32);
+        ops->rope(g, pos, f, scale, T, nh, d, 1);
+        snprintf(what, sizeof what, "yarn%d rope dx", k);
+        CHECK_NMSE(what, g, rdx, n, NMSE_F32);
+        ops->free(want_f), ops->free(want_s), ops->free(x), ops->free(ref), ops->free(dout), ops->free(rdx);
+        ops->free(pos), ops->free(f), ops->free(y), ops->free(g);
+        dfl_model_config_free(&c);
+    }
 }
 
 typedef struct {
     float *x, *y, *dout, *inv;
     int32_t *pos;
     int64_t T, nh, d;
+    float scale;
 } rope_ctx;
 
 static double rope_loss(void *p) {
     rope_ctx *c = p;
     int64_t n = c->T * c->nh * c->d;
     memcpy(c->y, c->x, (size_t)n * 4);
-    ops->rope(c->y, c->pos, c->inv, c->T, c->nh, c->d, 0);
+    ops->rope(c->y, c->pos, c->inv, c->scale, c->T, c->nh, c->d, 0);
     return dot_d(c->y, c->dout, n);
 }
 
 static void test_rope_fd(void) {
-    rope_ctx c = {NULL, NULL, NULL, NULL, NULL, 5, 3, 14};
+    rope_ctx c = {NULL, NULL, NULL, NULL, NULL, 5, 3, 14, 1.1386294f}; /* a YaRN scale */
     dfl_rng r;
     dfl_rng_seed(&r, 3);
     int64_t n = c.T * c.nh * c.d;
@@ -430,8 +487,8 @@ static void test_rope_fd(void) {
     for (int64_t i = 0; i < c.d / 2; i++) c.inv[i] = (float)pow(10000.0, -2.0 * (double)i / (double)c.d);
     for (int64_t t = 0; t < c.T; t++) c.pos[t] = (int32_t)(t * 37 + 2);
     float *g = fcopy(c.dout, n);
-    ops->rope(g, c.pos, c.inv, c.T, c.nh, c.d, 1);
-    check_fd("rope (inverse as backward)", rope_loss, &c, c.x, g, n, 31);
+    ops->rope(g, c.pos, c.inv, c.scale, c.T, c.nh, c.d, 1);
+    check_fd("rope, scaled (inverse as backward)", rope_loss, &c, c.x, g, n, 31);
     ops->free(c.x), ops->free(c.y), ops->free(c.dout), ops->free(c.inv), ops->free(c.pos), ops->free(g);
 }
 
@@ -442,16 +499,17 @@ typedef struct {
     float *x, *w, *y, *dout, *inv, *rstd;
     int32_t *pos;
     int64_t T, nh, d;
+    float scale;
 } qknr_ctx;
 
 static double qknr_loss(void *p) {
     qknr_ctx *c = p;
-    ops->qk_norm_rope(c->y, c->rstd, c->x, c->w, 0, c->pos, c->inv, c->T, c->nh, c->d, 1e-6f);
+    ops->qk_norm_rope(c->y, c->rstd, c->x, c->w, 0, c->pos, c->inv, c->scale, c->T, c->nh, c->d, 1e-6f);
     return dot_d(c->y, c->dout, c->T * c->nh * c->d);
 }
 
-static void test_qk_norm_rope_fd(void) {
-    qknr_ctx c = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, 40, 3, 14}; /* 120 rows: dw over several chunks */
+static void qk_norm_rope_fd(float scale) {
+    qknr_ctx c = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, 40, 3, 14, scale}; /* 120 rows: dw over several chunks */
     dfl_rng r;
     dfl_rng_seed(&r, 4);
     const int64_t n = c.T * c.nh * c.d;
@@ -464,12 +522,17 @@ static void test_qk_norm_rope_fd(void) {
     for (int64_t i = 0; i < n; i++) din[i] = 1e9f;
     for (int64_t i = 0; i < c.d; i++) dw[i] = 3.0f;
     qknr_loss(&c);
-    ops->qk_norm_rope_bwd(din, dw, c.dout, c.x, c.rstd, c.w, c.pos, c.inv, c.T, c.nh, c.d);
+    ops->qk_norm_rope_bwd(din, dw, c.dout, c.x, c.rstd, c.w, c.pos, c.inv, c.scale, c.T, c.nh, c.d);
     float *dw1 = minus(dw, 3.0f, c.d);
     check_fd("qk_norm_rope din (written)", qknr_loss, &c, c.x, din, n, 41);
     check_fd("qk_norm_rope dw (+=)", qknr_loss, &c, c.w, dw1, c.d, 42);
     ops->free(c.x), ops->free(c.w), ops->free(c.y), ops->free(c.dout), ops->free(c.inv), ops->free(c.rstd);
     ops->free(c.pos), ops->free(din), ops->free(dw), ops->free(dw1);
+}
+
+static void test_qk_norm_rope_fd(void) {
+    qk_norm_rope_fd(1.0f);
+    qk_norm_rope_fd(1.1386294f); /* YaRN's scale on cos and sin */
 }
 
 static void test_swiglu(void) {
@@ -1568,7 +1631,7 @@ int main(void) {
     const dfl_ops *byname = NULL;
     T_CHECK(dfl_ops_get("cpu", &byname) == 0 && byname == ops);
     fx_dense = open_fx("dense"), fx_attn = open_fx("attn"), fx_lm = open_fx("lmhead"), fx_adam = open_fx("adamw");
-    fx_gdn = open_fx("gdn");
+    fx_gdn = open_fx("gdn"), fx_yarn = open_fx("rope_yarn");
     T_RUN(test_memory_and_conversions);
     T_RUN(test_products_thread_count_invariance);
     T_RUN(test_matmul);
@@ -1578,6 +1641,7 @@ int main(void) {
     T_RUN(test_rmsnorm_fd);
     T_RUN(test_rope);
     T_RUN(test_rope_fd);
+    T_RUN(test_rope_yarn);
     T_RUN(test_qk_norm_rope_fd);
     T_RUN(test_swiglu);
     T_RUN(test_swiglu_fd);

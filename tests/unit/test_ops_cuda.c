@@ -344,8 +344,8 @@ static bytes schedule_run(void) {
         void *x = dput(hx, n, AG_ACT), *w = dput(hw, d, AG_ACT), *dy = dput(hd, n, AG_ACT), *p = dput(pos, T, AG_I32);
         void *f = dput(inv, 32, AG_F32), *out = dput(NULL, n, AG_ACT), *rstd = dput(NULL, T * nh, AG_F32);
         void *din = dput(NULL, n, AG_ACT), *dw = dput(NULL, d, AG_F32);
-        DEV->qk_norm_rope(out, rstd, x, w, 0, p, f, T, nh, d, 1e-6f);
-        DEV->qk_norm_rope_bwd(din, dw, dy, x, rstd, w, p, f, T, nh, d);
+        DEV->qk_norm_rope(out, rstd, x, w, 0, p, f, 1.0f, T, nh, d, 1e-6f);
+        DEV->qk_norm_rope_bwd(din, dw, dy, x, rstd, w, p, f, 1.0f, T, nh, d);
         take(&b, out, n, AG_ACT), take(&b, rstd, T * nh, AG_F32), take(&b, din, n, AG_ACT), take(&b, dw, d, AG_F32);
         DEV->free(x), DEV->free(w), DEV->free(dy), DEV->free(p), DEV->free(f), DEV->free(out), DEV->free(rstd);
         DEV->free(din), DEV->free(dw);

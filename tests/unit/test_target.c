@@ -199,6 +199,8 @@ static void test_qwen3_tied(void) { check_model("qwen3-tied"); }
 static void test_qwen3_untied_new_spelling(void) { check_model("qwen3-untied"); }
 static void test_llama3_rope_scaling(void) { check_model("llama3"); }
 static void test_qwen3_sharded(void) { check_model("qwen3-sharded"); }
+/* YaRN: its frequencies, and cos and sin times its attention factor */
+static void test_qwen3_yarn(void) { check_model("qwen3-yarn"); }
 /* Qwen3.5: Gated DeltaNet and gated attention layers, (1 + w) norms,
  * partial RoPE; as Qwen3_5ForCausalLM and in the released VLM layout
  * (text_config, model.language_model.*, sharded, no layer_types). */
@@ -497,10 +499,9 @@ static void test_broken_models(void) {
     T_CHECK(truncate(p, sb.st_size - 100) == 0);
     expect_load_error("truncated", DFL_EX_DATA, "model.safetensors");
 
-    make_broken("yarn", NULL, NULL);
-    edit_config("yarn", "\"rope_scaling\": null",
-                "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 64}");
-    expect_load_error("yarn", DFL_EX_DATA, "yarn");
+    make_broken("dynamic", NULL, NULL);
+    edit_config("dynamic", "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 4.0}");
+    expect_load_error("dynamic", DFL_EX_DATA, "dynamic");
 
     make_broken("arch", NULL, NULL);
     edit_config("arch", "Qwen3ForCausalLM", "Qwen3NextForCausalLM");
@@ -850,6 +851,7 @@ int main(void) {
     T_RUN(test_qwen3_tied);
     T_RUN(test_qwen3_untied_new_spelling);
     T_RUN(test_llama3_rope_scaling);
+    T_RUN(test_qwen3_yarn);
     T_RUN(test_qwen3_sharded);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_vlm_layout);
