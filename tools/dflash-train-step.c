@@ -72,7 +72,9 @@ static const dfl_opt opts[] = {
      "Linear warm-up over floor(R * total steps) steps, then cosine decay to 0.", "0.04"},
     {"total-steps", 0, DFL_OPT_INT, &total_steps, "N",
      "Length of the learning-rate schedule over the whole training (all runs): give the first run the total, as "
-     "--resume keeps it; a --resume with every step past it (at learning rate 0) is refused.", "--steps of the first run, or 1 when that is 0"},
+     "--resume keeps it; a --resume with every step past it (at learning rate 0) is refused. A --steps 0 run "
+     "without it leaves the schedule unset (recorded as 0), for the first run that makes steps to set.",
+     "--steps of the first run that makes steps"},
     {"weight-decay", 0, DFL_OPT_DOUBLE, &weight_decay, "W", "AdamW decoupled weight decay.", "0"},
     {"max-grad-norm", 0, DFL_OPT_DOUBLE, &max_grad_norm, "X",
      "Clip the global gradient norm: scale by min(1, X / (norm + 1e-6)); 0 disables.", "1"},
@@ -209,6 +211,16 @@ static void check_given(value_text given[NMATH]) {
     }
 }
 
+/* The schedule's length for a run whose schedule is not set yet (a first
+ * run, or a --resume of a --steps 0 baseline, stored as 0): the --total-steps
+ * given, else this run's --steps. A run of 0 steps without one leaves it
+ * unset, 0: taking 0 steps as the length (it used to become 1, kept by every
+ * --resume) would run all of a later --resume's steps but one at rate 0. */
+static int64_t schedule_length(int64_t given) {
+    if (given != UNSET) return given;
+    return steps > 0 ? steps : 0;
+}
+
 static void options_default(int B) {
     dfl_train_opts d;
     dfl_train_opts_default(&d, B);
@@ -222,7 +234,7 @@ static void options_default(int B) {
     if (isnan(warmup_ratio)) warmup_ratio = d.warmup_ratio;
     if (isnan(weight_decay)) weight_decay = d.weight_decay;
     if (isnan(max_grad_norm)) max_grad_norm = d.max_grad_norm;
-    if (total_steps == UNSET) total_steps = steps > 0 ? steps : 1;
+    total_steps = schedule_length(total_steps);
     if (batch_seqs == UNSET) batch_seqs = 4;
     if (batch_tokens == UNSET) batch_tokens = 0;
     if (micro_rows == UNSET) micro_rows = d.micro_rows;
@@ -251,7 +263,8 @@ static void check_ranges(void) {
     out_of_range(warmup_ratio >= 0 && warmup_ratio <= 1, "warmup-ratio", "must be in [0, 1]");
     out_of_range(weight_decay >= 0, "weight-decay", "must be >= 0");
     out_of_range(max_grad_norm >= 0, "max-grad-norm", "must be >= 0");
-    out_of_range(total_steps >= 1, "total-steps", "must be at least 1");
+    /* 0 only from a --steps 0 run without --total-steps (a given 0 is refused in main) */
+    out_of_range(total_steps >= 0, "total-steps", "must be at least 1 (or 0, not set yet)");
     out_of_range(micro_rows >= 1, "micro-rows", "must be at least 1");
     out_of_range(batch_seqs >= 0, "batch-seqs", "must be >= 0");
     out_of_range(batch_tokens >= 0, "batch-tokens", "must be >= 0");
@@ -312,6 +325,8 @@ int main(int argc, char **argv) {
     if (!!init_cfg + !!init_from + !!resume != 1)
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
     if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
+    /* here, not in check_ranges: there 0 is a stored unset schedule, given it is no schedule */
+    if (total_steps != UNSET && total_steps < 1) dfl_cli_usage_error(&cli, "--total-steps must be at least 1");
     /* as dflash-pack and dflash-score: -1 would silently mean 2^64-1 */
     if (seed < 0) dfl_cli_usage_error(&cli, "--seed must be >= 0");
     dfl_ops_cpu_threads(threads);
@@ -344,10 +359,14 @@ int main(int argc, char **argv) {
     json_t *state = NULL;
     dfl_drafter *d = dfl_drafter_new(ops, &dcfg);
     value_text given[NMATH];
+    const int64_t given_total = total_steps; /* options_from_state replaces it */
     if (resume) {
         snprintf(state_path, sizeof state_path, "%s/trainer_state.json", resume);
         if (dfl_ckpt_load_state(resume, d, &state)) dfl_die_last(PROG);
         options_from_state(json_object_get(state, "options"), given);
+        /* a baseline's unset schedule is set by this run as by a first run;
+         * the given --total-steps then equals it, and check_given passes */
+        if (total_steps == 0) total_steps = schedule_length(given_total);
     } else {
         options_default(dcfg.block_size);
     }

@@ -96,9 +96,9 @@ check "  ... keeps it" python3 -c "import json; v = json.load(open('$T/mp/config
 # ---- the defaults --help shows are the ones a run records ------------------------------------
 # The help's defaults are written in the option table by hand (the real ones
 # are set in options_default), so each is read back from a run that gives no
-# option: trainer_state.json's options. --total-steps defaults to the first
-# run's --steps, which cannot be 0: a --steps 0 run (a baseline to score)
-# records 1, and the help must say so.
+# option: trainer_state.json's options. --total-steps defaults to the --steps
+# of the first run that makes steps: a --steps 0 run (a baseline to score)
+# records 0, not set yet, and the help must say so.
 $TS --target "$T/target" --init "$T/drafter.json" --steps 3 --out "$T/defaults" "$T/train.dfs" 2>/dev/null
 $TS --target "$T/target" --init "$T/drafter.json" --steps 0 --out "$T/defaults0" 2>/dev/null
 check "the defaults of --help are those a run records (block size 6)" python3 - "$T/defaults" "$T/defaults0" <<'EOF2'
@@ -115,9 +115,78 @@ for opt in ["loss", "labels", "loss-norm"]:
     assert default[opt] == o[opt.replace("-", "_")], (opt, default[opt], o[opt.replace("-", "_")])
 assert default["gamma"] == "7 for B >= 16, 5 for B >= 10, else 4" and o["gamma"] == 4, (default["gamma"], o["gamma"])
 assert default["total-steps"].startswith("--steps of the first run") and o["total_steps"] == 3, o["total_steps"]
-assert o0["total_steps"] == 1, o0["total_steps"]
-assert default["total-steps"] == "--steps of the first run, or 1 when that is 0", default["total-steps"]
+assert o0["total_steps"] == 0, o0["total_steps"]
+assert default["total-steps"] == "--steps of the first run that makes steps", default["total-steps"]
 EOF2
+
+# ---- the schedule of a --steps 0 baseline is set by the first run that makes steps -------------
+# A baseline (--steps 0, no --total-steps) used to record total_steps 1, which
+# every --resume keeps: a --resume --steps 4 made one step at --lr and three
+# at rate 0. Now it records 0 (not set yet) and the first --resume that makes
+# steps sets it as a first run would: so baseline + resume 4 is, bit for bit,
+# the 4-step run (the input is read from its start: the baseline read none).
+B="$COMMON --seed 3 --warmup-ratio 0.25"
+state() { python3 -c "import json, sys; print(json.load(open(sys.argv[1] + '/trainer_state.json'))$2)" "$1"; }
+lrs() { python3 -c "import json, sys; print(' '.join('%.6g' % json.loads(x)['lr'] for x in open(sys.argv[1])))" "$1"; }
+check "a --steps 0 baseline" $TS $B --init "$T/drafter.json" --steps 0 --out "$T/base0"
+[ "$(state "$T/base0" "['options']['total_steps']")" = 0 ] && pass "  ... records total_steps 0 (not set yet)" ||
+    fail "  ... records total_steps 0 (not set yet)" "$(state "$T/base0" "['options']")"
+check "the same 4 steps in one run" $TS $B --init "$T/drafter.json" --steps 4 --log "$T/one4.log" --out "$T/one4" "$T/train.dfs"
+check "--resume the baseline for 4 steps" $TS --target "$T/target" --loop --resume "$T/base0" --steps 4 \
+    --log "$T/res4.log" --out "$T/res4" "$T/train.dfs"
+grep -q "past --total-steps" "$T/.err" && fail "  ... no note of steps past the schedule" "$(cat "$T/.err")" ||
+    pass "  ... no note of steps past the schedule"
+[ "$(lrs "$T/res4.log")" = "$(lrs "$T/one4.log")" ] && [ "$(state "$T/res4" "['options']['total_steps']")" = 4 ] &&
+    pass "  ... the learning rates of a 4-step schedule, and total_steps 4 recorded" ||
+    fail "  ... the learning rates of a 4-step schedule, and total_steps 4 recorded" \
+        "$(lrs "$T/res4.log") vs $(lrs "$T/one4.log"), total_steps $(state "$T/res4" "['options']['total_steps']")"
+for f in model.safetensors trainer_state.safetensors config.json; do
+    check "  ... bit-exact with the one run: $f" cmp "$T/one4/$f" "$T/res4/$f"
+done
+# the first run that makes steps gives its --total-steps, as a first run would
+check "--resume the baseline with --total-steps 10" $TS --target "$T/target" --loop --resume "$T/base0" --steps 2 \
+    --total-steps 10 --log "$T/res10.log" --out "$T/res10" "$T/train.dfs"
+check "  ... records 10, and the rates are those of 10 steps" $TS $B --init "$T/drafter.json" --steps 2 \
+    --total-steps 10 --log "$T/one10.log" --out "$T/one10" "$T/train.dfs"
+[ "$(lrs "$T/res10.log")" = "$(lrs "$T/one10.log")" ] && [ "$(state "$T/res10" "['options']['total_steps']")" = 10 ] &&
+    pass "  ... records 10, and the rates are those of 10 steps" ||
+    fail "  ... records 10, and the rates are those of 10 steps" "$(lrs "$T/res10.log") vs $(lrs "$T/one10.log")"
+# once set, it is the checkpoint's: a different one is refused as any option
+expect_exit 2 "a set schedule: another --total-steps is refused (2)" $TS --target "$T/target" --resume "$T/res10" \
+    --steps 1 --total-steps 12 --out "$T/res12" "$T/train.dfs"
+grep -q -- "--total-steps 12 differs from the checkpoint's 10" "$T/.err" && pass "  ... naming both" ||
+    fail "  ... naming both" "$(cat "$T/.err")"
+# a --resume of the baseline that makes no step leaves it unset, or sets the one given
+check "--resume the baseline for 0 steps" $TS --target "$T/target" --resume "$T/base0" --steps 0 --out "$T/base00" "$T/train.dfs"
+[ "$(state "$T/base00" "['options']['total_steps']")" = 0 ] && pass "  ... still not set" ||
+    fail "  ... still not set" "$(state "$T/base00" "['options']['total_steps']")"
+check "--resume the baseline for 0 steps with --total-steps 7" $TS --target "$T/target" --resume "$T/base0" --steps 0 \
+    --total-steps 7 --out "$T/base07" "$T/train.dfs"
+[ "$(state "$T/base07" "['options']['total_steps']")" = 7 ] && pass "  ... records 7" ||
+    fail "  ... records 7" "$(state "$T/base07" "['options']['total_steps']")"
+# --total-steps given with --steps 0 is recorded as given, and kept
+check "--steps 0 --total-steps 6" $TS $B --init "$T/drafter.json" --steps 0 --total-steps 6 --out "$T/base6"
+check "  ... resumed for 2 steps" $TS --target "$T/target" --loop --resume "$T/base6" --steps 2 --log "$T/res6.log" \
+    --out "$T/res6" "$T/train.dfs"
+check "  ... as 2 steps of a 6-step schedule" $TS $B --init "$T/drafter.json" --steps 2 --total-steps 6 \
+    --log "$T/one6.log" --out "$T/one6" "$T/train.dfs"
+[ "$(state "$T/base6" "['options']['total_steps']")" = 6 ] && [ "$(state "$T/res6" "['options']['total_steps']")" = 6 ] &&
+    [ "$(lrs "$T/res6.log")" = "$(lrs "$T/one6.log")" ] && pass "  ... 6 recorded and kept, the rates of 6 steps" ||
+    fail "  ... 6 recorded and kept, the rates of 6 steps" "$(lrs "$T/res6.log") vs $(lrs "$T/one6.log")"
+expect_exit 2 "--steps 0 --total-steps 0: refused (2)" $TS $B --init "$T/drafter.json" --steps 0 --total-steps 0 --out "$T/bz"
+# an older checkpoint's set schedule (a baseline then recorded 1) is read as before
+rm -rf "$T/old1" && cp -r "$T/base0" "$T/old1"
+python3 -c "import json, sys; s = json.load(open(sys.argv[1])); s['options']['total_steps'] = 1
+json.dump(s, open(sys.argv[1], 'w'))" "$T/old1/trainer_state.json"
+check "an older baseline (total_steps 1) resumes" $TS --target "$T/target" --loop --resume "$T/old1" --steps 2 \
+    --out "$T/old1r" "$T/train.dfs"
+grep -q "note: steps 2..2 are past --total-steps 1" "$T/.err" && pass "  ... keeping its schedule, with the note" ||
+    fail "  ... keeping its schedule, with the note" "$(cat "$T/.err")"
+python3 -c "import json, sys; s = json.load(open(sys.argv[1])); s['options']['total_steps'] = -1
+json.dump(s, open(sys.argv[1], 'w'))" "$T/old1/trainer_state.json"
+expect_exit 65 "a stored total_steps -1: 65" $TS --target "$T/target" --resume "$T/old1" --steps 1 --out "$T/oldn" "$T/train.dfs"
+grep -q "trainer_state.json: options.total_steps is -1" "$T/.err" && pass "  ... naming the field" ||
+    fail "  ... naming the field" "$(cat "$T/.err")"
 
 # ---- resume: N then N more equals 2N, bit for bit ------------------------------------------
 O="$COMMON --total-steps 10 --seed 7"

@@ -2,7 +2,8 @@
  * through the fuzz target (its invariants abort on a violation), and pin the
  * trainer_state.json bugs it found: each hostile-* seed was accepted before
  * its fix (rng words with a sign, spaces or "0x"; an all-zero RNG state; a
- * seed that is not a decimal number). */
+ * seed that is not a decimal number). ok-baseline.json is a --steps 0
+ * checkpoint: step 0 and options.total_steps 0, a schedule not set yet. */
 #include "fuzz/fuzz_trainer_state.c"
 #include "fuzz/replay.h"
 #include "test.h"
@@ -37,6 +38,14 @@ static void test_ok_seed(void) {
             t.rng.s[3] == UINT64_C(0x0123456789abcdef));
 }
 
+/* The restore takes no option (dflash-train-step reads them), so a schedule
+ * not set yet must not stop a baseline's state from being restored. */
+static void test_baseline_seed(void) {
+    dfl_trainer t;
+    T_CHECKF(restore_file("ok-baseline.json", &t) == 0, "%s", dfl_errmsg());
+    T_CHECK(t.step == 0 && t.seed == 42);
+}
+
 static void test_hostile_refused(void) {
     static const struct { const char *file, *msg; } cases[] = {
         {"hostile-rng-sign.json", "\"rng\"[0]"},   {"hostile-rng-space-0x.json", "\"rng\"[0]"},
@@ -56,6 +65,7 @@ static void test_hostile_refused(void) {
 int main(void) {
     T_RUN(test_replay_corpus);
     T_RUN(test_ok_seed);
+    T_RUN(test_baseline_seed);
     T_RUN(test_hostile_refused);
     return t_exit();
 }
