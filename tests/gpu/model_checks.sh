@@ -16,6 +16,8 @@
 #                then every tensor of the checkpoints by nmse
 #   qwen3.5      a tiny Qwen3.5 hybrid (mktarget --arch qwen3.5): extraction
 #                as above; the online loop on the device, lossless
+#   yarn         a tiny Qwen3 target with YaRN RoPE (mktarget --yarn-scaling):
+#                extraction as above; the online loop on the device, lossless
 #   moe          tiny Qwen3-MoE and Qwen3.5-MoE targets (mktarget --experts):
 #                extraction as above (hidden 1e-2: near-tied expert choices);
 #                the online loop on the device, lossless
@@ -262,6 +264,17 @@ moe_check() { # NAME MKTARGET-OPTIONS...
     extract_check "$name" "$T/$name" "$T/$name-" $MOE_HIDDEN
     online_lossless "$name" "$T/$name" 16
 }
+# ---- a YaRN target (mktarget --yarn-scaling: factor 4 over max-position/4):
+# the scaled cos and sin of its q/k norm + RoPE kernel, extraction and the
+# online loop ----
+if "$MKT" -o "$T/yarn" --vocab 301 --hidden 128 --intermediate 192 --layers 6 --heads 4 --kv-heads 2 \
+    --head-dim 64 --tie no --seed 7 --yarn-scaling >/dev/null; then
+    extract_check "YaRN" "$T/yarn" "$T/yarn-" 1e-3
+    online_lossless "YaRN" "$T/yarn" 16
+else
+    result "model: YaRN extraction cpu vs $DEV" "FAIL" "mktarget --yarn-scaling failed"
+fi
+
 moe_check qwen3-moe --experts 8 --experts-per-tok 2 --moe-intermediate 48
 moe_check qwen35-moe -a qwen3.5 --full-interval 3 --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 32 \
     --linear-v-dim 48 --experts 5 --experts-per-tok 3 --moe-intermediate 40 --shared-intermediate 56

@@ -36,7 +36,7 @@ static const char *arch = "qwen3", *tie = "yes", *out_dir = NULL, *spelling = "o
 static int64_t vocab = 211, hidden = 72, inter = 136, layers = 6, heads = 6, kv_heads = 3, head_dim = 0;
 static int64_t seed = 1, max_pos = 4096;
 static double theta = 0, eps = 0;
-static int llama3_scaling = 0;
+static int llama3_scaling = 0, yarn_scaling = 0;
 static int64_t lin_k_heads = 2, lin_v_heads = 4, lin_k_dim = 16, lin_v_dim = 24, conv_k = 4, full_interval = 4;
 static double rotary = 0.25;
 static int64_t experts = 0, experts_per_tok = 2, moe_inter = 40, shared_inter = 0, sparse_step = 1;
@@ -57,6 +57,8 @@ static const dfl_opt opts[] = {
     {"rope-theta", 0, DFL_OPT_DOUBLE, &theta, "X", "RoPE base.", "1e6 for qwen3, 5e5 for llama"},
     {"llama3-scaling", 0, DFL_OPT_FLAG, &llama3_scaling, NULL,
      "Add llama3 RoPE scaling (factor 8, low 1, high 4, original context max-position/4).", NULL},
+    {"yarn-scaling", 0, DFL_OPT_FLAG, &yarn_scaling, NULL,
+     "Add YaRN RoPE scaling (factor 4, original context max-position/4; not with --llama3-scaling).", NULL},
     {"eps", 0, DFL_OPT_DOUBLE, &eps, "X", "rms_norm_eps.", "1e-6 for qwen3, 1e-5 for llama"},
     {"max-position", 0, DFL_OPT_INT, &max_pos, "N", "max_position_embeddings.", NULL},
     {"config-spelling", 0, DFL_OPT_CHOICE, &spelling, "old|new",
@@ -232,6 +234,9 @@ static json_t *make_config(int qwen, int hybrid) {
     if (llama3_scaling)
         scaling = json_pack("{sssfsfsfsI}", "rope_type", "llama3", "factor", 8.0, "low_freq_factor", 1.0,
                             "high_freq_factor", 4.0, "original_max_position_embeddings", (json_int_t)(max_pos / 4));
+    if (yarn_scaling)
+        scaling = json_pack("{sssfsI}", "rope_type", "yarn", "factor", 4.0, "original_max_position_embeddings",
+                            (json_int_t)(max_pos / 4));
     if (!strcmp(spelling, "new")) {
         json_t *rp = json_is_object(scaling) ? scaling : json_pack("{ss}", "rope_type", "default");
         if (!json_is_object(scaling)) json_decref(scaling);
@@ -264,6 +269,7 @@ int main(int argc, char **argv) {
     if (npos) dfl_cli_usage_error(&cli, "unexpected argument '%s'", pos[0]);
     free(pos);
     if (!out_dir) dfl_cli_usage_error(&cli, "-o DIR is required");
+    if (llama3_scaling && yarn_scaling) dfl_cli_usage_error(&cli, "--llama3-scaling and --yarn-scaling exclude each other");
     int hybrid = !strcmp(arch, "qwen3.5"), qwen = hybrid || !strcmp(arch, "qwen3");
     if (!head_dim && heads > 0) head_dim = hidden / heads;
     if (!theta) theta = hybrid ? 1e7 : qwen ? 1e6 : 5e5;
