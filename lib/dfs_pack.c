@@ -222,15 +222,24 @@ static int open_inputs(pack *p) {
     return rc;
 }
 
+/* Can `path` be opened a second time and read from its start? Only a
+ * regular file: standard input, a pipe given by name (<(cmd), /dev/fd/N, a
+ * named FIFO) or a device would give what follows the bytes already read,
+ * or block for a writer that is gone. */
+static int reopenable(const char *path) {
+    struct stat st;
+    return strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 /* Check inputs 1.. against the first before any is read: each opened and
- * closed, but standard input, which cannot be opened twice, is kept in
- * *held (at *held_at). */
-static int check_inputs(const char *const *inputs, int n, const dfs_reader *first, dfs_reader **held, int *held_at) {
+ * closed, but those that cannot be opened twice (reopenable) are kept in
+ * held[i]; the others' held[i] stay NULL. */
+static int check_inputs(const char *const *inputs, int n, const dfs_reader *first, dfs_reader **held) {
     int rc = 0;
     for (int i = 1; i < n && !rc; i++) {
         dfs_reader *r;
         if ((rc = open_like(&r, inputs[i], first))) break;
-        if (!strcmp(inputs[i], "-")) *held = r, *held_at = i;
+        if (!reopenable(inputs[i])) held[i] = r;
         else dfs_reader_close(r);
     }
     return rc;
@@ -238,18 +247,19 @@ static int check_inputs(const char *const *inputs, int n, const dfs_reader *firs
 
 int dfs_pack_each_input(const char *const *inputs, int n, int check_first, dfs_pack_input_fn fn, void *ctx) {
     DFL_ASSERT(n >= 1);
-    dfs_reader *first = NULL, *held = NULL;
-    int held_at = -1, rc = stdin_once(inputs, n);
+    dfs_reader *first = NULL, **held = dfl_calloc((size_t)n, sizeof *held);
+    int rc = stdin_once(inputs, n);
     if (!rc) rc = open_like(&first, inputs[0], NULL);
-    if (!rc && check_first) rc = check_inputs(inputs, n, first, &held, &held_at);
+    if (!rc && check_first) rc = check_inputs(inputs, n, first, held);
     for (int i = 0; i < n && !rc; i++) {
-        dfs_reader *r = i == 0 ? first : i == held_at ? held : NULL;
+        dfs_reader *r = i == 0 ? first : held[i];
+        held[i] = NULL;
         if (!r && (rc = open_like(&r, inputs[i], first))) break;
         rc = fn(r, ctx);
         if (i > 0) dfs_reader_close(r); /* the first stays open: the others are compared with it */
-        if (i == held_at) held = NULL;
     }
-    dfs_reader_close(held);
+    for (int i = 1; i < n; i++) dfs_reader_close(held[i]);
+    free(held);
     dfs_reader_close(first);
     return rc;
 }

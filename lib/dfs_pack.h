@@ -45,8 +45,10 @@ int dfs_pack_split_of(const dfs_pack_opts *o, const char *id);
  * that its stream header agrees with the first input's on every identity
  * field (dfs_meta_diff), as merging does: every mode but --inspect takes
  * the inputs as one whole. With check_first, every input is checked before
- * fn runs on any (for --export, which writes). Inputs are opened one at a
- * time (the first stays open), so thousands of shards need few descriptors.
+ * fn runs on any (for --export, which writes); an input that cannot be
+ * opened twice (stdin, a pipe or FIFO by name) then stays open from its
+ * check to its turn. Other inputs are opened one at a time (the first stays
+ * open), so thousands of shards need few descriptors.
  * Returns 0, fn's error, or an exit code (65 naming both files and each
  * differing field). */
 typedef int (*dfs_pack_input_fn)(dfs_reader *r, void *ctx);

@@ -45,6 +45,17 @@ expect_exit 65 "--export: a differing stdin is refused" sh -c "dflash-pack --exp
 check "--export: stdin between two files" sh -c "dflash-pack --export '$T/xs' '$T/a.dfs' - '$T/a.dfs' <'$T/b.dfs'"
 [ -f "$T/xs/000040-b-0/hidden.npy" ] && [ -f "$T/xs/000065-a-0/hidden.npy" ] && [ "$(ls "$T/xs" | wc -l)" -eq 106 ] &&
     pass "  ... exports its records in place" || fail "--export with stdin" "$(ls "$T/xs" | sed -n '40,42p')"
+# A pipe that is not stdin (process substitution, a named FIFO) cannot be
+# opened twice either: --export keeps it open from the header check on (it
+# was reopened, read past its header: "bad magic", or a FIFO hung forever).
+check "--export: a process substitution among the inputs" \
+    bash -c "dflash-pack --export '$T/xp' '$T/a.dfs' <(cat '$T/b.dfs')"
+[ "$(ls "$T/xp" | wc -l)" -eq 66 ] && [ -f "$T/xp/000064-b-24/hidden.npy" ] &&
+    pass "  ... exports its records" || fail "--export with a process substitution" "$(ls "$T/xp" | tail -2)"
+mkfifo "$T/ef.fifo"
+(cat "$T/b.dfs" >"$T/ef.fifo" &)
+check "--export: a named FIFO among the inputs" timeout 20 dflash-pack --export "$T/xf" "$T/a.dfs" "$T/ef.fifo"
+[ "$(ls "$T/xf" | wc -l)" -eq 66 ] && pass "  ... exports its records" || fail "--export with a FIFO" "$(ls "$T/xf" | wc -l)"
 # The inputs are read one at a time: a few descriptors do for many shards.
 for i in $(seq 30); do ln -s "$T/b.dfs" "$T/many-$i.dfs"; done
 check "--verify of 30 inputs under ulimit -n 12" sh -c "ulimit -n 12; dflash-pack --verify '$T'/many-*.dfs"
