@@ -174,7 +174,7 @@ typedef struct {
     int          tmp_files;   /* bucket files created so far (for names) */
 } pack;
 
-static int stdin_once(const char *const *inputs, int n) {
+int dfs_pack_stdin_once(const char *const *inputs, int n) {
     int nstdin = 0;
     for (int i = 0; i < n; i++) nstdin += !strcmp(inputs[i], "-");
     return nstdin > 1 ? dfl_err(DFL_EX_USAGE, "stdin ('-') can be read only once") : 0;
@@ -215,7 +215,7 @@ static void allow_open_files(const pack *p) {
  * merging reads them all before it writes anything. */
 static int open_inputs(pack *p) {
     const dfs_pack_opts *o = p->o;
-    int rc = stdin_once(o->inputs, o->ninputs);
+    int rc = dfs_pack_stdin_once(o->inputs, o->ninputs);
     if (rc) return rc;
     p->in = dfl_calloc((size_t)o->ninputs, sizeof *p->in);
     for (int i = 0; i < o->ninputs && !rc; i++) rc = open_like(&p->in[i], o->inputs[i], i ? p->in[0] : NULL);
@@ -248,7 +248,7 @@ static int check_inputs(const char *const *inputs, int n, const dfs_reader *firs
 int dfs_pack_each_input(const char *const *inputs, int n, int check_first, dfs_pack_input_fn fn, void *ctx) {
     DFL_ASSERT(n >= 1);
     dfs_reader *first = NULL, **held = dfl_calloc((size_t)n, sizeof *held);
-    int rc = stdin_once(inputs, n);
+    int rc = dfs_pack_stdin_once(inputs, n);
     if (!rc) rc = open_like(&first, inputs[0], NULL);
     if (!rc && check_first) rc = check_inputs(inputs, n, first, held);
     for (int i = 0; i < n && !rc; i++) {

@@ -41,6 +41,11 @@ int dfs_pack_pattern_ok(const char *pattern, char kind);
  * cumulative normalised fractions. */
 int dfs_pack_split_of(const dfs_pack_opts *o, const char *id);
 
+/* 0, or DFL_EX_USAGE (error recorded) when "-" is among the inputs more
+ * than once: standard input can be read only once. Every mode checks this
+ * before it reads anything. */
+int dfs_pack_stdin_once(const char *const *inputs, int n);
+
 /* Run fn on each input in turn, in order ("-" at most once), after checking
  * that its stream header agrees with the first input's on every identity
  * field (dfs_meta_diff), as merging does: every mode but --inspect takes

@@ -64,6 +64,8 @@ static json_t *sample_json(const char *file, uint64_t index, dfs_sample *s) {
 }
 
 int dfs_pack_inspect(const char *const *inputs, int n, FILE *out) {
+    /* before the first line: a second "-" would read an empty stdin */
+    if (dfs_pack_stdin_once(inputs, n)) return DFL_EX_USAGE;
     for (int f = 0; f < n; f++) {
         dfs_reader *r;
         int rc = dfs_reader_open(&r, inputs[f]);

@@ -56,6 +56,15 @@ mkfifo "$T/ef.fifo"
 (cat "$T/b.dfs" >"$T/ef.fifo" &)
 check "--export: a named FIFO among the inputs" timeout 20 dflash-pack --export "$T/xf" "$T/a.dfs" "$T/ef.fifo"
 [ "$(ls "$T/xf" | wc -l)" -eq 66 ] && pass "  ... exports its records" || fail "--export with a FIFO" "$(ls "$T/xf" | wc -l)"
+# Standard input twice is refused before anything is read or written, in
+# every mode (--inspect printed the first copy and then failed with 65,
+# "empty input", on the second).
+for mode in "-o $T/x.dfs" --inspect --stats --verify "--export $T/x2"; do
+    expect_exit 2 "$mode: stdin twice is refused" sh -c "dflash-pack $mode - - <'$T/a.dfs'"
+    grep -qx "dflash-pack: stdin ('-') can be read only once" "$T/.err" && [ ! -s "$T/.out" ] &&
+        [ ! -e "$T/x.dfs" ] && [ ! -e "$T/x2" ] && pass "  ... named, nothing written" ||
+        fail "$mode: stdin twice" "$(head -c 300 "$T/.err"; head -c 100 "$T/.out")"
+done
 # The inputs are read one at a time: a few descriptors do for many shards.
 for i in $(seq 30); do ln -s "$T/b.dfs" "$T/many-$i.dfs"; done
 check "--verify of 30 inputs under ulimit -n 12" sh -c "ulimit -n 12; dflash-pack --verify '$T'/many-*.dfs"
