@@ -343,6 +343,16 @@ m, s = pty.openpty()
 r = subprocess.run(['dflash-pack', '--verify'], stdin=s, stderr=subprocess.PIPE)
 sys.stderr.write(r.stderr.decode()); sys.exit(r.returncode)"
 expect_exit 73 "unwritable output" dflash-pack -o "$T/no/such/dir/x.dfs" "$T/a.dfs"
+# A closed stdout (>&-, as some daemons start their children) with nothing
+# to print there is no error, as for cp or gzip -c >file: the output was
+# written, and exit 74 ("writing output failed: Bad file descriptor") said
+# otherwise. What does go to stdout still fails on a closed one.
+rm -f "$T/cl.dfs"
+check "-o FILE with stdout closed" sh -c "dflash-pack -o '$T/cl.dfs' '$T/a.dfs' >&-"
+cmp -s <(ids "$T/cl.dfs") <(ids "$T/a.dfs") && pass "  ... writes the output" || fail "-o FILE with stdout closed: output"
+check "--shards with stdout closed" sh -c "dflash-pack --shards 3 -o '$T/cl-%d.dfs' '$T/a.dfs' >&-"
+check "--export with stdout closed" sh -c "dflash-pack --export '$T/clx' '$T/a.dfs' >&-"
+expect_exit 74 "--verify with stdout closed: its line is lost, exit 74" sh -c "dflash-pack --verify '$T/a.dfs' >&-"
 expect_exit 2 "--seed -1 is refused (as 2^64-1 is)" dflash-pack --shuffle --seed -1 -o "$T/x.dfs" "$T/a.dfs"
 # SOURCE_DATE_EPOCH: refused unless it is a time "created" can hold (before
 # any output exists); the last second of 9999 is the largest.
