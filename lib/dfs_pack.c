@@ -199,8 +199,8 @@ static int open_like(dfs_reader **r, const char *path, const dfs_reader *first) 
  * shuffle's bucket directory. */
 _Static_assert(DFS_PACK_MAX_SHARDS + 1 < DFL_CLEANUP_MAX, "the cleanup registry must hold every output of --shards");
 
-/* Each output keeps a descriptor open for the whole run, the inputs and a
- * shuffle's buckets too: --shards 4096 needs more than the usual soft limit
+/* Each output keeps a descriptor open for the whole run, a shuffle's
+ * buckets too (and inputs that are pipes): --shards 4096 needs more than the usual soft limit
  * of 1024, so it is raised as far as the hard limit allows (what is still
  * missing is then an output that cannot be created, exit 73). */
 static void allow_open_files(const pack *p) {
@@ -209,17 +209,6 @@ static void allow_open_files(const pack *p) {
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return;
     rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
     setrlimit(RLIMIT_NOFILE, &rl);
-}
-
-/* Open every input and check that their identities agree with the first:
- * merging reads them all before it writes anything. */
-static int open_inputs(pack *p) {
-    const dfs_pack_opts *o = p->o;
-    int rc = dfs_pack_stdin_once(o->inputs, o->ninputs);
-    if (rc) return rc;
-    p->in = dfl_calloc((size_t)o->ninputs, sizeof *p->in);
-    for (int i = 0; i < o->ninputs && !rc; i++) rc = open_like(&p->in[i], o->inputs[i], i ? p->in[0] : NULL);
-    return rc;
 }
 
 /* Can `path` be opened a second time and read from its start? Only a
@@ -243,6 +232,31 @@ static int check_inputs(const char *const *inputs, int n, const dfs_reader *firs
         else dfs_reader_close(r);
     }
     return rc;
+}
+
+/* Check every input's identity against the first before anything is
+ * written. Only the first, and those that cannot be opened twice, stay open
+ * (p->in[i]); input_open opens the others in their turn, so merging
+ * thousands of shards needs few descriptors. */
+static int open_inputs(pack *p) {
+    const dfs_pack_opts *o = p->o;
+    int rc = dfs_pack_stdin_once(o->inputs, o->ninputs);
+    if (rc) return rc;
+    p->in = dfl_calloc((size_t)o->ninputs, sizeof *p->in);
+    rc = open_like(&p->in[0], o->inputs[0], NULL);
+    return rc ? rc : check_inputs(o->inputs, o->ninputs, p->in[0], p->in);
+}
+
+/* Input i, opened now if open_inputs closed it. */
+static int input_open(pack *p, int i) {
+    return p->in[i] ? 0 : open_like(&p->in[i], p->o->inputs[i], p->in[0]);
+}
+
+/* Done with input i: closed, but the first, whose meta the outputs use. */
+static void input_done(pack *p, int i) {
+    if (i == 0) return;
+    dfs_reader_close(p->in[i]);
+    p->in[i] = NULL;
 }
 
 int dfs_pack_each_input(const char *const *inputs, int n, int check_first, dfs_pack_input_fn fn, void *ctx) {
@@ -488,6 +502,7 @@ static int run_shuffle(pack *p) {
     int rc = 0;
     for (int i = 0; i < o->ninputs && !rc; i++) {
         dfs_sample *s;
+        if ((rc = input_open(p, i))) break;
         while (!rc && (rc = dfs_read(p->in[i], &s)) == 1) {
             uint64_t key = dfl_rng_u64(&rng);
             rc = 0;
@@ -510,6 +525,7 @@ static int run_shuffle(pack *p) {
             }
             n = 0;
         }
+        input_done(p, i); /* the records held are clones */
     }
     if (!b) {
         if (!rc) rc = emit_sorted(p, h, n);
@@ -529,12 +545,14 @@ static int run_shuffle(pack *p) {
 static int run_stream(pack *p) {
     for (int i = 0; i < p->o->ninputs; i++) {
         dfs_sample *s;
-        int rc;
+        int rc = input_open(p, i);
+        if (rc) return rc;
         while ((rc = dfs_read(p->in[i], &s)) == 1) {
             if ((rc = emit(p, p->in[i], s))) return rc;
             dfl_progress_update(&p->prog, (double)++p->seen, NULL);
         }
         if (rc) return rc;
+        input_done(p, i);
     }
     return 0;
 }

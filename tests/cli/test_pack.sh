@@ -69,6 +69,13 @@ done
 for i in $(seq 30); do ln -s "$T/b.dfs" "$T/many-$i.dfs"; done
 check "--verify of 30 inputs under ulimit -n 12" sh -c "ulimit -n 12; dflash-pack --verify '$T'/many-*.dfs"
 grep -qx 'OK 750 records' "$T/.out" && pass "  ... reads them all" || fail "--verify of 30 inputs" "$(cat "$T/.out")"
+# Merging reads them one at a time too (it opened all at once: more inputs
+# than the hard limit of open files failed with 66, "Too many open files").
+check "merge of 30 inputs under ulimit -n 12" sh -c "ulimit -n 12; dflash-pack -o '$T/many.dfs' '$T'/many-*.dfs"
+[ "$(dflash-pack --stats --json "$T/many.dfs" | jq .records)" = 750 ] && pass "  ... merges them all" ||
+    fail "merge of 30 inputs" "$(dflash-pack --stats --json "$T/many.dfs" | jq .records)"
+check "--shuffle --split of 30 inputs under ulimit -n 12" \
+    sh -c "ulimit -n 12; dflash-pack --shuffle --split a=1,b=1 -o '$T/msp-%s.dfs' '$T'/many-*.dfs"
 $GEN -n 3 -H 32 -K 2 -o "$T/h32.dfs"
 expect_exit 65 "inputs with another hidden size are refused" dflash-pack -o "$T/x.dfs" "$T/a.dfs" "$T/h32.dfs"
 grep -q 'target.hidden_size: 16 vs 32' "$T/.err" && pass "hidden size named" || fail "hidden size named" "$(cat "$T/.err")"
