@@ -335,6 +335,21 @@ grep -Eq 'collide.dfs: byte [0-9]+ \(record 2\): sample "c": tensors "a/b" and "
 
 # ---- usage and outputs ------------------------------------------------------
 expect_exit 2 "two modes at once" dflash-pack --inspect --verify "$T/a.dfs"
+# Options that would do nothing are refused, as -o is with --inspect: a
+# --seed without --shuffle gave the inputs' order, silently (with --split or
+# --shards too, whose parts then came out unshuffled).
+for opts in "--seed 7" "--seed 7 --shards 2" "--mem 4K" "--tmpdir $T" "--accel 8" "--compress none --accel 8" \
+            "--inspect --seed 7" "--verify --accel 8" "--stats --mem 4K"; do
+    rm -f "$T"/ig*.dfs
+    case $opts in --inspect* | --verify* | --stats*) out= ;; *) out="-o $T/ig-%d.dfs" ;; esac
+    expect_exit 2 "$opts: refused, it would do nothing" dflash-pack $opts $out "$T/a.dfs"
+    grep -Eq -e '--(seed|mem|tmpdir|accel)[^:]* go(es)? with' "$T/.err" && [ ! -s "$T/.out" ] &&
+        [ -z "$(ls "$T"/ig*.dfs 2>/dev/null)" ] && pass "  ... said, nothing written" ||
+        fail "$opts refusal" "$(head -c 300 "$T/.err")"
+done
+check "--accel with --compress lz4" dflash-pack --compress lz4 --accel 8 -o "$T/x.dfs" "$T/a.dfs"
+check "--accel with --byte-shuffle off (an LZ4 re-encoding)" dflash-pack --byte-shuffle off --accel 8 -o "$T/x.dfs" "$T/a.dfs"
+check "--seed 0, --mem 1G and --accel 1 (the defaults) alone" dflash-pack --seed 0 --mem 1G --accel 1 -o "$T/x.dfs" "$T/a.dfs"
 expect_exit 2 "unknown option" dflash-pack --frobnicate "$T/a.dfs"
 check "--help" dflash-pack --help
 grep -q -- '--shuffle' "$T/.out" && pass "--help lists options" || fail "--help lists options"
