@@ -38,6 +38,8 @@
 
 #define BUCKET_BITS 6
 #define NBUCKETS (1 << BUCKET_BITS)
+#define BUCKET_DIR "/dflash-pack.XXXXXX" /* made in --tmpdir */
+#define TMP_MAX_LEN (PATH_MAX - 64)      /* the bucket directory's path: room for its files' names */
 
 /* ---- options ------------------------------------------------------------- */
 
@@ -170,7 +172,7 @@ typedef struct {
     uint64_t     emitted;     /* records written, for round-robin shards */
     dfl_progress prog;
     uint64_t     seen;        /* records read */
-    char         tmp[PATH_MAX - 64]; /* shuffle bucket directory, "" if none */
+    char         tmp[TMP_MAX_LEN]; /* shuffle bucket directory, "" if none */
     int          tmp_files;   /* bucket files created so far (for names) */
 } pack;
 
@@ -362,12 +364,22 @@ static int tmp_error(const char *path) {
     return dfl_err(DFL_EX_CANTCREAT, "%s: cannot write temporary file: %s", path, strerror(errno));
 }
 
+int dfs_pack_check_tmpdir(const char *dir) {
+    struct stat st;
+    int e = 0;
+    if (strlen(dir) + sizeof BUCKET_DIR > TMP_MAX_LEN) e = ENAMETOOLONG;
+    else if (stat(dir, &st) != 0) e = errno;
+    else if (!S_ISDIR(st.st_mode)) e = ENOTDIR;
+    else if (access(dir, W_OK | X_OK) != 0) e = errno;
+    return e ? dfl_err(DFL_EX_CANTCREAT, "%s: --tmpdir: %s", dir, strerror(e)) : 0;
+}
+
 static int buckets_open(pack *p, buckets *b, int shift) {
     memset(b, 0, sizeof *b);
     b->shift = shift;
     if (!p->tmp[0]) {
         const char *dir = p->o->tmpdir;
-        if (snprintf(p->tmp, sizeof p->tmp, "%s/dflash-pack.XXXXXX", dir) >= (int)sizeof p->tmp || !mkdtemp(p->tmp)) {
+        if (snprintf(p->tmp, sizeof p->tmp, "%s" BUCKET_DIR, dir) >= (int)sizeof p->tmp || !mkdtemp(p->tmp)) {
             int rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
             p->tmp[0] = 0;
             return rc;

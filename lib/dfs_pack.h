@@ -37,6 +37,11 @@ int dfs_pack_parse_split(const char *spec, dfs_pack_opts *o);
 /* Check that an output pattern holds exactly one conversion of `kind`
  * ('s' or 'd'; "%%" is a literal %). Returns 0 or -1. */
 int dfs_pack_pattern_ok(const char *pattern, char kind);
+/* Can the shuffle's bucket directory be made in `dir`: an existing,
+ * writable directory, its path short enough? 0, or DFL_EX_CANTCREAT with
+ * "DIR: --tmpdir: why" recorded. Checked before any input is read, since
+ * the buckets are first needed only once --mem is full. */
+int dfs_pack_check_tmpdir(const char *dir);
 /* The split a sample id falls in: u = (XXH64(id) >> 11) * 2^-53 against the
  * cumulative normalised fractions. */
 int dfs_pack_split_of(const dfs_pack_opts *o, const char *id);

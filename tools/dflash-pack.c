@@ -28,7 +28,8 @@ static const dfl_opt opts[] = {
      "Seed of the --shuffle RNG, 0 to 2^63-1 (with --shuffle only, as --mem and --tmpdir).", "0"},
     {"mem", 0, DFL_OPT_SIZE, &mem, "SIZE",
      "Records held in memory while shuffling; beyond it they go to temporary bucket files in --tmpdir.", "1G"},
-    {"tmpdir", 0, DFL_OPT_STR, &tmpdir, "DIR", "Directory for the shuffle's temporary files, removed afterwards.",
+    {"tmpdir", 0, DFL_OPT_STR, &tmpdir, "DIR",
+     "Directory for the shuffle's temporary files, removed afterwards; it must exist and be writable.",
      "$TMPDIR or /tmp"},
     {"split", 0, DFL_OPT_STR, &split, "NAME=F,...",
      "Split records by id into parts with these fractions (normalised to sum 1), e.g. train=0.99,val=0.01. "
@@ -152,6 +153,7 @@ int main(int argc, char **argv) {
             dfl_cli_usage_error(&cli, "--shards needs -o with exactly one %%d, e.g. 'train-%%03d.dfs'");
         encoding(&o);
         accel_used(&o, 0);
+        if (shuffle && dfs_pack_check_tmpdir(o.tmpdir)) dfl_die_last(cli.prog); /* not once --mem is full */
         if (dfs_check_source_date_epoch()) dfl_die_last(cli.prog); /* before any output exists */
         rc = dfs_pack_run(&o);
     }

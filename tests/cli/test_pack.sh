@@ -89,11 +89,22 @@ cmp -s "$T/s7.dfs" "$T/s7b.dfs" && pass "shuffle is deterministic per seed" || f
 [ "$(ids "$T/s7.dfs")" != "$(ids "$T/m.dfs")" ] && pass "shuffle changes the order" || fail "shuffle changes order"
 [ "$(ids "$T/s7.dfs" | sort)" = "$(ids "$T/m.dfs" | sort)" ] && [ "$(ids "$T/s7.dfs" | sort -u | wc -l)" -eq 65 ] &&
     pass "each record of both inputs exactly once" || fail "each record exactly once"
-# External memory: a tiny --mem spills into buckets (a bad --tmpdir proves it),
-# and gives the very same bytes as the in-memory shuffle.
-expect_exit 73 "tiny --mem uses --tmpdir" dflash-pack --shuffle --seed 7 --mem 4K --tmpdir "$T/nonexistent" -o "$T/x.dfs" "$T/a.dfs" "$T/b.dfs"
-expect_exit 0 "default --mem holds this input in memory" dflash-pack --shuffle --seed 7 --tmpdir "$T/nonexistent" -o "$T/x.dfs" "$T/a.dfs" "$T/b.dfs"
+# External memory: a tiny --mem spills into buckets (128 open bucket files
+# prove it, under a limit of 40), and gives the very same bytes as the
+# in-memory shuffle.
 mkdir -p "$T/tmp"
+expect_exit 73 "tiny --mem uses --tmpdir" sh -c "ulimit -n 40; dflash-pack --shuffle --seed 7 --mem 4K --tmpdir '$T/tmp' -o '$T/x.dfs' '$T/a.dfs' '$T/b.dfs'"
+check "default --mem holds this input in memory" sh -c "ulimit -n 40; dflash-pack --shuffle --seed 7 --tmpdir '$T/tmp' -o '$T/x.dfs' '$T/a.dfs' '$T/b.dfs'"
+# A --tmpdir that cannot hold the buckets is refused before any input is
+# read (it failed only once --mem was full, after reading that much; here,
+# with the default --mem, never: the run passed).
+: >"$T/afile"
+for d in "$T/nonexistent" "$T/afile"; do
+    rm -f "$T/x.dfs"
+    expect_exit 73 "--shuffle --tmpdir ${d#$T/}: refused" timeout 20 dflash-pack --shuffle --tmpdir "$d" -o "$T/x.dfs" "$T/ef.fifo"
+    grep -q "^dflash-pack: $d: --tmpdir: " "$T/.err" && [ ! -e "$T/x.dfs" ] && pass "  ... before reading, named" ||
+        fail "--tmpdir ${d#$T/} refusal" "$(head -c 300 "$T/.err")"
+done
 for mem in 4K 40K 200K; do
     dflash-pack --shuffle --seed 7 --mem $mem --tmpdir "$T/tmp" -o "$T/se.dfs" "$T/a.dfs" "$T/b.dfs" &&
         cmp -s "$T/s7.dfs" "$T/se.dfs" && pass "--mem $mem gives the in-memory order" || fail "--mem $mem order"
