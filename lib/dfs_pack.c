@@ -124,7 +124,8 @@ static int find_conv(const char *p, char kind, conv *c) {
         size_t j = i + 1;
         conv k = {i, 0, 0, 0, 0};
         for (; p[j] == '0' || p[j] == '-'; j++) p[j] == '0' ? (k.zero = 1) : (k.left = 1);
-        for (; p[j] >= '0' && p[j] <= '9' && k.width < 100; j++) k.width = k.width * 10 + (p[j] - '0');
+        for (; p[j] >= '0' && p[j] <= '9'; j++)
+            if ((k.width = k.width * 10 + (p[j] - '0')) > DFS_PACK_MAX_WIDTH) return -1;
         if (p[j] != kind || found || (kind == 's' && j != i + 1)) return -1;
         k.end = j + 1;
         *c = k;
@@ -143,6 +144,9 @@ int dfs_pack_pattern_ok(const char *pattern, char kind) {
 static void pattern_fill(char *out, size_t n, const char *pat, char kind, const char *s, long long d) {
     conv c;
     char piece[128];
+    /* a piece cut short would lose the digits that tell shards apart */
+    _Static_assert(DFS_PACK_MAX_WIDTH < sizeof piece && sizeof((dfs_pack_opts *)0)->split_name[0] < sizeof piece,
+                   "a filled conversion fits its buffer");
     DFL_ASSERT(find_conv(pat, kind, &c) == 0);
     if (kind == 's') snprintf(piece, sizeof piece, "%s", s);
     else if (c.left) snprintf(piece, sizeof piece, "%-*lld", c.width, d);

@@ -12,6 +12,7 @@
 
 #define DFS_PACK_MAX_SPLITS 16
 #define DFS_PACK_MAX_SHARDS 4096
+#define DFS_PACK_MAX_WIDTH  32 /* of the %d in a --shards pattern (%032d) */
 
 typedef struct {
     const char *const *inputs;   /* paths, "-" = stdin */

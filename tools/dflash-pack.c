@@ -150,7 +150,8 @@ int main(int argc, char **argv) {
         if (split && dfs_pack_pattern_ok(output, 's'))
             dfl_cli_usage_error(&cli, "--split needs -o with exactly one %%s (and %%%% for a literal %%)");
         if (shards && dfs_pack_pattern_ok(output, 'd'))
-            dfl_cli_usage_error(&cli, "--shards needs -o with exactly one %%d, e.g. 'train-%%03d.dfs'");
+            dfl_cli_usage_error(&cli, "--shards needs -o with exactly one %%d, e.g. 'train-%%03d.dfs' (a width of at "
+                                      "most %d)", DFS_PACK_MAX_WIDTH);
         encoding(&o);
         accel_used(&o, 0);
         if (shuffle && dfs_pack_check_tmpdir(o.tmpdir)) dfl_die_last(cli.prog); /* not once --mem is full */

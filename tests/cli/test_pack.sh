@@ -155,6 +155,14 @@ dflash-pack --shards 2 --shuffle --seed 7 -o "$T/ss-%d.dfs" "$T/a.dfs" "$T/b.dfs
     [ "$(ids "$T/ss-1.dfs" | head -1)" = "$(ids "$T/s7.dfs" | sed -n 2p)" ] &&
     pass "shuffled shards deal the shuffled order" || fail "shuffled shards"
 expect_exit 2 "--shards needs %d in -o" dflash-pack --shards 2 -o "$T/x.dfs" "$T/a.dfs"
+# A width too large for a file name is refused: the number was cut off the
+# end of it, every shard got one name, and all but one were lost (exit 0).
+mkdir -p "$T/wide"
+for w in %0150d %200d %0999d; do
+    expect_exit 2 "--shards -o 'p-$w': refused" dflash-pack --shards 2 -o "$T/wide/p-$w" "$T/a.dfs"
+    grep -q 'width' "$T/.err" && [ -z "$(ls -A "$T/wide")" ] && pass "  ... said, nothing written" ||
+        fail "--shards -o 'p-$w'" "$(head -c 200 "$T/.err"; ls "$T/wide" | head -c 100)"
+done
 expect_exit 2 "--split and --shards exclude each other" dflash-pack --shards 2 --split a=1 -o "$T/x-%d.dfs" "$T/a.dfs"
 
 # Many shards: each output is a registered temporary file until the end (more
