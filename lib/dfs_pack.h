@@ -69,10 +69,11 @@ int dfs_pack_each_input(const char *const *inputs, int n, int check_first, dfs_p
  * or an exit code with the error recorded; outputs appear only on success. */
 int dfs_pack_run(const dfs_pack_opts *o);
 
-/* Read-only modes over the inputs. Each returns 0 or an exit code. */
-int dfs_pack_inspect(const char *const *inputs, int n, FILE *out);
-int dfs_pack_stats(const char *const *inputs, int n, int as_json, FILE *out);
-int dfs_pack_verify(const char *const *inputs, int n, FILE *out);
-int dfs_pack_export(const char *const *inputs, int n, const char *dir);
+/* Read-only modes over the inputs. Each returns 0 or an exit code. Progress
+ * (records) goes to stderr when it is a terminal, or always with progress. */
+int dfs_pack_inspect(const char *const *inputs, int n, int progress, FILE *out);
+int dfs_pack_stats(const char *const *inputs, int n, int as_json, int progress, FILE *out);
+int dfs_pack_verify(const char *const *inputs, int n, int progress, FILE *out);
+int dfs_pack_export(const char *const *inputs, int n, const char *dir, int progress);
 
 #endif

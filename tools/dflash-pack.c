@@ -126,10 +126,10 @@ int main(int argc, char **argv) {
     int rc;
     if (modes) {
         accel_used(NULL, modes);
-        if (inspect) rc = dfs_pack_inspect(inputs, ninputs, stdout);
-        else if (stats) rc = dfs_pack_stats(inputs, ninputs, as_json, stdout);
-        else if (verify) rc = dfs_pack_verify(inputs, ninputs, stdout);
-        else rc = dfs_pack_export(inputs, ninputs, export_dir);
+        if (inspect) rc = dfs_pack_inspect(inputs, ninputs, progress, stdout);
+        else if (stats) rc = dfs_pack_stats(inputs, ninputs, as_json, progress, stdout);
+        else if (verify) rc = dfs_pack_verify(inputs, ninputs, progress, stdout);
+        else rc = dfs_pack_export(inputs, ninputs, export_dir, progress);
     } else {
         dfs_pack_opts o;
         memset(&o, 0, sizeof o);

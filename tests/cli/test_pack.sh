@@ -353,6 +353,14 @@ grep -Eq 'collide.dfs: byte [0-9]+ \(record 2\): sample "c": tensors "a/b" and "
     fail "export collision output" "$(ls -R "$T/cx")"
 
 # ---- usage and outputs ------------------------------------------------------
+# --progress shows progress in every mode, as --help says (the read-only
+# modes took it and showed nothing: a long --verify looked hung). The final
+# line counts the records; stdout stays clean.
+for mode in --verify --stats --inspect "--export $T/xpr" "-o $T/x.dfs"; do
+    check "$mode --progress" dflash-pack $mode --progress "$T/a.dfs" "$T/b.dfs"
+    tr '\r' '\n' <"$T/.err" | grep -Eq '^65 rec ' && ! grep -q ' rec ' "$T/.out" && pass "  ... on stderr: 65 rec" ||
+        fail "$mode --progress" "$(tr '\r' '\n' <"$T/.err" | tail -2)"
+done
 expect_exit 2 "two modes at once" dflash-pack --inspect --verify "$T/a.dfs"
 # Options that would do nothing are refused, as -o is with --inspect: a
 # --seed without --shuffle gave the inputs' order, silently (with --split or
