@@ -58,7 +58,8 @@ static const dfl_opt opts[] = {
     {"export", 0, DFL_OPT_STR, &export_dir, "DIR",
      "Write each record's tensors as DIR/INDEX-ID/NAME.npy (bf16 as float32, exactly), and the stream header as "
      "DIR/stream.json.", NULL},
-    {"progress", 0, DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal.", NULL},
+    {"progress", 0, DFL_OPT_FLAG, &progress, NULL,
+     "Show progress (records read) on stderr even when it is not a terminal, in every mode.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
 
