@@ -38,6 +38,8 @@
 
 #define BUCKET_BITS 6
 #define NBUCKETS (1 << BUCKET_BITS)
+#define BUCKET_DIR "/dflash-pack.XXXXXX" /* made in --tmpdir */
+#define TMP_MAX_LEN (PATH_MAX - 64)      /* the bucket directory's path: room for its files' names */
 
 /* ---- options ------------------------------------------------------------- */
 
@@ -122,7 +124,8 @@ static int find_conv(const char *p, char kind, conv *c) {
         size_t j = i + 1;
         conv k = {i, 0, 0, 0, 0};
         for (; p[j] == '0' || p[j] == '-'; j++) p[j] == '0' ? (k.zero = 1) : (k.left = 1);
-        for (; p[j] >= '0' && p[j] <= '9' && k.width < 100; j++) k.width = k.width * 10 + (p[j] - '0');
+        for (; p[j] >= '0' && p[j] <= '9'; j++)
+            if ((k.width = k.width * 10 + (p[j] - '0')) > DFS_PACK_MAX_WIDTH) return -1;
         if (p[j] != kind || found || (kind == 's' && j != i + 1)) return -1;
         k.end = j + 1;
         *c = k;
@@ -141,6 +144,9 @@ int dfs_pack_pattern_ok(const char *pattern, char kind) {
 static void pattern_fill(char *out, size_t n, const char *pat, char kind, const char *s, long long d) {
     conv c;
     char piece[128];
+    /* a piece cut short would lose the digits that tell shards apart */
+    _Static_assert(DFS_PACK_MAX_WIDTH < sizeof piece && sizeof((dfs_pack_opts *)0)->split_name[0] < sizeof piece,
+                   "a filled conversion fits its buffer");
     DFL_ASSERT(find_conv(pat, kind, &c) == 0);
     if (kind == 's') snprintf(piece, sizeof piece, "%s", s);
     else if (c.left) snprintf(piece, sizeof piece, "%-*lld", c.width, d);
@@ -170,11 +176,11 @@ typedef struct {
     uint64_t     emitted;     /* records written, for round-robin shards */
     dfl_progress prog;
     uint64_t     seen;        /* records read */
-    char         tmp[PATH_MAX - 64]; /* shuffle bucket directory, "" if none */
+    char         tmp[TMP_MAX_LEN]; /* shuffle bucket directory, "" if none */
     int          tmp_files;   /* bucket files created so far (for names) */
 } pack;
 
-static int stdin_once(const char *const *inputs, int n) {
+int dfs_pack_stdin_once(const char *const *inputs, int n) {
     int nstdin = 0;
     for (int i = 0; i < n; i++) nstdin += !strcmp(inputs[i], "-");
     return nstdin > 1 ? dfl_err(DFL_EX_USAGE, "stdin ('-') can be read only once") : 0;
@@ -199,8 +205,8 @@ static int open_like(dfs_reader **r, const char *path, const dfs_reader *first) 
  * shuffle's bucket directory. */
 _Static_assert(DFS_PACK_MAX_SHARDS + 1 < DFL_CLEANUP_MAX, "the cleanup registry must hold every output of --shards");
 
-/* Each output keeps a descriptor open for the whole run, the inputs and a
- * shuffle's buckets too: --shards 4096 needs more than the usual soft limit
+/* Each output keeps a descriptor open for the whole run, a shuffle's
+ * buckets too (and inputs that are pipes): --shards 4096 needs more than the usual soft limit
  * of 1024, so it is raised as far as the hard limit allows (what is still
  * missing is then an output that cannot be created, exit 73). */
 static void allow_open_files(const pack *p) {
@@ -211,45 +217,69 @@ static void allow_open_files(const pack *p) {
     setrlimit(RLIMIT_NOFILE, &rl);
 }
 
-/* Open every input and check that their identities agree with the first:
- * merging reads them all before it writes anything. */
-static int open_inputs(pack *p) {
-    const dfs_pack_opts *o = p->o;
-    int rc = stdin_once(o->inputs, o->ninputs);
-    if (rc) return rc;
-    p->in = dfl_calloc((size_t)o->ninputs, sizeof *p->in);
-    for (int i = 0; i < o->ninputs && !rc; i++) rc = open_like(&p->in[i], o->inputs[i], i ? p->in[0] : NULL);
-    return rc;
+/* Can `path` be opened a second time and read from its start? Only a
+ * regular file: standard input, a pipe given by name (<(cmd), /dev/fd/N, a
+ * named FIFO) or a device would give what follows the bytes already read,
+ * or block for a writer that is gone. */
+static int reopenable(const char *path) {
+    struct stat st;
+    return strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 /* Check inputs 1.. against the first before any is read: each opened and
- * closed, but standard input, which cannot be opened twice, is kept in
- * *held (at *held_at). */
-static int check_inputs(const char *const *inputs, int n, const dfs_reader *first, dfs_reader **held, int *held_at) {
+ * closed, but those that cannot be opened twice (reopenable) are kept in
+ * held[i]; the others' held[i] stay NULL. */
+static int check_inputs(const char *const *inputs, int n, const dfs_reader *first, dfs_reader **held) {
     int rc = 0;
     for (int i = 1; i < n && !rc; i++) {
         dfs_reader *r;
         if ((rc = open_like(&r, inputs[i], first))) break;
-        if (!strcmp(inputs[i], "-")) *held = r, *held_at = i;
+        if (!reopenable(inputs[i])) held[i] = r;
         else dfs_reader_close(r);
     }
     return rc;
 }
 
+/* Check every input's identity against the first before anything is
+ * written. Only the first, and those that cannot be opened twice, stay open
+ * (p->in[i]); input_open opens the others in their turn, so merging
+ * thousands of shards needs few descriptors. */
+static int open_inputs(pack *p) {
+    const dfs_pack_opts *o = p->o;
+    int rc = dfs_pack_stdin_once(o->inputs, o->ninputs);
+    if (rc) return rc;
+    p->in = dfl_calloc((size_t)o->ninputs, sizeof *p->in);
+    rc = open_like(&p->in[0], o->inputs[0], NULL);
+    return rc ? rc : check_inputs(o->inputs, o->ninputs, p->in[0], p->in);
+}
+
+/* Input i, opened now if open_inputs closed it. */
+static int input_open(pack *p, int i) {
+    return p->in[i] ? 0 : open_like(&p->in[i], p->o->inputs[i], p->in[0]);
+}
+
+/* Done with input i: closed, but the first, whose meta the outputs use. */
+static void input_done(pack *p, int i) {
+    if (i == 0) return;
+    dfs_reader_close(p->in[i]);
+    p->in[i] = NULL;
+}
+
 int dfs_pack_each_input(const char *const *inputs, int n, int check_first, dfs_pack_input_fn fn, void *ctx) {
     DFL_ASSERT(n >= 1);
-    dfs_reader *first = NULL, *held = NULL;
-    int held_at = -1, rc = stdin_once(inputs, n);
+    dfs_reader *first = NULL, **held = dfl_calloc((size_t)n, sizeof *held);
+    int rc = dfs_pack_stdin_once(inputs, n);
     if (!rc) rc = open_like(&first, inputs[0], NULL);
-    if (!rc && check_first) rc = check_inputs(inputs, n, first, &held, &held_at);
+    if (!rc && check_first) rc = check_inputs(inputs, n, first, held);
     for (int i = 0; i < n && !rc; i++) {
-        dfs_reader *r = i == 0 ? first : i == held_at ? held : NULL;
+        dfs_reader *r = i == 0 ? first : held[i];
+        held[i] = NULL;
         if (!r && (rc = open_like(&r, inputs[i], first))) break;
         rc = fn(r, ctx);
         if (i > 0) dfs_reader_close(r); /* the first stays open: the others are compared with it */
-        if (i == held_at) held = NULL;
     }
-    dfs_reader_close(held);
+    for (int i = 1; i < n; i++) dfs_reader_close(held[i]);
+    free(held);
     dfs_reader_close(first);
     return rc;
 }
@@ -338,12 +368,22 @@ static int tmp_error(const char *path) {
     return dfl_err(DFL_EX_CANTCREAT, "%s: cannot write temporary file: %s", path, strerror(errno));
 }
 
+int dfs_pack_check_tmpdir(const char *dir) {
+    struct stat st;
+    int e = 0;
+    if (strlen(dir) + sizeof BUCKET_DIR > TMP_MAX_LEN) e = ENAMETOOLONG;
+    else if (stat(dir, &st) != 0) e = errno;
+    else if (!S_ISDIR(st.st_mode)) e = ENOTDIR;
+    else if (access(dir, W_OK | X_OK) != 0) e = errno;
+    return e ? dfl_err(DFL_EX_CANTCREAT, "%s: --tmpdir: %s", dir, strerror(e)) : 0;
+}
+
 static int buckets_open(pack *p, buckets *b, int shift) {
     memset(b, 0, sizeof *b);
     b->shift = shift;
     if (!p->tmp[0]) {
         const char *dir = p->o->tmpdir;
-        if (snprintf(p->tmp, sizeof p->tmp, "%s/dflash-pack.XXXXXX", dir) >= (int)sizeof p->tmp || !mkdtemp(p->tmp)) {
+        if (snprintf(p->tmp, sizeof p->tmp, "%s" BUCKET_DIR, dir) >= (int)sizeof p->tmp || !mkdtemp(p->tmp)) {
             int rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
             p->tmp[0] = 0;
             return rc;
@@ -478,6 +518,7 @@ static int run_shuffle(pack *p) {
     int rc = 0;
     for (int i = 0; i < o->ninputs && !rc; i++) {
         dfs_sample *s;
+        if ((rc = input_open(p, i))) break;
         while (!rc && (rc = dfs_read(p->in[i], &s)) == 1) {
             uint64_t key = dfl_rng_u64(&rng);
             rc = 0;
@@ -500,6 +541,7 @@ static int run_shuffle(pack *p) {
             }
             n = 0;
         }
+        input_done(p, i); /* the records held are clones */
     }
     if (!b) {
         if (!rc) rc = emit_sorted(p, h, n);
@@ -519,12 +561,14 @@ static int run_shuffle(pack *p) {
 static int run_stream(pack *p) {
     for (int i = 0; i < p->o->ninputs; i++) {
         dfs_sample *s;
-        int rc;
+        int rc = input_open(p, i);
+        if (rc) return rc;
         while ((rc = dfs_read(p->in[i], &s)) == 1) {
             if ((rc = emit(p, p->in[i], s))) return rc;
             dfl_progress_update(&p->prog, (double)++p->seen, NULL);
         }
         if (rc) return rc;
+        input_done(p, i);
     }
     return 0;
 }

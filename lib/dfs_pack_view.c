@@ -3,6 +3,7 @@
  * frame decoded) and --export (.npy files for numpy and PyTorch users). */
 #include "dfs_pack.h"
 
+#include "cli.h"
 #include "common.h"
 #include "outfile.h"
 
@@ -63,7 +64,12 @@ static json_t *sample_json(const char *file, uint64_t index, dfs_sample *s) {
                      ids ? json_integer(sample_tokens(s)) : json_null(), "tensors", ts);
 }
 
-int dfs_pack_inspect(const char *const *inputs, int n, FILE *out) {
+int dfs_pack_inspect(const char *const *inputs, int n, int progress, FILE *out) {
+    /* before the first line: a second "-" would read an empty stdin */
+    if (dfs_pack_stdin_once(inputs, n)) return DFL_EX_USAGE;
+    dfl_progress prog;
+    uint64_t seen = 0;
+    dfl_progress_init(&prog, progress, 0, "rec");
     for (int f = 0; f < n; f++) {
         dfs_reader *r;
         int rc = dfs_reader_open(&r, inputs[f]);
@@ -73,10 +79,14 @@ int dfs_pack_inspect(const char *const *inputs, int n, FILE *out) {
         rc = print_json(out, h);
         dfs_sample *s;
         uint64_t index = 0;
-        while (!rc && (rc = dfs_read(r, &s)) == 1) rc = print_json(out, sample_json(dfs_reader_path(r), index++, s));
+        while (!rc && (rc = dfs_read(r, &s)) == 1) {
+            rc = print_json(out, sample_json(dfs_reader_path(r), index++, s));
+            dfl_progress_update(&prog, (double)++seen, NULL);
+        }
         dfs_reader_close(r);
         if (rc) return rc;
     }
+    dfl_progress_end(&prog, (double)seen, NULL);
     return 0;
 }
 
@@ -92,6 +102,7 @@ typedef struct {
     uint64_t files, segments, records, tokens, supervised, raw, stored;
     int      ntensors;
     tensor_total t[DFS_MAX_TENSORS * 4];
+    dfl_progress prog; /* of the records counted */
 } totals;
 
 static void add_tensor(totals *tt, const dfs_tensor *t) {
@@ -118,7 +129,7 @@ static int stats_add_file(dfs_reader *r, void *ctx) {
     int rc;
     dfs_sample *s;
     while ((rc = dfs_read(r, &s)) == 1) {
-        tt->records++;
+        dfl_progress_update(&tt->prog, (double)++tt->records, NULL);
         tt->tokens += (uint64_t)sample_tokens(s);
         for (int i = 0; i < s->ntensors; i++) add_tensor(tt, &s->t[i]);
         dfs_tensor *m = dfs_find(s, "loss_mask");
@@ -162,10 +173,12 @@ static void stats_print_text(const totals *tt, FILE *out) {
                 ratio(tt->t[i].raw, tt->t[i].stored));
 }
 
-int dfs_pack_stats(const char *const *inputs, int n, int as_json, FILE *out) {
+int dfs_pack_stats(const char *const *inputs, int n, int as_json, int progress, FILE *out) {
     totals *tt = dfl_calloc(1, sizeof *tt);
+    dfl_progress_init(&tt->prog, progress, 0, "rec");
     /* one table of totals: the inputs must agree */
     int rc = dfs_pack_each_input(inputs, n, 0, stats_add_file, tt);
+    if (!rc) dfl_progress_end(&tt->prog, (double)tt->records, NULL);
     if (!rc && as_json) rc = stats_print_json(tt, out);
     else if (!rc) stats_print_text(tt, out);
     free(tt);
@@ -174,8 +187,13 @@ int dfs_pack_stats(const char *const *inputs, int n, int as_json, FILE *out) {
 
 /* ---- verify -------------------------------------------------------------- */
 
+typedef struct {
+    uint64_t     total; /* records verified */
+    dfl_progress prog;
+} verify_ctx;
+
 static int verify_input(dfs_reader *r, void *ctx) {
-    uint64_t *total = ctx;
+    verify_ctx *v = ctx;
     dfs_hs_meta hs;
     int is_hs, rc = hs_meta_of(r, &hs, &is_hs);
     dfs_sample *s;
@@ -183,18 +201,20 @@ static int verify_input(dfs_reader *r, void *ctx) {
         rc = 0;
         for (int i = 0; i < s->ntensors && !rc; i++) rc = dfs_decode(r, &s->t[i]);
         if (!rc && is_hs) rc = dfs_hs_check_sample(&hs, s, dfs_reader_path(r));
-        if (!rc) ++*total;
+        if (!rc) dfl_progress_update(&v->prog, (double)++v->total, NULL);
     }
     return rc;
 }
 
-int dfs_pack_verify(const char *const *inputs, int n, FILE *out) {
-    uint64_t total = 0;
+int dfs_pack_verify(const char *const *inputs, int n, int progress, FILE *out) {
+    verify_ctx v = {0};
+    dfl_progress_init(&v.prog, progress, 0, "rec");
     /* Inputs that merging would refuse are not a valid whole (nor is their
      * concatenation, which the reader refuses): the same check here. */
-    int rc = dfs_pack_each_input(inputs, n, 0, verify_input, &total);
+    int rc = dfs_pack_each_input(inputs, n, 0, verify_input, &v);
     if (rc) return rc;
-    if (fprintf(out, "OK %llu records\n", (unsigned long long)total) < 0) return out_error();
+    dfl_progress_end(&v.prog, (double)v.total, NULL);
+    if (fprintf(out, "OK %llu records\n", (unsigned long long)v.total) < 0) return out_error();
     return 0;
 }
 
@@ -315,9 +335,10 @@ static int export_sample(dfs_reader *r, dfs_sample *s, const char *dir, uint64_t
 }
 
 typedef struct {
-    const char *dir;
-    uint64_t    index; /* records exported so far */
-    int         started;
+    const char  *dir;
+    uint64_t     index; /* records exported so far */
+    int          started;
+    dfl_progress prog;
 } export_ctx;
 
 static int export_input(dfs_reader *r, void *ctx) {
@@ -329,13 +350,19 @@ static int export_input(dfs_reader *r, void *ctx) {
         if (!rc) rc = export_header(r, x->dir);
     }
     dfs_sample *s;
-    while (!rc && (rc = dfs_read(r, &s)) == 1) rc = export_sample(r, s, x->dir, x->index++);
+    while (!rc && (rc = dfs_read(r, &s)) == 1) {
+        rc = export_sample(r, s, x->dir, x->index++);
+        dfl_progress_update(&x->prog, (double)x->index, NULL);
+    }
     return rc;
 }
 
-int dfs_pack_export(const char *const *inputs, int n, const char *dir) {
-    export_ctx x = {dir, 0, 0};
+int dfs_pack_export(const char *const *inputs, int n, const char *dir, int progress) {
+    export_ctx x = {dir, 0, 0, {0}};
+    dfl_progress_init(&x.prog, progress, 0, "rec");
     /* One stream.json describes every record: the inputs must agree, and
      * are all checked before anything is written. */
-    return dfs_pack_each_input(inputs, n, 1, export_input, &x);
+    int rc = dfs_pack_each_input(inputs, n, 1, export_input, &x);
+    if (!rc) dfl_progress_end(&x.prog, (double)x.index, NULL);
+    return rc;
 }

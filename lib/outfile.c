@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -389,8 +390,12 @@ void dfl_tmpdir_abort(const char *tmp_path) {
 }
 
 int dfl_close_stdout(void) {
-    int bad = fflush(stdout) != 0 || ferror(stdout);
-    if (fclose(stdout) != 0) bad = 1;
+    /* As gnulib's close_stream: a stdout that was closed when the tool
+     * started (>&-) fails fclose with EBADF, which is no error when nothing
+     * was ever to be written there (-o FILE wrote its output); bytes pending
+     * or an earlier write error are. */
+    int pending = __fpending(stdout) != 0, bad = ferror(stdout) != 0;
+    if (fclose(stdout) != 0 && (pending || errno != EBADF)) bad = 1;
     if (bad) return dfl_err(DFL_EX_IOERR, "writing output failed: %s", strerror(errno));
     return 0;
 }

@@ -61,8 +61,9 @@ int dfl_tmpdir_check(const char *final_path, const char *const *names);
 int dfl_cleanup_register(const char *path, int is_dir);
 void dfl_cleanup_unregister(const char *path);
 
-/* Check stdout at exit, as jq does: flush, ferror and fclose. Returns 0 or
- * DFL_EX_IOERR with the error recorded. Call once, last, from main. */
+/* Check stdout at exit, as jq does: flush, ferror and fclose (a stdout
+ * closed from the start is no error if nothing was written to it). Returns 0
+ * or DFL_EX_IOERR with the error recorded. Call once, last, from main. */
 int dfl_close_stdout(void);
 
 #endif

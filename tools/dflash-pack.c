@@ -14,7 +14,8 @@ static const char *output = "-", *tmpdir = NULL, *split = NULL;
 static const char *compress = "keep", *byte_shuffle = "keep", *export_dir = NULL;
 static int shuffle, inspect, stats, verify, as_json, progress;
 static int64_t seed = 0, shards = 0, accel = 1;
-static uint64_t mem = 1ull << 30;
+#define DEFAULT_MEM (1ull << 30)
+static uint64_t mem = DEFAULT_MEM;
 
 static const dfl_opt opts[] = {
     {"output", 'o', DFL_OPT_STR, &output, "FILE",
@@ -23,10 +24,12 @@ static const dfl_opt opts[] = {
     {"shuffle", 0, DFL_OPT_FLAG, &shuffle, NULL,
      "Shuffle the records of all inputs uniformly: each record draws a random 64-bit key from the --seed RNG and "
      "the output is sorted by key. The order depends only on the seed and the inputs (not on --mem).", NULL},
-    {"seed", 0, DFL_OPT_INT, &seed, "N", "Seed of the --shuffle RNG, 0 to 2^63-1.", "0"},
+    {"seed", 0, DFL_OPT_INT, &seed, "N",
+     "Seed of the --shuffle RNG, 0 to 2^63-1 (with --shuffle only, as --mem and --tmpdir).", "0"},
     {"mem", 0, DFL_OPT_SIZE, &mem, "SIZE",
      "Records held in memory while shuffling; beyond it they go to temporary bucket files in --tmpdir.", "1G"},
-    {"tmpdir", 0, DFL_OPT_STR, &tmpdir, "DIR", "Directory for the shuffle's temporary files, removed afterwards.",
+    {"tmpdir", 0, DFL_OPT_STR, &tmpdir, "DIR",
+     "Directory for the shuffle's temporary files, removed afterwards; it must exist and be writable.",
      "$TMPDIR or /tmp"},
     {"split", 0, DFL_OPT_STR, &split, "NAME=F,...",
      "Split records by id into parts with these fractions (normalised to sum 1), e.g. train=0.99,val=0.01. "
@@ -39,8 +42,9 @@ static const dfl_opt opts[] = {
      "Re-encode tensors with this codec; keep copies each tensor's stored bytes as they are.", NULL},
     {"byte-shuffle", 0, DFL_OPT_CHOICE, &byte_shuffle, "keep|on|off",
      "Byte-shuffle tensors before LZ4 (given alone it implies --compress lz4; with --compress lz4 the default is on).", NULL},
-    {"accel", 0, DFL_OPT_INT, &accel, "N", "LZ4 acceleration when re-encoding (1 = lz4 -1; higher is faster, larger).",
-     NULL},
+    {"accel", 0, DFL_OPT_INT, &accel, "N",
+     "LZ4 acceleration when re-encoding (1 = lz4 -1; higher is faster, larger), 1 to 65537; only with an LZ4 "
+     "re-encoding.", NULL},
     {"inspect", 0, DFL_OPT_FLAG, &inspect, NULL,
      "Print each input's stream header as one JSON line, then one JSON line per record (id, tokens, tensors with "
      "dtype, shape, codec, shuffle, raw and stored bytes).", NULL},
@@ -54,8 +58,8 @@ static const dfl_opt opts[] = {
     {"export", 0, DFL_OPT_STR, &export_dir, "DIR",
      "Write each record's tensors as DIR/INDEX-ID/NAME.npy (bf16 as float32, exactly), and the stream header as "
      "DIR/stream.json.", NULL},
-    {"progress", 0, DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal "
-     "(when writing a stream; --inspect, --stats, --verify and --export show none).", NULL},
+    {"progress", 0, DFL_OPT_FLAG, &progress, NULL,
+     "Show progress (records read) on stderr even when it is not a terminal, in every mode.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
 
@@ -81,6 +85,13 @@ static void encoding(dfs_pack_opts *o) {
     o->enc.lz4_accel = (int)accel;
 }
 
+/* --accel tunes LZ4 compression: with nothing to compress it would do
+ * nothing (--compress keep copies the stored bytes; none stores raw). */
+static void accel_used(const dfs_pack_opts *o, int modes) {
+    if (accel != 1 && (modes || !o->reencode || o->enc.codec != DFS_CODEC_LZ4))
+        dfl_cli_usage_error(&cli, "--accel goes with an LZ4 re-encoding (--compress lz4, or --byte-shuffle alone)");
+}
+
 int main(int argc, char **argv) {
     char **pos;
     int npos = dfl_cli_parse(&cli, argc, argv, &pos);
@@ -98,6 +109,11 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "--inspect, --stats, --verify and --export write no stream: -o, --shuffle, --split, "
                                   "--shards, --compress and --byte-shuffle do not go with them");
     if (accel < 1 || accel > 65537) dfl_cli_usage_error(&cli, "--accel must be in 1..65537");
+    /* Options that would change nothing are refused, as -o with --inspect
+     * is: --seed 7 without --shuffle gave the inputs' order, silently. The
+     * defaults' values stand for "not given" (giving them changes nothing). */
+    if (!shuffle && (seed != 0 || mem != DEFAULT_MEM || tmpdir))
+        dfl_cli_usage_error(&cli, "--seed, --mem and --tmpdir go with --shuffle (without it the order is the inputs')");
     /* as dflash-score: -1 would silently mean 2^64-1, which itself is
      * refused as out of range, so one value had two spellings, one refused */
     if (seed < 0) dfl_cli_usage_error(&cli, "--seed must be >= 0");
@@ -110,10 +126,11 @@ int main(int argc, char **argv) {
         if (dfl_in_check_name("input", inputs[i])) dfl_die_last(cli.prog);
     int rc;
     if (modes) {
-        if (inspect) rc = dfs_pack_inspect(inputs, ninputs, stdout);
-        else if (stats) rc = dfs_pack_stats(inputs, ninputs, as_json, stdout);
-        else if (verify) rc = dfs_pack_verify(inputs, ninputs, stdout);
-        else rc = dfs_pack_export(inputs, ninputs, export_dir);
+        accel_used(NULL, modes);
+        if (inspect) rc = dfs_pack_inspect(inputs, ninputs, progress, stdout);
+        else if (stats) rc = dfs_pack_stats(inputs, ninputs, as_json, progress, stdout);
+        else if (verify) rc = dfs_pack_verify(inputs, ninputs, progress, stdout);
+        else rc = dfs_pack_export(inputs, ninputs, export_dir, progress);
     } else {
         dfs_pack_opts o;
         memset(&o, 0, sizeof o);
@@ -134,8 +151,11 @@ int main(int argc, char **argv) {
         if (split && dfs_pack_pattern_ok(output, 's'))
             dfl_cli_usage_error(&cli, "--split needs -o with exactly one %%s (and %%%% for a literal %%)");
         if (shards && dfs_pack_pattern_ok(output, 'd'))
-            dfl_cli_usage_error(&cli, "--shards needs -o with exactly one %%d, e.g. 'train-%%03d.dfs'");
+            dfl_cli_usage_error(&cli, "--shards needs -o with exactly one %%d, e.g. 'train-%%03d.dfs' (a width of at "
+                                      "most %d)", DFS_PACK_MAX_WIDTH);
         encoding(&o);
+        accel_used(&o, 0);
+        if (shuffle && dfs_pack_check_tmpdir(o.tmpdir)) dfl_die_last(cli.prog); /* not once --mem is full */
         if (dfs_check_source_date_epoch()) dfl_die_last(cli.prog); /* before any output exists */
         rc = dfs_pack_run(&o);
     }

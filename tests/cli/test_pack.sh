@@ -45,10 +45,37 @@ expect_exit 65 "--export: a differing stdin is refused" sh -c "dflash-pack --exp
 check "--export: stdin between two files" sh -c "dflash-pack --export '$T/xs' '$T/a.dfs' - '$T/a.dfs' <'$T/b.dfs'"
 [ -f "$T/xs/000040-b-0/hidden.npy" ] && [ -f "$T/xs/000065-a-0/hidden.npy" ] && [ "$(ls "$T/xs" | wc -l)" -eq 106 ] &&
     pass "  ... exports its records in place" || fail "--export with stdin" "$(ls "$T/xs" | sed -n '40,42p')"
+# A pipe that is not stdin (process substitution, a named FIFO) cannot be
+# opened twice either: --export keeps it open from the header check on (it
+# was reopened, read past its header: "bad magic", or a FIFO hung forever).
+check "--export: a process substitution among the inputs" \
+    bash -c "dflash-pack --export '$T/xp' '$T/a.dfs' <(cat '$T/b.dfs')"
+[ "$(ls "$T/xp" | wc -l)" -eq 66 ] && [ -f "$T/xp/000064-b-24/hidden.npy" ] &&
+    pass "  ... exports its records" || fail "--export with a process substitution" "$(ls "$T/xp" | tail -2)"
+mkfifo "$T/ef.fifo"
+(cat "$T/b.dfs" >"$T/ef.fifo" &)
+check "--export: a named FIFO among the inputs" timeout 20 dflash-pack --export "$T/xf" "$T/a.dfs" "$T/ef.fifo"
+[ "$(ls "$T/xf" | wc -l)" -eq 66 ] && pass "  ... exports its records" || fail "--export with a FIFO" "$(ls "$T/xf" | wc -l)"
+# Standard input twice is refused before anything is read or written, in
+# every mode (--inspect printed the first copy and then failed with 65,
+# "empty input", on the second).
+for mode in "-o $T/x.dfs" --inspect --stats --verify "--export $T/x2"; do
+    expect_exit 2 "$mode: stdin twice is refused" sh -c "dflash-pack $mode - - <'$T/a.dfs'"
+    grep -qx "dflash-pack: stdin ('-') can be read only once" "$T/.err" && [ ! -s "$T/.out" ] &&
+        [ ! -e "$T/x.dfs" ] && [ ! -e "$T/x2" ] && pass "  ... named, nothing written" ||
+        fail "$mode: stdin twice" "$(head -c 300 "$T/.err"; head -c 100 "$T/.out")"
+done
 # The inputs are read one at a time: a few descriptors do for many shards.
 for i in $(seq 30); do ln -s "$T/b.dfs" "$T/many-$i.dfs"; done
 check "--verify of 30 inputs under ulimit -n 12" sh -c "ulimit -n 12; dflash-pack --verify '$T'/many-*.dfs"
 grep -qx 'OK 750 records' "$T/.out" && pass "  ... reads them all" || fail "--verify of 30 inputs" "$(cat "$T/.out")"
+# Merging reads them one at a time too (it opened all at once: more inputs
+# than the hard limit of open files failed with 66, "Too many open files").
+check "merge of 30 inputs under ulimit -n 12" sh -c "ulimit -n 12; dflash-pack -o '$T/many.dfs' '$T'/many-*.dfs"
+[ "$(dflash-pack --stats --json "$T/many.dfs" | jq .records)" = 750 ] && pass "  ... merges them all" ||
+    fail "merge of 30 inputs" "$(dflash-pack --stats --json "$T/many.dfs" | jq .records)"
+check "--shuffle --split of 30 inputs under ulimit -n 12" \
+    sh -c "ulimit -n 12; dflash-pack --shuffle --split a=1,b=1 -o '$T/msp-%s.dfs' '$T'/many-*.dfs"
 $GEN -n 3 -H 32 -K 2 -o "$T/h32.dfs"
 expect_exit 65 "inputs with another hidden size are refused" dflash-pack -o "$T/x.dfs" "$T/a.dfs" "$T/h32.dfs"
 grep -q 'target.hidden_size: 16 vs 32' "$T/.err" && pass "hidden size named" || fail "hidden size named" "$(cat "$T/.err")"
@@ -62,11 +89,22 @@ cmp -s "$T/s7.dfs" "$T/s7b.dfs" && pass "shuffle is deterministic per seed" || f
 [ "$(ids "$T/s7.dfs")" != "$(ids "$T/m.dfs")" ] && pass "shuffle changes the order" || fail "shuffle changes order"
 [ "$(ids "$T/s7.dfs" | sort)" = "$(ids "$T/m.dfs" | sort)" ] && [ "$(ids "$T/s7.dfs" | sort -u | wc -l)" -eq 65 ] &&
     pass "each record of both inputs exactly once" || fail "each record exactly once"
-# External memory: a tiny --mem spills into buckets (a bad --tmpdir proves it),
-# and gives the very same bytes as the in-memory shuffle.
-expect_exit 73 "tiny --mem uses --tmpdir" dflash-pack --shuffle --seed 7 --mem 4K --tmpdir "$T/nonexistent" -o "$T/x.dfs" "$T/a.dfs" "$T/b.dfs"
-expect_exit 0 "default --mem holds this input in memory" dflash-pack --shuffle --seed 7 --tmpdir "$T/nonexistent" -o "$T/x.dfs" "$T/a.dfs" "$T/b.dfs"
+# External memory: a tiny --mem spills into buckets (128 open bucket files
+# prove it, under a limit of 40), and gives the very same bytes as the
+# in-memory shuffle.
 mkdir -p "$T/tmp"
+expect_exit 73 "tiny --mem uses --tmpdir" sh -c "ulimit -n 40; dflash-pack --shuffle --seed 7 --mem 4K --tmpdir '$T/tmp' -o '$T/x.dfs' '$T/a.dfs' '$T/b.dfs'"
+check "default --mem holds this input in memory" sh -c "ulimit -n 40; dflash-pack --shuffle --seed 7 --tmpdir '$T/tmp' -o '$T/x.dfs' '$T/a.dfs' '$T/b.dfs'"
+# A --tmpdir that cannot hold the buckets is refused before any input is
+# read (it failed only once --mem was full, after reading that much; here,
+# with the default --mem, never: the run passed).
+: >"$T/afile"
+for d in "$T/nonexistent" "$T/afile"; do
+    rm -f "$T/x.dfs"
+    expect_exit 73 "--shuffle --tmpdir ${d#$T/}: refused" timeout 20 dflash-pack --shuffle --tmpdir "$d" -o "$T/x.dfs" "$T/ef.fifo"
+    grep -q "^dflash-pack: $d: --tmpdir: " "$T/.err" && [ ! -e "$T/x.dfs" ] && pass "  ... before reading, named" ||
+        fail "--tmpdir ${d#$T/} refusal" "$(head -c 300 "$T/.err")"
+done
 for mem in 4K 40K 200K; do
     dflash-pack --shuffle --seed 7 --mem $mem --tmpdir "$T/tmp" -o "$T/se.dfs" "$T/a.dfs" "$T/b.dfs" &&
         cmp -s "$T/s7.dfs" "$T/se.dfs" && pass "--mem $mem gives the in-memory order" || fail "--mem $mem order"
@@ -117,6 +155,14 @@ dflash-pack --shards 2 --shuffle --seed 7 -o "$T/ss-%d.dfs" "$T/a.dfs" "$T/b.dfs
     [ "$(ids "$T/ss-1.dfs" | head -1)" = "$(ids "$T/s7.dfs" | sed -n 2p)" ] &&
     pass "shuffled shards deal the shuffled order" || fail "shuffled shards"
 expect_exit 2 "--shards needs %d in -o" dflash-pack --shards 2 -o "$T/x.dfs" "$T/a.dfs"
+# A width too large for a file name is refused: the number was cut off the
+# end of it, every shard got one name, and all but one were lost (exit 0).
+mkdir -p "$T/wide"
+for w in %0150d %200d %0999d; do
+    expect_exit 2 "--shards -o 'p-$w': refused" dflash-pack --shards 2 -o "$T/wide/p-$w" "$T/a.dfs"
+    grep -q 'width' "$T/.err" && [ -z "$(ls -A "$T/wide")" ] && pass "  ... said, nothing written" ||
+        fail "--shards -o 'p-$w'" "$(head -c 200 "$T/.err"; ls "$T/wide" | head -c 100)"
+done
 expect_exit 2 "--split and --shards exclude each other" dflash-pack --shards 2 --split a=1 -o "$T/x-%d.dfs" "$T/a.dfs"
 
 # Many shards: each output is a registered temporary file until the end (more
@@ -307,7 +353,30 @@ grep -Eq 'collide.dfs: byte [0-9]+ \(record 2\): sample "c": tensors "a/b" and "
     fail "export collision output" "$(ls -R "$T/cx")"
 
 # ---- usage and outputs ------------------------------------------------------
+# --progress shows progress in every mode, as --help says (the read-only
+# modes took it and showed nothing: a long --verify looked hung). The final
+# line counts the records; stdout stays clean.
+for mode in --verify --stats --inspect "--export $T/xpr" "-o $T/x.dfs"; do
+    check "$mode --progress" dflash-pack $mode --progress "$T/a.dfs" "$T/b.dfs"
+    tr '\r' '\n' <"$T/.err" | grep -Eq '^65 rec ' && ! grep -q ' rec ' "$T/.out" && pass "  ... on stderr: 65 rec" ||
+        fail "$mode --progress" "$(tr '\r' '\n' <"$T/.err" | tail -2)"
+done
 expect_exit 2 "two modes at once" dflash-pack --inspect --verify "$T/a.dfs"
+# Options that would do nothing are refused, as -o is with --inspect: a
+# --seed without --shuffle gave the inputs' order, silently (with --split or
+# --shards too, whose parts then came out unshuffled).
+for opts in "--seed 7" "--seed 7 --shards 2" "--mem 4K" "--tmpdir $T" "--accel 8" "--compress none --accel 8" \
+            "--inspect --seed 7" "--verify --accel 8" "--stats --mem 4K"; do
+    rm -f "$T"/ig*.dfs
+    case $opts in --inspect* | --verify* | --stats*) out= ;; *) out="-o $T/ig-%d.dfs" ;; esac
+    expect_exit 2 "$opts: refused, it would do nothing" dflash-pack $opts $out "$T/a.dfs"
+    grep -Eq -e '--(seed|mem|tmpdir|accel)[^:]* go(es)? with' "$T/.err" && [ ! -s "$T/.out" ] &&
+        [ -z "$(ls "$T"/ig*.dfs 2>/dev/null)" ] && pass "  ... said, nothing written" ||
+        fail "$opts refusal" "$(head -c 300 "$T/.err")"
+done
+check "--accel with --compress lz4" dflash-pack --compress lz4 --accel 8 -o "$T/x.dfs" "$T/a.dfs"
+check "--accel with --byte-shuffle off (an LZ4 re-encoding)" dflash-pack --byte-shuffle off --accel 8 -o "$T/x.dfs" "$T/a.dfs"
+check "--seed 0, --mem 1G and --accel 1 (the defaults) alone" dflash-pack --seed 0 --mem 1G --accel 1 -o "$T/x.dfs" "$T/a.dfs"
 expect_exit 2 "unknown option" dflash-pack --frobnicate "$T/a.dfs"
 check "--help" dflash-pack --help
 grep -q -- '--shuffle' "$T/.out" && pass "--help lists options" || fail "--help lists options"
@@ -323,6 +392,16 @@ m, s = pty.openpty()
 r = subprocess.run(['dflash-pack', '--verify'], stdin=s, stderr=subprocess.PIPE)
 sys.stderr.write(r.stderr.decode()); sys.exit(r.returncode)"
 expect_exit 73 "unwritable output" dflash-pack -o "$T/no/such/dir/x.dfs" "$T/a.dfs"
+# A closed stdout (>&-, as some daemons start their children) with nothing
+# to print there is no error, as for cp or gzip -c >file: the output was
+# written, and exit 74 ("writing output failed: Bad file descriptor") said
+# otherwise. What does go to stdout still fails on a closed one.
+rm -f "$T/cl.dfs"
+check "-o FILE with stdout closed" sh -c "dflash-pack -o '$T/cl.dfs' '$T/a.dfs' >&-"
+cmp -s <(ids "$T/cl.dfs") <(ids "$T/a.dfs") && pass "  ... writes the output" || fail "-o FILE with stdout closed: output"
+check "--shards with stdout closed" sh -c "dflash-pack --shards 3 -o '$T/cl-%d.dfs' '$T/a.dfs' >&-"
+check "--export with stdout closed" sh -c "dflash-pack --export '$T/clx' '$T/a.dfs' >&-"
+expect_exit 74 "--verify with stdout closed: its line is lost, exit 74" sh -c "dflash-pack --verify '$T/a.dfs' >&-"
 expect_exit 2 "--seed -1 is refused (as 2^64-1 is)" dflash-pack --shuffle --seed -1 -o "$T/x.dfs" "$T/a.dfs"
 # SOURCE_DATE_EPOCH: refused unless it is a time "created" can hold (before
 # any output exists); the last second of 9999 is the largest.

@@ -135,6 +135,13 @@ static void test_patterns(void) {
     T_CHECK(dfs_pack_pattern_ok("train-%03d.dfs", 'd') == 0);
     T_CHECK(dfs_pack_pattern_ok("train-%d-%n.dfs", 'd') != 0);
     T_CHECK(dfs_pack_pattern_ok("train-%s.dfs", 'd') != 0);
+    /* A width that does not fit the number's buffer was cut short, and with
+     * it the digits that tell the shards apart: one name for all of them. */
+    T_CHECK(dfs_pack_pattern_ok("train-%032d.dfs", 'd') == 0);
+    T_CHECK(dfs_pack_pattern_ok("train-%033d.dfs", 'd') != 0);
+    T_CHECK(dfs_pack_pattern_ok("train-%0150d.dfs", 'd') != 0);
+    T_CHECK(dfs_pack_pattern_ok("train-%-200d.dfs", 'd') != 0);
+    T_CHECK(dfs_pack_pattern_ok("train-%0999d.dfs", 'd') != 0);
 }
 
 int main(void) {
