@@ -300,3 +300,19 @@ if command -v script >/dev/null; then
         [ -f "$T/tty0/model.safetensors" ] && pass "dflash-train-step --steps 0 --init reads no input: a terminal is fine" ||
         fail "dflash-train-step --steps 0 --init reads no input: a terminal is fine"
 fi
+
+# ---- a failed write to stdout names stdout, as every other output's error names its file ----
+# (dfl_close_stdout said "writing output failed: No space left on device",
+# naming nothing)
+while IFS='|' read -r name cmd; do
+    expect_exit 74 "$name >/dev/full: 74" sh -c "$cmd >/dev/full"
+    grep -q "^${name%% *}: stdout: write failed: No space left on device$" "$T/.err" &&
+        pass "$name >/dev/full: the message names stdout" || fail "$name >/dev/full: the message names stdout" "$(cat "$T/.err")"
+done <<CASES
+dflash-pack --inspect|dflash-pack --inspect $T/train.dfs
+dflash-pack --stats|dflash-pack --stats $T/train.dfs
+dflash-pack --verify|dflash-pack --verify $T/train.dfs
+dflash-pack (a merge)|dflash-pack $T/train.dfs
+dflash-score|$SC $T/train.dfs
+dflash-extract|dflash-extract -t 1 -m $T/target -l 1,3 $T/data.jsonl
+CASES
