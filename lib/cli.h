@@ -54,7 +54,8 @@ typedef struct {
 
 /* Parse argv. Positional arguments are returned in *pos (pointers into argv),
  * their count as the return value. Exits 0 after --help/--version/--help-scd,
- * exits 2 with a message on a usage error. */
+ * exits 2 with a message on a usage error. Called first, before any file is
+ * opened, it also notes a closed stdin (dfl_stdin_reserve). */
 int dfl_cli_parse(const dfl_cli *cli, int argc, char **argv, char ***pos);
 
 /* The '|'-separated words of the DFL_OPT_CHOICE option `name` ("ce|kl"),
