@@ -234,6 +234,7 @@ static void parse_short(const dfl_cli *cli, int argc, char **argv, int *i) {
 }
 
 int dfl_cli_parse(const dfl_cli *cli, int argc, char **argv, char ***pos) {
+    dfl_stdin_reserve(); /* before any file is opened */
     char **out = dfl_calloc((size_t)argc + 1, sizeof(char *));
     int n = 0, only_pos = 0;
     for (int i = 1; i < argc; i++) {

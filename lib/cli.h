@@ -1,11 +1,20 @@
 /* cli.h: one option table per tool feeds the parser, --help and the man page.
  *
  * A tool declares `static const dfl_opt opts[]` whose entries point at the
- * variables they set, initialises those variables to their defaults, and calls
- * dfl_cli_parse(). The default shown by --help is read from the variable
- * itself before parsing, so help and behaviour cannot drift. The man page's
+ * variables they set, and calls dfl_cli_parse(). Where a variable starts at
+ * its default, leave the entry's `defval` NULL: --help reads the default from
+ * the variable itself, so help and behaviour cannot drift. Where it does not
+ * (dflash-train-step and dflash-score start most variables at a "not given"
+ * value, UNSET or NAN, so that --resume or the mode can tell a given value
+ * from the default; some defaults depend on the input, as --gamma's on the
+ * block size; others read better as words, as "1G" or "all cores"), the
+ * default is written in `defval` by hand and can drift from the value the
+ * code sets: keep the two in step. tests/cli/test_train.sh and
+ * test_score.sh compare those texts of dflash-train-step and dflash-score
+ * that a run records (trainer_state.json, the score columns) with the
+ * values used; the others are checked by nothing but review. The man page's
  * OPTIONS section is generated from the same table (--help-scd, used by the
- * Makefile), so it cannot drift either.
+ * Makefile), so it always says what --help says.
  *
  * Conventions (lz4, zstd, jq): `--name value` and `--name=value`; `-x value`
  * and `-xvalue`; `--` ends the options; `-` alone is a positional argument
@@ -42,7 +51,7 @@ typedef struct {
     void        *dest;
     const char  *arg;        /* metavar ("N", "FILE"); for CHOICE the words "a|b|c" */
     const char  *help;       /* one sentence or more; no trailing newline */
-    const char  *defval;     /* default shown in help; NULL: read from *dest */
+    const char  *defval;     /* default shown in help, by hand (see above); NULL: read from *dest; "": none shown */
 } dfl_opt;
 
 typedef struct {
@@ -54,7 +63,8 @@ typedef struct {
 
 /* Parse argv. Positional arguments are returned in *pos (pointers into argv),
  * their count as the return value. Exits 0 after --help/--version/--help-scd,
- * exits 2 with a message on a usage error. */
+ * exits 2 with a message on a usage error. Called first, before any file is
+ * opened, it also notes a closed stdin (dfl_stdin_reserve). */
 int dfl_cli_parse(const dfl_cli *cli, int argc, char **argv, char ***pos);
 
 /* The '|'-separated words of the DFL_OPT_CHOICE option `name` ("ce|kl"),

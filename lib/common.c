@@ -3,11 +3,13 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static _Thread_local char err_buf[1024];
 static _Thread_local int err_code;
@@ -164,6 +166,23 @@ double dfl_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int stdin_closed; /* descriptor 0 was closed at dfl_stdin_reserve */
+
+static int fd0_closed(void) { return fcntl(STDIN_FILENO, F_GETFD) < 0 && errno == EBADF; }
+
+void dfl_stdin_reserve(void) {
+    if (!fd0_closed()) return;
+    stdin_closed = 1;
+    int fd = open("/dev/null", O_RDONLY); /* the lowest free descriptor: 0 */
+    if (fd > STDIN_FILENO) close(fd);
+}
+
+int dfl_stdin_check(const char *name) {
+    /* fd0_closed too: a program that never called dfl_stdin_reserve */
+    if (stdin_closed || fd0_closed()) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: standard input is closed", name);
+    return 0;
 }
 
 int dfl_refuse_directory(FILE *f, const char *name) {

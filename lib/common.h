@@ -104,6 +104,16 @@ int dfl_parse_size(const char *s, uint64_t *out);
  * Returns 0, DFL_EX_NOINPUT, DFL_EX_DATA (too large) or DFL_EX_IOERR. */
 int dfl_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len);
 
+/* Standard input closed when the tool started (<&-). Reading "-" is then
+ * "cannot open input" (66), not a read error (74) or, for JSONL, an empty
+ * input (exit 0). dfl_stdin_reserve(), called first by dfl_cli_parse, notes
+ * it and puts /dev/null on descriptor 0: the first file the tool opened
+ * took descriptor 0 and was read again as "-" (a merge of FILE and "-"
+ * read FILE's bytes from the middle). dfl_stdin_check(name) returns 0, or
+ * DFL_EX_NOINPUT with "NAME: cannot open: standard input is closed". */
+void dfl_stdin_reserve(void);
+int dfl_stdin_check(const char *name);
+
 /* Refuse an opened input that is a directory: fopen takes one, and only
  * the first read fails, as an I/O error (74) after outputs exist. Returns 0,
  * or DFL_EX_NOINPUT with "NAME: is a directory" recorded. */

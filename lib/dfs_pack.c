@@ -180,10 +180,39 @@ typedef struct {
     int          tmp_files;   /* bucket files created so far (for names) */
 } pack;
 
+/* The file behind input `path` ("-": descriptor 0) into *st, if it can be
+ * read only once: a pipe, FIFO, character device or socket. 0, or -1 for a
+ * regular file or directory (read again from the start, or refused when
+ * opened) and for a path that cannot be looked at (its open says why). */
+static int read_once_file(const char *path, struct stat *st) {
+    int ok = !strcmp(path, "-") ? !dfl_stdin_check("stdin") && fstat(STDIN_FILENO, st) == 0 : stat(path, st) == 0;
+    return ok && !S_ISREG(st->st_mode) && !S_ISDIR(st->st_mode) ? 0 : -1;
+}
+
+static const char *read_once_kind(mode_t m) {
+    return S_ISFIFO(m) ? "pipe or FIFO" : S_ISCHR(m) ? "character device" : S_ISSOCK(m) ? "socket" : "file";
+}
+
+static const char *arg_name(const char *path) { return strcmp(path, "-") ? path : "stdin ('-')"; }
+
 int dfs_pack_stdin_once(const char *const *inputs, int n) {
     int nstdin = 0;
     for (int i = 0; i < n; i++) nstdin += !strcmp(inputs[i], "-");
-    return nstdin > 1 ? dfl_err(DFL_EX_USAGE, "stdin ('-') can be read only once") : 0;
+    if (nstdin > 1) return dfl_err(DFL_EX_USAGE, "stdin ('-') can be read only once");
+    /* One stat per input; only those that can be read once are compared,
+     * so thousands of shards (regular files) cost no more. */
+    struct stat *st = dfl_calloc((size_t)n, sizeof *st);
+    int *once = dfl_calloc((size_t)n, sizeof *once), nonce = 0, rc = 0;
+    for (int i = 0; i < n; i++)
+        if (read_once_file(inputs[i], &st[nonce]) == 0) once[nonce++] = i;
+    for (int a = 0; a < nonce && !rc; a++)
+        for (int b = a + 1; b < nonce && !rc; b++)
+            if (st[a].st_dev == st[b].st_dev && st[a].st_ino == st[b].st_ino)
+                rc = dfl_err(DFL_EX_USAGE, "%s and %s are the same %s, which can be read only once",
+                             arg_name(inputs[once[a]]), arg_name(inputs[once[b]]), read_once_kind(st[a].st_mode));
+    free(st);
+    free(once);
+    return rc;
 }
 
 /* Open `path` and check that its stream header agrees with that of `first`

@@ -48,8 +48,10 @@ int dfs_pack_check_tmpdir(const char *dir);
 int dfs_pack_split_of(const dfs_pack_opts *o, const char *id);
 
 /* 0, or DFL_EX_USAGE (error recorded) when "-" is among the inputs more
- * than once: standard input can be read only once. Every mode checks this
- * before it reads anything. */
+ * than once, or two inputs name the same file that can be read only once
+ * (not a regular file: "-" and /dev/stdin on one pipe, a FIFO named twice;
+ * the second read found the pipe empty, or waited for a writer), naming
+ * both. Every mode checks this before it reads anything. */
 int dfs_pack_stdin_once(const char *const *inputs, int n);
 
 /* Run fn on each input in turn, in order ("-" at most once), after checking

@@ -389,6 +389,7 @@ int dfs_reader_open_stream(dfs_reader **out, FILE *f, const char *name) {
 int dfs_reader_open(dfs_reader **out, const char *path) {
     *out = NULL;
     int is_stdin = !strcmp(path, "-");
+    if (is_stdin && dfl_stdin_check("stdin")) return DFL_EX_NOINPUT;
     FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
     if (!is_stdin) setvbuf(f, NULL, _IOFBF, 1 << 18);

@@ -23,6 +23,7 @@ struct dfl_jsonl {
 int dfl_jsonl_open(dfl_jsonl **out, const char *path, int64_t vocab_size) {
     *out = NULL;
     int is_stdin = !strcmp(path, "-");
+    if (is_stdin && dfl_stdin_check("<stdin>")) return DFL_EX_NOINPUT;
     FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
     int rc = dfl_refuse_directory(f, is_stdin ? "<stdin>" : path);

@@ -396,6 +396,7 @@ int dfl_close_stdout(void) {
      * or an earlier write error are. */
     int pending = __fpending(stdout) != 0, bad = ferror(stdout) != 0;
     if (fclose(stdout) != 0 && (pending || errno != EBADF)) bad = 1;
-    if (bad) return dfl_err(DFL_EX_IOERR, "writing output failed: %s", strerror(errno));
+    /* named as every other output's error is, "FILE: what failed" */
+    if (bad) return dfl_err(DFL_EX_IOERR, "stdout: write failed: %s", strerror(errno));
     return 0;
 }

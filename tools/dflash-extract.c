@@ -122,7 +122,9 @@ int main(int argc, char **argv) {
     snprintf(producer, sizeof producer, "dflash-extract %s", DFLASH_VERSION);
     dfs_encoding enc = {shuffle || (compress && !strcmp(compress, "lz4")) ? DFS_CODEC_LZ4 : DFS_CODEC_NONE, shuffle, 1};
     dfs_writer *w;
-    if (dfs_writer_open(&w, dfl_out_file(out), dfl_out_path(out), meta, producer, enc)) {
+    /* a write error names the output as dflash-pack's do: "stdout", not "-" */
+    const char *out_name = strcmp(out_path, "-") ? out_path : "stdout";
+    if (dfs_writer_open(&w, dfl_out_file(out), out_name, meta, producer, enc)) {
         dfl_out_abort(out);
         dfl_die_last(cli.prog);
     }

@@ -300,3 +300,36 @@ if command -v script >/dev/null; then
         [ -f "$T/tty0/model.safetensors" ] && pass "dflash-train-step --steps 0 --init reads no input: a terminal is fine" ||
         fail "dflash-train-step --steps 0 --init reads no input: a terminal is fine"
 fi
+
+# ---- a failed write to stdout names stdout, as every other output's error names its file ----
+# (dfl_close_stdout said "writing output failed: No space left on device",
+# naming nothing)
+while IFS='|' read -r name cmd; do
+    expect_exit 74 "$name >/dev/full: 74" sh -c "$cmd >/dev/full"
+    grep -q "^${name%% *}: stdout: write failed: No space left on device$" "$T/.err" &&
+        pass "$name >/dev/full: the message names stdout" || fail "$name >/dev/full: the message names stdout" "$(cat "$T/.err")"
+done <<CASES
+dflash-pack --inspect|dflash-pack --inspect $T/train.dfs
+dflash-pack --stats|dflash-pack --stats $T/train.dfs
+dflash-pack --verify|dflash-pack --verify $T/train.dfs
+dflash-pack (a merge)|dflash-pack $T/train.dfs
+dflash-score|$SC $T/train.dfs
+dflash-extract|dflash-extract -t 1 -m $T/target -l 1,3 $T/data.jsonl
+CASES
+
+# ---- standard input closed (<&-): 'cannot open input' (66) naming stdin --------------------
+# (it was a read error, 74: "stdin: byte 0: read error: Bad file descriptor").
+# A file opened first must not take descriptor 0 and be read as stdin.
+while IFS='|' read -r name cmd; do
+    expect_exit 66 "$name with stdin closed: 66" sh -c "$cmd <&-"
+    grep -Eq "^${name%% *}: <?stdin>?: cannot open: standard input is closed$" "$T/.err" &&
+        pass "$name with stdin closed: the message names stdin" || fail "$name with stdin closed: the message names stdin" "$(cat "$T/.err")"
+done <<CASES
+dflash-pack --inspect -|dflash-pack --inspect -
+dflash-pack --verify FILE -|dflash-pack --verify $T/train.dfs -
+dflash-pack (a merge) FILE -|dflash-pack -o $T/closed.dfs $T/train.dfs -
+dflash-score|$SC
+dflash-train-step|$INIT --steps 1 --out $T/closed-ck
+dflash-extract|dflash-extract -t 1 -m $T/target -l 1,3 -o $T/closed.dfs
+CASES
+[ ! -e "$T/closed.dfs" ] && [ ! -e "$T/closed-ck" ] && pass "stdin closed: no output" || fail "stdin closed: no output"

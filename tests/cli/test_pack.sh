@@ -65,6 +65,24 @@ for mode in "-o $T/x.dfs" --inspect --stats --verify "--export $T/x2"; do
         [ ! -e "$T/x.dfs" ] && [ ! -e "$T/x2" ] && pass "  ... named, nothing written" ||
         fail "$mode: stdin twice" "$(head -c 300 "$T/.err"; head -c 100 "$T/.out")"
 done
+# So is the same pipe or FIFO under two names, before anything is read or
+# written: '-' and /dev/stdin failed later with 65 ("empty input", or "bad
+# magic" when merging), and a FIFO named twice waited for a second writer.
+mkfifo "$T/twice.fifo"
+for mode in "-o $T/x.dfs" --inspect --stats --verify "--export $T/x2"; do
+    expect_exit 2 "$mode: - and /dev/stdin (one pipe) are refused" sh -c "cat '$T/a.dfs' | dflash-pack $mode - /dev/stdin"
+    grep -qxF "dflash-pack: stdin ('-') and /dev/stdin are the same pipe or FIFO, which can be read only once" "$T/.err" &&
+        [ ! -s "$T/.out" ] && [ ! -e "$T/x.dfs" ] && [ ! -e "$T/x2" ] && pass "  ... both named, nothing written" ||
+        fail "$mode: - and /dev/stdin" "$(head -c 300 "$T/.err"; head -c 100 "$T/.out")"
+    expect_exit 2 "$mode: a FIFO named twice is refused" timeout 20 dflash-pack $mode "$T/a.dfs" "$T/twice.fifo" "$T/twice.fifo"
+    grep -qxF "dflash-pack: $T/twice.fifo and $T/twice.fifo are the same pipe or FIFO, which can be read only once" "$T/.err" &&
+        [ ! -s "$T/.out" ] && [ ! -e "$T/x.dfs" ] && [ ! -e "$T/x2" ] && pass "  ... both named, nothing written" ||
+        fail "$mode: a FIFO twice" "$(head -c 300 "$T/.err"; head -c 100 "$T/.out")"
+done
+# A regular file can be read twice, also as stdin and by name.
+check "--verify of a file named twice" dflash-pack --verify "$T/a.dfs" "$T/a.dfs"
+check "--verify of a file as stdin and by name" sh -c "dflash-pack --verify - '$T/a.dfs' <'$T/a.dfs'"
+grep -qx 'OK 80 records' "$T/.out" && pass "  ... reads it twice" || fail "file as stdin and by name" "$(cat "$T/.out")"
 # The inputs are read one at a time: a few descriptors do for many shards.
 for i in $(seq 30); do ln -s "$T/b.dfs" "$T/many-$i.dfs"; done
 check "--verify of 30 inputs under ulimit -n 12" sh -c "ulimit -n 12; dflash-pack --verify '$T'/many-*.dfs"
