@@ -185,6 +185,7 @@ static void fill_table(dfl_ops *t) {
     t->swiglu = cuda_swiglu;
     t->swiglu_bwd = cuda_swiglu_bwd;
     t->add = cuda_add;
+    t->add_bias = cuda_add_bias;
     t->embed = cuda_embed;
     t->sigmoid_mul = cuda_sigmoid_mul;
     t->conv1d_silu = cuda_conv1d_silu;

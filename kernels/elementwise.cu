@@ -1,5 +1,6 @@
-// elementwise.cu: SwiGLU forward and backward, residual add, sigmoid gate.
-// defines: cuda_swiglu, cuda_swiglu_bwd, cuda_add, cuda_sigmoid_mul
+// elementwise.cu: SwiGLU forward and backward, residual add, sigmoid gate,
+// a projection's bias.
+// defines: cuda_swiglu, cuda_swiglu_bwd, cuda_add, cuda_sigmoid_mul, cuda_add_bias
 //
 // Memory-bound: each thread moves 8 bf16 (16 bytes) per access when every
 // pointer is 16-byte aligned, else one element at a time. Math in f32, one
@@ -133,6 +134,21 @@ void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate,
 void cuda_add(void *out, const void *a, const void *b, int64_t n) {
     CU_ASSERT(out && a && b && n >= 0);
     launch_split(n, binary_kernel<8, AddOp>, binary_kernel<1, AddOp>, (bf16 *)out, (const bf16 *)a, (const bf16 *)b);
+}
+
+// x[r, c] += bias[c], one thread an element (grid-stride): the bias row is
+// small and stays in cache; a projection's output is read and written once.
+__global__ void add_bias_kernel(bf16 *x, const bf16 *bias, int64_t n, int64_t cols) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = f2bf(bf2f(x[i]) + bf2f(bias[i % cols]));
+}
+
+void cuda_add_bias(void *x, const void *bias, int64_t rows, int64_t cols) {
+    CU_ASSERT(x && bias && rows >= 0 && cols > 0);
+    const int64_t n = rows * cols;
+    if (n == 0) return;
+    KLAUNCH(add_bias_kernel, elementwise_grid(n), 256, 0)((bf16 *)x, (const bf16 *)bias, n, cols);
+    LAUNCH_CHECK();
 }
 
 void cuda_sigmoid_mul(void *out, const void *x, const void *g, int64_t n) {

@@ -193,6 +193,7 @@ void cuda_prof_wrap(dfl_ops *t) {
     PROF_WRAP(swiglu);
     PROF_WRAP(swiglu_bwd);
     PROF_WRAP(add);
+    PROF_WRAP(add_bias);
     PROF_WRAP(embed);
     PROF_WRAP(sigmoid_mul);
     PROF_WRAP(conv1d_silu);

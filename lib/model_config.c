@@ -95,13 +95,15 @@ static int is_moe(const char *arch) {
 
 /* The architectures dflash runs, checked before any size is read. */
 static int check_architecture(const dfl_model_config *c, const char *path, const char *role) {
-    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "DFlashDraftModel", "Qwen3_5ForCausalLM",
+    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "DFlashDraftModel",
+                                  "Qwen3_5ForCausalLM",
                                   "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
                                   "Qwen3_5MoeForConditionalGeneration"};
     int known = 0;
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) known |= !strcmp(c->architecture, archs[i]);
     if (!known)
         return dfl_err(DFL_EX_DATA, "%s: %s architecture \"%s\" is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM, "
+                       "Qwen2ForCausalLM, "
                        "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, "
                        "Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration%s)",
                        path, role, c->architecture, !strcmp(role, "drafter") ? ", DFlashDraftModel" : "");
@@ -423,7 +425,9 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     rc = rc ? rc : get_bool(j, "tie_word_embeddings", &tie, path);
     if (rc) return rc;
     c->tie_word_embeddings = tie;
-    c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") != 0;
+    /* Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): Llama's layer plus biases on q, k and v */
+    c->qkv_bias = !strcmp(c->architecture, "Qwen2ForCausalLM");
+    c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") != 0 && !c->qkv_bias;
     parse_token_ids(c, json_object_get(tj, "eos_token_id") ? tj : j);
     return check_supported(c, tj, path);
 }

@@ -33,7 +33,8 @@ typedef struct {
     int64_t vocab_size, max_position_embeddings;
     double  rms_norm_eps;
     int     tie_word_embeddings;
-    int     qk_norm;            /* per-head q_norm/k_norm (Qwen3): 1; Llama: 0 */
+    int     qk_norm;            /* per-head q_norm/k_norm (Qwen3): 1; Llama, Qwen2: 0 */
+    int     qkv_bias;           /* q_proj, k_proj and v_proj have biases (Qwen2): 1 */
     /* Qwen3.5 hybrid (targets-extraction §3): Gated DeltaNet ("linear
      * attention") layers between gated full-attention layers. */
     int     hybrid;

@@ -141,6 +141,9 @@ struct dfl_ops {
                        int accumulate);
     /* out = a + b (out may alias a or b). */
     void (*add)(void *out, const void *a, const void *b, int64_t n);
+    /* x[r, c] += bias[c] for each of rows rows of cols (bias: wt [cols]):
+     * a projection's bias (Qwen2's q, k and v), the sum in f32, one rounding. */
+    void (*add_bias)(void *x, const void *bias, int64_t rows, int64_t cols);
     /* out[T,H] = table[ids[t]] (table: wt [V,H]). */
     void (*embed)(void *out, const int32_t *ids, const void *table, int64_t T, int64_t H);
 

@@ -344,6 +344,14 @@ static void cpu_swiglu_bwd(void *dgate_, void *dup_, const void *dout_, const vo
     }
 }
 
+static void cpu_add_bias(void *x_, const void *bias_, int64_t rows, int64_t cols) {
+    float *x = x_;
+    const float *b = bias_;
+#pragma omp parallel for if (rows * cols > 65536)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) x[r * cols + c] += b[c];
+}
+
 static void cpu_add(void *out_, const void *a_, const void *b_, int64_t n) {
     float *out = out_;
     const float *a = a_, *b = b_;
@@ -447,6 +455,7 @@ static const dfl_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .swiglu_bwd = cpu_swiglu_bwd,
     .add = cpu_add,
+    .add_bias = cpu_add_bias,
     .embed = cpu_embed,
     .sigmoid_mul = dfl_cpu_sigmoid_mul,
     .conv1d_silu = dfl_cpu_conv1d_silu,

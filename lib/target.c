@@ -146,6 +146,11 @@ static void plan_attention(dfl_target *t, wlist *l, layer_w *w, int i) {
     else want_layer(l, t, &w->k, 2, KD, H, 0, i, "self_attn.k_proj.weight");
     want_layer(l, t, &w->v, 2, KD, H, 0, i, "self_attn.v_proj.weight");
     want_layer(l, t, &w->o, 2, H, QD, 0, i, "self_attn.o_proj.weight");
+    if (c->qkv_bias) {
+        want_layer(l, t, &w->q_bias, 1, QD, 0, 0, i, "self_attn.q_proj.bias");
+        want_layer(l, t, &w->k_bias, 1, KD, 0, 0, i, "self_attn.k_proj.bias");
+        want_layer(l, t, &w->v_bias, 1, KD, 0, 0, i, "self_attn.v_proj.bias");
+    }
     if (c->qk_norm) {
         want_norm_perm(l, t, &w->q_norm, perm, i, "self_attn.q_norm.weight");
         want_norm_perm(l, t, &w->k_norm, perm, i, "self_attn.k_norm.weight");
@@ -306,12 +311,13 @@ static void load_one(dfl_target *t, const wspec *w, void *dst) {
 }
 
 static int check_arch(const dfl_model_config *c, const char *path) {
-    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3_5ForCausalLM",
+    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3_5ForCausalLM",
                                   "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
                                   "Qwen3_5MoeForConditionalGeneration"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (!strcmp(c->architecture, archs[i])) return 0;
     return dfl_err(DFL_EX_DATA, "%s: architecture \"%s\" is not a supported target (Qwen3ForCausalLM, LlamaForCausalLM, "
+                   "Qwen2ForCausalLM, "
                    "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM, "
                    "Qwen3_5MoeForConditionalGeneration)", path, c->architecture);
 }
@@ -580,6 +586,12 @@ void dfl_target_norm(const dfl_target *t, void *out, const void *in, const void 
     else t->ops->rmsnorm(out, NULL, in, w, rows, dim, eps);
 }
 
+void dfl_target_proj(const dfl_target *t, void *out, const void *in, const void *w, const void *bias, int64_t T,
+                     int64_t K, int64_t N) {
+    t->ops->matmul(out, in, w, T, K, N, 0);
+    if (bias) t->ops->add_bias(out, bias, T, N);
+}
+
 void dfl_target_qk_rope(const dfl_target *t, void *out, const void *in, const void *norm_w, const int32_t *pos,
                         int64_t T, int64_t nh) {
     const dfl_model_config *c = &t->cfg;
@@ -628,11 +640,11 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
     } else {
         /* with q/k norms: project into ao, then norm + rotate each head into q / k */
         void *qsrc = c->qk_norm ? w->ao : w->q, *ksrc = c->qk_norm ? w->ao : w->k;
-        ops->matmul(qsrc, w->h, lw->q, T, H, Hq * D, 0);
+        dfl_target_proj(t, qsrc, w->h, lw->q, lw->q_bias, T, H, Hq * D);
         dfl_target_qk_rope(t, w->q, qsrc, lw->q_norm, w->pos, T, Hq);
-        ops->matmul(ksrc, w->h, lw->k, T, H, Hkv * D, 0);
+        dfl_target_proj(t, ksrc, w->h, lw->k, lw->k_bias, T, H, Hkv * D);
         dfl_target_qk_rope(t, w->k, ksrc, lw->k_norm, w->pos, T, Hkv);
-        ops->matmul(w->v, w->h, lw->v, T, H, Hkv * D, 0);
+        dfl_target_proj(t, w->v, w->h, lw->v, lw->v_bias, T, H, Hkv * D);
         ops->attn_causal(w->ao, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D);
         if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
             ops->matmul(w->lin.agate, w->h, lw->attn_gate, T, H, Hq * D, 0);

@@ -19,6 +19,7 @@ typedef struct {
     int linear; /* a Gated DeltaNet layer (Qwen3.5 "linear_attention"); else attention */
     void *in_norm, *q, *k, *v, *o, *q_norm, *k_norm, *post_norm, *gate, *up, *down;
     void *attn_gate;                  /* gated attention: q_proj's gate rows, wt [Hq*D, H] */
+    void *q_bias, *k_bias, *v_bias;   /* Qwen2: wt [Hq*D], [Hkv*D], [Hkv*D]; else NULL */
     /* Gated DeltaNet: wt in_proj_qkv [C, H], in_proj_z [Hv*dv, H], in_proj_b
      * and in_proj_a as one [2*Hv, H], conv1d [C, K], norm [dv], out_proj
      * [H, Hv*dv]; f32 A_log, dt_bias [Hv]. C = 2*Hk*dk + Hv*dv. */
@@ -103,6 +104,10 @@ void dfl_target_head_free(const dfl_ops *ops, head_ws *hw);
 /* out = the model's RMSNorm of in [rows, dim] with weight w: w, or (1 + w)
  * for Qwen3.5 (ops rmsnorm1p), eps rms_norm_eps. */
 void dfl_target_norm(const dfl_target *t, void *out, const void *in, const void *w, int64_t rows, int64_t dim);
+/* out[T, N] = in[T, K] w^T (w: wt [N, K]), plus bias[N] on every row when
+ * bias is not NULL (Qwen2's q, k and v projections). */
+void dfl_target_proj(const dfl_target *t, void *out, const void *in, const void *w, const void *bias, int64_t T,
+                     int64_t K, int64_t N);
 /* q or k of an attention layer from its projection `in` (T rows of nh
  * heads), rotated by pos: with the model's q/k norms, normed (norm_w) and
  * rotated into out in one pass (ops->qk_norm_rope); without, rotated in

@@ -293,11 +293,11 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     dfl_target_norm(t, kv->h, kv->x, lw->in_norm, n, H);
     /* with q/k norms: project into ao / kpre, then norm + rotate into q / the cache */
     void *qsrc = c->qk_norm ? kv->ao : kv->q, *ksrc = c->qk_norm ? kv->kpre : kdst;
-    ops->matmul(qsrc, kv->h, lw->q, n, H, Hq * D, 0);
+    dfl_target_proj(t, qsrc, kv->h, lw->q, lw->q_bias, n, H, Hq * D);
     dfl_target_qk_rope(t, kv->q, qsrc, lw->q_norm, kv->pos, n, Hq);
-    ops->matmul(ksrc, kv->h, lw->k, n, H, KD, 0);
+    dfl_target_proj(t, ksrc, kv->h, lw->k, lw->k_bias, n, H, KD);
     dfl_target_qk_rope(t, kdst, ksrc, lw->k_norm, kv->pos, n, Hkv);
-    ops->matmul(vdst, kv->h, lw->v, n, H, KD, 0);
+    dfl_target_proj(t, vdst, kv->h, lw->v, lw->v_bias, n, H, KD);
     if (len == 0)
         ops->attn_causal(kv->ao, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D);
     else

@@ -406,10 +406,25 @@ static void swiglu_case(int64_t n) {
     free(hg), free(hu), free(hd);
 }
 
+/* a projection's bias (Qwen2's q, k, v) added to every row */
+static void add_bias_case(int64_t rows, int64_t cols) {
+    float *hx = ag_randn(rows * cols, 1), *hb = ag_randn(cols, 0.5);
+    ag_pair x = ag_new(hx, rows * cols, AG_ACT), b = ag_new(hb, cols, AG_ACT);
+    REF->add_bias(x.r, b.r, rows, cols);
+    DEV->add_bias(x.d, b.d, rows, cols);
+    char what[64];
+    snprintf(what, sizeof what, "add_bias %lldx%lld", (long long)rows, (long long)cols);
+    ag_check(what, &x, NMSE_ROUND);
+    ag_free(&x), ag_free(&b);
+    free(hx), free(hb);
+}
+
 static void elementwise_agrees(void) {
     swiglu_case(1003); /* vector body and scalar tail */
     swiglu_case(1024);
     swiglu_case(203);
+    add_bias_case(37, 56);   /* a tiny Qwen2's q rows */
+    add_bias_case(300, 512); /* several rows a block */
 }
 
 static void embed_case(int64_t T, int64_t H, int64_t V) {

@@ -29,6 +29,9 @@ Models (odd sizes on purpose, not powers of two):
   llama3         Llama with llama3 RoPE scaling (all three frequency bands hit),
                  no q/k norms, eps 1e-5, untied, 4.x spelling
   qwen3-sharded  small Qwen3 saved with a small max_shard_size (index + shards)
+  qwen2          Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): Llama's layer with
+                 biases on q_proj, k_proj, v_proj (N(0, 0.1^2), as the weights),
+                 no q/k norms, GQA 4/2, head_dim 14, 4.x spelling
   qwen3-yarn     Qwen3 with YaRN RoPE (factor 4 over a pretraining length of 64:
                  extrapolated, ramped and interpolated frequencies, cos and sin
                  times the attention factor 1.139), 4.x spelling
@@ -228,6 +231,9 @@ def build(name, arch, cfg_kwargs, seed, spelling="old", max_shard_size=None):
     if arch == "qwen3":
         cfg = transformers.Qwen3Config(**cfg_kwargs)
         model = transformers.Qwen3ForCausalLM(cfg)
+    elif arch == "qwen2":
+        cfg = transformers.Qwen2Config(**cfg_kwargs)
+        model = transformers.Qwen2ForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(**cfg_kwargs)
         model = transformers.LlamaForCausalLM(cfg)
@@ -684,6 +690,11 @@ def build_existing():
             rms_norm_eps=1e-6, tie_word_embeddings=False,
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                              "original_max_position_embeddings": 64}), seed=77),
+        "qwen2": lambda: build("qwen2", "qwen2", dict(
+            common, vocab_size=149, hidden_size=56, intermediate_size=104,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=14,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=88),
         "qwen3-sharded": lambda: build("qwen3-sharded", "qwen3", dict(
             common, vocab_size=97, hidden_size=32, intermediate_size=64,
             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,

@@ -64,6 +64,22 @@ static void test_yarn_keys(void) {
     dfl_model_config_free(&c);
 }
 
+/* Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): no q/k norms, q/k/v biases;
+ * its sliding window only when use_sliding_window says so (refused) */
+static void test_qwen2(void) {
+    dfl_model_config c;
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen2ForCausalLM\"]," BASE ",\"rope_theta\":1000000,\"sliding_window\":131072,"
+                      "\"use_sliding_window\":false,\"max_window_layers\":2}") == 0);
+    T_CHECK(c.qkv_bias == 1 && c.qk_norm == 0);
+    dfl_model_config_free(&c);
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE "}") == 0);
+    T_CHECK(c.qkv_bias == 0 && c.qk_norm == 1);
+    dfl_model_config_free(&c);
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen2ForCausalLM\"]," BASE ",\"use_sliding_window\":true}") == DFL_EX_DATA);
+    T_CHECK(strstr(dfl_errmsg(), "use_sliding_window") != NULL);
+    dfl_model_config_free(&c);
+}
+
 static void test_refusals(void) {
     static const struct { const char *json, *why; } cases[] = {
         {"{\"architectures\":[\"MistralForCausalLM\"]," BASE "}", "not supported"},
@@ -358,6 +374,7 @@ int main(void) {
     T_RUN(test_both_rope_spellings);
     T_RUN(test_llama3_rope);
     T_RUN(test_yarn_keys);
+    T_RUN(test_qwen2);
     T_RUN(test_refusals);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_defaults);

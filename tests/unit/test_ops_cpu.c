@@ -590,6 +590,11 @@ static void test_add_embed_sumsq(void) {
     for (int i = 0; i < 5; i++) T_CHECK(out[i] == a[i] + b[i]);
     ops->add(a, a, b, 5); /* aliasing */
     T_CHECK(a[0] == 1.5f && a[4] == 12.0f);
+    /* bias[c] added to each row: 3 rows of 5 */
+    float xb[15], bias[5] = {0.25f, -1, 3, 0, 1e-3f};
+    for (int i = 0; i < 15; i++) xb[i] = (float)i;
+    ops->add_bias(xb, bias, 3, 5);
+    for (int i = 0; i < 15; i++) T_CHECKF(xb[i] == (float)i + bias[i % 5], "add_bias [%d] %g", i, xb[i]);
 
     float table[4 * 3];
     for (int i = 0; i < 12; i++) table[i] = (float)i;
