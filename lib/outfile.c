@@ -345,6 +345,22 @@ static int fsync_path(const char *path) {
     return rc;
 }
 
+/* The record directories of an output: their files were synced as each
+ * was committed, but the names in a directory are the directory's data
+ * (as fsync(2) says), synced here before the output is put in place. */
+static void fsync_subdirs(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char p[PATH_MAX + 256];
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!is_dot_or_dotdot(e->d_name) && e->d_type != DT_REG) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            fsync_path(p);
+        }
+    closedir(d);
+}
+
 /* 1 if `name` is one of the NULL-terminated `names`. */
 static int name_in(const char *name, const char *const *names) {
     for (; names && *names; names++)
@@ -403,13 +419,24 @@ static int check_replaceable(const char *final_path, const dfl_dir_layout *l) {
     return check_entries(final_path, NULL, l);
 }
 
+/* "." and ".." (also "out/.."): a directory that cannot be renamed, so
+ * the commit would fail once the work is done (and "." would hold the
+ * temporary directory by then). */
+static int refuse_dot(const char *final_path) {
+    const char *slash = strrchr(final_path, '/');
+    if (!is_dot_or_dotdot(slash ? slash + 1 : final_path)) return 0;
+    return dfl_err(DFL_EX_CANTCREAT, "%s: the current or parent directory cannot be replaced; name the output "
+                   "directory itself", final_path);
+}
+
 int dfl_tmpdir_check_layout(const char *final_arg, const dfl_dir_layout *layout) {
     /* "" would pass the checks below (lstat fails: nothing to replace; the
      * probe goes beside it, in the current directory) and fail at the rename */
     if (!*final_arg) return empty_path(NULL);
     char final_path[PATH_MAX];
     if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
-    int rc = check_replaceable(final_path, layout);
+    int rc = refuse_dot(final_path);
+    if (!rc) rc = check_replaceable(final_path, layout);
     if (rc) return rc;
     char probe[PATH_MAX];
     if ((rc = dfl_tmpdir_create(final_path, probe, sizeof probe))) return rc;
@@ -473,9 +500,11 @@ static int swap_in(const char *tmp_path, const char *final_path, int levels) {
 int dfl_tmpdir_commit_layout(const char *tmp_path, const char *final_arg, const dfl_dir_layout *layout) {
     char final_path[PATH_MAX];
     if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
+    if (layout_levels(layout) > 1) fsync_subdirs(tmp_path);
     fsync_path(tmp_path);
     struct stat st;
-    int rc = 0;
+    int rc = refuse_dot(final_path);
+    if (rc) return rc;
     if (lstat(final_path, &st) == 0) {
         /* checked again: it may have changed since dfl_tmpdir_check */
         rc = check_replaceable(final_path, layout);

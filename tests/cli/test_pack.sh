@@ -383,6 +383,7 @@ rm -rf "$T/rx.before"
 # the reading): anything but an earlier export, an empty directory or
 # nothing is refused (73), naming what is in the way, and left untouched.
 mkfifo "$T/never.fifo"
+mkdir -p "$T/emp0/000000-x"   # "." and ".." from there: an empty directory, an export of one empty record
 mkdir -p "$T/ud/data" && echo keep >"$T/ud/notes.txt" && echo keep >"$T/ud/data/x"
 expect_exit 73 "export into an unrelated non-empty directory is refused" timeout 20 dflash-pack --export "$T/ud" "$T/never.fifo"
 grep -Eq "ud: exists and holds '(notes.txt|data)', which is not part of this output" "$T/.err" &&
@@ -397,6 +398,13 @@ echo x >"$T/uf"
 expect_exit 73 "export onto a plain file is refused" dflash-pack --export "$T/uf" "$T/a.dfs"
 grep -q "uf: exists and is not a directory" "$T/.err" && [ "$(cat "$T/uf")" = x ] && pass "  ... untouched" ||
     fail "export onto a file" "$(cat "$T/.err")"
+for dot in . ..; do
+    expect_exit 73 "--export $dot is refused before reading (it cannot be renamed)" \
+        sh -c "cd '$T/emp0/000000-x' && timeout 20 dflash-pack --export $dot '$T/never.fifo'"
+    grep -q "$dot: the current or parent directory cannot be replaced" "$T/.err" && [ "$(ls -A "$T/emp0")" = 000000-x ] &&
+        [ -z "$(ls -A "$T/emp0/000000-x")" ] &&
+        pass "  ... said, nothing written" || fail "--export $dot refusal" "$(cat "$T/.err"; ls -A "$T/emp0")"
+done
 mkdir "$T/emp"
 check "export into an empty directory" dflash-pack --export "$T/emp" "$T/b.dfs"
 [ "$(records "$T/emp")" = 25 ] && [ -z "$(leftovers "$T/emp")" ] && pass "  ... fills it" || fail "export into an empty directory"
