@@ -412,7 +412,7 @@ check "export into an empty directory" dflash-pack --export "$T/emp" "$T/b.dfs"
 # SIGTERM during an export (its input still open: the records so far are
 # in the temporary directory) leaves no temporary directory, and DIR as it
 # was: absent, or the previous export whole.
-$GEN -n 400 -t 8 --tokens-max 16 -H 16 -K 2 --id-prefix m -o "$T/many.dfs"
+$GEN -n 200 -t 8 --tokens-max 16 -H 16 -K 2 --id-prefix m -o "$T/many.dfs"   # 600 files, each synced: seconds
 for prior in none export; do
     d=$T/ex-kill-$prior
     mkdir -p "$d"
@@ -423,8 +423,8 @@ for prior in none export; do
     exec 3>"$d.fifo"
     cat "$T/many.dfs" >&3            # no end of input: the tool waits for more
     tmp() { ls -d "$d"/.out.tmp.* 2>/dev/null | head -1; }
-    for _ in $(seq 200); do [ -n "$(tmp)" ] && [ "$(records "$(tmp)")" = 400 ] && break; sleep 0.05; done
-    [ -n "$(tmp)" ] && [ "$(records "$(tmp)")" = 400 ] && pass "SIGTERM during --export ($prior before): 400 records in a temporary directory" ||
+    for _ in $(seq 600); do [ -n "$(tmp)" ] && [ "$(records "$(tmp)")" = 200 ] && break; sleep 0.05; done
+    [ -n "$(tmp)" ] && [ "$(records "$(tmp)")" = 200 ] && pass "SIGTERM during --export ($prior before): 200 records in a temporary directory" ||
         fail "SIGTERM during --export ($prior before): the records before the kill" "$(ls -A "$d")"
     kill -TERM $pid
     wait $pid 2>/dev/null
