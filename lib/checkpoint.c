@@ -76,20 +76,6 @@ static const char *const ckpt_files[] = {"config.json", "model.safetensors", "tr
 
 int dfl_ckpt_check_out(const char *dir) { return dfl_tmpdir_check(dir, ckpt_files); }
 
-/* A file's error names it inside the temporary directory, which is gone by
- * the time the user reads it: name it under the checkpoint's own path. */
-static int name_in_checkpoint(int rc, const char *tmp, const char *dir) {
-    const char *msg = dfl_errmsg();
-    const size_t n = strlen(tmp);
-    if (strncmp(msg, tmp, n) || msg[n] != '/') return rc;
-    char *rest = dfl_strdup(msg + n + 1);
-    size_t len = strlen(dir);
-    while (len > 1 && dir[len - 1] == '/') len--;
-    rc = dfl_err(rc, "%.*s/%s", (int)len, dir, rest);
-    free(rest);
-    return rc;
-}
-
 int dfl_ckpt_save(const char *dir, const dfl_drafter *d, const json_t *state) {
     char tmp[4096], path[4200];
     int rc = dfl_tmpdir_create(dir, tmp, sizeof tmp);
@@ -115,7 +101,7 @@ int dfl_ckpt_save(const char *dir, const dfl_drafter *d, const json_t *state) {
     free(master);
     if (!rc) rc = dfl_tmpdir_commit(tmp, dir, ckpt_files);
     else {
-        rc = name_in_checkpoint(rc, tmp, dir);
+        rc = dfl_tmpdir_name_err(rc, tmp, dir);
         dfl_tmpdir_abort(tmp);
     }
     return rc;

@@ -286,8 +286,10 @@ static int write_npy(const char *path, const dfs_tensor *t) {
     return dfl_out_commit(o);
 }
 
+/* A record directory, in the export's temporary directory: new, so one
+ * that exists already is an error (two records of one index cannot be). */
 static int make_dir(const char *path) {
-    if (mkdir(path, 0777) == 0 || errno == EEXIST) return 0; /* less the umask, as mkdir(1) */
+    if (mkdir(path, 0777) == 0) return 0; /* less the umask, as mkdir(1) */
     return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", path, strerror(errno));
 }
 
@@ -334,8 +336,24 @@ static int export_sample(dfs_reader *r, dfs_sample *s, const char *dir, uint64_t
     return rc;
 }
 
+/* A record directory's name, as export_sample makes it: at least 6
+ * digits, '-', then the id as sanitise() leaves it (possibly empty). */
+static int is_record_dir(const char *name) {
+    size_t k = 0;
+    while (name[k] >= '0' && name[k] <= '9') k++;
+    if (k < 6 || name[k] != '-') return 0;
+    char id[96];
+    sanitise(id, name + k + 1, sizeof id);
+    return !strcmp(id, name + k + 1);
+}
+
+/* What an earlier export holds, and so all that a new one may replace:
+ * stream.json and record directories of .npy files. */
+static const char *const export_files[] = {"stream.json", NULL};
+static const dfl_dir_layout export_layout = {export_files, is_record_dir, ".npy"};
+
 typedef struct {
-    const char  *dir;
+    const char  *dir;   /* the temporary directory being filled */
     uint64_t     index; /* records exported so far */
     int          started;
     dfl_progress prog;
@@ -346,8 +364,7 @@ static int export_input(dfs_reader *r, void *ctx) {
     int rc = 0;
     if (!x->started) { /* the first input: every input has been checked by now */
         x->started = 1;
-        rc = make_dir(x->dir);
-        if (!rc) rc = export_header(r, x->dir);
+        rc = export_header(r, x->dir);
     }
     dfs_sample *s;
     while (!rc && (rc = dfs_read(r, &s)) == 1) {
@@ -357,12 +374,29 @@ static int export_input(dfs_reader *r, void *ctx) {
     return rc;
 }
 
+/* The export is written into a temporary directory beside DIR
+ * (".DIR.tmp.XXXXXX", removed on an error or a signal) and put in place
+ * only when every record is in it, so DIR is never a partial export nor
+ * a mix of an earlier, larger one and this one. DIR is checked first,
+ * before any input is read: it may be absent, empty or an earlier export,
+ * which is replaced whole (see dfl_tmpdir_commit_layout for the one crash
+ * window: the old export left under a hidden name beside the new one). */
 int dfs_pack_export(const char *const *inputs, int n, const char *dir, int progress) {
-    export_ctx x = {dir, 0, 0, {0}};
+    int rc = dfl_tmpdir_check_layout(dir, &export_layout);
+    if (rc) return rc;
+    char tmp[PATH_MAX];
+    if ((rc = dfl_tmpdir_create_layout(dir, tmp, sizeof tmp, &export_layout))) return rc;
+    export_ctx x = {tmp, 0, 0, {0}};
     dfl_progress_init(&x.prog, progress, 0, "rec");
     /* One stream.json describes every record: the inputs must agree, and
      * are all checked before anything is written. */
-    int rc = dfs_pack_each_input(inputs, n, 1, export_input, &x);
-    if (!rc) dfl_progress_end(&x.prog, (double)x.index, NULL);
-    return rc;
+    rc = dfs_pack_each_input(inputs, n, 1, export_input, &x);
+    if (!rc) rc = dfl_tmpdir_commit_layout(tmp, dir, &export_layout);
+    if (rc) {
+        rc = dfl_tmpdir_name_err(rc, tmp, dir);
+        dfl_tmpdir_abort(tmp);
+        return rc;
+    }
+    dfl_progress_end(&x.prog, (double)x.index, NULL);
+    return 0;
 }

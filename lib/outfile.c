@@ -31,7 +31,7 @@ struct dfl_out {
  * freeing the entry. Registration and unregistration happen on the writing
  * thread, the only one that runs the cleanup (on_signal). */
 typedef struct {
-    int is_dir;
+    int levels; /* 0: a file; else a directory, for remove_tree */
     char path[];
 } cleanup_entry;
 _Static_assert(ATOMIC_POINTER_LOCK_FREE == 2, "the signal handler reads these pointers: they must be lock-free");
@@ -46,28 +46,50 @@ static int is_dot_or_dotdot(const char *name) {
     return name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0));
 }
 
-/* Remove a directory and the plain files in it (checkpoints are flat).
+/* Removing a temporary directory: its entries, and with `levels` > 1 the
+ * directories in it, `levels` - 1 deep (a checkpoint is flat: 1; an export
+ * holds record directories of files: 2). The depth is bounded, so the
+ * recursion and its stack are (one buffer a level), and a directory
+ * nested deeper than an output of ours writes stays (rmdir fails).
  * The signal handler runs this, so it uses only async-signal-safe calls:
  * opendir and readdir allocate, and a signal that lands inside malloc
  * would deadlock on its lock. getdents64 reads the names into a buffer on
  * the stack; as unlinking while reading may skip a name, the directory is
- * read again until a pass removes nothing. */
-static void remove_flat_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        _Alignas(struct dirent64) char buf[8192];
-        for (int pass = 0, removed = 1; removed && pass < 64; pass++) {
-            removed = 0;
-            if (lseek(fd, 0, SEEK_SET) < 0) break;
-            long n;
-            while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
-                for (long off = 0; off < n;) {
-                    const struct dirent64 *e = (const struct dirent64 *)(buf + off);
-                    off += e->d_reclen;
-                    if (!is_dot_or_dotdot(e->d_name) && unlinkat(fd, e->d_name, 0) == 0) removed = 1;
-                }
+ * read again until a pass removes nothing. A directory entry fails
+ * unlinkat without AT_REMOVEDIR (EISDIR), and is then emptied and removed
+ * (O_NOFOLLOW: a symbolic link is unlinked, never followed). */
+static void empty_dir_at(int fd, int levels);
+
+static int remove_subdir_at(int parent, const char *name, int levels) {
+    int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return -1;
+    empty_dir_at(fd, levels);
+    close(fd);
+    return unlinkat(parent, name, AT_REMOVEDIR);
+}
+
+static void empty_dir_at(int fd, int levels) {
+    _Alignas(struct dirent64) char buf[8192];
+    for (int pass = 0, removed = 1; removed && pass < 64; pass++) {
+        removed = 0;
+        if (lseek(fd, 0, SEEK_SET) < 0) break;
+        long n;
+        while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+            for (long off = 0; off < n;) {
+                const struct dirent64 *e = (const struct dirent64 *)(buf + off);
+                off += e->d_reclen;
+                if (is_dot_or_dotdot(e->d_name)) continue;
+                if (unlinkat(fd, e->d_name, 0) == 0 || (levels > 1 && remove_subdir_at(fd, e->d_name, levels - 1) == 0))
+                    removed = 1;
             }
         }
+    }
+}
+
+static void remove_tree(const char *path, int levels) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        empty_dir_at(fd, levels);
         close(fd);
     }
     rmdir(path);
@@ -79,7 +101,7 @@ static void run_cleanup(void) {
     for (int i = 0; i < DFL_CLEANUP_MAX; i++) {
         const cleanup_entry *e = atomic_load(&cleanup[i]);
         if (!e) continue;
-        if (e->is_dir) remove_flat_dir(e->path);
+        if (e->levels) remove_tree(e->path, e->levels);
         else unlink(e->path);
     }
 }
@@ -106,16 +128,17 @@ static void on_signal(int sig) {
  * of a pipe went away, as `| head` does) kills as before, but after the
  * temporary outputs are removed; ignored, it stays ignored, and the write
  * fails with EPIPE, which the tool reports as an I/O error. */
+static const int handled_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+
 static void install_handlers(void) {
     atexit(run_cleanup);
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+    for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++) {
         struct sigaction sa, old;
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        if (sigaction(handled_signals[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_signal;
         sigemptyset(&sa.sa_mask);
-        sigaction(sigs[i], &sa, NULL);
+        sigaction(handled_signals[i], &sa, NULL);
     }
 }
 
@@ -139,11 +162,11 @@ static mode_t creation_mode(mode_t full) {
     return full & ~process_umask;
 }
 
-int dfl_cleanup_register(const char *path, int is_dir) {
+int dfl_cleanup_register(const char *path, int levels) {
     set_up_once();
     size_t n = strlen(path) + 1;
     cleanup_entry *e = dfl_malloc(sizeof *e + n);
-    e->is_dir = is_dir;
+    e->levels = levels;
     memcpy(e->path, path, n);
     for (int i = 0; i < DFL_CLEANUP_MAX; i++) {
         cleanup_entry *none = NULL;
@@ -163,12 +186,13 @@ void dfl_cleanup_unregister(const char *path) {
     }
 }
 
-/* ".NAME.tmp.XXXXXX" in the directory of `final`. */
-static int tmp_name_for(const char *final, char *buf, size_t n) {
+/* ".NAME.TAG.XXXXXX" in the directory of `final` (TAG "tmp": an output
+ * being written; "old": one being replaced). */
+static int tmp_name_for(const char *final, const char *tag, char *buf, size_t n) {
     const char *slash = strrchr(final, '/');
     int dirlen = slash ? (int)(slash - final + 1) : 0;
     const char *base = slash ? slash + 1 : final;
-    int k = snprintf(buf, n, "%.*s.%s.tmp.XXXXXX", dirlen, final, base);
+    int k = snprintf(buf, n, "%.*s.%s.%s.XXXXXX", dirlen, final, base, tag);
     return k > 0 && (size_t)k < n ? 0 : -1;
 }
 
@@ -208,7 +232,7 @@ int dfl_out_open(dfl_out **out, const char *path, int binary) {
         return 0;
     }
     char tmp[PATH_MAX];
-    if (tmp_name_for(path, tmp, sizeof tmp)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", path);
+    if (tmp_name_for(path, "tmp", tmp, sizeof tmp)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", path);
     int fd = mkstemp(tmp);
     if (fd < 0) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create: %s", path, strerror(errno));
     int rc = dfl_cleanup_register(tmp, 0);
@@ -289,16 +313,28 @@ static int strip_slashes(const char *path, char *buf, size_t n) {
     return 0;
 }
 
-int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n) {
+/* The cleanup depth of an output of this layout: its record directories
+ * are removed with it. */
+static int layout_levels(const dfl_dir_layout *l) { return l && l->is_subdir ? 2 : 1; }
+
+static int tmpdir_create(const char *final_path, char *tmp_path, size_t n, int levels) {
     if (!*final_path) return empty_path(NULL);
     char buf[PATH_MAX];
     if (strip_slashes(final_path, buf, sizeof buf)) return DFL_EX_CANTCREAT;
-    if (tmp_name_for(buf, tmp_path, n)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
+    if (tmp_name_for(buf, "tmp", tmp_path, n)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
     if (!mkdtemp(tmp_path)) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", final_path, strerror(errno));
-    int rc = dfl_cleanup_register(tmp_path, 1);
+    int rc = dfl_cleanup_register(tmp_path, levels);
     if (rc) rmdir(tmp_path);
     else chmod(tmp_path, creation_mode(0777));
     return rc;
+}
+
+int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n) {
+    return tmpdir_create(final_path, tmp_path, n, 1);
+}
+
+int dfl_tmpdir_create_layout(const char *final_path, char *tmp_path, size_t n, const dfl_dir_layout *layout) {
+    return tmpdir_create(final_path, tmp_path, n, layout_levels(layout));
 }
 
 static int fsync_path(const char *path) {
@@ -309,46 +345,98 @@ static int fsync_path(const char *path) {
     return rc;
 }
 
+/* The record directories of an output: their files were synced as each
+ * was committed, but the names in a directory are the directory's data
+ * (as fsync(2) says), synced here before the output is put in place. */
+static void fsync_subdirs(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char p[PATH_MAX + 256];
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!is_dot_or_dotdot(e->d_name) && e->d_type != DT_REG) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            fsync_path(p);
+        }
+    closedir(d);
+}
+
 /* 1 if `name` is one of the NULL-terminated `names`. */
 static int name_in(const char *name, const char *const *names) {
-    for (; *names; names++)
+    for (; names && *names; names++)
         if (!strcmp(name, *names)) return 1;
     return 0;
 }
 
+/* 1 if `name` is longer than `ext` and ends with it. */
+static int ends_with(const char *name, const char *ext) {
+    size_t n = strlen(name), k = ext ? strlen(ext) : 0;
+    return ext && n > k && !strcmp(name + n - k, ext);
+}
+
+static int refuse_entry(const char *final_path, const char *sub, const char *name) {
+    return dfl_err(DFL_EX_CANTCREAT,
+                   "%s: exists and holds '%s%s%s', which is not part of this output; refusing to replace the "
+                   "directory (remove it or choose another name)",
+                   final_path, sub ? sub : "", sub ? "/" : "", name);
+}
+
 /* An existing final directory may be replaced only if it holds nothing but
- * plain files an output of this kind writes (`names`): replacing it deletes
- * them. A directory the user keeps other things in (`--out .`, `--out data`)
- * is refused, never emptied. */
-static int check_replaceable(const char *final_path, const char *const *names) {
-    struct stat st;
-    if (lstat(final_path, &st) != 0) return 0; /* nothing to replace */
-    if (S_ISLNK(st.st_mode))
-        return dfl_err(DFL_EX_CANTCREAT, "%s: is a symbolic link; refusing to replace it (give the real path)", final_path);
-    if (!S_ISDIR(st.st_mode)) return dfl_err(DFL_EX_CANTCREAT, "%s: exists and is not a directory", final_path);
-    DIR *d = opendir(final_path);
-    if (!d) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot read the existing directory: %s", final_path, strerror(errno));
+ * what an output of this kind writes (`l`): replacing it deletes it all. A
+ * directory the user keeps other things in (`--out .`, `--out data`) is
+ * refused, never emptied; so is a symbolic link or anything else that is
+ * not a plain file where one is expected. `sub` is NULL for final_path
+ * itself, else the name of one of its record directories. */
+static int check_entries(const char *final_path, const char *sub, const dfl_dir_layout *l) {
+    char dir[PATH_MAX], p[PATH_MAX + 256];
+    int k = sub ? snprintf(dir, sizeof dir, "%s/%s", final_path, sub) : snprintf(dir, sizeof dir, "%s", final_path);
+    if (k < 0 || (size_t)k >= sizeof dir) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
+    DIR *d = opendir(dir);
+    if (!d) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot read the existing directory: %s", dir, strerror(errno));
     struct dirent *e;
-    char p[PATH_MAX];
+    struct stat st;
     int rc = 0;
     while (!rc && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", final_path, e->d_name);
-        if (!name_in(e->d_name, names) || lstat(p, &st) != 0 || !S_ISREG(st.st_mode))
-            rc = dfl_err(DFL_EX_CANTCREAT, "%s: exists and holds '%s', which is not part of this output; refusing to "
-                         "replace the directory (remove it or choose another name)", final_path, e->d_name);
+        if (is_dot_or_dotdot(e->d_name)) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (lstat(p, &st) != 0) rc = refuse_entry(final_path, sub, e->d_name);
+        else if (S_ISREG(st.st_mode) && (sub ? ends_with(e->d_name, l->sub_ext) : name_in(e->d_name, l->names)))
+            continue;
+        else if (!sub && S_ISDIR(st.st_mode) && l->is_subdir && l->is_subdir(e->d_name))
+            rc = check_entries(final_path, e->d_name, l);
+        else rc = refuse_entry(final_path, sub, e->d_name);
     }
     closedir(d);
     return rc;
 }
 
-int dfl_tmpdir_check(const char *final_arg, const char *const *names) {
+static int check_replaceable(const char *final_path, const dfl_dir_layout *l) {
+    struct stat st;
+    if (lstat(final_path, &st) != 0) return 0; /* nothing to replace */
+    if (S_ISLNK(st.st_mode))
+        return dfl_err(DFL_EX_CANTCREAT, "%s: is a symbolic link; refusing to replace it (give the real path)", final_path);
+    if (!S_ISDIR(st.st_mode)) return dfl_err(DFL_EX_CANTCREAT, "%s: exists and is not a directory", final_path);
+    return check_entries(final_path, NULL, l);
+}
+
+/* "." and ".." (also "out/.."): a directory that cannot be renamed, so
+ * the commit would fail once the work is done (and "." would hold the
+ * temporary directory by then). */
+static int refuse_dot(const char *final_path) {
+    const char *slash = strrchr(final_path, '/');
+    if (!is_dot_or_dotdot(slash ? slash + 1 : final_path)) return 0;
+    return dfl_err(DFL_EX_CANTCREAT, "%s: the current or parent directory cannot be replaced; name the output "
+                   "directory itself", final_path);
+}
+
+int dfl_tmpdir_check_layout(const char *final_arg, const dfl_dir_layout *layout) {
     /* "" would pass the checks below (lstat fails: nothing to replace; the
      * probe goes beside it, in the current directory) and fail at the rename */
     if (!*final_arg) return empty_path(NULL);
     char final_path[PATH_MAX];
     if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
-    int rc = check_replaceable(final_path, names);
+    int rc = refuse_dot(final_path);
+    if (!rc) rc = check_replaceable(final_path, layout);
     if (rc) return rc;
     char probe[PATH_MAX];
     if ((rc = dfl_tmpdir_create(final_path, probe, sizeof probe))) return rc;
@@ -356,37 +444,100 @@ int dfl_tmpdir_check(const char *final_arg, const char *const *names) {
     return 0;
 }
 
-int dfl_tmpdir_commit(const char *tmp_path, const char *final_arg, const char *const *names) {
-    char final_path[PATH_MAX];
-    if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
-    fsync_path(tmp_path);
-    struct stat st;
-    if (stat(final_path, &st) == 0) {
-        if (!S_ISDIR(st.st_mode)) return dfl_err(DFL_EX_CANTCREAT, "%s: exists and is not a directory", final_path);
-        /* Replace only a directory of files an output of this kind writes. */
-        int rc = check_replaceable(final_path, names);
-        if (rc) return rc;
-        /* Move the old directory aside, put the new one in place, then drop the old one. */
-        char old[PATH_MAX];
-        if (tmp_name_for(final_path, old, sizeof old)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
-        if (!mkdtemp(old)) return dfl_err(DFL_EX_CANTCREAT, "%s: %s", final_path, strerror(errno));
-        rmdir(old);
-        if (rename(final_path, old) != 0) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot replace: %s", final_path, strerror(errno));
-        if (rename(tmp_path, final_path) != 0) {
-            rename(old, final_path);
-            return dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", final_path, strerror(errno));
-        }
-        remove_flat_dir(old);
+int dfl_tmpdir_check(const char *final_path, const char *const *names) {
+    const dfl_dir_layout l = {names, NULL, NULL};
+    return dfl_tmpdir_check_layout(final_path, &l);
+}
+
+/* Where renameat2's exchange is missing (EINVAL: a filesystem without it),
+ * two renames: the old directory aside as ".NAME.old.XXXXXX", the new one
+ * in. Between them NAME does not exist; the handled signals are held off
+ * meanwhile, so only a crash (SIGKILL, power loss) can stop the run there,
+ * leaving both whole under their hidden names. The old one is registered
+ * before the signals are let in again, so one landing while it is removed
+ * finishes the removal. */
+static int swap_by_renames(const char *tmp_path, const char *final_path, int levels) {
+    char old[PATH_MAX];
+    if (tmp_name_for(final_path, "old", old, sizeof old)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
+    if (!mkdtemp(old)) return dfl_err(DFL_EX_CANTCREAT, "%s: %s", final_path, strerror(errno));
+    rmdir(old); /* a free name, for the rename */
+    sigset_t held, prev;
+    sigemptyset(&held);
+    for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++) sigaddset(&held, handled_signals[i]);
+    pthread_sigmask(SIG_BLOCK, &held, &prev);
+    int rc = 0, registered = 0;
+    if (rename(final_path, old) != 0) {
+        rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot replace: %s", final_path, strerror(errno));
     } else if (rename(tmp_path, final_path) != 0) {
-        return dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", final_path, strerror(errno));
+        rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", final_path, strerror(errno));
+        rename(old, final_path);
+    } else {
+        registered = dfl_cleanup_register(old, levels) == 0;
     }
-    dfl_cleanup_unregister(tmp_path);
+    pthread_sigmask(SIG_SETMASK, &prev, NULL);
+    if (rc) return rc;
+    remove_tree(old, levels);
+    if (registered) dfl_cleanup_unregister(old);
     return 0;
 }
 
+/* Put the complete new directory in place of an old one. renameat2's
+ * RENAME_EXCHANGE swaps the two in one step: NAME is at every moment the
+ * whole old output or the whole new one, never absent nor a mix. The old
+ * one then lies under the temporary name, still registered, so a signal
+ * from here on removes it; a crash leaves it there, hidden, beside the new
+ * NAME. */
+static int swap_in(const char *tmp_path, const char *final_path, int levels) {
+    if (renameat2(AT_FDCWD, tmp_path, AT_FDCWD, final_path, RENAME_EXCHANGE) == 0) {
+        remove_tree(tmp_path, levels);
+        return 0;
+    }
+    if (errno != EINVAL && errno != ENOSYS)
+        return dfl_err(DFL_EX_CANTCREAT, "%s: cannot replace: %s", final_path, strerror(errno));
+    return swap_by_renames(tmp_path, final_path, levels);
+}
+
+int dfl_tmpdir_commit_layout(const char *tmp_path, const char *final_arg, const dfl_dir_layout *layout) {
+    char final_path[PATH_MAX];
+    if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
+    if (layout_levels(layout) > 1) fsync_subdirs(tmp_path);
+    fsync_path(tmp_path);
+    struct stat st;
+    int rc = refuse_dot(final_path);
+    if (rc) return rc;
+    if (lstat(final_path, &st) == 0) {
+        /* checked again: it may have changed since dfl_tmpdir_check */
+        rc = check_replaceable(final_path, layout);
+        if (!rc) rc = swap_in(tmp_path, final_path, layout_levels(layout));
+    } else if (rename(tmp_path, final_path) != 0) {
+        rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", final_path, strerror(errno));
+    }
+    if (!rc) dfl_cleanup_unregister(tmp_path);
+    return rc;
+}
+
+int dfl_tmpdir_commit(const char *tmp_path, const char *final_path, const char *const *names) {
+    const dfl_dir_layout l = {names, NULL, NULL};
+    return dfl_tmpdir_commit_layout(tmp_path, final_path, &l);
+}
+
+/* A temporary directory is ours whole: removed with one level of
+ * subdirectories, whatever its layout. */
 void dfl_tmpdir_abort(const char *tmp_path) {
-    remove_flat_dir(tmp_path);
+    remove_tree(tmp_path, 2);
     dfl_cleanup_unregister(tmp_path);
+}
+
+int dfl_tmpdir_name_err(int rc, const char *tmp_path, const char *final_path) {
+    const char *msg = dfl_errmsg();
+    const size_t n = strlen(tmp_path);
+    if (strncmp(msg, tmp_path, n) || msg[n] != '/') return rc;
+    char *rest = dfl_strdup(msg + n + 1);
+    size_t len = strlen(final_path);
+    while (len > 1 && final_path[len - 1] == '/') len--;
+    rc = dfl_err(rc, "%.*s/%s", (int)len, final_path, rest);
+    free(rest);
+    return rc;
 }
 
 int dfl_close_stdout(void) {

@@ -3,10 +3,10 @@
  * A file output is written to a hidden temporary name in the same directory
  * (".NAME.tmp.XXXXXX") and renamed over NAME on commit, as zstd and
  * safetensors do, with mode 0666 less the umask (a directory: 0777). The
- * temporary path is registered for cleanup: SIGINT, SIGTERM, SIGHUP and
- * exit() before commit remove it (a signal ignored when the process starts,
- * as under nohup, stays ignored). "-" writes to stdout, which is refused
- * when it is a terminal and the output is binary.
+ * temporary path is registered for cleanup: SIGINT, SIGTERM, SIGHUP,
+ * SIGPIPE and exit() before commit remove it (a signal ignored when the
+ * process starts, as under nohup, stays ignored). "-" writes to stdout,
+ * which is refused when it is a terminal and the output is binary.
  */
 #ifndef DFLASH_OUTFILE_H
 #define DFLASH_OUTFILE_H
@@ -35,20 +35,48 @@ int dfl_out_commit(dfl_out *o);
 /* Discard: remove the temporary file; frees `o`. Safe with NULL. */
 void dfl_out_abort(dfl_out *o);
 
-/* Temporary directories (checkpoints): created as ".NAME.tmp.XXXXXX" beside
- * NAME and renamed into place by dfl_tmpdir_commit(), which replaces an
- * existing NAME directory only after the new one is complete, and only if it
- * holds nothing but plain files named in `names` (NULL-terminated: the files
- * an output of this kind writes; else DFL_EX_CANTCREAT). */
+/* Temporary directories (checkpoints, exports): created as
+ * ".NAME.tmp.XXXXXX" beside NAME and put in place by dfl_tmpdir_commit(),
+ * which replaces an existing NAME directory only after the new one is
+ * complete, and only if it holds nothing but what an output of this kind
+ * writes (else DFL_EX_CANTCREAT). The replacement is one atomic exchange
+ * (renameat2 RENAME_EXCHANGE): NAME is always the whole old output or the
+ * whole new one; the old one is then removed from the temporary name (a
+ * crash there leaves it, hidden, beside the new NAME). Where a filesystem
+ * cannot exchange, two renames (the old one aside as ".NAME.old.XXXXXX")
+ * with the signals held off between them: only a crash there leaves NAME
+ * absent and both outputs whole under their hidden names.
+ *
+ * What an existing NAME may hold to be replaced: plain files named in
+ * `names` (NULL-terminated) and, when `is_subdir` is set, directories whose
+ * names it accepts, each holding only plain files whose names end in
+ * `sub_ext` (an export: NNNNNN-ID/NAME.npy). */
+typedef struct {
+    const char *const *names;
+    int (*is_subdir)(const char *name);
+    const char *sub_ext;
+} dfl_dir_layout;
+
+/* A temporary directory of files (dfl_tmpdir_create) or of one level of
+ * subdirectories of files (a layout with is_subdir), removed whole by the
+ * signal cleanup. */
 int dfl_tmpdir_create(const char *final_path, char *tmp_path, size_t n);
+int dfl_tmpdir_create_layout(const char *final_path, char *tmp_path, size_t n, const dfl_dir_layout *layout);
 int dfl_tmpdir_commit(const char *tmp_path, const char *final_path, const char *const *names);
+int dfl_tmpdir_commit_layout(const char *tmp_path, const char *final_path, const dfl_dir_layout *layout);
+/* Remove the temporary directory, with one level of subdirectories. */
 void dfl_tmpdir_abort(const char *tmp_path);
 /* Before a long run: can an output directory be committed at final_path?
- * It may not exist yet, or be a directory holding only plain files named in
- * `names` (NULL-terminated: what the output writes; anything else is never
- * replaced), and a temporary directory must be creatable beside it.
- * Returns 0 or DFL_EX_CANTCREAT with the error recorded. */
+ * It may not exist yet, or be a directory holding only what the output
+ * writes (`names`, or `layout`; anything else is never replaced), and a
+ * temporary directory must be creatable beside it. Returns 0 or
+ * DFL_EX_CANTCREAT with the error recorded, naming what is in the way. */
 int dfl_tmpdir_check(const char *final_path, const char *const *names);
+int dfl_tmpdir_check_layout(const char *final_path, const dfl_dir_layout *layout);
+/* An error recorded about a file in the temporary directory names it under
+ * the final path instead (the temporary one is gone when the user reads
+ * it). Returns rc. */
+int dfl_tmpdir_name_err(int rc, const char *tmp_path, const char *final_path);
 
 /* The cleanup registry used by the above: paths removed if the process is
  * interrupted or exits before they are unregistered. The first registration
@@ -58,7 +86,9 @@ int dfl_tmpdir_check(const char *final_path, const char *const *names);
  * largest --shards, its shuffle's bucket directory, and a margin. Returns 0,
  * or DFL_EX_CANTCREAT with the error recorded when it is full. */
 #define DFL_CLEANUP_MAX (4096 + 64)
-int dfl_cleanup_register(const char *path, int is_dir);
+/* levels: 0 a file; 1 a directory of files; 2 a directory of files and
+ * directories of files (deeper ones are left: the cleanup is bounded). */
+int dfl_cleanup_register(const char *path, int levels);
 void dfl_cleanup_unregister(const char *path);
 
 /* Check stdout at exit, as jq does: flush, ferror and fclose (a stdout

@@ -57,7 +57,8 @@ static const dfl_opt opts[] = {
      "\"OK N records\", or the first problem and exits 65.", NULL},
     {"export", 0, DFL_OPT_STR, &export_dir, "DIR",
      "Write each record's tensors as DIR/INDEX-ID/NAME.npy (bf16 as float32, exactly), and the stream header as "
-     "DIR/stream.json.", NULL},
+     "DIR/stream.json. DIR appears only when complete; an earlier export there is replaced whole, anything else "
+     "in it is refused (exit 73).", NULL},
     {"progress", 0, DFL_OPT_FLAG, &progress, NULL,
      "Show progress (records read) on stderr even when it is not a terminal, in every mode.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},

@@ -350,7 +350,7 @@ assert ((h.view(np.uint32) & 0xffff) == 0).all()   # bf16 values, exactly
 "
 
 # Tensor names that reduce to one file name ("a/b", "a_b") are refused: one
-# file would have silently replaced the other. The records before it stay.
+# file would have silently replaced the other.
 $PY - "$T/collide.dfs" "$here/tests/interop" <<'PYEOF'
 import sys
 sys.path.insert(0, sys.argv[2])
@@ -367,8 +367,93 @@ PYEOF
 expect_exit 65 "export: two tensors of one file name are refused" dflash-pack --export "$T/cx" "$T/collide.dfs"
 grep -Eq 'collide.dfs: byte [0-9]+ \(record 2\): sample "c": tensors "a/b" and "a_b" would both be exported as a_b.npy' "$T/.err" &&
     pass "  ... naming the record and both tensors" || fail "export collision message" "$(cat "$T/.err")"
-[ -f "$T/cx/000000-ok/a_b.npy" ] && [ ! -e "$T/cx/000001-c" ] && pass "  ... after the records before it, none of its files" ||
-    fail "export collision output" "$(ls -R "$T/cx")"
+[ ! -e "$T/cx" ] && [ -z "$(ls -A "$T" | grep '^\.cx\.')" ] && pass "  ... and no export, not even the records before it" ||
+    fail "export collision output" "$(ls -AR "$T/cx" 2>&1; ls -A "$T" | grep '^\.cx\.')"
+
+# The export is written into a temporary directory beside DIR and put in
+# place only when complete: an error or a signal leaves DIR as it was (absent,
+# or the previous export whole), and a smaller export replaces a larger one
+# whole. It was filled record by record under its real name: a damaged input
+# left half an export, and a re-export left the earlier one's extra records
+# beside the new stream.json (a loader globbing DIR got a mix of both).
+leftovers() { ls -A "$(dirname "$1")" | grep -F ".$(basename "$1")." ; }
+records() { ls "$1" | grep -c '^[0-9]\{6\}-'; }
+check "re-export: a larger export first" dflash-pack --export "$T/rx" "$T/a.dfs"
+check "re-export: a smaller stream over it" dflash-pack --export "$T/rx" "$T/b.dfs"
+[ "$(records "$T/rx")" = 25 ] && [ -z "$(ls "$T/rx" | grep -e '-a-')" ] && [ -f "$T/rx/stream.json" ] &&
+    [ "$(ls "$T/rx/000024-b-24")" = "$(ls "$T/ex/000000-a-0")" ] && [ -z "$(leftovers "$T/rx")" ] &&
+    pass "  ... leaves exactly the new records, no temporary directory" ||
+    fail "re-export over a larger export" "$(records "$T/rx") records: $(ls "$T/rx" | grep -e '-a-' | head -2) $(leftovers "$T/rx")"
+size=$(stat -c %s "$T/a.dfs")
+head -c $((size / 2)) "$T/a.dfs" >"$T/half.dfs"
+expect_exit 65 "export of a stream truncated midway" dflash-pack --export "$T/hx" "$T/half.dfs"
+grep -q 'half.dfs: byte [0-9]* (record [0-9]*): truncated' "$T/.err" && [ ! -e "$T/hx" ] && [ -z "$(leftovers "$T/hx")" ] &&
+    pass "  ... is named, and leaves no DIR and no temporary directory" ||
+    fail "truncated export leftovers" "$(cat "$T/.err"; ls -A "$T/hx" 2>&1 | head -3; leftovers "$T/hx")"
+cp -a "$T/rx" "$T/rx.before"
+expect_exit 65 "re-export of a stream truncated midway" dflash-pack --export "$T/rx" "$T/half.dfs"
+diff -r "$T/rx.before" "$T/rx" >/dev/null && [ -z "$(leftovers "$T/rx")" ] &&
+    pass "  ... leaves the previous export intact, no temporary directory" ||
+    fail "truncated re-export" "$(diff -r "$T/rx.before" "$T/rx" | head -3; leftovers "$T/rx")"
+rm -rf "$T/rx.before"
+
+# DIR is checked before any input is read (a FIFO nobody writes would block
+# the reading): anything but an earlier export, an empty directory or
+# nothing is refused (73), naming what is in the way, and left untouched.
+mkfifo "$T/never.fifo"
+mkdir -p "$T/emp0/000000-x"   # "." and ".." from there: an empty directory, an export of one empty record
+mkdir -p "$T/ud/data" && echo keep >"$T/ud/notes.txt" && echo keep >"$T/ud/data/x"
+expect_exit 73 "export into an unrelated non-empty directory is refused" timeout 20 dflash-pack --export "$T/ud" "$T/never.fifo"
+grep -Eq "ud: exists and holds '(notes.txt|data)', which is not part of this output" "$T/.err" &&
+    [ "$(cat "$T/ud/notes.txt" "$T/ud/data/x")" = "$(printf 'keep\nkeep')" ] && [ "$(ls -A "$T/ud" | wc -l)" = 2 ] &&
+    [ -z "$(leftovers "$T/ud")" ] && pass "  ... naming the path and what is in it, before reading, untouched" ||
+    fail "unrelated DIR refusal" "$(cat "$T/.err"; ls -AR "$T/ud")"
+cp -a "$T/rx" "$T/rx2" && echo note >"$T/rx2/000003-b-3/README"
+expect_exit 73 "an export with a stray file in a record directory is refused" dflash-pack --export "$T/rx2" "$T/a.dfs"
+grep -q "rx2: exists and holds '000003-b-3/README'" "$T/.err" && [ "$(records "$T/rx2")" = 25 ] &&
+    [ -f "$T/rx2/000003-b-3/README" ] && pass "  ... naming it, untouched" || fail "stray file refusal" "$(cat "$T/.err")"
+echo x >"$T/uf"
+expect_exit 73 "export onto a plain file is refused" dflash-pack --export "$T/uf" "$T/a.dfs"
+grep -q "uf: exists and is not a directory" "$T/.err" && [ "$(cat "$T/uf")" = x ] && pass "  ... untouched" ||
+    fail "export onto a file" "$(cat "$T/.err")"
+for dot in . ..; do
+    expect_exit 73 "--export $dot is refused before reading (it cannot be renamed)" \
+        sh -c "cd '$T/emp0/000000-x' && timeout 20 dflash-pack --export $dot '$T/never.fifo'"
+    grep -q "$dot: the current or parent directory cannot be replaced" "$T/.err" && [ "$(ls -A "$T/emp0")" = 000000-x ] &&
+        [ -z "$(ls -A "$T/emp0/000000-x")" ] &&
+        pass "  ... said, nothing written" || fail "--export $dot refusal" "$(cat "$T/.err"; ls -A "$T/emp0")"
+done
+mkdir "$T/emp"
+check "export into an empty directory" dflash-pack --export "$T/emp" "$T/b.dfs"
+[ "$(records "$T/emp")" = 25 ] && [ -z "$(leftovers "$T/emp")" ] && pass "  ... fills it" || fail "export into an empty directory"
+
+# SIGTERM during an export (its input still open: the records so far are
+# in the temporary directory) leaves no temporary directory, and DIR as it
+# was: absent, or the previous export whole.
+$GEN -n 200 -t 8 --tokens-max 16 -H 16 -K 2 --id-prefix m -o "$T/many.dfs"   # 600 files, each synced: seconds
+for prior in none export; do
+    d=$T/ex-kill-$prior
+    mkdir -p "$d"
+    [ $prior = export ] && dflash-pack --export "$d/out" "$T/b.dfs" && cp -a "$d/out" "$T/out.before"
+    mkfifo "$d.fifo"
+    dflash-pack --export "$d/out" - <"$d.fifo" &
+    pid=$!
+    exec 3>"$d.fifo"
+    cat "$T/many.dfs" >&3            # no end of input: the tool waits for more
+    tmp() { ls -d "$d"/.out.tmp.* 2>/dev/null | head -1; }
+    for _ in $(seq 600); do [ -n "$(tmp)" ] && [ "$(records "$(tmp)")" = 200 ] && break; sleep 0.05; done
+    [ -n "$(tmp)" ] && [ "$(records "$(tmp)")" = 200 ] && pass "SIGTERM during --export ($prior before): 200 records in a temporary directory" ||
+        fail "SIGTERM during --export ($prior before): the records before the kill" "$(ls -A "$d")"
+    kill -TERM $pid
+    wait $pid 2>/dev/null
+    rc=$?
+    exec 3>&-
+    rm -f "$d.fifo"
+    if [ $prior = none ]; then [ -z "$(ls -A "$d")" ]; else [ "$(ls -A "$d")" = out ] && diff -r "$T/out.before" "$d/out" >/dev/null; fi &&
+        [ $rc = 143 ] && pass "  ... SIGTERM (143) leaves no temporary directory, and DIR as it was" ||
+        fail "  ... SIGTERM during --export ($prior before)" "rc $rc: $(ls -A "$d" | head -3)"
+done
+rm -rf "$T/out.before"
 
 # ---- usage and outputs ------------------------------------------------------
 # --progress shows progress in every mode, as --help says (the read-only

@@ -12,6 +12,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -103,6 +106,107 @@ static void test_signal_on_the_writer_cleans_up(void) {
         _exit(5);
     }
     reap_and_check(pid, SIGTERM, parent, 0);
+}
+
+static int accept_any(const char *name) { return name[0] != '.'; }
+
+/* An export's temporary directory holds record directories of files (and
+ * each file's own temporary name while it is written): a signal removes it
+ * whole. The cleanup removed plain files only, so the record directories,
+ * and the directory itself, stayed. */
+static void test_signal_removes_nested_tmpdir(void) {
+    char parent[] = "/tmp/dflash-outfile.XXXXXX";
+    T_CHECK(mkdtemp(parent) != NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        static const char *const names[] = {"stream.json", NULL};
+        const dfl_dir_layout l = {names, accept_any, ".npy"};
+        char final[PATH_MAX], tmp[PATH_MAX], p[PATH_MAX + 64];
+        snprintf(final, sizeof final, "%s/ex", parent);
+        if (dfl_tmpdir_create_layout(final, tmp, sizeof tmp, &l)) _exit(3);
+        for (int r = 0; r < 300; r++) { /* more names than one getdents64 buffer holds */
+            snprintf(p, sizeof p, "%s/%06d-record-with-a-longish-id", tmp, r);
+            if (mkdir(p, 0777)) _exit(4);
+            for (int i = 0; i < 3; i++) {
+                snprintf(p, sizeof p, "%s/%06d-record-with-a-longish-id/t%d.npy", tmp, r, i);
+                int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                if (fd < 0) _exit(5);
+                close(fd);
+            }
+        }
+        dfl_out *o; /* a file being written inside a record directory */
+        snprintf(p, sizeof p, "%s/000299-record-with-a-longish-id/open.npy", tmp);
+        if (dfl_out_open(&o, p, 1)) _exit(6);
+        if (count_entries(parent) != 1) _exit(7);
+        raise(SIGTERM);
+        _exit(8);
+    }
+    reap_and_check(pid, SIGTERM, parent, 0);
+}
+
+/* renameat2 as the library sees it: with `no_exchange` set, a filesystem
+ * without RENAME_EXCHANGE (EINVAL), so the two-rename way is taken. */
+static int no_exchange;
+int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags) {
+    if (no_exchange && (flags & RENAME_EXCHANGE)) {
+        errno = EINVAL;
+        return -1;
+    }
+    return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+/* dir/stream.json and `n` record directories dir/00000R-tag/t.npy. */
+static void make_export(const char *dir, int n, const char *tag) {
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/stream.json", dir);
+    FILE *f = fopen(p, "w");
+    T_CHECK(f != NULL);
+    fputs(tag, f);
+    fclose(f);
+    for (int r = 0; r < n; r++) {
+        snprintf(p, sizeof p, "%s/%06d-%s", dir, r, tag);
+        T_CHECK(mkdir(p, 0777) == 0);
+        snprintf(p, sizeof p, "%s/%06d-%s/t.npy", dir, r, tag);
+        f = fopen(p, "w");
+        T_CHECK(f != NULL);
+        fclose(f);
+    }
+}
+
+/* A new export replaces a larger earlier one whole (no record of the old
+ * one left beside it, nothing left beside DIR), by the exchange and by the
+ * two renames; a directory holding anything else is refused, untouched. */
+static void test_commit_replaces_nested_whole(void) {
+    static const char *const names[] = {"stream.json", NULL};
+    const dfl_dir_layout l = {names, accept_any, ".npy"};
+    for (no_exchange = 0; no_exchange < 2; no_exchange++) {
+        char parent[] = "/tmp/dflash-outfile.XXXXXX", final[PATH_MAX], tmp[PATH_MAX], p[PATH_MAX + 64];
+        T_CHECK(mkdtemp(parent) != NULL);
+        snprintf(final, sizeof final, "%s/ex", parent);
+        T_CHECK(mkdir(final, 0777) == 0);
+        make_export(final, 5, "old");
+        T_CHECK(dfl_tmpdir_check_layout(final, &l) == 0);
+        T_CHECK(dfl_tmpdir_create_layout(final, tmp, sizeof tmp, &l) == 0);
+        make_export(tmp, 2, "new");
+        T_CHECKF(dfl_tmpdir_commit_layout(tmp, final, &l) == 0, "no_exchange %d: %s", no_exchange, dfl_errmsg());
+        T_CHECKF(count_entries(parent) == 1 && count_entries(final) == 3, "no_exchange %d: %d beside, %d in DIR",
+                 no_exchange, count_entries(parent), count_entries(final));
+        snprintf(p, sizeof p, "%s/000001-new/t.npy", final);
+        T_CHECK(access(p, F_OK) == 0);
+        /* anything else in DIR: refused at the check and at the commit */
+        snprintf(p, sizeof p, "%s/000001-new/notes.txt", final);
+        FILE *f = fopen(p, "w");
+        T_CHECK(f != NULL);
+        fclose(f);
+        T_CHECK(dfl_tmpdir_check_layout(final, &l) == DFL_EX_CANTCREAT);
+        T_CHECKF(strstr(dfl_errmsg(), "holds '000001-new/notes.txt'") != NULL, "%s", dfl_errmsg());
+        T_CHECK(dfl_tmpdir_create_layout(final, tmp, sizeof tmp, &l) == 0);
+        T_CHECK(dfl_tmpdir_commit_layout(tmp, final, &l) == DFL_EX_CANTCREAT);
+        dfl_tmpdir_abort(tmp);
+        T_CHECK(count_entries(parent) == 1 && count_entries(final) == 3 && access(p, F_OK) == 0);
+        t_rm_rf(parent);
+    }
+    no_exchange = 0;
 }
 
 /* The registry holds DFL_CLEANUP_MAX temporary outputs at once (dflash-pack
@@ -237,9 +341,13 @@ static void test_ignored_sigpipe_stays_ignored(void) {
 int main(void) {
     T_RUN(test_signal_on_the_writer_cleans_up);
     T_RUN(test_signal_on_another_thread_cleans_up);
+    T_RUN(test_signal_removes_nested_tmpdir);
     T_RUN(test_registry_holds_every_shard);
     T_RUN(test_signal_inside_malloc_cleans_up);
     T_RUN(test_sigpipe_cleans_up);
     T_RUN(test_ignored_sigpipe_stays_ignored);
+    /* last: it runs in this process, whose handlers it installs (the tests
+     * above install theirs in forked children, after setting SIGPIPE) */
+    T_RUN(test_commit_replaces_nested_whole);
     return t_exit();
 }
