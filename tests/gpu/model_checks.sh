@@ -18,6 +18,8 @@
 #                as above; the online loop on the device, lossless
 #   yarn         a tiny Qwen3 target with YaRN RoPE (mktarget --yarn-scaling):
 #                extraction as above; the online loop on the device, lossless
+#   qwen2        a tiny Qwen2 target (mktarget --arch qwen2: q/k/v biases):
+#                extraction as above; the online loop on the device, lossless
 #   moe          tiny Qwen3-MoE and Qwen3.5-MoE targets (mktarget --experts):
 #                extraction as above (hidden 1e-2: near-tied expert choices);
 #                the online loop on the device, lossless
@@ -273,6 +275,16 @@ if "$MKT" -o "$T/yarn" --vocab 301 --hidden 128 --intermediate 192 --layers 6 --
     online_lossless "YaRN" "$T/yarn" 16
 else
     result "model: YaRN extraction cpu vs $DEV" "FAIL" "mktarget --yarn-scaling failed"
+fi
+
+# ---- a Qwen2 target (mktarget --arch qwen2: biases on q, k and v, the
+# add_bias kernel after the projections): extraction and the online loop ----
+if "$MKT" -o "$T/qwen2" --arch qwen2 --vocab 301 --hidden 128 --intermediate 192 --layers 6 --heads 4 --kv-heads 2 \
+    --head-dim 64 --tie no --seed 8 >/dev/null; then
+    extract_check "Qwen2" "$T/qwen2" "$T/qwen2-" 1e-3
+    online_lossless "Qwen2" "$T/qwen2" 16
+else
+    result "model: Qwen2 extraction cpu vs $DEV" "FAIL" "mktarget --arch qwen2 failed"
 fi
 
 moe_check qwen3-moe --experts 8 --experts-per-tok 2 --moe-intermediate 48

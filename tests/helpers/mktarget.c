@@ -37,14 +37,15 @@ static int64_t vocab = 211, hidden = 72, inter = 136, layers = 6, heads = 6, kv_
 static int64_t seed = 1, max_pos = 4096;
 static double theta = 0, eps = 0;
 static int llama3_scaling = 0, yarn_scaling = 0;
+static int qwen2 = 0; /* --arch qwen2: Qwen3's config keys, Llama's layer plus q/k/v biases */
 static int64_t lin_k_heads = 2, lin_v_heads = 4, lin_k_dim = 16, lin_v_dim = 24, conv_k = 4, full_interval = 4;
 static double rotary = 0.25;
 static int64_t experts = 0, experts_per_tok = 2, moe_inter = 40, shared_inter = 0, sparse_step = 1;
 
 static const dfl_opt opts[] = {
-    {"arch", 'a', DFL_OPT_CHOICE, &arch, "qwen3|llama|qwen3.5",
-     "Architecture: Qwen3ForCausalLM (q/k norms), LlamaForCausalLM, or Qwen3_5ForCausalLM (Gated DeltaNet and gated "
-     "attention layers).", NULL},
+    {"arch", 'a', DFL_OPT_CHOICE, &arch, "qwen3|llama|qwen2|qwen3.5",
+     "Architecture: Qwen3ForCausalLM (q/k norms), LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k and v, no q/k "
+     "norms), or Qwen3_5ForCausalLM (Gated DeltaNet and gated attention layers).", NULL},
     {"output", 'o', DFL_OPT_STR, &out_dir, "DIR", "Model directory to write (created; files in it are replaced).", NULL},
     {"vocab", 0, DFL_OPT_INT, &vocab, "N", "vocab_size.", NULL},
     {"hidden", 0, DFL_OPT_INT, &hidden, "N", "hidden_size.", NULL},
@@ -190,8 +191,8 @@ static json_t *make_config(int qwen, int hybrid) {
                                {"", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM"}};
     const char *types[2][3] = {{"llama", "qwen3", "qwen3_5_text"}, {"", "qwen3_moe", "qwen3_5_moe_text"}};
     const int moe = experts > 0, kind = hybrid ? 2 : qwen;
-    json_object_set_new(c, "architectures", json_pack("[s]", archs[moe][kind]));
-    json_object_set_new(c, "model_type", json_string(types[moe][kind]));
+    json_object_set_new(c, "architectures", json_pack("[s]", qwen2 ? "Qwen2ForCausalLM" : archs[moe][kind]));
+    json_object_set_new(c, "model_type", json_string(qwen2 ? "qwen2" : types[moe][kind]));
     if (moe) {
         json_object_set_new(c, "num_experts", json_integer(experts));
         json_object_set_new(c, "num_experts_per_tok", json_integer(experts_per_tok));
@@ -270,7 +271,8 @@ int main(int argc, char **argv) {
     free(pos);
     if (!out_dir) dfl_cli_usage_error(&cli, "-o DIR is required");
     if (llama3_scaling && yarn_scaling) dfl_cli_usage_error(&cli, "--llama3-scaling and --yarn-scaling exclude each other");
-    int hybrid = !strcmp(arch, "qwen3.5"), qwen = hybrid || !strcmp(arch, "qwen3");
+    qwen2 = !strcmp(arch, "qwen2");
+    int hybrid = !strcmp(arch, "qwen3.5"), qwen = hybrid || qwen2 || !strcmp(arch, "qwen3");
     if (!head_dim && heads > 0) head_dim = hidden / heads;
     if (!theta) theta = hybrid ? 1e7 : qwen ? 1e6 : 5e5;
     if (!eps) eps = qwen ? 1e-6 : 1e-5;
@@ -282,7 +284,7 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "qwen3.5 sizes must be positive, linear-v-heads a multiple of linear-k-heads, "
                                   "conv-kernel at most 8, rotary in (0, 1]");
     if (!shared_inter) shared_inter = 40;
-    if (experts && (!qwen || experts_per_tok < 1 || experts_per_tok > experts || moe_inter < 1 || shared_inter < 1 ||
+    if (experts && (!qwen || qwen2 || experts_per_tok < 1 || experts_per_tok > experts || moe_inter < 1 || shared_inter < 1 ||
                     sparse_step < 1 || (hybrid && sparse_step != 1)))
         dfl_cli_usage_error(&cli, "--experts needs qwen3 or qwen3.5, 1 <= experts-per-tok <= experts, positive widths "
                                   "and a positive sparse-step (1 for qwen3.5)");
@@ -302,7 +304,11 @@ int main(int argc, char **argv) {
             add("model.layers.%d.self_attn.k_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
             add("model.layers.%d.self_attn.v_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
             add("model.layers.%d.self_attn.o_proj.weight", l, H, QD, 0, res / sqrt((double)QD));
-            if (qwen) {
+            if (qwen2) {
+                add("model.layers.%d.self_attn.q_proj.bias", l, QD, 0, 0, 0.5);
+                add("model.layers.%d.self_attn.k_proj.bias", l, KD, 0, 0, 0.5);
+                add("model.layers.%d.self_attn.v_proj.bias", l, KD, 0, 0, 0.5);
+            } else if (qwen) {
                 add("model.layers.%d.self_attn.q_norm.weight", l, D, 0, norm_mean, 0.1);
                 add("model.layers.%d.self_attn.k_norm.weight", l, D, 0, norm_mean, 0.1);
             }
