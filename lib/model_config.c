@@ -95,7 +95,8 @@ static int is_moe(const char *arch) {
 
 /* The architectures dflash runs, checked before any size is read. */
 static int check_architecture(const dfl_model_config *c, const char *path, const char *role) {
-    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "DFlashDraftModel",
+    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                  "DFlashDraftModel",
                                   "Qwen3_5ForCausalLM",
                                   "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
                                   "Qwen3_5MoeForConditionalGeneration"};
@@ -103,7 +104,7 @@ static int check_architecture(const dfl_model_config *c, const char *path, const
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) known |= !strcmp(c->architecture, archs[i]);
     if (!known)
         return dfl_err(DFL_EX_DATA, "%s: %s architecture \"%s\" is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM, "
-                       "Qwen2ForCausalLM, "
+                       "MistralForCausalLM, Qwen2ForCausalLM, "
                        "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, "
                        "Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration%s)",
                        path, role, c->architecture, !strcmp(role, "drafter") ? ", DFlashDraftModel" : "");
@@ -156,6 +157,12 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
         if ((rc = get_bool(j, off[i], &on, path))) return rc;
         if (on) return dfl_err(DFL_EX_DATA, "%s: \"%s\": true is not supported", path, off[i]);
     }
+    /* Mistral has no use_sliding_window: any window given is used (Mistral-7B-v0.1's
+     * 4096; v0.2 on, Nemo and Small have null) */
+    const json_t *sw = json_object_get(j, "sliding_window");
+    if (!strcmp(c->architecture, "MistralForCausalLM") && sw && !json_is_null(sw))
+        return dfl_err(DFL_EX_DATA, "%s: \"sliding_window\": a sliding window is not supported (null: full attention)",
+                       path);
     json_t *act = json_object_get(j, "hidden_act");
     if (act && strcmp(json_string_value(act) ? json_string_value(act) : "", "silu"))
         return dfl_err(DFL_EX_DATA, "%s: \"hidden_act\" must be \"silu\"", path);
@@ -427,7 +434,8 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     c->tie_word_embeddings = tie;
     /* Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): Llama's layer plus biases on q, k and v */
     c->qkv_bias = !strcmp(c->architecture, "Qwen2ForCausalLM");
-    c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") != 0 && !c->qkv_bias;
+    c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") && strcmp(c->architecture, "MistralForCausalLM") &&
+                 !c->qkv_bias;
     parse_token_ids(c, json_object_get(tj, "eos_token_id") ? tj : j);
     return check_supported(c, tj, path);
 }

@@ -311,13 +311,14 @@ static void load_one(dfl_target *t, const wspec *w, void *dst) {
 }
 
 static int check_arch(const dfl_model_config *c, const char *path) {
-    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3_5ForCausalLM",
+    static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                  "Qwen3_5ForCausalLM",
                                   "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
                                   "Qwen3_5MoeForConditionalGeneration"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (!strcmp(c->architecture, archs[i])) return 0;
     return dfl_err(DFL_EX_DATA, "%s: architecture \"%s\" is not a supported target (Qwen3ForCausalLM, LlamaForCausalLM, "
-                   "Qwen2ForCausalLM, "
+                   "MistralForCausalLM, Qwen2ForCausalLM, "
                    "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM, "
                    "Qwen3_5MoeForConditionalGeneration)", path, c->architecture);
 }

@@ -109,7 +109,8 @@ static void check_model(const dfl_model_config *c) {
     }
     FUZZ_CHECK(c->tie_word_embeddings == 0 || c->tie_word_embeddings == 1);
     FUZZ_CHECK(c->qkv_bias == !strcmp(c->architecture, "Qwen2ForCausalLM"));
-    FUZZ_CHECK(c->qk_norm == (strcmp(c->architecture, "LlamaForCausalLM") != 0 && !c->qkv_bias));
+    FUZZ_CHECK(c->qk_norm == (strcmp(c->architecture, "LlamaForCausalLM") && strcmp(c->architecture, "MistralForCausalLM") &&
+                              !c->qkv_bias));
     FUZZ_CHECK(c->n_eos >= 0 && c->n_eos <= 8);
     /* RoPE */
     FUZZ_CHECK(c->rope_type == DFL_ROPE_DEFAULT || c->rope_type == DFL_ROPE_LLAMA3 || c->rope_type == DFL_ROPE_YARN);

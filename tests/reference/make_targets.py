@@ -32,6 +32,8 @@ Models (odd sizes on purpose, not powers of two):
   qwen2          Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): Llama's layer with
                  biases on q_proj, k_proj, v_proj (N(0, 0.1^2), as the weights),
                  no q/k norms, GQA 4/2, head_dim 14, 4.x spelling
+  mistral        Mistral (Mistral-7B-v0.3, Nemo, Small): Llama's layer, no
+                 sliding window (null), head_dim 16 != H / heads (12), MQA, 4.x spelling
   qwen3-yarn     Qwen3 with YaRN RoPE (factor 4 over a pretraining length of 64:
                  extrapolated, ramped and interpolated frequencies, cos and sin
                  times the attention factor 1.139), 4.x spelling
@@ -231,6 +233,9 @@ def build(name, arch, cfg_kwargs, seed, spelling="old", max_shard_size=None):
     if arch == "qwen3":
         cfg = transformers.Qwen3Config(**cfg_kwargs)
         model = transformers.Qwen3ForCausalLM(cfg)
+    elif arch == "mistral":
+        cfg = transformers.MistralConfig(**cfg_kwargs)
+        model = transformers.MistralForCausalLM(cfg)
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**cfg_kwargs)
         model = transformers.Qwen2ForCausalLM(cfg)
@@ -695,6 +700,11 @@ def build_existing():
             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=14,
             rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=88),
+        "mistral": lambda: build("mistral", "mistral", dict(
+            common, vocab_size=163, hidden_size=48, intermediate_size=92,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=99),
         "qwen3-sharded": lambda: build("qwen3-sharded", "qwen3", dict(
             common, vocab_size=97, hidden_size=32, intermediate_size=64,
             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,

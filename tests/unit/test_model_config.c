@@ -80,9 +80,21 @@ static void test_qwen2(void) {
     dfl_model_config_free(&c);
 }
 
+/* Mistral: Llama's layer; a sliding window (any non-null one: it has no
+ * use_sliding_window) is refused */
+static void test_mistral(void) {
+    dfl_model_config c;
+    T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE ",\"sliding_window\":null}") == 0);
+    T_CHECK(c.qk_norm == 0 && c.qkv_bias == 0);
+    dfl_model_config_free(&c);
+    T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE ",\"sliding_window\":4096}") == DFL_EX_DATA);
+    T_CHECK(strstr(dfl_errmsg(), "sliding_window") != NULL);
+    dfl_model_config_free(&c);
+}
+
 static void test_refusals(void) {
     static const struct { const char *json, *why; } cases[] = {
-        {"{\"architectures\":[\"MistralForCausalLM\"]," BASE "}", "not supported"},
+        {"{\"architectures\":[\"GemmaForCausalLM\"]," BASE "}", "not supported"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"attention_bias\":true}", "attention_bias"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":4}}", "dynamic"},
         /* YaRN: no pretraining length (nor max_position_embeddings), a factor below 1, ... */
@@ -375,6 +387,7 @@ int main(void) {
     T_RUN(test_llama3_rope);
     T_RUN(test_yarn_keys);
     T_RUN(test_qwen2);
+    T_RUN(test_mistral);
     T_RUN(test_refusals);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_defaults);

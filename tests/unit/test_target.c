@@ -201,6 +201,8 @@ static void test_llama3_rope_scaling(void) { check_model("llama3"); }
 static void test_qwen3_sharded(void) { check_model("qwen3-sharded"); }
 /* Qwen2: Llama's layer with biases on q, k and v */
 static void test_qwen2(void) { check_model("qwen2"); }
+/* Mistral: Llama's layer (no sliding window), head_dim set apart from H / heads */
+static void test_mistral(void) { check_model("mistral"); }
 /* YaRN: its frequencies, and cos and sin times its attention factor */
 static void test_qwen3_yarn(void) { check_model("qwen3-yarn"); }
 /* Qwen3.5: Gated DeltaNet and gated attention layers, (1 + w) norms,
@@ -854,6 +856,7 @@ int main(void) {
     T_RUN(test_qwen3_untied_new_spelling);
     T_RUN(test_llama3_rope_scaling);
     T_RUN(test_qwen2);
+    T_RUN(test_mistral);
     T_RUN(test_qwen3_yarn);
     T_RUN(test_qwen3_sharded);
     T_RUN(test_qwen35);
