@@ -20,8 +20,9 @@ __global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, 
     float th = (float)pos[t] * inv_freq[i];
     float s, c;
     sincosf(th, &s, &c);
-    c *= scale;
-    s = s * scale * sign;
+    const float m = inv_freq[i] != 0.0f ? scale : 1.0f; // a pass-through pair: unscaled
+    c *= m;
+    s = s * m * sign;
     bf16 *row = x + t * (int64_t)nh * d;
     for (int h = 0; h < nh; h++) {
         bf16 *p = row + (int64_t)h * d;
@@ -64,11 +65,13 @@ struct LaneAngles {
                 if (i < half) angle(i, &sn[k][v], &cs[k][v]);
             }
     }
-    // sin and cos of pair i's angle, each times the scale (as rope_kernel)
+    // sin and cos of pair i's angle, each times the scale, but for a
+    // pass-through pair (frequency 0), as rope_kernel
     __device__ __forceinline__ void angle(int i, float *s, float *c) const {
-        sincosf(p * inv_freq[i], s, c);
-        *s *= scale;
-        *c *= scale;
+        const float f = inv_freq[i], m = f != 0.0f ? scale : 1.0f;
+        sincosf(p * f, s, c);
+        *s *= m;
+        *c *= m;
     }
     template <typename F>
     __device__ __forceinline__ void each(F f) const {

@@ -157,12 +157,13 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
         if ((rc = get_bool(j, off[i], &on, path))) return rc;
         if (on) return dfl_err(DFL_EX_DATA, "%s: \"%s\": true is not supported", path, off[i]);
     }
-    /* Mistral has no use_sliding_window: any window given is used (Mistral-7B-v0.1's
-     * 4096; v0.2 on, Nemo and Small have null) */
+    /* Mistral has no use_sliding_window: any window is used, and an absent
+     * key is transformers' default of 4096 (Mistral-7B-v0.1's); v0.2 on,
+     * Nemo and Small write null */
     const json_t *sw = json_object_get(j, "sliding_window");
-    if (!strcmp(c->architecture, "MistralForCausalLM") && sw && !json_is_null(sw))
-        return dfl_err(DFL_EX_DATA, "%s: \"sliding_window\": a sliding window is not supported (null: full attention)",
-                       path);
+    if (!strcmp(c->architecture, "MistralForCausalLM") && !json_is_null(sw))
+        return dfl_err(DFL_EX_DATA, "%s: \"sliding_window\": a sliding window is not supported (%s; null: full attention)",
+                       path, sw ? "given" : "absent: transformers' default of 4096");
     json_t *act = json_object_get(j, "hidden_act");
     if (act && strcmp(json_string_value(act) ? json_string_value(act) : "", "silu"))
         return dfl_err(DFL_EX_DATA, "%s: \"hidden_act\" must be \"silu\"", path);
@@ -213,14 +214,23 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
     return 0;
 }
 
+/* The pretraining length of a scaled RoPE (llama3, yarn), as transformers
+ * 5's standardize_rope_params finds it: the top-level key (Phi-3's
+ * spelling) before the scaling's, else max_position_embeddings. */
+static int parse_original_length(dfl_model_config *c, const json_t *j, const json_t *scaling, const char *path) {
+    const int64_t fallback = c->max_position_embeddings > 0 ? c->max_position_embeddings : -2;
+    const json_t *from = json_object_get(j, "original_max_position_embeddings") ? j : scaling;
+    return get_int(from, "original_max_position_embeddings", fallback, &c->rope_original_max_pos, path);
+}
+
 /* Llama 3.1's frequency bands (transformers _compute_llama3_parameters). */
-static int parse_llama3(dfl_model_config *c, const json_t *scaling, const char *path) {
+static int parse_llama3(dfl_model_config *c, const json_t *j, const json_t *scaling, const char *path) {
     int rc;
     c->rope_type = DFL_ROPE_LLAMA3;
     if ((rc = get_num(scaling, "factor", NAN, &c->rope_factor, path))) return rc;
     if ((rc = get_num(scaling, "low_freq_factor", NAN, &c->rope_low_freq_factor, path))) return rc;
     if ((rc = get_num(scaling, "high_freq_factor", NAN, &c->rope_high_freq_factor, path))) return rc;
-    if ((rc = get_int(scaling, "original_max_position_embeddings", -2, &c->rope_original_max_pos, path))) return rc;
+    if ((rc = parse_original_length(c, j, scaling, path))) return rc;
     /* As f32 (how dfl_rope_inv_freq computes): factor >= 1 only lowers
      * frequencies; 0 < low < high (finite) and a positive original length
      * keep the interpolation finite. */
@@ -243,17 +253,14 @@ static int get_num_or(const json_t *o, const char *key, double def, double *out,
 
 /* YaRN (transformers 5 _compute_yarn_parameters): the factor as given
  * (transformers 4.x replaced it by max_position_embeddings /
- * original_max_position_embeddings when both were present), the
- * pretraining length from the top-level key, else from the scaling, else
- * max_position_embeddings. */
+ * original_max_position_embeddings when both were present); "truncate"
+ * absent is true, null false (transformers: get("truncate", True)). */
 static int parse_yarn(dfl_model_config *c, const json_t *j, const json_t *scaling, const char *path) {
     int rc, trunc = 1;
     double att = NAN, ms = 0, ms_all = 0;
     c->rope_type = DFL_ROPE_YARN;
     if ((rc = get_num(scaling, "factor", NAN, &c->rope_factor, path))) return rc;
-    int64_t orig = c->max_position_embeddings > 0 ? c->max_position_embeddings : -2;
-    const json_t *from = json_object_get(j, "original_max_position_embeddings") ? j : scaling;
-    if ((rc = get_int(from, "original_max_position_embeddings", orig, &c->rope_original_max_pos, path))) return rc;
+    if ((rc = parse_original_length(c, j, scaling, path))) return rc;
     if ((rc = get_num_or(scaling, "beta_fast", 32, &c->rope_beta_fast, path))) return rc;
     if ((rc = get_num_or(scaling, "beta_slow", 1, &c->rope_beta_slow, path))) return rc;
     const json_t *af = json_object_get(scaling, "attention_factor");
@@ -263,7 +270,7 @@ static int parse_yarn(dfl_model_config *c, const json_t *j, const json_t *scalin
     json_t *t = json_object_get(scaling, "truncate");
     if (t && !json_is_null(t) && !json_is_boolean(t))
         return dfl_err(DFL_EX_DATA, "%s: \"truncate\" is not true or false", path);
-    if (json_is_false(t)) trunc = 0;
+    if (json_is_false(t) || json_is_null(t)) trunc = 0;
     c->rope_truncate = trunc;
     if (!(c->rope_factor >= 1 && isfinite((float)c->rope_factor)))
         return dfl_err(DFL_EX_DATA, "%s: yarn rope \"factor\" must be a float of at least 1", path);
@@ -297,7 +304,7 @@ static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
     if (!t) t = json_object_get(scaling, "type");
     const char *type = json_string_value(t) ? json_string_value(t) : "default";
     if (!strcmp(type, "default")) return 0;
-    if (!strcmp(type, "llama3")) return parse_llama3(c, scaling, path);
+    if (!strcmp(type, "llama3")) return parse_llama3(c, j, scaling, path);
     if (!strcmp(type, "yarn")) return parse_yarn(c, j, scaling, path);
     return dfl_err(DFL_EX_DATA, "%s: rope type \"%s\" is not supported (supported: default, llama3, yarn)", path, type);
 }

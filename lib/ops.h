@@ -115,7 +115,9 @@ struct dfl_ops {
      * x_i' = x_i c - x_{i+d/2} s and x_{i+d/2}' = x_{i+d/2} c + x_i s.
      * inverse = 1 uses -s: the transpose, which is the backward pass (and
      * the inverse when scale is 1). pos: i32 [T]; inv_freq: f32 [d/2];
-     * scale: YaRN's attention factor, else 1 (dfl_rope_scale). */
+     * scale: YaRN's attention factor, else 1 (dfl_rope_scale). A pair whose
+     * inv_freq is 0 is not rotated and not scaled (a partial RoPE's pass-
+     * through dims, which transformers leaves as they are). */
     void (*rope)(void *x, const int32_t *pos, const float *inv_freq, float scale, int64_t T, int64_t nh, int64_t d,
                  int inverse);
     /* A per-head q/k norm and its RoPE in one pass (the forward of targets

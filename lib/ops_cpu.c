@@ -289,7 +289,9 @@ static void cpu_rope(void *x_, const int32_t *pos, const float *inv_freq, float 
         float *xt = x + t * nh * d;
         for (int64_t i = 0; i < half; i++) {
             float th = p * inv_freq[i];
-            float c = cosf(th) * scale, s = sinf(th) * scale;
+            /* a zero frequency: a partial RoPE's pass-through pair, unscaled */
+            const float m = inv_freq[i] != 0.0f ? scale : 1.0f;
+            float c = cosf(th) * m, s = sinf(th) * m;
             if (inverse) s = -s;
             for (int64_t h = 0; h < nh; h++) {
                 float *xh = xt + h * d;

@@ -34,6 +34,9 @@ Models (odd sizes on purpose, not powers of two):
                  no q/k norms, GQA 4/2, head_dim 14, 4.x spelling
   mistral        Mistral (Mistral-7B-v0.3, Nemo, Small): Llama's layer, no
                  sliding window (null), head_dim 16 != H / heads (12), MQA, 4.x spelling
+  qwen35-yarn    qwen35's architecture (other weights) with YaRN over its partial
+                 RoPE: the attention factor scales the 8 rotated dims of each
+                 head, not the 24 passed through; samples of 17, 9, 70 tokens
   qwen3-yarn     Qwen3 with YaRN RoPE (factor 4 over a pretraining length of 64:
                  extrapolated, ramped and interpolated frequencies, cos and sin
                  times the attention factor 1.139), 4.x spelling
@@ -501,11 +504,16 @@ def dir_size(d):
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
 
 
-def build_qwen35(name, seed):
+def build_qwen35(name, seed, rope=None, lengths=Q35_LENGTHS):
+    """rope: keys replacing those of rope_parameters (qwen35-yarn: YaRN over
+    the partial RoPE, whose pass-through dims transformers leaves unscaled)."""
     m = q35_module()
     d = os.path.join(OUT, name)
     shutil.rmtree(d, ignore_errors=True)
-    cfg = transformers.Qwen3_5TextConfig(**q35_text_config())
+    kw = q35_text_config()
+    if rope:
+        kw["rope_parameters"] = {**kw["rope_parameters"], **rope}
+    cfg = transformers.Qwen3_5TextConfig(**kw)
     assert cfg.layer_types == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + \
         ["full_attention"], cfg.layer_types
     model = m.Qwen3_5ForCausalLM(cfg)
@@ -520,7 +528,8 @@ def build_qwen35(name, seed):
     assert back.rope_parameters == cfg.rope_parameters and back.layer_types == cfg.layer_types
     dts = q35_dtypes([os.path.join(d, "model.safetensors")])
     assert list(dts) == ["BF16"], {k: len(v) for k, v in dts.items()}
-    record(d, make_inputs(cfg.vocab_size, seed + 1, Q35_LENGTHS), os.path.join(d, "reference"), q35_check)
+    check = q35_check if not rope else lambda model, samples, hs: q35_check_gdn(model, samples, hs)
+    record(d, make_inputs(cfg.vocab_size, seed + 1, lengths), os.path.join(d, "reference"), check)
     print(f"    {name}: every tensor BF16; {dir_size(d)} bytes")
 
 
@@ -740,6 +749,9 @@ def main():
     builders = build_existing()
     builders["qwen35"] = lambda: build_qwen35("qwen35", seed=55)
     builders["qwen35-vlm"] = lambda: build_qwen35_vlm("qwen35-vlm", "qwen35", seed=66)
+    builders["qwen35-yarn"] = lambda: build_qwen35(
+        "qwen35-yarn", seed=67, rope={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        lengths=[17, 9, 70])
     return run_builders("make_targets", builders, "Make the target fixtures under tests/fixtures/targets/.")
 
 

@@ -62,6 +62,25 @@ static void test_yarn_keys(void) {
                       "\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":10000,\"factor\":1}}") == 0);
     T_CHECK(c.rope_original_max_pos == 96 && dfl_rope_scale(&c) == 1.0f);
     dfl_model_config_free(&c);
+    /* "truncate": null is false, as transformers' get("truncate", True) */
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"max_position_embeddings\":96,"
+                      "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":2,\"truncate\":null}}") == 0);
+    T_CHECK(c.rope_truncate == 0);
+    dfl_model_config_free(&c);
+    /* llama3 finds its original length as YaRN does: top level first, else
+     * the scaling's, else max_position_embeddings */
+    static const char *l3[] = {
+        "\"original_max_position_embeddings\":128,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,"
+        "\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_max_position_embeddings\":64}",
+        "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4}"};
+    for (int i = 0; i < 2; i++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{\"architectures\":[\"LlamaForCausalLM\"]," BASE ",\"max_position_embeddings\":256,%s}",
+                 l3[i]);
+        T_CHECK(parse(&c, json) == 0);
+        T_CHECKF(c.rope_original_max_pos == (i ? 256 : 128), "case %d: %lld", i, (long long)c.rope_original_max_pos);
+        dfl_model_config_free(&c);
+    }
 }
 
 /* Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): no q/k norms, q/k/v biases;
@@ -89,6 +108,10 @@ static void test_mistral(void) {
     dfl_model_config_free(&c);
     T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE ",\"sliding_window\":4096}") == DFL_EX_DATA);
     T_CHECK(strstr(dfl_errmsg(), "sliding_window") != NULL);
+    dfl_model_config_free(&c);
+    /* absent: transformers' MistralConfig default, a window of 4096 */
+    T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE "}") == DFL_EX_DATA);
+    T_CHECK(strstr(dfl_errmsg(), "absent") != NULL);
     dfl_model_config_free(&c);
 }
 

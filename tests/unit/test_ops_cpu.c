@@ -412,7 +412,18 @@ static void test_rope(void) {
     /* inverse(forward(x)) = x */
     ops->rope(y, pos, inv, 1.0f, T, nh, d, 1);
     CHECK_NMSE("rope inverse(rope(x))", y, x, T * nh * d, NMSE_F32);
-    ops->free(ys), ops->free(gs), ops->free(want);
+    /* a zero frequency (a partial RoPE's pass-through pair) is neither
+     * rotated nor scaled, as transformers leaves those dims */
+    float *z = fcopy(x, T * nh * d), inv0[5];
+    for (int i = 0; i < 5; i++) inv0[i] = i == 2 ? 0.0f : inv[i];
+    ops->rope(z, pos, inv0, 1.25f, T, nh, d, 0);
+    int kept = 1, scaled = 1;
+    for (int64_t r = 0; r < T * nh; r++) {
+        kept &= z[r * d + 2] == x[r * d + 2] && z[r * d + 7] == x[r * d + 7];
+        scaled &= pos[r / nh] != 0 || (z[r * d] == 1.25f * x[r * d]); /* at position 0 the rotation is the scale */
+    }
+    T_CHECK(kept && scaled);
+    ops->free(ys), ops->free(gs), ops->free(want), ops->free(z);
     ops->free(x), ops->free(inv), ops->free(ref), ops->free(dout), ops->free(rdx), ops->free(pos), ops->free(y);
     ops->free(g);
 }

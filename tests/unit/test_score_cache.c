@@ -193,6 +193,7 @@ static void test_kv_qwen2(void) { check_kv("qwen2"); }
 static void test_kv_mistral(void) { check_kv("mistral"); }
 static void test_kv_qwen3_yarn(void) { check_kv("qwen3-yarn"); }
 static void test_kv_qwen35(void) { check_kv("qwen35"); }
+static void test_kv_qwen35_yarn(void) { check_kv("qwen35-yarn"); }
 
 /* ---- drafter context cache ------------------------------------------------------ */
 
@@ -608,6 +609,7 @@ int main(void) {
     T_RUN(test_kv_mistral);
     T_RUN(test_kv_qwen3_yarn);
     T_RUN(test_kv_qwen35);
+    T_RUN(test_kv_qwen35_yarn);
     T_RUN(test_drafter_cache);
     T_RUN(test_drafter_target_weights_qwen35_vlm);
     T_RUN(test_loop_lossless);

@@ -209,6 +209,8 @@ static void test_qwen3_yarn(void) { check_model("qwen3-yarn"); }
  * partial RoPE; as Qwen3_5ForCausalLM and in the released VLM layout
  * (text_config, model.language_model.*, sharded, no layer_types). */
 static void test_qwen35(void) { check_model("qwen35"); }
+/* YaRN over a partial RoPE: the pass-through dims are not scaled */
+static void test_qwen35_yarn(void) { check_model("qwen35-yarn"); }
 static void test_qwen35_vlm_layout(void) { check_model("qwen35-vlm"); }
 
 /* Mixture of experts (made by tests/reference/make_targets_moe.py): Qwen3-MoE
@@ -860,6 +862,7 @@ int main(void) {
     T_RUN(test_qwen3_yarn);
     T_RUN(test_qwen3_sharded);
     T_RUN(test_qwen35);
+    T_RUN(test_qwen35_yarn);
     T_RUN(test_qwen35_vlm_layout);
     T_RUN(test_qwen3_moe);
     T_RUN(test_qwen3_moe_fused);
