@@ -195,7 +195,7 @@ static const char *read_once_kind(mode_t m) {
 
 static const char *arg_name(const char *path) { return strcmp(path, "-") ? path : "stdin ('-')"; }
 
-int dfs_pack_stdin_once(const char *const *inputs, int n) {
+int dfs_pack_check_read_once(const char *const *inputs, int n) {
     int nstdin = 0;
     for (int i = 0; i < n; i++) nstdin += !strcmp(inputs[i], "-");
     if (nstdin > 1) return dfl_err(DFL_EX_USAGE, "stdin ('-') can be read only once");
@@ -275,7 +275,7 @@ static int check_inputs(const char *const *inputs, int n, const dfs_reader *firs
  * thousands of shards needs few descriptors. */
 static int open_inputs(pack *p) {
     const dfs_pack_opts *o = p->o;
-    int rc = dfs_pack_stdin_once(o->inputs, o->ninputs);
+    int rc = dfs_pack_check_read_once(o->inputs, o->ninputs);
     if (rc) return rc;
     p->in = dfl_calloc((size_t)o->ninputs, sizeof *p->in);
     rc = open_like(&p->in[0], o->inputs[0], NULL);
@@ -297,7 +297,7 @@ static void input_done(pack *p, int i) {
 int dfs_pack_each_input(const char *const *inputs, int n, int check_first, dfs_pack_input_fn fn, void *ctx) {
     DFL_ASSERT(n >= 1);
     dfs_reader *first = NULL, **held = dfl_calloc((size_t)n, sizeof *held);
-    int rc = dfs_pack_stdin_once(inputs, n);
+    int rc = dfs_pack_check_read_once(inputs, n);
     if (!rc) rc = open_like(&first, inputs[0], NULL);
     if (!rc && check_first) rc = check_inputs(inputs, n, first, held);
     for (int i = 0; i < n && !rc; i++) {

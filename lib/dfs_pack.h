@@ -52,7 +52,7 @@ int dfs_pack_split_of(const dfs_pack_opts *o, const char *id);
  * (not a regular file: "-" and /dev/stdin on one pipe, a FIFO named twice;
  * the second read found the pipe empty, or waited for a writer), naming
  * both. Every mode checks this before it reads anything. */
-int dfs_pack_stdin_once(const char *const *inputs, int n);
+int dfs_pack_check_read_once(const char *const *inputs, int n);
 
 /* Run fn on each input in turn, in order ("-" at most once), after checking
  * that its stream header agrees with the first input's on every identity

@@ -66,7 +66,7 @@ static json_t *sample_json(const char *file, uint64_t index, dfs_sample *s) {
 
 int dfs_pack_inspect(const char *const *inputs, int n, int progress, FILE *out) {
     /* before the first line: a second "-" would read an empty stdin */
-    if (dfs_pack_stdin_once(inputs, n)) return DFL_EX_USAGE;
+    if (dfs_pack_check_read_once(inputs, n)) return DFL_EX_USAGE;
     dfl_progress prog;
     uint64_t seen = 0;
     dfl_progress_init(&prog, progress, 0, "rec");
