@@ -141,6 +141,10 @@ struct dfl_ops {
      * its old value when accumulate is set (either may be NULL). */
     void (*swiglu_bwd)(void *dgate, void *dup, const void *dout, const void *gate, const void *up, int64_t n,
                        int accumulate);
+    /* gpt-oss's expert activation (forward only): with g = min(gate, limit)
+     * and u = clamp(up, -limit, limit), out = (u + 1) * g * sigmoid(alpha * g),
+     * elementwise in f32 (out may alias gate or up). */
+    void (*swiglu_oss)(void *out, const void *gate, const void *up, int64_t n, float alpha, float limit);
     /* out = a + b (out may alias a or b). */
     void (*add)(void *out, const void *a, const void *b, int64_t n);
     /* x[r, c] += bias[c] for each of rows rows of cols (bias: wt [cols]):
@@ -233,6 +237,14 @@ struct dfl_ops {
                             const float *lse, const void *q, const void *k, const void *v,
                             const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
                             int64_t Hq, int64_t Hkv, int64_t D);
+
+    /* Attention sinks (gpt-oss; forward only): each head h's softmax over
+     * its keys gets one more logit, sinks[h], whose probability is dropped.
+     * Given the natural log-sum-exp of the scaled scores (lse [T, Hq], f32,
+     * as attn_dflash saves it) and the attention's output without the sink,
+     * out[t, h, :] *= 1 / (1 + exp(sinks[h] - lse[t, h])), formed in f32.
+     * out: act [T, Hq, D]; sinks: f32 [Hq]. */
+    void (*attn_sinks)(void *out, const float *lse, const float *sinks, int64_t T, int64_t Hq, int64_t D);
 
     /* ---- LM head and losses (w: wt [V,H], frozen; logits never whole) ---- */
     /* With z_i = h_i · w^T: pred[i] = argmax z_i (lowest index on ties);
