@@ -1,5 +1,5 @@
-/* model_config.c: reading Qwen3, Llama and Qwen3.5 config.json files (dense
- * and mixture-of-experts). */
+/* model_config.c: reading Qwen3, Llama, Mistral, Qwen2, Qwen3.5 and gpt-oss
+ * config.json files (dense and mixture-of-experts). */
 #include "model_config.h"
 
 #include "common.h"
@@ -99,14 +99,14 @@ static int check_architecture(const dfl_model_config *c, const char *path, const
                                   "DFlashDraftModel",
                                   "Qwen3_5ForCausalLM",
                                   "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
-                                  "Qwen3_5MoeForConditionalGeneration"};
+                                  "Qwen3_5MoeForConditionalGeneration", "GptOssForCausalLM"};
     int known = 0;
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) known |= !strcmp(c->architecture, archs[i]);
     if (!known)
         return dfl_err(DFL_EX_DATA, "%s: %s architecture \"%s\" is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM, "
                        "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, "
-                       "Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration%s)",
+                       "Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, GptOssForCausalLM%s)",
                        path, role, c->architecture, !strcmp(role, "drafter") ? ", DFlashDraftModel" : "");
     return 0;
 }
@@ -151,8 +151,9 @@ static int check_moe(const dfl_model_config *c, const json_t *tj, const char *pa
 static int check_supported(const dfl_model_config *c, const json_t *tj, const char *path) {
     const json_t *j = tj;
     int rc;
-    static const char *off[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
-    for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
+    static const char *off[] = {"mlp_bias", "use_sliding_window", "attention_bias"};
+    /* gpt-oss reads attention_bias (parse_gpt_oss) */
+    for (size_t i = 0; i < sizeof off / sizeof off[0] - (size_t)c->gpt_oss; i++) {
         int on;
         if ((rc = get_bool(j, off[i], &on, path))) return rc;
         if (on) return dfl_err(DFL_EX_DATA, "%s: \"%s\": true is not supported", path, off[i]);
@@ -172,9 +173,10 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
     json_array_foreach(lt, i, v) {
         const char *ty = json_string_value(v);
         if (!ty) return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is not a string", path, i);
-        if (strcmp(ty, "full_attention") && (!c->hybrid || strcmp(ty, "linear_attention")))
-            return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only %s supported", path, i, ty,
-                           c->hybrid ? "full_attention and linear_attention are" : "full_attention is");
+        const char *other = c->hybrid ? "linear_attention" : c->gpt_oss ? "sliding_attention" : NULL;
+        if (strcmp(ty, "full_attention") && (!other || strcmp(ty, other)))
+            return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only full_attention%s%s %s supported", path,
+                           i, ty, other ? " and " : "", other ? other : "", other ? "are" : "is");
     }
     if (lt && !json_is_null(lt) && (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->num_hidden_layers))
         return dfl_err(DFL_EX_DATA, "%s: \"layer_types\" must list one type for each of the %lld layers", path,
@@ -291,7 +293,8 @@ static int parse_yarn(dfl_model_config *c, const json_t *j, const json_t *scalin
 static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
     json_t *rp = json_object_get(j, "rope_parameters"), *rs = json_object_get(j, "rope_scaling");
     const json_t *scaling = json_is_object(rp) ? rp : (json_is_object(rs) ? rs : NULL);
-    int rc = get_num(json_is_object(rp) ? rp : j, "rope_theta", json_is_object(rp) ? NAN : 10000.0, &c->rope_theta, path);
+    const double theta_def = c->gpt_oss ? 150000.0 : 10000.0; /* GptOssConfig.default_theta */
+    int rc = get_num(json_is_object(rp) ? rp : j, "rope_theta", json_is_object(rp) ? NAN : theta_def, &c->rope_theta, path);
     if (rc && json_is_object(rp)) rc = get_num(j, "rope_theta", NAN, &c->rope_theta, path);
     if (rc) return rc;
     /* f32 RoPE: a base of at least 1 keeps every frequency in (0, 1] */
@@ -387,6 +390,43 @@ static int parse_rotary_dim(dfl_model_config *c, const json_t *tj, const char *p
     return 0;
 }
 
+/* The gpt-oss keys (defaults as transformers' GptOssConfig). Its
+ * "intermediate_size" is the experts' width; every layer is sparse; the
+ * router's softmax over the top k logits is the softmax over all of them
+ * renormalised over the k (norm_topk_prob). A null sliding_window leaves
+ * the sliding layers at full attention, as transformers runs them. */
+static int parse_gpt_oss(dfl_model_config *c, const json_t *j, const char *path) {
+    int rc = 0, bias = 1;
+    int64_t local = 0;
+    if (json_object_get(j, "attention_bias")) rc = get_bool(j, "attention_bias", &bias, path);
+    c->qkv_bias = c->o_bias = bias;
+    rc = rc ? rc : get_int(j, "num_local_experts", 128, &local, path);
+    rc = rc ? rc : get_int(j, "num_experts", local, &c->num_experts, path);
+    if (!rc && c->num_experts != local)
+        return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" %lld and \"num_local_experts\" %lld disagree", path,
+                       (long long)c->num_experts, (long long)local);
+    rc = rc ? rc : get_int(j, "num_experts_per_tok", 4, &c->experts_per_tok, path);
+    rc = rc ? rc : get_int(j, "intermediate_size", 2880, &c->moe_intermediate_size, path);
+    rc = rc ? rc : get_int(j, "sliding_window", 0, &c->sliding_window, path);
+    rc = rc ? rc : get_num(j, "swiglu_alpha", 1.702, &c->swiglu_alpha, path);
+    rc = rc ? rc : get_num(j, "swiglu_limit", 7.0, &c->swiglu_limit, path);
+    if (rc) return rc;
+    c->intermediate_size = 0;
+    c->decoder_sparse_step = 1;
+    c->norm_topk_prob = 1;
+    if (c->num_experts == 0) return dfl_err(DFL_EX_DATA, "%s: \"num_local_experts\" is 0", path);
+    if (c->sliding_window < 0) return dfl_err(DFL_EX_DATA, "%s: \"sliding_window\" is negative", path);
+    if (!isfinite((float)c->swiglu_alpha) || !isfinite((float)c->swiglu_limit))
+        return dfl_err(DFL_EX_DATA, "%s: \"swiglu_alpha\" and \"swiglu_limit\" must be finite floats", path);
+    const json_t *q = json_object_get(j, "quantization_config"), *m = json_object_get(q, "quant_method");
+    if (q && !json_is_null(q) && (!json_is_string(m) || strcmp(json_string_value(m), "mxfp4")))
+        return dfl_err(DFL_EX_DATA, "%s: \"quantization_config\": only \"quant_method\": \"mxfp4\" is supported", path);
+    if (!json_is_object(json_object_get(j, "rope_scaling")) && !json_is_object(json_object_get(j, "rope_parameters")))
+        return dfl_err(DFL_EX_DATA, "%s: a gpt-oss config without \"rope_scaling\" or \"rope_parameters\" is not "
+                       "supported (the released files give YaRN's)", path);
+    return 0;
+}
+
 int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, const char *path, const char *role) {
     memset(c, 0, sizeof *c);
     json_error_t je;
@@ -414,25 +454,28 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
         if (!c->dtype[0]) copy_str(c->dtype, sizeof c->dtype, json_object_get(tj, "dtype"));
     }
     const int moe = is_moe(c->architecture);
+    c->gpt_oss = !strcmp(c->architecture, "GptOssForCausalLM");
     /* Absent keys: the defaults of Qwen3_5TextConfig (4 KV heads, 256-wide
      * heads), Qwen3_5MoeTextConfig (2 KV heads; no dense MLP, and no
      * intermediate_size) and Qwen3MoeConfig (4 KV heads, a dense width of
      * 6144 for the layers that have one) */
-    const int64_t kv_def = moe ? (c->hybrid ? 2 : 4) : c->hybrid ? 4 : -1;
+    const int64_t kv_def = c->gpt_oss ? 8 : moe ? (c->hybrid ? 2 : 4) : c->hybrid ? 4 : -1;
     rc = rc ? rc : get_int(tj, "hidden_size", -2, &c->hidden_size, path);
-    rc = rc ? rc : get_int(tj, "intermediate_size", moe ? (c->hybrid ? 0 : 6144) : -2, &c->intermediate_size, path);
+    rc = rc ? rc : get_int(tj, "intermediate_size", moe ? (c->hybrid ? 0 : 6144) : c->gpt_oss ? 2880 : -2,
+                           &c->intermediate_size, path);
     rc = rc ? rc : get_int(tj, "num_hidden_layers", -2, &c->num_hidden_layers, path);
     rc = rc ? rc : get_int(tj, "num_attention_heads", -2, &c->num_attention_heads, path);
     rc = rc ? rc : get_int(tj, "num_key_value_heads", kv_def > 0 ? kv_def : c->num_attention_heads, &c->num_key_value_heads, path);
-    rc = rc ? rc : get_int(tj, "head_dim", c->hybrid ? 256 : c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0,
+    rc = rc ? rc : get_int(tj, "head_dim", c->hybrid ? 256 : c->gpt_oss ? 64 : c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0,
                            &c->head_dim, path);
     rc = rc ? rc : get_int(tj, "vocab_size", -2, &c->vocab_size, path);
     rc = rc ? rc : get_int(tj, "max_position_embeddings", 0, &c->max_position_embeddings, path);
-    rc = rc ? rc : get_num(tj, "rms_norm_eps", 1e-6, &c->rms_norm_eps, path);
+    rc = rc ? rc : get_num(tj, "rms_norm_eps", c->gpt_oss ? 1e-5 : 1e-6, &c->rms_norm_eps, path);
     rc = rc ? rc : parse_rope(c, tj, path);
     rc = rc ? rc : parse_rotary_dim(c, tj, path);
     if (!rc && c->hybrid) rc = parse_hybrid(c, tj, path);
     if (!rc && moe) rc = parse_moe(c, tj, path);
+    if (!rc && c->gpt_oss) rc = parse_gpt_oss(c, tj, path);
     int tie = 0;
     /* The VLM's LM head is tied by its top-level key alone (absent: false),
      * as transformers' Qwen3_5Config; text_config's copy is not read. */
@@ -440,9 +483,9 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     if (rc) return rc;
     c->tie_word_embeddings = tie;
     /* Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): Llama's layer plus biases on q, k and v */
-    c->qkv_bias = !strcmp(c->architecture, "Qwen2ForCausalLM");
+    if (!c->gpt_oss) c->qkv_bias = !strcmp(c->architecture, "Qwen2ForCausalLM");
     c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") && strcmp(c->architecture, "MistralForCausalLM") &&
-                 !c->qkv_bias;
+                 strcmp(c->architecture, "Qwen2ForCausalLM") && !c->gpt_oss;
     parse_token_ids(c, json_object_get(tj, "eos_token_id") ? tj : j);
     return check_supported(c, tj, path);
 }
@@ -456,6 +499,15 @@ int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i) {
         return ty && !strcmp(ty, "linear_attention");
     }
     return (i + 1) % c->full_attention_interval != 0;
+}
+
+int64_t dfl_model_config_window(const dfl_model_config *c, int64_t i) {
+    if (!c->gpt_oss) return 0;
+    const json_t *lt = json_object_get(c->json, "layer_types");
+    /* GptOssConfig without layer_types: sliding at the even layers */
+    const char *ty = json_string_value(json_array_get(lt, (size_t)i));
+    int sliding = json_is_array(lt) ? ty && !strcmp(ty, "sliding_attention") : i % 2 == 0;
+    return sliding ? c->sliding_window : 0;
 }
 
 int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i) {

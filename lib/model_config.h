@@ -1,5 +1,6 @@
-/* model_config.h: the Hugging Face config.json of a Qwen3, Llama or Qwen3.5
- * model, dense or mixture of experts (Qwen3-MoE, Qwen3.5-MoE).
+/* model_config.h: the Hugging Face config.json of a Qwen3, Llama, Mistral,
+ * Qwen2, Qwen3.5 or gpt-oss model, dense or mixture of experts (Qwen3-MoE,
+ * Qwen3.5-MoE, gpt-oss).
  *
  * The target (Qwen3ForCausalLM, LlamaForCausalLM, and the Qwen3.5 hybrids
  * Qwen3_5ForCausalLM and Qwen3_5ForConditionalGeneration, whose text
@@ -52,6 +53,17 @@ typedef struct {
     int64_t num_experts, experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size;
     int64_t decoder_sparse_step;
     int     norm_topk_prob;     /* the k routing weights are divided by their sum */
+    /* gpt-oss (GptOssForCausalLM): biases on all four attention projections
+     * (o_bias with qkv_bias), a learned sink logit per head, sliding-window
+     * layers ("sliding_attention"), and experts of width
+     * moe_intermediate_size (its "intermediate_size") with biases, a
+     * biased router, gate and up rows interleaved in the checkpoint, and
+     * the clamped activation of ops swiglu_oss (swiglu_alpha, swiglu_limit);
+     * its router's softmax over the top k logits is norm_topk_prob. */
+    int     gpt_oss;
+    int     o_bias;
+    int64_t sliding_window;     /* a sliding layer's query sees this many keys, itself included; 0: none */
+    double  swiglu_alpha, swiglu_limit;
     /* RoPE */
     dfl_rope_type rope_type;
     double  rope_theta;
@@ -81,6 +93,11 @@ void dfl_model_config_free(dfl_model_config *c);
 /* Is decoder layer i a Gated DeltaNet ("linear_attention") layer? From
  * "layer_types", or else every layer but each full_attention_interval-th. */
 int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i);
+
+/* The keys a query of decoder layer i sees at most, itself included
+ * (transformers' sliding window: key j is seen from query i when i - W <
+ * j <= i), for a "sliding_attention" layer; 0 for full attention. */
+int64_t dfl_model_config_window(const dfl_model_config *c, int64_t i);
 
 /* Is decoder layer i's MLP a mixture of experts? Qwen3-MoE: unless listed
  * in "mlp_only_layers", every decoder_sparse_step-th layer (transformers'

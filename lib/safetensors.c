@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -341,13 +342,17 @@ static void shape_str(char *buf, size_t n, int nd, const int64_t *s) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
-int dfl_st_get(const dfl_st *st, const char *name, int ndim, const int64_t *shape, const dfl_st_tensor **out) {
+/* dfl_st_get, or with u8 set dfl_st_get_u8 */
+static int get_checked(const dfl_st *st, const char *name, int ndim, const int64_t *shape, int u8,
+                       const dfl_st_tensor **out) {
     const dfl_st_tensor *t = dfl_st_find(st, name);
     *out = NULL;
     /* a sharded model's tensor missing from every shard: the index is the table of contents */
     const char *where = st->index ? st->index : st->nfiles ? st->files[0].path : "safetensors";
     if (!t) return dfl_err(DFL_EX_DATA, "%s: tensor '%s' is missing", where, name);
-    if (t->dtype != DFL_BF16 && t->dtype != DFL_F16 && t->dtype != DFL_F32)
+    if (u8 && t->dtype != DFL_U8)
+        return dfl_err(DFL_EX_DATA, "%s: tensor '%s' has dtype %s; expected U8", t->file, name, t->dtype_str);
+    if (!u8 && t->dtype != DFL_BF16 && t->dtype != DFL_F16 && t->dtype != DFL_F32)
         return dfl_err(DFL_EX_DATA, "%s: tensor '%s' has dtype %s; expected BF16, F16 or F32", t->file, name, t->dtype_str);
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
@@ -361,15 +366,42 @@ int dfl_st_get(const dfl_st *st, const char *name, int ndim, const int64_t *shap
     return 0;
 }
 
+int dfl_st_get(const dfl_st *st, const char *name, int ndim, const int64_t *shape, const dfl_st_tensor **out) {
+    return get_checked(st, name, ndim, shape, 0, out);
+}
+
+int dfl_st_get_u8(const dfl_st *st, const char *name, int ndim, const int64_t *shape, const dfl_st_tensor **out) {
+    return get_checked(st, name, ndim, shape, 1, out);
+}
+
 const char *dfl_st_meta(const dfl_st *st, const char *key) {
     if (!st->nfiles) return NULL;
     json_t *m = json_object_get(st->files[0].header, "__metadata__");
     return json_string_value(json_object_get(m, key));
 }
 
-void dfl_st_to_f32(const dfl_st_tensor *t, float *out) {
-    const unsigned char *p = t->data;
-    int64_t n = t->numel;
+void dfl_st_to_f32(const dfl_st_tensor *t, float *out) { dfl_st_range_to_f32(t, 0, t->numel, out); }
+
+/* OCP MX FP4 (E2M1): sign, two exponent bits, one mantissa bit */
+static const float fp4_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+void dfl_mxfp4_to_f32(const uint8_t *blocks, const uint8_t *scales, int64_t nblocks, float *out) {
+    #pragma omp parallel for schedule(static) if (nblocks > 1 << 12)
+    for (int64_t b = 0; b < nblocks; b++) {
+        const int e = (int)scales[b] - 127; /* E8M0: a power of two */
+        const uint8_t *q = blocks + 16 * b;
+        float *o = out + 32 * b;
+        for (int i = 0; i < 16; i++) { /* the low nibble is the first of the two values */
+            o[2 * i] = ldexpf(fp4_e2m1[q[i] & 15], e);
+            o[2 * i + 1] = ldexpf(fp4_e2m1[q[i] >> 4], e);
+        }
+    }
+}
+
+void dfl_st_range_to_f32(const dfl_st_tensor *t, int64_t off, int64_t n, float *out) {
+    DFL_ASSERT(off >= 0 && n >= 0 && off + n <= t->numel);
+    const unsigned char *p = (const unsigned char *)t->data + (size_t)off * dfl_dtype_size((dfl_dtype)t->dtype);
     if (t->dtype == DFL_F32) {
         memcpy(out, p, (size_t)n * 4);
     } else if (t->dtype == DFL_BF16) {

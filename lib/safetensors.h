@@ -49,11 +49,19 @@ const dfl_st_tensor *dfl_st_find(const dfl_st *st, const char *name);
 /* Find `name` and check its shape (ndim entries); dtype must be bf16, f16 or
  * f32. Returns 0 or DFL_EX_DATA naming the file, the tensor and both shapes. */
 int dfl_st_get(const dfl_st *st, const char *name, int ndim, const int64_t *shape, const dfl_st_tensor **out);
+/* The same for a U8 tensor (MXFP4 blocks and scales). */
+int dfl_st_get_u8(const dfl_st *st, const char *name, int ndim, const int64_t *shape, const dfl_st_tensor **out);
 /* A "__metadata__" value of the first file, or NULL. */
 const char *dfl_st_meta(const dfl_st *st, const char *key);
 
 /* Convert a bf16/f16/f32 tensor to f32 (n = t->numel floats). */
 void dfl_st_to_f32(const dfl_st_tensor *t, float *out);
+/* The same for its elements [off, off + n) (flat index). */
+void dfl_st_range_to_f32(const dfl_st_tensor *t, int64_t off, int64_t n, float *out);
+/* MXFP4 (gpt-oss's experts): nblocks blocks of 32 values, each 16 bytes of
+ * FP4 E2M1 codes (two a byte, the low nibble first) and one E8M0 scale
+ * byte (2^(s - 127)), into out[32 * nblocks]. Exact in f32. */
+void dfl_mxfp4_to_f32(const uint8_t *blocks, const uint8_t *scales, int64_t nblocks, float *out);
 
 /* ---- writing ---- */
 typedef struct {

@@ -46,26 +46,32 @@ uint64_t dfl_target_weight_bytes(const dfl_target *t) { return t->weight_bytes; 
  *                 [h*stride + off, +D) of the source, in the rotary order
  *                 below when `perm` is set (q_proj's query or gate rows, k_proj)
  *   XF_NORM_PERM  q_norm / k_norm: the rotary order
- *   XF_F32        a small f32 parameter (A_log, dt_bias) into f32 memory
+ *   XF_F32        a small f32 parameter (A_log, dt_bias, sinks) into f32 memory
+ *   XF_EXPERTS    gpt-oss's stacked experts, as [E, rows, cols] (out, in):
+ *                 from MXFP4 blocks and scales, or from transformers'
+ *                 [E, cols, rows] (transposed); with `interleave`, rows
+ *                 0, 2, 4 ... (gate) first, then 1, 3, 5 ... (up)
  * The rotary order: a partial RoPE (Qwen3.5 rotates the first rotary_dim
  * dims of each head, pairing (i, i + rotary_dim/2)) becomes the full-width
  * op's pairing (i, i + D/2) with zero frequencies for the rest, once the
  * head dims of q and k are permuted alike: dot products q.k, all attention
  * uses of them, do not change under a common permutation, and v is not
  * permuted, so the attention output is unchanged. */
-typedef enum { XF_NONE, XF_HEAD_ROWS, XF_NORM_PERM, XF_F32 } xform;
+typedef enum { XF_NONE, XF_HEAD_ROWS, XF_NORM_PERM, XF_F32, XF_EXPERTS } xform;
 
 /* One tensor to load: its name, expected shape, and where its pointer goes. */
 typedef struct {
-    char name[128];
+    char name[192];
     int ndim;
-    int64_t shape[3];
+    int64_t shape[4];
     void **dst;        /* set to the start of this tensor's memory ... */
     int64_t dst_off;   /* ... unless > 0: then written at *dst + dst_off elements (a concatenation) */
     xform xf;
     int64_t heads, stride, off, perm; /* XF_HEAD_ROWS, XF_NORM_PERM */
+    int64_t rows, cols;                /* XF_EXPERTS (heads: the experts) */
+    int mxfp4, transposed, interleave; /* XF_EXPERTS */
     int64_t out_numel; /* elements written (the source's unless XF_HEAD_ROWS) */
-    const dfl_st_tensor *src;
+    const dfl_st_tensor *src, *scales; /* scales: MXFP4's */
 } wspec;
 
 /* The plan. Each tensor is looked up in the checkpoint as it is planned,
@@ -82,22 +88,25 @@ typedef struct {
 
 /* Add a tensor to the list; the pointer returned is valid until the next
  * call (the list grows by realloc). */
-static wspec *want(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *name) {
+static wspec *want4(wlist *l, void **dst, int ndim, const int64_t *shape, const char *name) {
     if (l->rc) return memset(&l->discard, 0, sizeof l->discard);
     if (l->n == l->cap) l->v = dfl_realloc(l->v, (size_t)(l->cap = l->cap ? 2 * l->cap : 64) * sizeof *l->v);
     wspec *w = &l->v[l->n++];
     memset(w, 0, sizeof *w);
     snprintf(w->name, sizeof w->name, "%s", name);
     w->ndim = ndim;
-    w->shape[0] = d0;
-    w->shape[1] = d1;
-    w->shape[2] = d2;
+    memcpy(w->shape, shape, sizeof w->shape);
     w->dst = dst;
     if ((l->rc = dfl_st_get(l->st, w->name, ndim, w->shape, &w->src))) {
         l->n--;
         return memset(&l->discard, 0, sizeof l->discard);
     }
     return w;
+}
+
+static wspec *want(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *name) {
+    const int64_t shape[4] = {d0, d1, d2, 0};
+    return want4(l, dst, ndim, shape, name);
 }
 
 /* A tensor of decoder layer i: PREFIX layers.i.SUFFIX. */
@@ -150,6 +159,11 @@ static void plan_attention(dfl_target *t, wlist *l, layer_w *w, int i) {
         want_layer(l, t, &w->q_bias, 1, QD, 0, 0, i, "self_attn.q_proj.bias");
         want_layer(l, t, &w->k_bias, 1, KD, 0, 0, i, "self_attn.k_proj.bias");
         want_layer(l, t, &w->v_bias, 1, KD, 0, 0, i, "self_attn.v_proj.bias");
+    }
+    if (c->o_bias) want_layer(l, t, &w->o_bias, 1, H, 0, 0, i, "self_attn.o_proj.bias");
+    if (c->gpt_oss) {
+        want_layer(l, t, (void **)&w->sinks, 1, Hq, 0, 0, i, "self_attn.sinks")->xf = XF_F32;
+        w->window = dfl_model_config_window(c, i);
     }
     if (c->qk_norm) {
         want_norm_perm(l, t, &w->q_norm, perm, i, "self_attn.q_norm.weight");
@@ -210,6 +224,71 @@ static void plan_moe(dfl_target *t, wlist *l, layer_w *w, int i) {
     }
 }
 
+/* One of gpt-oss's stacked expert tensors, [E, rows, cols] once loaded:
+ * from MXFP4 (NAME_blocks [E, rows, cols/32, 16] and NAME_scales [E, rows,
+ * cols/32], the released files) when the file has them, else from the
+ * [E, cols, rows] tensor NAME that transformers saves. */
+static void want_experts(wlist *l, const dfl_target *t, void **dst, int64_t rows, int64_t cols, int interleave, int i,
+                         const char *name) {
+    const int64_t E = t->cfg.num_experts;
+    char full[192], sfx[64];
+    snprintf(sfx, sizeof sfx, "mlp.experts.%s_blocks", name);
+    snprintf(full, sizeof full, "%slayers.%d.%s", t->cfg.weight_prefix, i, sfx);
+    wspec *w;
+    const dfl_st_tensor *bl = l->rc ? NULL : dfl_st_find(l->st, full), *sc = NULL;
+    if (l->rc) return;
+    if (bl) {
+        if (cols % 32) {
+            l->rc = dfl_err(DFL_EX_DATA, "%s: MXFP4 tensor '%s': its %lld columns are not whole blocks of 32", bl->file,
+                            full, (long long)cols);
+            return;
+        }
+        const int64_t bshape[4] = {E, rows, cols / 32, 16}, sshape[4] = {E, rows, cols / 32, 0};
+        if ((l->rc = dfl_st_get_u8(l->st, full, 4, bshape, &bl))) return;
+        snprintf(full, sizeof full, "%slayers.%d.mlp.experts.%s_scales", t->cfg.weight_prefix, i, name);
+        if ((l->rc = dfl_st_get_u8(l->st, full, 3, sshape, &sc))) return;
+        /* planned as a float tensor of the loaded shape; its sources replaced */
+        if (l->n == l->cap) l->v = dfl_realloc(l->v, (size_t)(l->cap = l->cap ? 2 * l->cap : 64) * sizeof *l->v);
+        w = &l->v[l->n++];
+        memset(w, 0, sizeof *w);
+        snprintf(w->name, sizeof w->name, "%s", full);
+        w->dst = dst;
+        w->src = bl;
+        w->scales = sc;
+        w->mxfp4 = 1;
+    } else {
+        snprintf(sfx, sizeof sfx, "mlp.experts.%s", name);
+        w = want_layer(l, t, dst, 3, E, cols, rows, i, sfx);
+        w->transposed = 1;
+    }
+    w->xf = XF_EXPERTS;
+    w->heads = E;
+    w->rows = rows;
+    w->cols = cols;
+    w->interleave = interleave;
+    w->out_numel = E * rows * cols;
+}
+
+/* gpt-oss's sparse MLP: a router with a bias, experts with biases, gate
+ * and up interleaved (transformers: gate = gate_up[..., ::2], up =
+ * gate_up[..., 1::2]), laid out as plan_moe's. */
+static void plan_moe_oss(dfl_target *t, wlist *l, layer_w *w, int i) {
+    const dfl_model_config *c = &t->cfg;
+    const int64_t H = c->hidden_size, E = c->num_experts, Im = c->moe_intermediate_size;
+    want_layer(l, t, &w->router, 2, E, H, 0, i, "mlp.router.weight");
+    want_layer(l, t, &w->router_bias, 1, E, 0, 0, i, "mlp.router.bias");
+    want_experts(l, t, &w->exp_gate_up, 2 * Im, H, 1, i, "gate_up_proj");
+    want_experts(l, t, &w->exp_down, H, Im, 0, i, "down_proj");
+    wspec *b = want_layer(l, t, &w->exp_gate_up_bias, 2, E, 2 * Im, 0, i, "mlp.experts.gate_up_proj_bias");
+    b->xf = XF_EXPERTS;
+    b->heads = E;
+    b->rows = 2 * Im;
+    b->cols = 1;
+    b->interleave = 1;
+    b->out_numel = E * 2 * Im;
+    want_layer(l, t, &w->exp_down_bias, 2, E, H, 0, i, "mlp.experts.down_proj_bias");
+}
+
 /* The tensors of the model, with the shapes config.json implies. */
 static void plan_weights(dfl_target *t, wlist *l) {
     const dfl_model_config *c = &t->cfg;
@@ -228,7 +307,8 @@ static void plan_weights(dfl_target *t, wlist *l) {
         want_layer(l, t, &w->post_norm, 1, H, 0, 0, i, "post_attention_layernorm.weight");
         w->moe = sparse[i];
         if (w->moe) {
-            plan_moe(t, l, w, i);
+            if (c->gpt_oss) plan_moe_oss(t, l, w, i);
+            else plan_moe(t, l, w, i);
             continue;
         }
         want_layer(l, t, &w->gate, 2, I, H, 0, i, "mlp.gate_proj.weight");
@@ -265,8 +345,33 @@ static int64_t rotary_src_dim(int64_t n, int64_t D, int64_t R) {
     return R + (h2 - r2) + (n - h2 - r2);               /* passed through, second half */
 }
 
+/* XF_EXPERTS: expert by expert (one expert's source in f32 at a time). */
+static float *experts_f32(const wspec *w) {
+    const int64_t E = w->heads, R = w->rows, C = w->cols, n = R * C;
+    float *out = dfl_malloc((size_t)(E * n) * sizeof *out), *src = dfl_malloc((size_t)n * sizeof *src);
+    for (int64_t e = 0; e < E; e++) {
+        if (w->mxfp4) {
+            const uint8_t *bl = (const uint8_t *)w->src->data, *sc = (const uint8_t *)w->scales->data;
+            dfl_mxfp4_to_f32(bl + e * n / 2, sc + e * n / 32, n / 32, src);
+        } else {
+            dfl_st_range_to_f32(w->src, e * n, n, src);
+        }
+        float *o = out + e * n;
+        for (int64_t r = 0; r < R; r++) {
+            int64_t sr = !w->interleave ? r : r < R / 2 ? 2 * r : 2 * (r - R / 2) + 1;
+            if (w->transposed)
+                for (int64_t k = 0; k < C; k++) o[r * C + k] = src[k * R + sr];
+            else
+                memcpy(o + r * C, src + sr * C, (size_t)C * sizeof *o);
+        }
+    }
+    free(src);
+    return out;
+}
+
 /* The rewritten tensor in host f32 (w->out_numel floats). */
 static float *transform(const dfl_target *t, const wspec *w) {
+    if (w->xf == XF_EXPERTS) return experts_f32(w);
     const int64_t D = t->cfg.head_dim, R = t->cfg.rotary_dim, n = w->src->numel;
     float *src = dfl_malloc((size_t)n * sizeof *src);
     dfl_st_to_f32(w->src, src);
@@ -295,6 +400,7 @@ static void load_one(dfl_target *t, const wspec *w, void *dst) {
         t->ops->sync(); /* f is freed next */
         free(f);
         release_pages(s->data, s->nbytes);
+        if (w->scales) release_pages(w->scales->data, w->scales->nbytes);
         return;
     }
     size_t esz = dfl_dtype_size((dfl_dtype)s->dtype);
@@ -314,13 +420,13 @@ static int check_arch(const dfl_model_config *c, const char *path) {
     static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                   "Qwen3_5ForCausalLM",
                                   "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
-                                  "Qwen3_5MoeForConditionalGeneration"};
+                                  "Qwen3_5MoeForConditionalGeneration", "GptOssForCausalLM"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (!strcmp(c->architecture, archs[i])) return 0;
     return dfl_err(DFL_EX_DATA, "%s: architecture \"%s\" is not a supported target (Qwen3ForCausalLM, LlamaForCausalLM, "
                    "MistralForCausalLM, Qwen2ForCausalLM, "
                    "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM, "
-                   "Qwen3_5MoeForConditionalGeneration)", path, c->architecture);
+                   "Qwen3_5MoeForConditionalGeneration, GptOssForCausalLM)", path, c->architecture);
 }
 
 /* num_hidden_layers must be the weights' layer count even when only the
@@ -423,13 +529,14 @@ int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const
 }
 
 static void ws_free(const dfl_ops *ops, workspace *w) {
-    void *bufs[] = {w->x, w->h, w->q, w->k, w->v, w->ao, w->taps, w->ids, w->pos, w->cu};
+    void *bufs[] = {w->x, w->h, w->q, w->k, w->v, w->ao, w->taps, w->ids, w->pos, w->cu, w->blk_full, w->blk_win, w->lse};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->free(bufs[i]);
     dfl_target_head_free(ops, &w->head);
     dfl_target_lin_free(ops, &w->lin);
     dfl_target_mlp_free(ops, &w->mlp);
     free(w->host_pos);
+    free(w->host_blk);
     memset(w, 0, sizeof *w);
 }
 
@@ -515,6 +622,13 @@ static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nro
         w->pos = dfl_target_regrow(ops, w->pos, (size_t)T * sizeof(int32_t));
         free(w->host_pos);
         w->host_pos = dfl_malloc((size_t)T * sizeof(int32_t));
+        if (c->gpt_oss) {
+            w->blk_full = dfl_target_regrow(ops, w->blk_full, (size_t)T * sizeof(dfl_block));
+            w->blk_win = dfl_target_regrow(ops, w->blk_win, (size_t)T * sizeof(dfl_block));
+            w->lse = dfl_target_regrow(ops, w->lse, (size_t)(T * c->num_attention_heads) * sizeof(float));
+            free(w->host_blk);
+            w->host_blk = dfl_malloc((size_t)(2 * T) * sizeof(dfl_block)); /* full, then sliding */
+        }
         w->cap_T = T;
     }
     if (ntap_elems > w->cap_taps) {
@@ -628,6 +742,34 @@ void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, 
     ops->matmul(x, ws->y, lw->lin_out, n, VD, H, 1);         /* x += o Wout^T */
 }
 
+void dfl_target_row_blocks(dfl_block *blk, int64_t base, int64_t r0, int64_t n, int64_t window) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t r = r0 + i, lo = window > 0 && r - window + 1 > 0 ? r - window + 1 : 0;
+        blk[i] = (dfl_block){.ctx_off = (int32_t)(base + lo), .ctx_len = (int32_t)(r - lo), .blk_off = (int32_t)(base + r)};
+    }
+}
+
+void dfl_target_attn_sinks(const dfl_target *t, const layer_w *lw, void *out, float *lse, const void *q, const void *k,
+                           const void *v, const dfl_block *blk, int64_t T, int64_t nk) {
+    const dfl_model_config *c = &t->cfg;
+    const int64_t Hq = c->num_attention_heads, D = c->head_dim;
+    t->ops->attn_dflash(out, lse, q, k, v, blk, T, 1, nk, Hq, c->num_key_value_heads, D);
+    t->ops->attn_sinks(out, lse, lw->sinks, T, Hq, D);
+}
+
+/* gpt-oss: every row's keys for the full and the sliding layers. */
+static void upload_row_blocks(dfl_target *t, const dfl_target_batch *b, int64_t T) {
+    workspace *ws = &t->ws;
+    const int64_t W = t->cfg.sliding_window;
+    for (int64_t s = 0; s < b->nseq; s++) {
+        const int64_t c0 = b->cu[s], n = b->cu[s + 1] - c0;
+        dfl_target_row_blocks(ws->host_blk + c0, c0, 0, n, 0);
+        dfl_target_row_blocks(ws->host_blk + T + c0, c0, 0, n, W);
+    }
+    t->ops->upload(ws->blk_full, ws->host_blk, (size_t)T * sizeof(dfl_block));
+    t->ops->upload(ws->blk_win, ws->host_blk + T, (size_t)T * sizeof(dfl_block));
+}
+
 static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t nseq) {
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
@@ -646,12 +788,16 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
         dfl_target_proj(t, ksrc, w->h, lw->k, lw->k_bias, T, H, Hkv * D);
         dfl_target_qk_rope(t, w->k, ksrc, lw->k_norm, w->pos, T, Hkv);
         dfl_target_proj(t, w->v, w->h, lw->v, lw->v_bias, T, H, Hkv * D);
-        ops->attn_causal(w->ao, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D);
+        if (lw->sinks)
+            dfl_target_attn_sinks(t, lw, w->ao, w->lse, w->q, w->k, w->v, lw->window ? w->blk_win : w->blk_full, T, T);
+        else
+            ops->attn_causal(w->ao, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D);
         if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
             ops->matmul(w->lin.agate, w->h, lw->attn_gate, T, H, Hq * D, 0);
             ops->sigmoid_mul(w->ao, w->ao, w->lin.agate, T * Hq * D);
         }
         ops->matmul(w->x, w->ao, lw->o, T, Hq * D, H, 1);         /* x += attn Wo^T */
+        if (lw->o_bias) ops->add_bias(w->x, lw->o_bias, T, H);
     }
 
     dfl_target_norm(t, w->h, w->x, lw->post_norm, T, H);
@@ -719,6 +865,16 @@ static void swiglu_mlp(const dfl_ops *ops, void *out, int accumulate, const void
     ops->matmul(out, gate, wd, m, I, H, accumulate);
 }
 
+/* y[r, :N] += bias_e for the rows r of each expert e (listed by expert,
+ * offsets on the host); expert e's bias is the wt vector at e * stride. */
+static void expert_bias(const dfl_ops *ops, void *y, const void *bias, const int64_t *offsets, int64_t E, int64_t stride,
+                        int64_t N) {
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        if (n > 0) ops->add_bias(DFL_AT(ops, y, r0 * N), DFL_WAT(ops, bias, e * stride), n, N);
+    }
+}
+
 /* x[m, H] += the mixture of experts of h[m, H] (m <= moe rows): route, list
  * each expert's rows together, run the experts on their rows (each product
  * one grouped call for all experts: on CUDA one cuBLAS grouped GEMM instead
@@ -730,13 +886,21 @@ static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x,
     const int64_t H = c->hidden_size, E = c->num_experts, k = c->experts_per_tok, Im = c->moe_intermediate_size;
     const int64_t Is = c->shared_expert_intermediate_size;
     ops->matmul(mw->logits, h, lw->router, m, H, E, 0);
+    if (lw->router_bias) ops->add_bias(mw->logits, lw->router_bias, m, E);
     ops->moe_route(mw->offsets, mw->rows, mw->pos, mw->wts, mw->logits, m, E, k, c->norm_topk_prob);
     ops->gather_rows(mw->xs, h, mw->rows, m * k, H);
     const int64_t n = m * k, gu = 2 * Im * H; /* listed pairs; an expert's gate and up rows in exp_gate_up */
     ops->matmul_grouped(mw->gate, mw->xs, lw->exp_gate_up, mw->offsets, E, gu, H, Im, 0);
     ops->matmul_grouped(mw->up, mw->xs, DFL_WAT(ops, lw->exp_gate_up, Im * H), mw->offsets, E, gu, H, Im, 0);
-    ops->swiglu(mw->gate, mw->gate, mw->up, n * Im);
+    if (c->gpt_oss) {
+        expert_bias(ops, mw->gate, lw->exp_gate_up_bias, mw->offsets, E, 2 * Im, Im);
+        expert_bias(ops, mw->up, DFL_WAT(ops, lw->exp_gate_up_bias, Im), mw->offsets, E, 2 * Im, Im);
+        ops->swiglu_oss(mw->gate, mw->gate, mw->up, n * Im, (float)c->swiglu_alpha, (float)c->swiglu_limit);
+    } else {
+        ops->swiglu(mw->gate, mw->gate, mw->up, n * Im);
+    }
     ops->matmul_grouped(mw->ys, mw->gate, lw->exp_down, mw->offsets, E, H * Im, Im, H, 0);
+    if (c->gpt_oss) expert_bias(ops, mw->ys, lw->exp_down_bias, mw->offsets, E, H, H);
     if (Is) {
         swiglu_mlp(ops, mw->shared, 0, h, lw->sh_gate, lw->sh_up, lw->sh_down, mw->gate, mw->up, m, H, Is);
         ops->matmul(mw->mix, h, lw->sh_mix, m, H, 1, 0);
@@ -832,6 +996,7 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
     ops->upload(ws->ids, b->ids, (size_t)T * sizeof(int32_t));
     ops->upload(ws->pos, ws->host_pos, (size_t)T * sizeof(int32_t));
     ops->upload(ws->cu, b->cu, (size_t)(b->nseq + 1) * sizeof(int32_t));
+    if (c->gpt_oss) upload_row_blocks(t, b, T);
 
     ops->embed(ws->x, ws->ids, t->embed, T, H);
     for (int l = 0; l < need; l++) {

@@ -32,6 +32,13 @@ typedef struct {
      * [H, Is], and sh_mix wt [1, H], whose sigmoid scales it per token. */
     int moe;
     void *router, *exp_gate_up, *exp_down, *sh_gate, *sh_up, *sh_down, *sh_mix;
+    /* gpt-oss: o_proj's bias wt [H]; the sinks f32 [Hq]; the keys a query
+     * sees (0: all before it); the router's bias wt [E]; the experts'
+     * biases wt [E, 2*Im] (gate, then up, as exp_gate_up) and [E, H] */
+    void *o_bias;
+    float *sinks;
+    int64_t window;
+    void *router_bias, *exp_gate_up_bias, *exp_down_bias;
 } layer_w;
 
 /* The MLP's buffers for one chunk (in both workspaces). cap_rows below:
@@ -78,6 +85,12 @@ typedef struct {
     int32_t *ids, *pos;                       /* i32 [cap_T] */
     int32_t *cu;                              /* i32 [cap_seq + 1] */
     int32_t *host_pos;                        /* host [cap_T] */
+    /* gpt-oss: each row's keys as attn_dflash blocks of one query, for the
+     * full and the sliding layers (dfl_target_row_blocks), and the
+     * attention's log-sum-exp for the sinks */
+    dfl_block *blk_full, *blk_win;            /* [cap_T] */
+    dfl_block *host_blk;                      /* host [cap_T] */
+    float *lse;                               /* f32 [cap_T * Hq] */
 } workspace;
 
 struct dfl_target {
@@ -123,6 +136,16 @@ void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw);
  * inputs in ws->conv and ws->ba. */
 void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, void *x, const void *h,
                             const int32_t *cu, int64_t nseq, int64_t n, const void *hist, float *state, float *steps);
+/* The keys of rows [r0, r0 + n) of one sequence whose row 0 is key row
+ * base, as attn_dflash blocks of one query (B = 1): row r sees keys
+ * [max(0, r - window + 1), r] of its sequence (window 0: [0, r]); its own
+ * key is its "block". */
+void dfl_target_row_blocks(dfl_block *blk, int64_t base, int64_t r0, int64_t n, int64_t window);
+/* gpt-oss attention on T rows (the queries' blocks in blk, nk keys): out =
+ * attn_dflash of q over k, v, then its sinks (ops attn_sinks). lse: f32
+ * [T * Hq] scratch. */
+void dfl_target_attn_sinks(const dfl_target *t, const layer_w *lw, void *out, float *lse, const void *q, const void *k,
+                           const void *v, const dfl_block *blk, int64_t T, int64_t nk);
 /* Tokens per chunk of a sparse MLP: MOE_PAIRS / k. */
 int64_t dfl_target_moe_rows(const dfl_model_config *c);
 /* Grow mw for forwards of n rows (it holds min(n, a chunk)); free it. */

@@ -13,6 +13,8 @@
  * sees cache rows [0, len+i]; that is attn_dflash with blocks of size 1:
  * block i has context rows [0, len+i) and its own row len+i. The op table
  * needs no cache-specific op, and the CUDA table serves both as it is.
+ * gpt-oss runs every forward so (with a sliding layer's row i seeing
+ * [len+i-W+1, len+i]), then its sinks, as target.c's packed forward does.
  *
  * Gated DeltaNet layers (Qwen3.5) keep no keys: their cache is the
  * recurrent state S (f32 [Hv, dk, dv]) and the last K-1 raw projections
@@ -53,9 +55,10 @@ struct dfl_target_kv {
     mlp_ws mlp;
     head_ws head;
     int32_t *ids, *pos, *cu;
-    dfl_block *blocks;
+    dfl_block *blocks, *blk_win;   /* blk_win: gpt-oss's sliding layers */
+    float *lse;                    /* gpt-oss: f32 [cap_n * Hq] */
     int32_t *host_pos;
-    dfl_block *host_blocks;
+    dfl_block *host_blocks;        /* [2 * cap_n]: full, then sliding */
 };
 
 /* One Gated DeltaNet layer's state, and its convolution history. */
@@ -102,7 +105,7 @@ dfl_target_kv *dfl_target_kv_new(dfl_target *t, int64_t cap) {
 }
 
 static void free_bufs(const dfl_ops *ops, dfl_target_kv *kv) {
-    void *b[] = {kv->x, kv->h, kv->q, kv->kpre, kv->ao, kv->taps, kv->ids, kv->pos, kv->blocks};
+    void *b[] = {kv->x, kv->h, kv->q, kv->kpre, kv->ao, kv->taps, kv->ids, kv->pos, kv->blocks, kv->blk_win, kv->lse};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (b[i]) ops->free(b[i]);
     dfl_target_head_free(ops, &kv->head);
@@ -190,8 +193,12 @@ static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nro
         kv->ids = dfl_target_regrow(ops, kv->ids, (size_t)n * sizeof(int32_t));
         kv->pos = dfl_target_regrow(ops, kv->pos, (size_t)n * sizeof(int32_t));
         kv->blocks = dfl_target_regrow(ops, kv->blocks, (size_t)n * sizeof(dfl_block));
+        if (c->gpt_oss) {
+            kv->blk_win = dfl_target_regrow(ops, kv->blk_win, (size_t)n * sizeof(dfl_block));
+            kv->lse = dfl_target_regrow(ops, kv->lse, (size_t)(n * c->num_attention_heads) * sizeof(float));
+        }
         kv->host_pos = dfl_realloc(kv->host_pos, (size_t)n * sizeof(int32_t));
-        kv->host_blocks = dfl_realloc(kv->host_blocks, (size_t)n * sizeof(dfl_block));
+        kv->host_blocks = dfl_realloc(kv->host_blocks, (size_t)(2 * n) * sizeof(dfl_block));
         kv->cap_n = n;
     }
     if (tap_elems > kv->cap_taps) {
@@ -298,7 +305,10 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     dfl_target_proj(t, ksrc, kv->h, lw->k, lw->k_bias, n, H, KD);
     dfl_target_qk_rope(t, kdst, ksrc, lw->k_norm, kv->pos, n, Hkv);
     dfl_target_proj(t, vdst, kv->h, lw->v, lw->v_bias, n, H, KD);
-    if (len == 0)
+    if (lw->sinks)
+        dfl_target_attn_sinks(t, lw, kv->ao, kv->lse, kv->q, kv->k[l], kv->v[l], lw->window ? kv->blk_win : kv->blocks,
+                              n, NK);
+    else if (len == 0)
         ops->attn_causal(kv->ao, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D);
     else
         ops->attn_dflash(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D); /* no backward */
@@ -307,6 +317,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
         ops->sigmoid_mul(kv->ao, kv->ao, kv->lin.agate, n * Hq * D);
     }
     ops->matmul(kv->x, kv->ao, lw->o, n, Hq * D, H, 1);
+    if (lw->o_bias) ops->add_bias(kv->x, lw->o_bias, n, H);
 
     dfl_target_norm(t, kv->h, kv->x, lw->post_norm, n, H);
     dfl_target_mlp(t, lw, &kv->mlp, kv->x, kv->h, n);
@@ -324,14 +335,16 @@ int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t 
     const int64_t nrows = (w->normed || w->argmax) ? (w->rows ? w->nrows : n) : 0;
     reserve(kv, n, (int64_t)w->ntaps * n * H, nrows);
 
-    for (int64_t i = 0; i < n; i++) {
-        kv->host_pos[i] = (int32_t)(kv->len + i);
-        kv->host_blocks[i] = (dfl_block){0, (int32_t)(kv->len + i), (int32_t)(kv->len + i)};
-    }
+    for (int64_t i = 0; i < n; i++) kv->host_pos[i] = (int32_t)(kv->len + i);
+    dfl_target_row_blocks(kv->host_blocks, 0, kv->len, n, 0);
     const int32_t cu[2] = {0, (int32_t)n};
     ops->upload(kv->ids, ids, (size_t)n * sizeof(int32_t));
     ops->upload(kv->pos, kv->host_pos, (size_t)n * sizeof(int32_t));
     ops->upload(kv->blocks, kv->host_blocks, (size_t)n * sizeof(dfl_block));
+    if (c->gpt_oss) {
+        dfl_target_row_blocks(kv->host_blocks + n, 0, kv->len, n, c->sliding_window);
+        ops->upload(kv->blk_win, kv->host_blocks + n, (size_t)n * sizeof(dfl_block));
+    }
     ops->upload(kv->cu, cu, sizeof cu);
 
     const int keep = c->hybrid && w->may_crop;

@@ -108,9 +108,16 @@ static void check_model(const dfl_model_config *c) {
         FUZZ_CHECK(dfl_model_config_moe_layer(c, 0) == 0);
     }
     FUZZ_CHECK(c->tie_word_embeddings == 0 || c->tie_word_embeddings == 1);
-    FUZZ_CHECK(c->qkv_bias == !strcmp(c->architecture, "Qwen2ForCausalLM"));
+    FUZZ_CHECK(c->gpt_oss == !strcmp(c->architecture, "GptOssForCausalLM"));
+    FUZZ_CHECK(c->gpt_oss || c->qkv_bias == !strcmp(c->architecture, "Qwen2ForCausalLM"));
+    FUZZ_CHECK(c->o_bias == (c->gpt_oss && c->qkv_bias));
     FUZZ_CHECK(c->qk_norm == (strcmp(c->architecture, "LlamaForCausalLM") && strcmp(c->architecture, "MistralForCausalLM") &&
-                              !c->qkv_bias));
+                              strcmp(c->architecture, "Qwen2ForCausalLM") && !c->gpt_oss));
+    for (int64_t i = 0; i < c->num_hidden_layers && i < 64; i++) {
+        int64_t w = dfl_model_config_window(c, i);
+        FUZZ_CHECK(w == 0 || (c->gpt_oss && w == c->sliding_window && w > 0));
+    }
+    if (c->gpt_oss) FUZZ_CHECK(c->num_experts > 0 && c->norm_topk_prob && isfinite((float)c->swiglu_limit));
     FUZZ_CHECK(c->n_eos >= 0 && c->n_eos <= 8);
     /* RoPE */
     FUZZ_CHECK(c->rope_type == DFL_ROPE_DEFAULT || c->rope_type == DFL_ROPE_LLAMA3 || c->rope_type == DFL_ROPE_YARN);

@@ -115,6 +115,80 @@ static void test_mistral(void) {
     dfl_model_config_free(&c);
 }
 
+/* gpt-oss-20b's config.json as released (MXFP4 experts; the 4.x spelling) */
+#define OSS20B "{\"architectures\":[\"GptOssForCausalLM\"],\"attention_bias\":true,\"attention_dropout\":0.0," \
+    "\"eos_token_id\":200002,\"experts_per_token\":4,\"head_dim\":64,\"hidden_act\":\"silu\",\"hidden_size\":2880," \
+    "\"initial_context_length\":4096,\"intermediate_size\":2880,\"layer_types\":[" LT24 "]," \
+    "\"max_position_embeddings\":131072,\"model_type\":\"gpt_oss\",\"num_attention_heads\":64," \
+    "\"num_experts_per_tok\":4,\"num_hidden_layers\":24,\"num_key_value_heads\":8,\"num_local_experts\":32," \
+    "\"pad_token_id\":199999,\"quantization_config\":{\"modules_to_not_convert\":[\"model.layers.*.self_attn\"," \
+    "\"model.layers.*.mlp.router\",\"model.embed_tokens\",\"lm_head\"],\"quant_method\":\"mxfp4\"}," \
+    "\"rms_norm_eps\":1e-05,\"rope_scaling\":{\"beta_fast\":32.0,\"beta_slow\":1.0,\"factor\":32.0," \
+    "\"original_max_position_embeddings\":4096,\"rope_type\":\"yarn\",\"truncate\":false},\"rope_theta\":150000," \
+    "\"router_aux_loss_coef\":0.9,\"sliding_window\":128,\"swiglu_limit\":7.0,\"tie_word_embeddings\":false," \
+    "\"use_cache\":true,\"vocab_size\":201088}"
+#define LT2 "\"sliding_attention\",\"full_attention\""
+#define LT8 LT2 "," LT2 "," LT2 "," LT2
+#define LT24 LT8 "," LT8 "," LT8
+
+static void test_gpt_oss(void) {
+    dfl_model_config c;
+    T_CHECK(parse(&c, OSS20B) == 0);
+    T_CHECK(c.gpt_oss && c.qkv_bias && c.o_bias && !c.qk_norm && !c.hybrid);
+    T_CHECK(c.num_experts == 32 && c.experts_per_tok == 4 && c.moe_intermediate_size == 2880 && c.intermediate_size == 0);
+    T_CHECK(c.norm_topk_prob == 1 && c.swiglu_alpha == 1.702 && c.swiglu_limit == 7.0);
+    T_CHECK(c.head_dim == 64 && c.num_key_value_heads == 8 && c.rms_norm_eps == 1e-5 && c.rope_theta == 150000);
+    T_CHECK(c.rope_type == DFL_ROPE_YARN && c.rope_factor == 32 && c.rope_original_max_pos == 4096 && !c.rope_truncate);
+    for (int i = 0; i < 24; i++) {
+        T_CHECKF(dfl_model_config_window(&c, i) == (i % 2 ? 0 : 128), "layer %d window %lld", i,
+                 (long long)dfl_model_config_window(&c, i));
+        T_CHECK(dfl_model_config_moe_layer(&c, i) == 1);
+    }
+    dfl_model_config_free(&c);
+    /* GptOssConfig's defaults where the keys are absent: sliding at even layers, attention biases */
+    T_CHECK(parse(&c, "{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":3,"
+                      "\"num_attention_heads\":16,\"vocab_size\":100,\"sliding_window\":16,\"rope_scaling\":{\"rope_type\":"
+                      "\"yarn\",\"factor\":32.0,\"original_max_position_embeddings\":4096,\"truncate\":false}}") == 0);
+    T_CHECK(c.qkv_bias && c.o_bias && c.num_experts == 128 && c.experts_per_tok == 4 && c.moe_intermediate_size == 2880);
+    T_CHECK(c.head_dim == 64 && c.num_key_value_heads == 8 && c.rope_theta == 150000 && c.swiglu_limit == 7.0);
+    T_CHECK(dfl_model_config_window(&c, 0) == 16 && dfl_model_config_window(&c, 1) == 0 && dfl_model_config_window(&c, 2) == 16);
+    dfl_model_config_free(&c);
+    /* a null window: the sliding layers run at full attention, as transformers runs them */
+    T_CHECK(parse(&c, "{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,"
+                      "\"num_attention_heads\":16,\"vocab_size\":100,\"sliding_window\":null,\"attention_bias\":false,"
+                      "\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2.0,\"original_max_position_embeddings\":64}}") == 0);
+    T_CHECK(dfl_model_config_window(&c, 0) == 0 && !c.qkv_bias && !c.o_bias);
+    dfl_model_config_free(&c);
+    static const struct { const char *json, *why; } bad[] = {
+        {"{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":16,"
+         "\"vocab_size\":100}", "rope_scaling"},
+        {"{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":16,"
+         "\"vocab_size\":100,\"quantization_config\":{\"quant_method\":\"fp8\"},\"rope_scaling\":{\"rope_type\":\"yarn\","
+         "\"factor\":2.0,\"original_max_position_embeddings\":64}}", "quant_method"},
+        {"{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":16,"
+         "\"vocab_size\":100,\"num_experts\":8,\"num_local_experts\":4,\"rope_scaling\":{\"rope_type\":\"yarn\","
+         "\"factor\":2.0,\"original_max_position_embeddings\":64}}", "disagree"},
+        {"{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":16,"
+         "\"vocab_size\":100,\"layer_types\":[\"sliding_attention\",\"chunked_attention\"],\"rope_scaling\":{\"rope_type\":"
+         "\"yarn\",\"factor\":2.0,\"original_max_position_embeddings\":64}}", "\"layer_types\"[1] is \"chunked_attention\""},
+        {"{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":16,"
+         "\"vocab_size\":100,\"sliding_window\":-4,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2.0,"
+         "\"original_max_position_embeddings\":64}}", "negative"},
+        {"{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":16,"
+         "\"vocab_size\":100,\"num_experts_per_tok\":200,\"num_local_experts\":8,\"rope_scaling\":{\"rope_type\":\"yarn\","
+         "\"factor\":2.0,\"original_max_position_embeddings\":64}}", "num_experts_per_tok"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        T_CHECKF(parse(&c, bad[i].json) == DFL_EX_DATA, "case %zu accepted", i);
+        T_CHECKF(strstr(dfl_errmsg(), bad[i].why) != NULL, "case %zu: %s", i, dfl_errmsg());
+        dfl_model_config_free(&c);
+    }
+    /* sliding_attention stays refused elsewhere */
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"layer_types\":[\"sliding_attention\","
+                      "\"full_attention\",\"full_attention\",\"full_attention\"]}") == DFL_EX_DATA);
+    dfl_model_config_free(&c);
+}
+
 static void test_refusals(void) {
     static const struct { const char *json, *why; } cases[] = {
         {"{\"architectures\":[\"GemmaForCausalLM\"]," BASE "}", "not supported"},
@@ -411,6 +485,7 @@ int main(void) {
     T_RUN(test_yarn_keys);
     T_RUN(test_qwen2);
     T_RUN(test_mistral);
+    T_RUN(test_gpt_oss);
     T_RUN(test_refusals);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_defaults);
