@@ -20,7 +20,7 @@
 #                extraction as above; the online loop on the device, lossless
 #   qwen2        a tiny Qwen2 target (mktarget --arch qwen2: q/k/v biases):
 #                extraction as above; the online loop on the device, lossless
-#   moe          tiny Qwen3-MoE and Qwen3.5-MoE targets (mktarget --experts):
+#   moe          tiny Qwen3-MoE, Qwen3.5-MoE and gpt-oss targets (mktarget --experts, -a gpt-oss):
 #                extraction as above (hidden 1e-2: near-tied expert choices);
 #                the online loop on the device, lossless
 #   scoring      dflash-score with the CPU-trained checkpoint: offline at the
@@ -288,5 +288,10 @@ else
 fi
 
 moe_check qwen3-moe --experts 8 --experts-per-tok 2 --moe-intermediate 48
+# gpt-oss (mktarget --arch gpt-oss): attention biases (o_proj's too),
+# sinks (attn_dflash with one-query blocks, then attn_sinks), sliding
+# layers of 16 keys over 48-token samples, experts with biases and the
+# clamped SwiGLU (swiglu_oss), a biased router
+moe_check gpt-oss -a gpt-oss --experts 8 --experts-per-tok 2 --moe-intermediate 48 --window 16
 moe_check qwen35-moe -a qwen3.5 --full-interval 3 --linear-k-heads 2 --linear-v-heads 4 --linear-k-dim 32 \
     --linear-v-dim 48 --experts 5 --experts-per-tok 3 --moe-intermediate 40 --shared-intermediate 56

@@ -1,5 +1,6 @@
-/* mktarget: write a deterministic random tiny Qwen3, Llama or Qwen3.5 model
- * (dense, or Qwen3 / Qwen3.5 with a mixture of experts: --experts N)
+/* mktarget: write a deterministic random tiny Qwen3, Llama, Qwen2, Qwen3.5
+ * or gpt-oss model (dense, or Qwen3 / Qwen3.5 with a mixture of experts:
+ * --experts N; gpt-oss always has one)
  * directory (config.json + model.safetensors, bf16), with no Python. Used by the tests,
  * the benchmarks and `make demo` wherever a target model is needed.
  *
@@ -15,6 +16,11 @@
  * Qwen3.5's Gated DeltaNet layers: in_proj_qkv, z, a, b N(0, 1/H), conv1d
  * N(0, 1/K), out_proj as o, norm 1 + N(0, 0.1^2), dt_bias N(0, 0.5^2),
  * A_log = log(U(1, 16)) (transformers' initialisation);
+ * gpt-oss: attention biases N(0, 0.5^2) (o_proj's as o), sinks N(0, 1),
+ * router N(0, 4/H) with bias N(0, 1), experts stacked as transformers
+ * saves them (gate_up_proj [E, H, 2I], gate and up interleaved; down_proj
+ * [E, I, H]) with biases N(0, 0.5^2), layers alternating sliding (--window)
+ * and full, YaRN as the released files;
  * so activations stay well-conditioned through any number of layers and
  * attention is neither uniform nor one-hot.
  */
@@ -38,14 +44,18 @@ static int64_t seed = 1, max_pos = 4096;
 static double theta = 0, eps = 0;
 static int llama3_scaling = 0, yarn_scaling = 0;
 static int qwen2 = 0; /* --arch qwen2: Qwen3's config keys, Llama's layer plus q/k/v biases */
+static int gpt_oss = 0; /* --arch gpt-oss */
+static int64_t window = 16;
 static int64_t lin_k_heads = 2, lin_v_heads = 4, lin_k_dim = 16, lin_v_dim = 24, conv_k = 4, full_interval = 4;
 static double rotary = 0.25;
 static int64_t experts = 0, experts_per_tok = 2, moe_inter = 40, shared_inter = 0, sparse_step = 1;
 
 static const dfl_opt opts[] = {
-    {"arch", 'a', DFL_OPT_CHOICE, &arch, "qwen3|llama|qwen2|qwen3.5",
+    {"arch", 'a', DFL_OPT_CHOICE, &arch, "qwen3|llama|qwen2|qwen3.5|gpt-oss",
      "Architecture: Qwen3ForCausalLM (q/k norms), LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k and v, no q/k "
-     "norms), or Qwen3_5ForCausalLM (Gated DeltaNet and gated attention layers).", NULL},
+     "norms), Qwen3_5ForCausalLM (Gated DeltaNet and gated attention layers), or GptOssForCausalLM (needs "
+     "--experts; --intermediate is ignored).", NULL},
+    {"window", 0, DFL_OPT_INT, &window, "N", "gpt-oss: sliding_window of its sliding layers (0, 2, 4 ...).", NULL},
     {"output", 'o', DFL_OPT_STR, &out_dir, "DIR", "Model directory to write (created; files in it are replaced).", NULL},
     {"vocab", 0, DFL_OPT_INT, &vocab, "N", "vocab_size.", NULL},
     {"hidden", 0, DFL_OPT_INT, &hidden, "N", "hidden_size.", NULL},
@@ -151,6 +161,42 @@ static void add_moe_layer(int l, int hybrid, double res) {
     add("model.layers.%d.mlp.shared_expert_gate.weight", l, 1, H, 0, 1 / sqrt((double)H));
 }
 
+static void add3(const char *fmt, int layer, int64_t d0, int64_t d1, int64_t d2, double mean, double std) {
+    add(fmt, layer, d0, d1, mean, std);
+    specs[nspecs - 1].ndim = 3;
+    specs[nspecs - 1].shape[2] = d2;
+}
+
+/* gpt-oss's sparse MLP, as transformers' GptOssMLP saves it. */
+static void add_oss_moe_layer(int l, double res) {
+    const int64_t H = hidden, E = experts, I = moe_inter;
+    add("model.layers.%d.mlp.router.weight", l, E, H, 0, 2 / sqrt((double)H));
+    add("model.layers.%d.mlp.router.bias", l, E, 0, 0, 1);
+    add3("model.layers.%d.mlp.experts.gate_up_proj", l, E, H, 2 * I, 0, 1 / sqrt((double)H));
+    add("model.layers.%d.mlp.experts.gate_up_proj_bias", l, E, 2 * I, 0, 0.5);
+    add3("model.layers.%d.mlp.experts.down_proj", l, E, I, H, 0, res / sqrt((double)I));
+    add("model.layers.%d.mlp.experts.down_proj_bias", l, E, H, 0, res * 0.5);
+}
+
+/* gpt-oss's keys, as the released gpt-oss-20b config.json spells them. */
+static void oss_config(json_t *c) {
+    json_object_set_new(c, "num_local_experts", json_integer(experts));
+    json_object_set_new(c, "num_experts_per_tok", json_integer(experts_per_tok));
+    json_object_set_new(c, "intermediate_size", json_integer(moe_inter));
+    json_object_set_new(c, "sliding_window", json_integer(window));
+    json_object_set_new(c, "swiglu_limit", json_real(7.0));
+    json_object_set_new(c, "attention_bias", json_true());
+    json_t *lt = json_array();
+    for (int64_t i = 0; i < layers; i++) json_array_append_new(lt, json_string(i % 2 ? "full_attention" : "sliding_attention"));
+    json_object_set_new(c, "layer_types", lt);
+    json_object_set_new(c, "rope_theta", json_real(theta));
+    json_object_set_new(c, "rope_scaling", json_pack("{sssfsfsfsIsb}", "rope_type", "yarn", "factor", 32.0, "beta_fast", 32.0,
+                                                     "beta_slow", 1.0, "original_max_position_embeddings",
+                                                     (json_int_t)4096, "truncate", 0));
+    json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
+    json_object_set_new(c, "transformers_version", json_string("4.55.0"));
+}
+
 /* A Gated DeltaNet layer (transformers Qwen3_5GatedDeltaNet's tensors). */
 static void add_linear_layer(int l, double res) {
     const int64_t H = hidden, VD = lin_v_heads * lin_v_dim, C = 2 * lin_k_heads * lin_k_dim + VD;
@@ -190,9 +236,9 @@ static json_t *make_config(int qwen, int hybrid) {
     const char *archs[2][3] = {{"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3_5ForCausalLM"},
                                {"", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM"}};
     const char *types[2][3] = {{"llama", "qwen3", "qwen3_5_text"}, {"", "qwen3_moe", "qwen3_5_moe_text"}};
-    const int moe = experts > 0, kind = hybrid ? 2 : qwen;
-    json_object_set_new(c, "architectures", json_pack("[s]", qwen2 ? "Qwen2ForCausalLM" : archs[moe][kind]));
-    json_object_set_new(c, "model_type", json_string(qwen2 ? "qwen2" : types[moe][kind]));
+    const int moe = experts > 0 && !gpt_oss, kind = hybrid ? 2 : qwen;
+    json_object_set_new(c, "architectures", json_pack("[s]", gpt_oss ? "GptOssForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : archs[moe][kind]));
+    json_object_set_new(c, "model_type", json_string(gpt_oss ? "gpt_oss" : qwen2 ? "qwen2" : types[moe][kind]));
     if (moe) {
         json_object_set_new(c, "num_experts", json_integer(experts));
         json_object_set_new(c, "num_experts_per_tok", json_integer(experts_per_tok));
@@ -218,6 +264,10 @@ static json_t *make_config(int qwen, int hybrid) {
     json_object_set_new(c, "use_cache", json_true());
     json_object_set_new(c, "bos_token_id", json_integer(vocab > 1 ? 1 : 0));
     json_object_set_new(c, "eos_token_id", json_integer(vocab > 2 ? 2 : 0));
+    if (gpt_oss) {
+        oss_config(c);
+        return c;
+    }
     if (hybrid) {
         hybrid_config(c);
         json_object_set_new(c, "transformers_version", json_string("5.24.0"));
@@ -272,10 +322,14 @@ int main(int argc, char **argv) {
     if (!out_dir) dfl_cli_usage_error(&cli, "-o DIR is required");
     if (llama3_scaling && yarn_scaling) dfl_cli_usage_error(&cli, "--llama3-scaling and --yarn-scaling exclude each other");
     qwen2 = !strcmp(arch, "qwen2");
+    gpt_oss = !strcmp(arch, "gpt-oss");
     int hybrid = !strcmp(arch, "qwen3.5"), qwen = hybrid || qwen2 || !strcmp(arch, "qwen3");
     if (!head_dim && heads > 0) head_dim = hidden / heads;
-    if (!theta) theta = hybrid ? 1e7 : qwen ? 1e6 : 5e5;
+    if (!theta) theta = gpt_oss ? 150000 : hybrid ? 1e7 : qwen ? 1e6 : 5e5;
     if (!eps) eps = qwen ? 1e-6 : 1e-5;
+    if (gpt_oss && (experts < 1 || experts_per_tok < 1 || experts_per_tok > experts || moe_inter < 1 || window < 0))
+        dfl_cli_usage_error(&cli, "gpt-oss needs --experts, 1 <= experts-per-tok <= experts, a positive "
+                                  "--moe-intermediate and a window of at least 0");
     if (vocab < 1 || hidden < 1 || inter < 1 || layers < 1 || heads < 1 || kv_heads < 1 || head_dim < 2 ||
         head_dim % 2 || heads % kv_heads || max_pos < 4)
         dfl_cli_usage_error(&cli, "sizes must be positive, head_dim even, heads a multiple of kv-heads");
@@ -284,7 +338,7 @@ int main(int argc, char **argv) {
         dfl_cli_usage_error(&cli, "qwen3.5 sizes must be positive, linear-v-heads a multiple of linear-k-heads, "
                                   "conv-kernel at most 8, rotary in (0, 1]");
     if (!shared_inter) shared_inter = 40;
-    if (experts && (!qwen || qwen2 || experts_per_tok < 1 || experts_per_tok > experts || moe_inter < 1 || shared_inter < 1 ||
+    if (experts && !gpt_oss && (!qwen || qwen2 || experts_per_tok < 1 || experts_per_tok > experts || moe_inter < 1 || shared_inter < 1 ||
                     sparse_step < 1 || (hybrid && sparse_step != 1)))
         dfl_cli_usage_error(&cli, "--experts needs qwen3 or qwen3.5, 1 <= experts-per-tok <= experts, positive widths "
                                   "and a positive sparse-step (1 for qwen3.5)");
@@ -304,16 +358,24 @@ int main(int argc, char **argv) {
             add("model.layers.%d.self_attn.k_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
             add("model.layers.%d.self_attn.v_proj.weight", l, KD, H, 0, 1 / sqrt((double)H));
             add("model.layers.%d.self_attn.o_proj.weight", l, H, QD, 0, res / sqrt((double)QD));
-            if (qwen2) {
+            if (qwen2 || gpt_oss) {
                 add("model.layers.%d.self_attn.q_proj.bias", l, QD, 0, 0, 0.5);
                 add("model.layers.%d.self_attn.k_proj.bias", l, KD, 0, 0, 0.5);
                 add("model.layers.%d.self_attn.v_proj.bias", l, KD, 0, 0, 0.5);
-            } else if (qwen) {
+            }
+            if (gpt_oss) {
+                add("model.layers.%d.self_attn.o_proj.bias", l, H, 0, 0, res * 0.5);
+                add("model.layers.%d.self_attn.sinks", l, heads, 0, 0, 1);
+            } else if (qwen && !qwen2) {
                 add("model.layers.%d.self_attn.q_norm.weight", l, D, 0, norm_mean, 0.1);
                 add("model.layers.%d.self_attn.k_norm.weight", l, D, 0, norm_mean, 0.1);
             }
         }
         add("model.layers.%d.post_attention_layernorm.weight", l, H, 0, norm_mean, 0.1);
+        if (gpt_oss) {
+            add_oss_moe_layer(l, res);
+            continue;
+        }
         if (experts && (l + 1) % sparse_step == 0) {
             add_moe_layer(l, hybrid, res);
             continue;
