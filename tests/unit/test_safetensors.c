@@ -3,6 +3,8 @@
 #include "safetensors.h"
 #include "test.h"
 
+#include <math.h>
+
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -130,11 +132,44 @@ static void test_rejects(void) {
     T_CHECK(dfl_st_open(&st, path) == DFL_EX_NOINPUT);
 }
 
+/* FP4 E2M1 from its fields (OCP MX spec): sign, 2 exponent bits (bias 1), 1
+ * mantissa bit; exponent 0 is subnormal (m * 0.5). Independent of the table
+ * in safetensors.c. */
+static float e2m1(int c) {
+    int s = c >> 3, e = (c >> 1) & 3, m = c & 1;
+    float v = e ? (1.0f + 0.5f * (float)m) * ldexpf(1.0f, e - 1) : 0.5f * (float)m;
+    return s ? -v : v;
+}
+
+/* Every byte (both nibbles) under scales 2^-127 .. 2^127, and the order:
+ * the low nibble is the first value of the pair (transformers'
+ * convert_moe_packed_tensors; the gpt-oss-mxfp4 fixture checks it end to
+ * end against transformers). */
+static void test_mxfp4(void) {
+    enum { NB = 16 }; /* 16 blocks = 256 bytes: every byte once */
+    uint8_t blocks[NB * 16], scales[NB];
+    float out[NB * 32];
+    for (int i = 0; i < NB * 16; i++) blocks[i] = (uint8_t)i;
+    const int exps[NB] = {-127, -20, -8, -2, -1, 0, 0, 1, 2, 3, 7, 15, 30, 64, 100, 127};
+    for (int b = 0; b < NB; b++) scales[b] = (uint8_t)(exps[b] + 127);
+    dfl_mxfp4_to_f32(blocks, scales, NB, out);
+    int bad = 0;
+    for (int i = 0; i < NB * 16; i++) {
+        const int b = i / 16;
+        const float lo = ldexpf(e2m1(i & 15), exps[b]), hi = ldexpf(e2m1(i >> 4), exps[b]);
+        if (memcmp(&out[2 * i], &lo, 4) || memcmp(&out[2 * i + 1], &hi, 4)) bad++;
+    }
+    T_CHECKF(bad == 0, "%d bytes decoded wrong", bad);
+    T_CHECK(out[2 * 0x21] == 0.5f * ldexpf(1, exps[2]) && out[2 * 0x21 + 1] == 1.0f * ldexpf(1, exps[2]));
+    T_CHECK(signbit(out[2 * 0x08]) && out[2 * 0x08] == 0.0f); /* -0 */
+}
+
 int main(void) {
     if (!mkdtemp(dir)) return 1;
     T_RUN(test_round_trip);
     T_RUN(test_rejects);
     T_RUN(test_find_many);
+    T_RUN(test_mxfp4);
     if (t_rm_rf(dir)) return 1;
     return t_exit();
 }
