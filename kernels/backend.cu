@@ -184,6 +184,7 @@ static void fill_table(dfl_ops *t) {
     t->qk_norm_rope_bwd = cuda_qk_norm_rope_bwd;
     t->swiglu = cuda_swiglu;
     t->swiglu_bwd = cuda_swiglu_bwd;
+    t->swiglu_oss = cuda_swiglu_oss;
     t->add = cuda_add;
     t->add_bias = cuda_add_bias;
     t->embed = cuda_embed;
@@ -196,6 +197,7 @@ static void fill_table(dfl_ops *t) {
     t->attn_causal = cuda_attn_causal;
     t->attn_dflash = cuda_attn_dflash;
     t->attn_dflash_bwd = cuda_attn_dflash_bwd;
+    t->attn_sinks = cuda_attn_sinks;
     t->lmhead_ce = cuda_lmhead_ce;
     t->lmhead_kl = cuda_lmhead_kl;
     t->lmhead_argmax = cuda_lmhead_argmax;

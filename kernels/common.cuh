@@ -322,6 +322,8 @@ void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate,
                      int accumulate);
 void cuda_add(void *out, const void *a, const void *b, int64_t n);
 void cuda_add_bias(void *x, const void *bias, int64_t rows, int64_t cols);
+void cuda_swiglu_oss(void *out, const void *gate, const void *up, int64_t n, float alpha, float limit);
+void cuda_attn_sinks(void *out, const float *lse, const float *sinks, int64_t T, int64_t Hq, int64_t D);
 void cuda_sigmoid_mul(void *out, const void *x, const void *g, int64_t n);
 // gdn.cu
 void cuda_conv1d_silu(void *out, const void *in, const void *hist, const void *w, const int32_t *cu, int64_t nseq,

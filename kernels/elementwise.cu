@@ -1,6 +1,7 @@
-// elementwise.cu: SwiGLU forward and backward, residual add, sigmoid gate,
-// a projection's bias.
-// defines: cuda_swiglu, cuda_swiglu_bwd, cuda_add, cuda_sigmoid_mul, cuda_add_bias
+// elementwise.cu: SwiGLU forward and backward, gpt-oss's clamped SwiGLU,
+// residual add, sigmoid gate, a projection's bias, attention sinks.
+// defines: cuda_swiglu, cuda_swiglu_bwd, cuda_swiglu_oss, cuda_add, cuda_sigmoid_mul,
+// cuda_add_bias, cuda_attn_sinks
 //
 // Memory-bound: each thread moves 8 bf16 (16 bytes) per access when every
 // pointer is 16-byte aligned, else one element at a time. Math in f32, one
@@ -20,6 +21,26 @@ __global__ void swiglu_kernel(bf16 *out, const bf16 *gate, const bf16 *up, int64
         load_bf16s<W>(u, up + i);
 #pragma unroll
         for (int k = 0; k < W; k++) o[k] = g[k] * sigmoid_f(g[k]) * u[k];
+        store_bf16s<W>(out + i, o);
+    }
+}
+
+// gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit),
+// (u + 1) * g * sigmoid(alpha * g); comparisons keep a NaN (torch.clamp)
+template <int W>
+__global__ void swiglu_oss_kernel(bf16 *out, const bf16 *gate, const bf16 *up, int64_t n, float alpha,
+                                  float limit) {
+    for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * W; i < n;
+         i += (int64_t)gridDim.x * blockDim.x * W) {
+        float g[W], u[W], o[W];
+        load_bf16s<W>(g, gate + i);
+        load_bf16s<W>(u, up + i);
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            const float gc = g[k] > limit ? limit : g[k];
+            const float uc = u[k] > limit ? limit : u[k] < -limit ? -limit : u[k];
+            o[k] = (uc + 1.0f) * (gc * sigmoid_f(gc * alpha));
+        }
         store_bf16s<W>(out + i, o);
     }
 }
@@ -131,6 +152,23 @@ void cuda_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate,
                      (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up);
 }
 
+// launch_split for pointers only; the two scalars make this one by hand
+void cuda_swiglu_oss(void *out, const void *gate, const void *up, int64_t n, float alpha, float limit) {
+    CU_ASSERT(out && gate && up && n >= 0);
+    const bool aligned = is_aligned(out, 16) && is_aligned(gate, 16) && is_aligned(up, 16);
+    const int64_t body = aligned ? n / 8 * 8 : 0;
+    if (body) {
+        KLAUNCH(swiglu_oss_kernel<8>, elementwise_grid(body / 8), 256, 0)((bf16 *)out, (const bf16 *)gate,
+                                                                         (const bf16 *)up, body, alpha, limit);
+        LAUNCH_CHECK();
+    }
+    if (n > body) {
+        KLAUNCH(swiglu_oss_kernel<1>, elementwise_grid(n - body), 256, 0)(
+            (bf16 *)out + body, (const bf16 *)gate + body, (const bf16 *)up + body, n - body, alpha, limit);
+        LAUNCH_CHECK();
+    }
+}
+
 void cuda_add(void *out, const void *a, const void *b, int64_t n) {
     CU_ASSERT(out && a && b && n >= 0);
     launch_split(n, binary_kernel<8, AddOp>, binary_kernel<1, AddOp>, (bf16 *)out, (const bf16 *)a, (const bf16 *)b);
@@ -155,4 +193,23 @@ void cuda_sigmoid_mul(void *out, const void *x, const void *g, int64_t n) {
     CU_ASSERT(out && x && g && n >= 0);
     launch_split(n, binary_kernel<8, SigmoidMulOp>, binary_kernel<1, SigmoidMulOp>, (bf16 *)out, (const bf16 *)x,
                  (const bf16 *)g);
+}
+
+// out[t, h, :] *= 1 / (1 + exp(sinks[h] - lse[t, h])), one thread an
+// element; the factor is recomputed per element (cheap next to the load).
+__global__ void attn_sinks_kernel(bf16 *out, const float *lse, const float *sinks, int64_t n, int64_t Hq,
+                                  int64_t D) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / D;
+        const float s = 1.0f / (1.0f + expf(sinks[r % Hq] - lse[r]));
+        out[i] = f2bf(bf2f(out[i]) * s);
+    }
+}
+
+void cuda_attn_sinks(void *out, const float *lse, const float *sinks, int64_t T, int64_t Hq, int64_t D) {
+    CU_ASSERT(out && lse && sinks && T >= 0 && Hq > 0 && D > 0);
+    const int64_t n = T * Hq * D;
+    if (n == 0) return;
+    KLAUNCH(attn_sinks_kernel, elementwise_grid(n), 256, 0)((bf16 *)out, lse, sinks, n, Hq, D);
+    LAUNCH_CHECK();
 }

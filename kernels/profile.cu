@@ -192,6 +192,7 @@ void cuda_prof_wrap(dfl_ops *t) {
     PROF_WRAP(qk_norm_rope_bwd);
     PROF_WRAP(swiglu);
     PROF_WRAP(swiglu_bwd);
+    PROF_WRAP(swiglu_oss);
     PROF_WRAP(add);
     PROF_WRAP(add_bias);
     PROF_WRAP(embed);
@@ -204,6 +205,7 @@ void cuda_prof_wrap(dfl_ops *t) {
     PROF_WRAP(attn_causal);
     PROF_WRAP(attn_dflash);
     PROF_WRAP(attn_dflash_bwd);
+    PROF_WRAP(attn_sinks);
     PROF_WRAP(lmhead_ce);
     PROF_WRAP(lmhead_kl);
     PROF_WRAP(lmhead_argmax);

@@ -2,7 +2,8 @@
  * sgemm. Every act and wt buffer is float here (act_bytes = wt_bytes = 4).
  *
  * defines: dfl_ops_cpu (the table), memory, conversions, matmul(_bwd),
- * rmsnorm(_bwd), rope, swiglu(_bwd), add, embed, sumsq, adamw.
+ * rmsnorm(_bwd), rope, swiglu(_bwd), swiglu_oss, add, attn_sinks, embed,
+ * sumsq, adamw.
  * Attention lives in ops_cpu_attn.c, the LM head and losses in
  * ops_cpu_lmhead.c.
  *
@@ -346,6 +347,20 @@ static void cpu_swiglu_bwd(void *dgate_, void *dup_, const void *dout_, const vo
     }
 }
 
+/* gpt-oss's clamped SwiGLU, in transformers' order (sigmoid, then the
+ * products). Comparisons, not fminf/fmaxf: a NaN input stays NaN, as
+ * torch.clamp keeps it. */
+static void cpu_swiglu_oss(void *out_, const void *gate_, const void *up_, int64_t n, float alpha, float limit) {
+    float *out = out_;
+    const float *gate = gate_, *up = up_;
+#pragma omp parallel for if (n > 16384)
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i] > limit ? limit : gate[i];
+        float u = up[i] > limit ? limit : up[i] < -limit ? -limit : up[i];
+        out[i] = (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
+    }
+}
+
 static void cpu_add_bias(void *x_, const void *bias_, int64_t rows, int64_t cols) {
     float *x = x_;
     const float *b = bias_;
@@ -359,6 +374,17 @@ static void cpu_add(void *out_, const void *a_, const void *b_, int64_t n) {
     const float *a = a_, *b = b_;
 #pragma omp parallel for if (n > 65536)
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+/* The sink's share of the softmax, removed: sum / (sum + exp(sink)) with
+ * sum = exp(lse). exp overflowing to inf gives the limit 0. */
+static void cpu_attn_sinks(void *out_, const float *lse, const float *sinks, int64_t T, int64_t Hq, int64_t D) {
+    float *out = out_;
+#pragma omp parallel for if (T * Hq * D > 65536)
+    for (int64_t r = 0; r < T * Hq; r++) {
+        float s = 1.0f / (1.0f + expf(sinks[r % Hq] - lse[r]));
+        for (int64_t c = 0; c < D; c++) out[r * D + c] *= s;
+    }
 }
 
 /* out[T,H] = table[ids[t]]; the caller has checked the ids against V. */
@@ -456,6 +482,7 @@ static const dfl_ops cpu_ops = {
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
     .swiglu_bwd = cpu_swiglu_bwd,
+    .swiglu_oss = cpu_swiglu_oss,
     .add = cpu_add,
     .add_bias = cpu_add_bias,
     .embed = cpu_embed,
@@ -468,6 +495,7 @@ static const dfl_ops cpu_ops = {
     .attn_causal = dfl_cpu_attn_causal,
     .attn_dflash = dfl_cpu_attn_dflash,
     .attn_dflash_bwd = dfl_cpu_attn_dflash_bwd,
+    .attn_sinks = cpu_attn_sinks,
     .lmhead_ce = dfl_cpu_lmhead_ce,
     .lmhead_kl = dfl_cpu_lmhead_kl,
     .lmhead_argmax = dfl_cpu_lmhead_argmax,

@@ -642,6 +642,77 @@ static void attn_dflash_agrees(void) {
     }
 }
 
+/* gpt-oss: the clamped SwiGLU (inputs past both limits; out aliasing up).
+ * Outputs saturated by both clamps are all one value with one rounding
+ * error, so limits of 2.5 and up keep them a few percent of n (at limit 1,
+ * a third of them: nmse 4e-6, most of NMSE_ROUND). */
+static void swiglu_oss_case(int64_t n, float alpha, float limit) {
+    float *hg = ag_randn(n, 3), *hu = ag_randn(n, 3);
+    ag_pair g = ag_new(hg, n, AG_ACT), u = ag_new(hu, n, AG_ACT), out = ag_new(NULL, n, AG_ACT);
+    char what[64];
+    REF->swiglu_oss(out.r, g.r, u.r, n, alpha, limit);
+    DEV->swiglu_oss(out.d, g.d, u.d, n, alpha, limit);
+    snprintf(what, sizeof what, "swiglu_oss n %lld", (long long)n);
+    ag_check(what, &out, NMSE_ROUND);
+    REF->swiglu_oss(u.r, g.r, u.r, n, alpha, limit);
+    DEV->swiglu_oss(u.d, g.d, u.d, n, alpha, limit);
+    snprintf(what, sizeof what, "swiglu_oss n %lld (out = up)", (long long)n);
+    ag_check(what, &u, NMSE_ROUND);
+    ag_free(&g), ag_free(&u), ag_free(&out);
+    free(hg), free(hu);
+}
+
+/* sinks from far below to far above the lse: factors ~1 to ~0 */
+static void attn_sinks_case(int64_t T, int64_t Hq, int64_t D) {
+    float *ho = ag_randn(T * Hq * D, 1), *hl = ag_randn(T * Hq, 4), *hs = ag_randn(Hq, 1);
+    for (int64_t h = 0; h < Hq; h++) hs[h] += (float)(h % 4) * 10 - 15; /* -15, -5, 5, 15 */
+    ag_pair o = ag_new(ho, T * Hq * D, AG_ACT), l = ag_new(hl, T * Hq, AG_F32), sk = ag_new(hs, Hq, AG_F32);
+    REF->attn_sinks(o.r, l.r, sk.r, T, Hq, D);
+    DEV->attn_sinks(o.d, l.d, sk.d, T, Hq, D);
+    char what[64];
+    snprintf(what, sizeof what, "attn_sinks %lldx%lldx%lld", (long long)T, (long long)Hq, (long long)D);
+    ag_check(what, &o, NMSE_ROUND);
+    ag_free(&o), ag_free(&l), ag_free(&sk);
+    free(ho), free(hl), free(hs);
+}
+
+/* gpt-oss's sliding-window attention with sinks as the model runs it:
+ * attn_dflash over blocks of 1 (row i sees keys i-W < j <= i), then
+ * attn_sinks on each side's own lse */
+static void attn_window_sinks_case(int64_t T, int64_t W, int64_t Hq, int64_t Hkv, int64_t D) {
+    dfl_block *bl = dfl_malloc((size_t)T * sizeof *bl);
+    for (int64_t i = 0; i < T; i++) {
+        int32_t lo = (int32_t)(i - W + 1 > 0 ? i - W + 1 : 0);
+        bl[i] = (dfl_block){lo, (int32_t)i - lo, (int32_t)i};
+    }
+    float *hq = ag_randn(T * Hq * D, 1), *hk = ag_randn(T * Hkv * D, 1), *hv = ag_randn(T * Hkv * D, 1);
+    float *hs = ag_randn(Hq, 2);
+    ag_pair q = ag_new(hq, T * Hq * D, AG_ACT), k = ag_new(hk, T * Hkv * D, AG_ACT), v = ag_new(hv, T * Hkv * D, AG_ACT);
+    ag_pair blk = ag_new(bl, T * 3, AG_I32), sk = ag_new(hs, Hq, AG_F32);
+    ag_pair out = ag_new(NULL, T * Hq * D, AG_ACT), lse = ag_new(NULL, T * Hq, AG_F32);
+    REF->attn_dflash(out.r, lse.r, q.r, k.r, v.r, blk.r, T, 1, T, Hq, Hkv, D);
+    DEV->attn_dflash(out.d, lse.d, q.d, k.d, v.d, blk.d, T, 1, T, Hq, Hkv, D);
+    REF->attn_sinks(out.r, lse.r, sk.r, T, Hq, D);
+    DEV->attn_sinks(out.d, lse.d, sk.d, T, Hq, D);
+    char what[96];
+    snprintf(what, sizeof what, "window %lld + sinks D%lld G%lld", (long long)W, (long long)D, (long long)(Hq / Hkv));
+    ag_check(what, &out, NMSE_INNER);
+    ag_free(&q), ag_free(&k), ag_free(&v), ag_free(&blk), ag_free(&sk), ag_free(&out), ag_free(&lse);
+    free(hq), free(hk), free(hv), free(hs), free(bl);
+}
+
+/* after the others, so that their inputs stay as they were */
+static void gptoss_agrees(void) {
+    swiglu_oss_case(1003, 1.702f, 2.5f); /* vector body and scalar tail */
+    swiglu_oss_case(1024, 1.702f, 7.0f); /* gpt-oss's own limit */
+    swiglu_oss_case(203, 1.702f, 4.0f);
+    attn_sinks_case(37, 8, 64);
+    attn_sinks_case(5, 3, 40);
+    attn_window_sinks_case(100, 16, 8, 2, 64); /* tensor cores */
+    attn_window_sinks_case(37, 8, 4, 2, 40);   /* simple kernels */
+    attn_window_sinks_case(70, 128, 4, 1, 64); /* window longer than the sequence: causal */
+}
+
 /* No blocks, no queries: every key is unseen, and dk, dv (pre-filled) come
  * back as zeros on both sides. */
 static void attn_dflash_bwd_without_blocks(void) {
@@ -1311,6 +1382,7 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(gather_rows_agrees);
     AG_RUN(moe_combine_agrees);
     AG_RUN(moe_matmul_grouped_agrees); /* "moe": tests/gpu/run.sh runs it under compute-sanitizer */
+    AG_RUN(gptoss_agrees);
 }
 
 #endif

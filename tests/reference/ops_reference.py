@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ops_reference.py: golden fixtures for the CPU op table (tests/unit/test_ops_cpu.c).
 
-Writes tests/fixtures/ops/{dense,attn,lmhead,adamw,rope_yarn}.safetensors: random inputs
+Writes tests/fixtures/ops/{dense,attn,lmhead,adamw,rope_yarn,gptoss}.safetensors: random inputs
 with odd sizes, and what PyTorch / transformers compute from them, forward and
 autograd backward. Needs torch and transformers; CI only reads the committed
 files.
@@ -18,9 +18,16 @@ The oracles:
                  rope_type yarn: its inv_freq, attention_scaling and rotation),
                  four configs; each config's JSON is in the file's metadata
                  ("yarnN.config"), as save_pretrained would write it
+  gptoss         transformers' gpt-oss: GptOssExperts._apply_gate (the clamped
+                 SwiGLU, on interleaved gate_up [N, 2I]) and
+                 eager_attention_forward (sinks) over one causal sequence
+                 with a sliding window, both in float64; alpha, limit and the
+                 window in the metadata and as tensors
 Backward: torch.autograd of sum(dout * out) (or of sum(gscale * loss)) in float64.
 
-Usage: python3 tests/reference/ops_reference.py [OUTDIR]
+Usage: python3 tests/reference/ops_reference.py [--only NAME,...] [OUTDIR]
+(--only gptoss writes that file alone; each file's inputs come from the one
+generator in the order above, but for gptoss, which has its own)
 """
 import os
 import sys
@@ -32,7 +39,11 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import (Qwen3RMSNorm, Qwen3RotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "fixtures", "ops")
+ARGS = sys.argv[1:]
+ONLY = None
+if ARGS[:1] == ["--only"]:
+    ONLY, ARGS = set(ARGS[1].split(",")), ARGS[2:]
+OUT = ARGS[0] if ARGS else os.path.join(os.path.dirname(__file__), "..", "fixtures", "ops")
 G = torch.Generator().manual_seed(20260211)
 
 
@@ -281,10 +292,62 @@ def rope_yarn():
     return t, meta
 
 
+# ---------------------------------------------------------------------------
+def gptoss():
+    """gpt-oss's expert activation and attention sinks, by transformers'
+    own functions in float64 from f32 inputs."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts, eager_attention_forward
+    g = torch.Generator().manual_seed(20261205)  # its own: the other files keep their bytes
+
+    def rn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).float()
+
+    # alpha as the C op's float holds it; limit 2 so that both clamps are hit
+    alpha, limit = float(torch.tensor(1.702, dtype=torch.float32)), 2.0
+    N, I = 7, 29
+    gate_up = rn(N, 2 * I, scale=2.5)
+    gate_up[0, 0:6] = torch.tensor([limit, -limit, -limit, limit, 9.0, -9.0])  # edges, and far past them
+    cfg = GptOssConfig(hidden_size=8, intermediate_size=I, num_local_experts=1, swiglu_alpha=alpha,
+                       swiglu_limit=limit)
+    experts = GptOssExperts(cfg)
+    assert experts.alpha == alpha and experts.limit == limit
+    out = experts._apply_gate(gate_up.double())
+    gate, up = gate_up[:, ::2], gate_up[:, 1::2]
+    assert (gate > limit).any() and (up > limit).any() and (up < -limit).any() and (gate < -limit).any()
+
+    # one causal sequence, sliding window W: row i sees keys i-W < j <= i
+    T, Hq, Hkv, D, W = 37, 4, 2, 16, 8
+    q, k, v = rn(T, Hq, D), rn(T, Hkv, D), rn(T, Hkv, D)
+    sinks = torch.tensor([-4.0, 0.5, 2.0, 12.0]).float() + rn(Hq, scale=0.1)  # below and far above the lse
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    visible = (j <= i) & (j > i - W)
+    mask = torch.zeros(T, T, dtype=torch.float64).masked_fill(~visible, torch.finfo(torch.float64).min)
+
+    class Attn(torch.nn.Module):  # what eager_attention_forward reads of its module
+        def __init__(self):
+            super().__init__()
+            self.num_key_value_groups = Hq // Hkv
+            self.sinks = torch.nn.Parameter(sinks.double())
+
+    m = Attn().eval()
+    with torch.no_grad():
+        att, _ = eager_attention_forward(m, q.double().transpose(0, 1)[None], k.double().transpose(0, 1)[None],
+                                         v.double().transpose(0, 1)[None], mask[None, None], scaling=D ** -0.5)
+    t = {"oss.gate_up": gate_up, "oss.out": f32(out), "oss.alpha": torch.tensor([alpha]).float(),
+         "oss.limit": torch.tensor([limit]).float(), "sink.q": q, "sink.k": k, "sink.v": v, "sink.sinks": sinks,
+         "sink.out": f32(att[0]), "sink.dims": i32([T, Hq, Hkv, D, W])}
+    meta = {"oss.alpha": repr(alpha), "oss.limit": repr(limit), "sink.window": str(W),
+            "transformers": __import__("transformers").__version__}
+    return t, meta
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     for name, fn in (("dense", dense), ("attn", attn), ("lmhead", lmhead), ("adamw", adamw),
-                     ("rope_yarn", rope_yarn)):
+                     ("rope_yarn", rope_yarn), ("gptoss", gptoss)):
+        if ONLY is not None and name not in ONLY:
+            continue
         tensors, meta = fn(), {}
         if isinstance(tensors, tuple):
             tensors, meta = tensors

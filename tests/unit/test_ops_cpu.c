@@ -38,7 +38,7 @@
 #define FD_TOL 2e-3
 
 static const dfl_ops *ops;
-static dfl_st *fx_dense, *fx_attn, *fx_lm, *fx_adam, *fx_gdn, *fx_yarn;
+static dfl_st *fx_dense, *fx_attn, *fx_lm, *fx_adam, *fx_gdn, *fx_yarn, *fx_oss;
 
 /* ------------------------------------------------------------------------ */
 /* fixtures and helpers                                                      */
@@ -593,6 +593,115 @@ static void test_swiglu_fd(void) {
     check_fd("swiglu dgate", sw_loss, &c, c.g, dg, c.n, 41);
     check_fd("swiglu dup", sw_loss, &c, c.u, du, c.n, 42);
     ops->free(c.g), ops->free(c.u), ops->free(c.dout), ops->free(c.out), ops->free(dg), ops->free(du);
+}
+
+/* gpt-oss's clamped SwiGLU against the formula in double. */
+static double swiglu_oss_d(float gate, float up, float alpha, float limit) {
+    double g = gate > limit ? limit : gate, u = up > limit ? limit : up < -limit ? -limit : up;
+    return (u + 1) * g / (1 + exp(-(double)alpha * g));
+}
+
+static void test_swiglu_oss(void) {
+    const int64_t n = 1001;
+    const float alpha = 1.702f, limit = 2.5f;
+    dfl_rng r;
+    dfl_rng_seed(&r, 61);
+    float *g = fbuf(n), *u = fbuf(n), *out = fbuf(n), *want = fbuf(n);
+    frand(g, n, &r, 4), frand(u, n, &r, 4);
+    /* the edges exactly, just past them, and far past them */
+    const float edge[] = {limit, -limit, nextafterf(limit, 9), nextafterf(-limit, -9), 40, -40};
+    for (int i = 0; i < 6; i++) g[i] = edge[i], u[i] = 0.5f, g[i + 6] = 1.0f, u[i + 6] = edge[i];
+    int64_t hit[3] = {0, 0, 0}; /* gate > limit, up > limit, up < -limit */
+    for (int64_t i = 0; i < n; i++) {
+        hit[0] += g[i] > limit, hit[1] += u[i] > limit, hit[2] += u[i] < -limit;
+        want[i] = (float)swiglu_oss_d(g[i], u[i], alpha, limit);
+    }
+    T_CHECKF(hit[0] > 10 && hit[1] > 10 && hit[2] > 10, "clamps hit %lld %lld %lld times", (long long)hit[0],
+             (long long)hit[1], (long long)hit[2]);
+    ops->swiglu_oss(out, g, u, n, alpha, limit);
+    CHECK_NMSE("swiglu_oss vs double", out, want, n, NMSE_F32);
+    /* past the limit the output is the edge's, exactly; gate has no lower clamp (-40: ~0) */
+    T_CHECK(out[0] == out[2] && out[0] == out[4] && out[6] == out[8] && out[6] == out[10]);
+    T_CHECK(out[7] == out[9] && out[7] == out[11] && fabsf(out[5]) < 1e-20f && out[1] < -0.01f);
+    ops->swiglu_oss(g, g, u, n, alpha, limit); /* out aliases gate */
+    CHECK_NMSE("swiglu_oss (out = gate)", g, want, n, NMSE_F32);
+    /* NaN stays NaN, as torch.clamp keeps it */
+    float gn[2] = {NAN, 1.0f}, un[2] = {0.5f, NAN}, on[2];
+    ops->swiglu_oss(on, gn, un, 2, alpha, limit);
+    T_CHECKF(isnan(on[0]) && isnan(on[1]), "NaN in: %g %g out", on[0], on[1]);
+    ops->free(g), ops->free(u), ops->free(out), ops->free(want);
+}
+
+/* transformers' GptOssExperts._apply_gate on interleaved gate_up [N, 2I] */
+static void test_swiglu_oss_fixture(void) {
+    int64_t n2;
+    float *gu = fx(fx_oss, "oss.gate_up", &n2), *ref = fx(fx_oss, "oss.out", NULL);
+    float *a = fx(fx_oss, "oss.alpha", NULL), *l = fx(fx_oss, "oss.limit", NULL);
+    const int64_t n = n2 / 2;
+    float *g = fbuf(n), *u = fbuf(n), *out = fbuf(n);
+    for (int64_t i = 0; i < n; i++) g[i] = gu[2 * i], u[i] = gu[2 * i + 1];
+    ops->swiglu_oss(out, g, u, n, a[0], l[0]);
+    CHECK_NMSE("swiglu_oss vs transformers", out, ref, n, NMSE_F32);
+    ops->free(gu), ops->free(ref), ops->free(a), ops->free(l), ops->free(g), ops->free(u), ops->free(out);
+}
+
+/* attn_sinks against the formula in double, with lse far below and far
+ * above the sink (factor ~0 and ~1) and in between. Every row is also
+ * checked alone, so rows scaled to almost nothing count. */
+static void test_attn_sinks(void) {
+    const int64_t T = 11, Hq = 3, D = 7, n = T * Hq * D;
+    const float sinks[3] = {-1.5f, 0.25f, 3.0f};
+    const float off[] = {-200, -60, -20, -3, -0.5f, 0, 0.5f, 3, 20, 60, 200}; /* lse - sink, by t */
+    dfl_rng r;
+    dfl_rng_seed(&r, 62);
+    float *out = fbuf(n), *lse = fbuf(T * Hq), *want = fbuf(n);
+    frand(out, n, &r, 1);
+    double worst = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < Hq; h++) {
+            lse[t * Hq + h] = sinks[h] + off[t] + 0.1f * (float)h;
+            double f = 1 / (1 + exp((double)sinks[h] - lse[t * Hq + h]));
+            for (int64_t c = 0; c < D; c++) want[(t * Hq + h) * D + c] = (float)(out[(t * Hq + h) * D + c] * f);
+        }
+    ops->attn_sinks(out, lse, sinks, T, Hq, D);
+    CHECK_NMSE("attn_sinks vs double", out, want, n, NMSE_F32);
+    for (int64_t row = 0; row < T * Hq; row++) {
+        double e = 0, m = 0;
+        for (int64_t c = 0; c < D; c++) {
+            const int64_t i = row * D + c;
+            e = fmax(e, fabs((double)out[i] - want[i])), m = fmax(m, fabs((double)want[i]));
+        }
+        if (m > 0) worst = fmax(worst, e / m);
+        else T_CHECKF(e == 0, "row %lld: %g where 0", (long long)row, e);
+    }
+    printf("  %-28s max rel err %.2e (<= 1e-6)\n", "attn_sinks per row", worst);
+    T_CHECKF(worst <= 1e-6, "attn_sinks: a row off by %.3g relative", worst);
+    ops->free(out), ops->free(lse), ops->free(want);
+}
+
+/* transformers' gpt-oss eager attention (sinks, a causal sliding window
+ * W) as attn_dflash with blocks of 1 (row i: keys i-W < j <= i, its own
+ * key as the block), then attn_sinks on the lse it saved. */
+static void test_attn_sinks_fixture(void) {
+    int32_t *dims = fxi(fx_oss, "sink.dims", NULL);
+    const int64_t T = dims[0], Hq = dims[1], Hkv = dims[2], D = dims[3], W = dims[4];
+    float *q = fx(fx_oss, "sink.q", NULL), *k = fx(fx_oss, "sink.k", NULL), *v = fx(fx_oss, "sink.v", NULL);
+    float *sinks = fx(fx_oss, "sink.sinks", NULL), *ref = fx(fx_oss, "sink.out", NULL);
+    dfl_block *blocks = calloc((size_t)T, sizeof *blocks);
+    for (int64_t i = 0; i < T; i++) {
+        int32_t lo = (int32_t)(i - W + 1 > 0 ? i - W + 1 : 0);
+        blocks[i] = (dfl_block){lo, (int32_t)i - lo, (int32_t)i};
+    }
+    float *out = fbuf(T * Hq * D), *lse = fbuf(T * Hq);
+    ops->attn_dflash(out, lse, q, k, v, blocks, T, 1, T, Hq, Hkv, D);
+    /* the sinks matter here: without them the output is far off */
+    double e0 = t_nmse_f32(out, ref, T * Hq * D);
+    printf("  %-28s nmse %.2e (>= 1e-2)\n", "attn window, sinks left out", e0);
+    T_CHECKF(e0 >= 1e-2, "the fixture does not depend on the sinks: nmse %.3g", e0);
+    ops->attn_sinks(out, lse, sinks, T, Hq, D);
+    CHECK_NMSE("attn window + sinks vs HF", out, ref, T * Hq * D, NMSE_F32);
+    ops->free(dims), ops->free(q), ops->free(k), ops->free(v), ops->free(sinks), ops->free(ref);
+    ops->free(out), ops->free(lse), free(blocks);
 }
 
 static void test_add_embed_sumsq(void) {
@@ -1647,7 +1756,7 @@ int main(void) {
     const dfl_ops *byname = NULL;
     T_CHECK(dfl_ops_get("cpu", &byname) == 0 && byname == ops);
     fx_dense = open_fx("dense"), fx_attn = open_fx("attn"), fx_lm = open_fx("lmhead"), fx_adam = open_fx("adamw");
-    fx_gdn = open_fx("gdn"), fx_yarn = open_fx("rope_yarn");
+    fx_gdn = open_fx("gdn"), fx_yarn = open_fx("rope_yarn"), fx_oss = open_fx("gptoss");
     T_RUN(test_memory_and_conversions);
     T_RUN(test_products_thread_count_invariance);
     T_RUN(test_matmul);
@@ -1661,12 +1770,16 @@ int main(void) {
     T_RUN(test_qk_norm_rope_fd);
     T_RUN(test_swiglu);
     T_RUN(test_swiglu_fd);
+    T_RUN(test_swiglu_oss);
+    T_RUN(test_swiglu_oss_fixture);
     T_RUN(test_add_embed_sumsq);
     T_RUN(test_attn_causal_fixture);
     T_RUN(test_attn_causal_mask);
     T_RUN(test_attn_dflash_fixture);
     T_RUN(test_attn_dflash_mask);
     T_RUN(test_attn_dflash_fd);
+    T_RUN(test_attn_sinks);
+    T_RUN(test_attn_sinks_fixture);
     T_RUN(test_lmhead_ce);
     T_RUN(test_lmhead_kl);
     T_RUN(test_lmhead_fd);
@@ -1684,5 +1797,6 @@ int main(void) {
     T_RUN(test_expf);
     T_RUN(test_thread_count_invariance);
     dfl_st_close(fx_dense), dfl_st_close(fx_attn), dfl_st_close(fx_lm), dfl_st_close(fx_adam), dfl_st_close(fx_gdn);
+    dfl_st_close(fx_yarn), dfl_st_close(fx_oss);
     return t_exit();
 }
