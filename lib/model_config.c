@@ -120,8 +120,9 @@ static int check_moe(const dfl_model_config *c, const json_t *tj, const char *pa
     /* the CUDA router keeps a token's E probabilities in shared memory */
     if (c->num_experts > 4096)
         return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" %lld is more than 4096", path, (long long)c->num_experts);
-    if (c->moe_intermediate_size <= 0)
-        return dfl_err(DFL_EX_DATA, "%s: \"moe_intermediate_size\" must be positive", path);
+    if (c->moe_intermediate_size <= 0) /* gpt-oss names its experts' width intermediate_size */
+        return dfl_err(DFL_EX_DATA, "%s: \"%s\" must be positive", path,
+                       c->gpt_oss ? "intermediate_size" : "moe_intermediate_size");
     if (c->decoder_sparse_step < 1)
         return dfl_err(DFL_EX_DATA, "%s: \"decoder_sparse_step\" must be positive", path);
     if (c->shared_expert_intermediate_size < 0)

@@ -177,6 +177,9 @@ static void test_gpt_oss(void) {
         {"{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":16,"
          "\"vocab_size\":100,\"num_experts_per_tok\":200,\"num_local_experts\":8,\"rope_scaling\":{\"rope_type\":\"yarn\","
          "\"factor\":2.0,\"original_max_position_embeddings\":64}}", "num_experts_per_tok"},
+        {"{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":16,"
+         "\"vocab_size\":100,\"intermediate_size\":0,\"rope_scaling\":{\"rope_type\":\"yarn\","
+         "\"factor\":2.0,\"original_max_position_embeddings\":64}}", "\"intermediate_size\" must be positive"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         T_CHECKF(parse(&c, bad[i].json) == DFL_EX_DATA, "case %zu accepted", i);
