@@ -201,6 +201,8 @@ static void test_llama3_rope_scaling(void) { check_model("llama3"); }
 static void test_qwen3_sharded(void) { check_model("qwen3-sharded"); }
 /* Qwen2: Llama's layer with biases on q, k and v */
 static void test_qwen2(void) { check_model("qwen2"); }
+static void test_gpt_oss(void) { check_model("gpt-oss"); }
+static void test_gpt_oss_mxfp4(void) { check_model("gpt-oss-mxfp4"); }
 /* Mistral: Llama's layer (no sliding window), head_dim set apart from H / heads */
 static void test_mistral(void) { check_model("mistral"); }
 /* YaRN: its frequencies, and cos and sin times its attention factor */
@@ -579,6 +581,21 @@ static void test_broken_qwen35(void) {
 /* MoE directories with an expert, a router, a stacked tensor or the shared
  * expert's gate missing or misshapen, a dense layer declared sparse:
  * refused with exit 65 and the tensor named. */
+/* gpt-oss's MXFP4 experts: a missing scale tensor, blocks of another dtype
+ * and a bias of another shape are refused naming the tensor. */
+static void test_broken_mxfp4(void) {
+    make_broken_of("gpt-oss-mxfp4", "mx-scales", "model.layers.1.mlp.experts.down_proj_scales", NULL);
+    expect_load_error("mx-scales", DFL_EX_DATA, "model.layers.1.mlp.experts.down_proj_scales");
+    int64_t blocks[2] = {6, 64};
+    make_broken_of("gpt-oss-mxfp4", "mx-dtype", "model.layers.2.mlp.experts.gate_up_proj_blocks", blocks);
+    expect_load_error("mx-dtype", DFL_EX_DATA, "gate_up_proj_blocks' has dtype F32; expected U8");
+    int64_t bias[2] = {6, 32};
+    make_broken_of("gpt-oss-mxfp4", "mx-bias", "model.layers.0.mlp.experts.gate_up_proj_bias", bias);
+    expect_load_error("mx-bias", DFL_EX_DATA, "model.layers.0.mlp.experts.gate_up_proj_bias");
+    make_broken_of("gpt-oss", "oss-sinks", "model.layers.3.self_attn.sinks", NULL);
+    expect_load_error("oss-sinks", DFL_EX_DATA, "model.layers.3.self_attn.sinks");
+}
+
 static void test_broken_moe(void) {
     make_broken_of("qwen3-moe", "moe-expert", "model.layers.2.mlp.experts.5.up_proj.weight", NULL);
     expect_load_error("moe-expert", DFL_EX_DATA, "model.layers.2.mlp.experts.5.up_proj.weight");
@@ -858,6 +875,8 @@ int main(void) {
     T_RUN(test_qwen3_untied_new_spelling);
     T_RUN(test_llama3_rope_scaling);
     T_RUN(test_qwen2);
+    T_RUN(test_gpt_oss);
+    T_RUN(test_gpt_oss_mxfp4);
     T_RUN(test_mistral);
     T_RUN(test_qwen3_yarn);
     T_RUN(test_qwen3_sharded);
@@ -879,6 +898,7 @@ int main(void) {
     T_RUN(test_broken_models);
     T_RUN(test_broken_qwen35);
     T_RUN(test_broken_moe);
+    T_RUN(test_broken_mxfp4);
     T_RUN(test_moe_workspace_growth);
     T_RUN(test_moe_plan_bounded_by_weights);
     T_RUN(test_weight_encodings);
