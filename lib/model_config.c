@@ -77,9 +77,12 @@ static int64_t count_params(const dfl_model_config *c) {
     return padd(padd(pmul(2, pmul(c->vocab_size, H)), H), pmul(c->num_hidden_layers, layer));
 }
 
+/* The Gated DeltaNet hybrids: Qwen3.5 and Qwen3-Next (the same layers;
+ * Qwen3-Next fuses its DeltaNet projections, see target.c) */
 static int is_qwen35(const char *arch) {
     return !strcmp(arch, "Qwen3_5ForCausalLM") || !strcmp(arch, "Qwen3_5ForConditionalGeneration") ||
-           !strcmp(arch, "Qwen3_5MoeForCausalLM") || !strcmp(arch, "Qwen3_5MoeForConditionalGeneration");
+           !strcmp(arch, "Qwen3_5MoeForCausalLM") || !strcmp(arch, "Qwen3_5MoeForConditionalGeneration") ||
+           !strcmp(arch, "Qwen3NextForCausalLM");
 }
 
 /* The released VLM layouts: text settings under text_config, weights under
@@ -90,7 +93,7 @@ static int is_vlm(const char *arch) {
 
 static int is_moe(const char *arch) {
     return !strcmp(arch, "Qwen3MoeForCausalLM") || !strcmp(arch, "Qwen3_5MoeForCausalLM") ||
-           !strcmp(arch, "Qwen3_5MoeForConditionalGeneration");
+           !strcmp(arch, "Qwen3_5MoeForConditionalGeneration") || !strcmp(arch, "Qwen3NextForCausalLM");
 }
 
 /* The architectures dflash runs, checked before any size is read. */
@@ -99,14 +102,14 @@ static int check_architecture(const dfl_model_config *c, const char *path, const
                                   "DFlashDraftModel",
                                   "Qwen3_5ForCausalLM",
                                   "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
-                                  "Qwen3_5MoeForConditionalGeneration", "GptOssForCausalLM"};
+                                  "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM", "GptOssForCausalLM"};
     int known = 0;
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) known |= !strcmp(c->architecture, archs[i]);
     if (!known)
         return dfl_err(DFL_EX_DATA, "%s: %s architecture \"%s\" is not supported (supported: Qwen3ForCausalLM, LlamaForCausalLM, "
                        "MistralForCausalLM, Qwen2ForCausalLM, "
                        "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, "
-                       "Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, GptOssForCausalLM%s)",
+                       "Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM, GptOssForCausalLM%s)",
                        path, role, c->architecture, !strcmp(role, "drafter") ? ", DFlashDraftModel" : "");
     return 0;
 }
@@ -190,7 +193,7 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
         return dfl_err(DFL_EX_DATA, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
                        (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
     if (c->rotary_dim != c->head_dim && !c->hybrid)
-        return dfl_err(DFL_EX_DATA, "%s: a partial_rotary_factor other than 1 is supported for Qwen3.5 only", path);
+        return dfl_err(DFL_EX_DATA, "%s: a partial_rotary_factor other than 1 is supported for the Qwen3.5 and Qwen3-Next hybrids only", path);
     if (c->rotary_dim < 2 || c->rotary_dim % 2 || c->rotary_dim > c->head_dim)
         return dfl_err(DFL_EX_DATA, "%s: \"partial_rotary_factor\" gives %lld rotary dims of a %lld-dim head; they must be "
                        "even and at least 2", path, (long long)c->rotary_dim, (long long)c->head_dim);
@@ -342,13 +345,14 @@ static int parse_hybrid(dfl_model_config *c, const json_t *tj, const char *path)
     return rc;
 }
 
-/* The mixture-of-experts keys (defaults as transformers' Qwen3MoeConfig and
- * Qwen3_5MoeTextConfig). Qwen3.5-MoE always renormalises the k weights and
- * always has a shared expert; Qwen3-MoE renormalises by norm_topk_prob
- * (default false) and has no shared expert. */
+/* The mixture-of-experts keys (defaults as transformers' Qwen3MoeConfig,
+ * Qwen3_5MoeTextConfig and Qwen3NextConfig). Qwen3.5-MoE always
+ * renormalises the k weights and always has a shared expert; Qwen3-MoE
+ * renormalises by norm_topk_prob (default false) and has no shared expert;
+ * Qwen3-Next has the shared expert and norm_topk_prob (default true). */
 static int parse_moe(dfl_model_config *c, const json_t *tj, const char *path) {
     int rc = 0;
-    const int q35 = c->hybrid;
+    const int q35 = c->hybrid, next = c->qwen3_next;
     /* Qwen3-MoE: transformers 5 writes "num_local_experts" and maps
      * "num_experts" onto it (the released files say "num_experts"); given
      * both, it keeps num_local_experts: two different counts are refused.
@@ -361,14 +365,15 @@ static int parse_moe(dfl_model_config *c, const json_t *tj, const char *path) {
             return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" %lld and \"num_local_experts\" %lld disagree", path,
                            (long long)c->num_experts, (long long)local);
     } else {
-        rc = rc ? rc : get_int(tj, "num_experts", q35 ? 256 : 128, &c->num_experts, path);
+        rc = rc ? rc : get_int(tj, "num_experts", next ? 512 : q35 ? 256 : 128, &c->num_experts, path);
     }
-    rc = rc ? rc : get_int(tj, "num_experts_per_tok", 8, &c->experts_per_tok, path);
+    rc = rc ? rc : get_int(tj, "num_experts_per_tok", next ? 10 : 8, &c->experts_per_tok, path);
     rc = rc ? rc : get_int(tj, "moe_intermediate_size", q35 ? 512 : 768, &c->moe_intermediate_size, path);
     rc = rc ? rc : get_int(tj, "decoder_sparse_step", 1, &c->decoder_sparse_step, path);
     if (q35) {
         rc = rc ? rc : get_int(tj, "shared_expert_intermediate_size", 512, &c->shared_expert_intermediate_size, path);
         c->norm_topk_prob = 1;
+        if (next && json_object_get(tj, "norm_topk_prob")) rc = rc ? rc : get_bool(tj, "norm_topk_prob", &c->norm_topk_prob, path);
     } else {
         rc = rc ? rc : get_bool(tj, "norm_topk_prob", &c->norm_topk_prob, path);
     }
@@ -446,6 +451,7 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     int rc = check_architecture(c, path, role);
     if (rc) return rc;
     c->hybrid = is_qwen35(c->architecture);
+    c->qwen3_next = !strcmp(c->architecture, "Qwen3NextForCausalLM");
     const json_t *tj = j;
     snprintf(c->weight_prefix, sizeof c->weight_prefix, "model.");
     if (is_vlm(c->architecture)) {
@@ -462,7 +468,7 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
      * 6144 for the layers that have one) */
     const int64_t kv_def = c->gpt_oss ? 8 : moe ? (c->hybrid ? 2 : 4) : c->hybrid ? 4 : -1;
     rc = rc ? rc : get_int(tj, "hidden_size", -2, &c->hidden_size, path);
-    rc = rc ? rc : get_int(tj, "intermediate_size", moe ? (c->hybrid ? 0 : 6144) : c->gpt_oss ? 2880 : -2,
+    rc = rc ? rc : get_int(tj, "intermediate_size", moe ? (c->qwen3_next ? 5632 : c->hybrid ? 0 : 6144) : c->gpt_oss ? 2880 : -2,
                            &c->intermediate_size, path);
     rc = rc ? rc : get_int(tj, "num_hidden_layers", -2, &c->num_hidden_layers, path);
     rc = rc ? rc : get_int(tj, "num_attention_heads", -2, &c->num_attention_heads, path);
@@ -513,7 +519,7 @@ int64_t dfl_model_config_window(const dfl_model_config *c, int64_t i) {
 
 int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i) {
     if (!c->num_experts) return 0;
-    if (c->hybrid) return 1;
+    if (c->hybrid && !c->qwen3_next) return 1; /* Qwen3.5-MoE; Qwen3-Next as Qwen3-MoE */
     const json_t *only = json_object_get(c->json, "mlp_only_layers"), *v;
     size_t k;
     json_array_foreach(only, k, v) {
@@ -526,8 +532,8 @@ int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i) {
  * be as long as the file allows: a scan of it per layer is quadratic). */
 void dfl_model_config_moe_layers(const dfl_model_config *c, int64_t n, unsigned char *sparse) {
     for (int64_t i = 0; i < n; i++)
-        sparse[i] = c->num_experts && (c->hybrid || (i + 1) % c->decoder_sparse_step == 0);
-    if (!c->num_experts || c->hybrid) return;
+        sparse[i] = c->num_experts && ((c->hybrid && !c->qwen3_next) || (i + 1) % c->decoder_sparse_step == 0);
+    if (!c->num_experts || (c->hybrid && !c->qwen3_next)) return;
     const json_t *only = json_object_get(c->json, "mlp_only_layers"), *v;
     size_t k;
     json_array_foreach(only, k, v) {

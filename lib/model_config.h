@@ -39,6 +39,7 @@ typedef struct {
     /* Qwen3.5 hybrid (targets-extraction §3): Gated DeltaNet ("linear
      * attention") layers between gated full-attention layers. */
     int     hybrid;
+    int     qwen3_next;         /* Qwen3NextForCausalLM: the hybrid with fused DeltaNet projections, Qwen3-MoE's sparse-layer rule */
     int     norm_plus_one;      /* RMSNorms scale by (1 + w) (Qwen3.5), not w */
     int     attn_output_gate;   /* q_proj also yields a sigmoid gate per head */
     int64_t rotary_dim;         /* dims of each head RoPE rotates (head_dim unless partial) */
@@ -101,7 +102,7 @@ int64_t dfl_model_config_window(const dfl_model_config *c, int64_t i);
 
 /* Is decoder layer i's MLP a mixture of experts? Qwen3-MoE: unless listed
  * in "mlp_only_layers", every decoder_sparse_step-th layer (transformers'
- * Qwen3MoeDecoderLayer); Qwen3.5-MoE: every layer. */
+ * Qwen3MoeDecoderLayer); Qwen3.5-MoE: every layer; Qwen3-Next as Qwen3-MoE. */
 int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i);
 /* dfl_model_config_moe_layer of layers [0, n) into sparse[n] (1: sparse),
  * in time linear in n and the length of "mlp_only_layers". */

@@ -47,6 +47,9 @@ uint64_t dfl_target_weight_bytes(const dfl_target *t) { return t->weight_bytes; 
  *                 below when `perm` is set (q_proj's query or gate rows, k_proj)
  *   XF_NORM_PERM  q_norm / k_norm: the rotary order
  *   XF_F32        a small f32 parameter (A_log, dt_bias, sinks) into f32 memory
+ *   XF_QKVZ       Qwen3-Next's fused DeltaNet projections, regrouped into
+ *                 Qwen3.5's (qkvz_rows): `part` 0 the q|k|v rows of
+ *                 in_proj_qkvz, 1 its z rows, 2 the b|a rows of in_proj_ba
  *   XF_EXPERTS    gpt-oss's stacked experts, as [E, rows, cols] (out, in):
  *                 from MXFP4 blocks and scales, or from transformers'
  *                 [E, cols, rows] (transposed); with `interleave`, rows
@@ -57,7 +60,7 @@ uint64_t dfl_target_weight_bytes(const dfl_target *t) { return t->weight_bytes; 
  * head dims of q and k are permuted alike: dot products q.k, all attention
  * uses of them, do not change under a common permutation, and v is not
  * permuted, so the attention output is unchanged. */
-typedef enum { XF_NONE, XF_HEAD_ROWS, XF_NORM_PERM, XF_F32, XF_EXPERTS } xform;
+typedef enum { XF_NONE, XF_HEAD_ROWS, XF_NORM_PERM, XF_F32, XF_EXPERTS, XF_QKVZ } xform;
 
 /* One tensor to load: its name, expected shape, and where its pointer goes. */
 typedef struct {
@@ -70,6 +73,7 @@ typedef struct {
     int64_t heads, stride, off, perm; /* XF_HEAD_ROWS, XF_NORM_PERM */
     int64_t rows, cols;                /* XF_EXPERTS (heads: the experts) */
     int mxfp4, transposed, interleave; /* XF_EXPERTS */
+    int part;                          /* XF_QKVZ */
     int64_t out_numel; /* elements written (the source's unless XF_HEAD_ROWS) */
     const dfl_st_tensor *src, *scales; /* scales: MXFP4's */
 } wspec;
@@ -174,14 +178,35 @@ static void plan_attention(dfl_target *t, wlist *l, layer_w *w, int i) {
 /* A Gated DeltaNet layer (Qwen3.5 linear_attn; targets-extraction §3.2).
  * in_proj_b and in_proj_a are loaded as one [2*Hv, H] matrix (b rows, then
  * a rows), so that one GEMM gives both. */
+/* Qwen3-Next's in_proj_qkvz [C + VD, H] and in_proj_ba [2*Hv, H] hold, per
+ * key head g, q_g, k_g, then its r = Hv/Hk value heads' v rows and z rows
+ * (in_proj_ba: their b rows, then a rows; transformers'
+ * fix_query_key_value_ordering): one tensor read twice, as Qwen3.5's. */
+static void want_fused_linear(wlist *l, const dfl_target *t, void **dst, int part, int64_t rows, int i) {
+    const dfl_model_config *c = &t->cfg;
+    const int64_t H = c->hidden_size, Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    const int64_t src_rows = part < 2 ? Hk * (2 * dk) + 2 * Hv * dv : 2 * Hv;
+    wspec *w = want_layer(l, t, dst, 2, src_rows, H, 0, i,
+                          part < 2 ? "linear_attn.in_proj_qkvz.weight" : "linear_attn.in_proj_ba.weight");
+    w->xf = XF_QKVZ;
+    w->part = part;
+    w->out_numel = rows * H;
+}
+
 static void plan_linear(dfl_target *t, wlist *l, layer_w *w, int i) {
     const dfl_model_config *c = &t->cfg;
     const int64_t H = c->hidden_size, Hv = c->lin_v_heads, VD = Hv * c->lin_v_dim;
     const int64_t C = 2 * c->lin_k_heads * c->lin_k_dim + VD;
-    want_layer(l, t, &w->lin_qkv, 2, C, H, 0, i, "linear_attn.in_proj_qkv.weight");
-    want_layer(l, t, &w->lin_z, 2, VD, H, 0, i, "linear_attn.in_proj_z.weight");
-    want_layer(l, t, &w->lin_ba, 2, Hv, H, 0, i, "linear_attn.in_proj_b.weight");
-    want_layer(l, t, &w->lin_ba, 2, Hv, H, 0, i, "linear_attn.in_proj_a.weight")->dst_off = Hv * H;
+    if (c->qwen3_next) {
+        want_fused_linear(l, t, &w->lin_qkv, 0, C, i);
+        want_fused_linear(l, t, &w->lin_z, 1, VD, i);
+        want_fused_linear(l, t, &w->lin_ba, 2, 2 * Hv, i);
+    } else {
+        want_layer(l, t, &w->lin_qkv, 2, C, H, 0, i, "linear_attn.in_proj_qkv.weight");
+        want_layer(l, t, &w->lin_z, 2, VD, H, 0, i, "linear_attn.in_proj_z.weight");
+        want_layer(l, t, &w->lin_ba, 2, Hv, H, 0, i, "linear_attn.in_proj_b.weight");
+        want_layer(l, t, &w->lin_ba, 2, Hv, H, 0, i, "linear_attn.in_proj_a.weight")->dst_off = Hv * H;
+    }
     want_layer(l, t, &w->lin_conv, 3, C, 1, c->lin_conv, i, "linear_attn.conv1d.weight");
     want_layer(l, t, (void **)&w->dt_bias, 1, Hv, 0, 0, i, "linear_attn.dt_bias")->xf = XF_F32;
     want_layer(l, t, (void **)&w->A_log, 1, Hv, 0, 0, i, "linear_attn.A_log")->xf = XF_F32;
@@ -369,9 +394,36 @@ static float *experts_f32(const wspec *w) {
     return out;
 }
 
+/* XF_QKVZ: the source row of row n of Qwen3.5's layout (see plan_linear). */
+static int64_t qkvz_row(const dfl_model_config *c, int part, int64_t n) {
+    const int64_t Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, r = Hv / Hk;
+    const int64_t group = 2 * dk + 2 * r * dv; /* rows of one key head's group in in_proj_qkvz */
+    if (part == 2) { /* b of value head j, then a */
+        const int64_t j = n < Hv ? n : n - Hv;
+        return j / r * 2 * r + (n < Hv ? 0 : r) + j % r;
+    }
+    if (part == 0 && n < 2 * Hk * dk) { /* q of key head h, then k */
+        const int64_t m = n % (Hk * dk);
+        return m / dk * group + (n < Hk * dk ? 0 : dk) + m % dk;
+    }
+    const int64_t m = part == 0 ? n - 2 * Hk * dk : n, j = m / dv; /* row m % dv of value head j's v (or z) */
+    return j / r * group + 2 * dk + (part == 0 ? 0 : r * dv) + j % r * dv + m % dv;
+}
+
+static float *qkvz_f32(const dfl_target *t, const wspec *w) {
+    const int64_t H = t->cfg.hidden_size, rows = w->out_numel / H;
+    float *src = dfl_malloc((size_t)w->src->numel * sizeof *src), *out = dfl_malloc((size_t)w->out_numel * sizeof *out);
+    dfl_st_to_f32(w->src, src);
+    for (int64_t n = 0; n < rows; n++)
+        memcpy(out + n * H, src + qkvz_row(&t->cfg, w->part, n) * H, (size_t)H * sizeof *out);
+    free(src);
+    return out;
+}
+
 /* The rewritten tensor in host f32 (w->out_numel floats). */
 static float *transform(const dfl_target *t, const wspec *w) {
     if (w->xf == XF_EXPERTS) return experts_f32(w);
+    if (w->xf == XF_QKVZ) return qkvz_f32(t, w);
     const int64_t D = t->cfg.head_dim, R = t->cfg.rotary_dim, n = w->src->numel;
     float *src = dfl_malloc((size_t)n * sizeof *src);
     dfl_st_to_f32(w->src, src);
@@ -420,13 +472,13 @@ static int check_arch(const dfl_model_config *c, const char *path) {
     static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                   "Qwen3_5ForCausalLM",
                                   "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM",
-                                  "Qwen3_5MoeForConditionalGeneration", "GptOssForCausalLM"};
+                                  "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM", "GptOssForCausalLM"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (!strcmp(c->architecture, archs[i])) return 0;
     return dfl_err(DFL_EX_DATA, "%s: architecture \"%s\" is not a supported target (Qwen3ForCausalLM, LlamaForCausalLM, "
                    "MistralForCausalLM, Qwen2ForCausalLM, "
                    "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3MoeForCausalLM, Qwen3_5MoeForCausalLM, "
-                   "Qwen3_5MoeForConditionalGeneration, GptOssForCausalLM)", path, c->architecture);
+                   "Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM, GptOssForCausalLM)", path, c->architecture);
 }
 
 /* num_hidden_layers must be the weights' layer count even when only the

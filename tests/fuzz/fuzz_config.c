@@ -70,6 +70,7 @@ static void check_model(const dfl_model_config *c) {
     /* partial RoPE and the Qwen3.5 hybrid's DeltaNet shapes */
     FUZZ_CHECK(c->rotary_dim >= 2 && c->rotary_dim % 2 == 0 && c->rotary_dim <= D);
     FUZZ_CHECK(c->hybrid || c->rotary_dim == D);
+    FUZZ_CHECK(c->qwen3_next == !strcmp(c->architecture, "Qwen3NextForCausalLM") && (!c->qwen3_next || c->hybrid));
     if (c->hybrid) {
         FUZZ_CHECK(c->lin_k_heads > 0 && c->lin_v_heads > 0 && c->lin_k_dim > 0 && c->lin_v_dim > 0);
         FUZZ_CHECK(c->lin_v_heads % c->lin_k_heads == 0 && c->lin_conv >= 1 && c->lin_conv <= 8);

@@ -18,7 +18,7 @@ static void test_replay_corpus(void) {
 static void test_seeds_as_named(void) {
     static const char *ok_target[] = {"llama3.json", "qwen3-tied.json", "qwen3-untied.json", "llama3-rope-parameters.json",
                                       "qwen35.json", "qwen35-vlm.json", "qwen3-moe.json", "qwen3-moe-fused.json",
-                                      "qwen35-moe-vlm.json", "gpt-oss-20b.json"};
+                                      "qwen35-moe-vlm.json", "gpt-oss-20b.json", "qwen3-next-80b.json"};
     static const char *ok_drafter[] = {"drafter.json", "drafter-v5-default-ids.json"};
     static const char *bad[] = {"hostile-huge-sizes.json", "hostile-many-layers.json", "hostile-rope.json",
                                 "hostile-eps-mask.json", "not-json.json"};

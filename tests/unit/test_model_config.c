@@ -192,6 +192,51 @@ static void test_gpt_oss(void) {
     dfl_model_config_free(&c);
 }
 
+/* Qwen3-Next-80B-A3B's config.json as released (Qwen3-Coder-Next has the
+ * same keys): the hybrid's layers, MoE by Qwen3-MoE's layer rule */
+static void test_qwen3_next(void) {
+    static const char *next80b =
+        "{\"architectures\":[\"Qwen3NextForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+        "\"bos_token_id\":151643,\"decoder_sparse_step\":1,\"eos_token_id\":151645,\"full_attention_interval\":4,"
+        "\"head_dim\":256,\"hidden_act\":\"silu\",\"hidden_size\":2048,\"initializer_range\":0.02,"
+        "\"intermediate_size\":5120,\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":128,\"linear_num_key_heads\":16,"
+        "\"linear_num_value_heads\":32,\"linear_value_head_dim\":128,\"max_position_embeddings\":262144,"
+        "\"mlp_only_layers\":[],\"model_type\":\"qwen3_next\",\"moe_intermediate_size\":512,\"norm_topk_prob\":true,"
+        "\"num_attention_heads\":16,\"num_experts\":512,\"num_experts_per_tok\":10,\"num_hidden_layers\":48,"
+        "\"num_key_value_heads\":2,\"output_router_logits\":false,\"partial_rotary_factor\":0.25,\"rms_norm_eps\":1e-06,"
+        "\"rope_scaling\":null,\"rope_theta\":10000000,\"router_aux_loss_coef\":0.001,"
+        "\"shared_expert_intermediate_size\":512,\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\","
+        "\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}";
+    dfl_model_config c;
+    T_CHECK(parse(&c, next80b) == 0);
+    T_CHECK(c.hybrid && c.qwen3_next && c.norm_plus_one && c.attn_output_gate && !c.gpt_oss);
+    T_CHECK(c.rotary_dim == 64 && c.lin_k_heads == 16 && c.lin_v_heads == 32 && c.full_attention_interval == 4);
+    T_CHECK(c.num_experts == 512 && c.experts_per_tok == 10 && c.moe_intermediate_size == 512 &&
+            c.shared_expert_intermediate_size == 512 && c.norm_topk_prob && c.intermediate_size == 5120);
+    for (int i = 0; i < 48; i++) {
+        T_CHECKF(dfl_model_config_linear_layer(&c, i) == ((i + 1) % 4 != 0), "layer %d", i);
+        T_CHECK(dfl_model_config_moe_layer(&c, i) == 1);
+    }
+    dfl_model_config_free(&c);
+    /* Qwen3-Next reads mlp_only_layers and decoder_sparse_step, as Qwen3-MoE (Qwen3.5-MoE does not) */
+    static const char *dense1 =
+        "{\"architectures\":[\"Qwen3NextForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":4,"
+        "\"num_attention_heads\":4,\"vocab_size\":100,\"num_experts\":4,\"num_experts_per_tok\":2,\"mlp_only_layers\":[1],"
+        "\"norm_topk_prob\":false}";
+    T_CHECK(parse(&c, dense1) == 0);
+    T_CHECK(dfl_model_config_moe_layer(&c, 0) == 1 && dfl_model_config_moe_layer(&c, 1) == 0);
+    unsigned char sparse[4];
+    dfl_model_config_moe_layers(&c, 4, sparse);
+    T_CHECK(sparse[0] == 1 && sparse[1] == 0 && sparse[2] == 1 && sparse[3] == 1);
+    T_CHECK(c.norm_topk_prob == 0 && c.num_key_value_heads == 2 && c.head_dim == 256 && c.rotary_dim == 64);
+    dfl_model_config_free(&c);
+    /* defaults as Qwen3NextConfig: 512 experts, 10 a token, a dense width of 5632 */
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3NextForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":4,"
+                      "\"num_attention_heads\":4,\"vocab_size\":100}") == 0);
+    T_CHECK(c.num_experts == 512 && c.experts_per_tok == 10 && c.intermediate_size == 5632 && c.norm_topk_prob == 1);
+    dfl_model_config_free(&c);
+}
+
 static void test_refusals(void) {
     static const struct { const char *json, *why; } cases[] = {
         {"{\"architectures\":[\"GemmaForCausalLM\"]," BASE "}", "not supported"},
@@ -270,8 +315,8 @@ static void test_qwen35(void) {
         {"{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35 ",\"partial_rotary_factor\":0.01}", "partial_rotary_factor"},
         {"{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35 ",\"linear_conv_kernel_dim\":0}", "positive"},
         {"{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"]," Q35 "}", "text_config"},
-        {"{\"architectures\":[\"Qwen3NextForCausalLM\"]," Q35 "}", "not supported"},
-        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"partial_rotary_factor\":0.5}", "Qwen3.5 only"},
+        {"{\"architectures\":[\"Qwen3NextForCausalLM\"]," Q35 ",\"linear_num_value_heads\":3}", "linear_num_value_heads"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"partial_rotary_factor\":0.5}", "hybrids only"},
         {"{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"layer_types\":[\"linear_attention\"]}", "layer_types"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -489,6 +534,7 @@ int main(void) {
     T_RUN(test_qwen2);
     T_RUN(test_mistral);
     T_RUN(test_gpt_oss);
+    T_RUN(test_qwen3_next);
     T_RUN(test_refusals);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_defaults);
