@@ -22,7 +22,10 @@
 # the DeltaNet (the fla kernels are GPU-only). BENCH_ARCH=qwen3-moe
 # (bench_extract_moe.sh): Qwen3MoeForCausalLM of the same width, every MLP a
 # mixture of 32 experts of width 384, 4 a token (transformers' default
-# experts path on the CPU).
+# experts path on the CPU). BENCH_ARCH=gpt-oss (bench_extract_gptoss.sh):
+# GptOssForCausalLM of the same width, 32 experts of 384, 4 a token,
+# sliding layers of 128 keys (transformers: eager attention, its only CPU
+# path with sinks; dflash: DFlash attention with one-query blocks).
 set -u
 . "$(dirname "$0")/lib.sh"
 samples=${BENCH_SAMPLES:-16}
@@ -45,6 +48,10 @@ elif [ "$arch" = qwen3-moe ]; then
     shape="Qwen3-MoE-shaped model (32 experts of 384, 4 a token)"
     arch=qwen3
     arch_opts=(--experts 32 --experts-per-tok 4 --moe-intermediate 384)
+elif [ "$arch" = gpt-oss ]; then
+    # gpt-oss-20b's proportions: 32 experts, 4 a token, sliding layers of 128
+    shape="gpt-oss-shaped model (32 experts of 384, 4 a token; sinks, windows of 128)"
+    arch_opts=(--experts 32 --experts-per-tok 4 --moe-intermediate 384 --window 128)
 fi
 "$DFLASH_BUILD/tests/mktarget" -a "$arch" --hidden 768 --layers 12 --heads 12 --kv-heads 4 --head-dim 64 \
     --intermediate 2048 --vocab 32000 --tie yes --seed 7 "${arch_opts[@]}" -o "$W/model" || exit 1
