@@ -126,6 +126,9 @@ typedef struct {
     int64_t ctx_off, ctx_len; /* key rows all lines see */
     int64_t own_off, own_len; /* own key rows: all visible, or key c to query i iff c <= i */
     int causal;
+    /* one-query DFlash blocks run as one causal tile (group_rows): row i
+     * also hides the keys before row_blk[i].ctx_off (a sliding window) */
+    const dfl_block *row_blk;
 } attn_tile;
 
 /* Per-thread scratch. Line l is query head g = l / nq, row i = l % nq.
@@ -214,6 +217,9 @@ SIMD_CLONES static void attn_fwd_key_tile(const attn_dims *a, const attn_tile *t
         int64_t i0 = first_row_seeing(t, own, k0, c); /* causal: rows before i0 do not see key c */
         for (int64_t g = 0; g < a->G && i0 > 0; g++)
             for (int64_t i = 0; i < i0 && i < nq; i++) s[g * nq + i] = -INFINITY;
+        for (int64_t i = 0; t->row_blk && i < nq; i++)
+            if (r0 + c < t->row_blk[i].ctx_off)
+                for (int64_t g = 0; g < a->G; g++) s[g * nq + i] = -INFINITY;
 #pragma omp simd
         for (int64_t l = 0; l < L; l++) tm[l] = s[l] > tm[l] ? s[l] : tm[l];
     }
@@ -292,7 +298,7 @@ void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v,
     for (int64_t s = 0; s < nseq; s++)
         for (int64_t t0 = cu[s]; t0 < cu[s + 1]; t0 += QT) {
             int64_t nq = cu[s + 1] - t0 < QT ? cu[s + 1] - t0 : QT;
-            tiles[n++] = (attn_tile){t0, nq, cu[s], t0 - cu[s], t0, nq, 1};
+            tiles[n++] = (attn_tile){t0, nq, cu[s], t0 - cu[s], t0, nq, 1, NULL};
         }
     int64_t work = 0; /* query-key pairs */
     for (int64_t s = 0; s < nseq; s++) work += (cu[s + 1] - cu[s]) * (cu[s + 1] - cu[s] + 1) / 2;
@@ -311,7 +317,36 @@ void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v,
 static attn_tile block_tile(const dfl_block *b, int64_t j, int64_t B, int64_t NK) {
     DFL_ASSERT(b->ctx_len >= 0 && b->ctx_off >= 0 && (int64_t)b->ctx_off + b->ctx_len <= NK);
     DFL_ASSERT(b->blk_off >= 0 && (int64_t)b->blk_off + B <= NK);
-    return (attn_tile){j * B, B, b->ctx_off, b->ctx_len, b->blk_off, B, 0};
+    return (attn_tile){j * B, B, b->ctx_off, b->ctx_len, b->blk_off, B, 0, NULL};
+}
+
+/* One-query blocks (B = 1: a target's causal rows, plain or in a sliding
+ * window, as target.c and target_kv.c lay them out) whose queries, taken
+ * QT at a time, share one causal tile: rows j0.. whose own keys follow one
+ * another, each seeing the keys from its ctx_off up to its own. Each key
+ * is then loaded once for the tile's rows, not once a row. Returns the
+ * tiles written into tiles[] (at most nblk). */
+static int64_t group_rows(attn_tile *tiles, const dfl_block *blocks, int64_t nblk, int64_t NK) {
+    int64_t n = 0;
+    for (int64_t j0 = 0; j0 < nblk;) {
+        const dfl_block *b0 = &blocks[j0];
+        int64_t len = 1;
+        while (len < QT && j0 + len < nblk) {
+            const dfl_block *b = &blocks[j0 + len];
+            if (b->blk_off != b0->blk_off + len || b->ctx_off + b->ctx_len != b->blk_off || b->ctx_off < b0->ctx_off)
+                break;
+            len++;
+        }
+        if (len == 1 || b0->ctx_off + b0->ctx_len != b0->blk_off) {
+            tiles[n++] = block_tile(b0, j0, 1, NK);
+            j0++;
+            continue;
+        }
+        DFL_ASSERT(b0->ctx_off >= 0 && b0->ctx_len >= 0 && (int64_t)b0->blk_off + len <= NK);
+        tiles[n++] = (attn_tile){j0, len, b0->ctx_off, b0->ctx_len, b0->blk_off, len, 1, b0};
+        j0 += len;
+    }
+    return n;
 }
 
 void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v,
@@ -319,16 +354,23 @@ void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, co
                          int64_t D) {
     attn_dims a = dims_of(q, k, v, Hq, Hkv, D);
     DFL_ASSERT(B > 0);
+    attn_tile *rows = NULL; /* B = 1: the rows grouped into causal tiles */
+    int64_t ntile = nblk;
+    if (B == 1 && nblk > 1) {
+        rows = dfl_malloc((size_t)nblk * sizeof *rows);
+        ntile = group_rows(rows, blocks, nblk, NK);
+    }
 #pragma omp parallel if (dflash_work(blocks, nblk, B, Hq, D) > DFL_CPU_PAR_MIN)
     {
-        attn_scratch sc = scratch_alloc(a.G * B, D);
+        attn_scratch sc = scratch_alloc(a.G * (rows ? QT : B), D);
 #pragma omp for schedule(dynamic)
-        for (int64_t task = 0; task < nblk * Hkv; task++) {
-            attn_tile t = block_tile(&blocks[task / Hkv], task / Hkv, B, NK);
+        for (int64_t task = 0; task < ntile * Hkv; task++) {
+            attn_tile t = rows ? rows[task / Hkv] : block_tile(&blocks[task / Hkv], task / Hkv, B, NK);
             tile_fwd(out, lse, &a, &t, task % Hkv, &sc);
         }
         scratch_free(&sc);
     }
+    free(rows);
 }
 
 /* ------------------------------------------------------------------------ */

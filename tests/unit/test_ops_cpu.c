@@ -926,6 +926,68 @@ static void test_attn_dflash_mask(void) {
     free(mask), free(want), free(c.blocks);
 }
 
+/* One-query blocks (B = 1), as the targets' sliding-window and KV-cached
+ * attention lay them out, which the CPU runs QT rows to a tile: runs of
+ * causal rows (windows of 5, of 70 and none; two sequences), broken by
+ * blocks that do not fit a run (a context not ending at the own key, a
+ * window that shrinks back, an own key out of order), against the dense
+ * mask in double, out and lse. */
+static void test_attn_dflash_rows(void) {
+    enum { NQ = 120, NK = 130 };
+    dfl_block *bl = calloc(NQ, sizeof *bl);
+    for (int i = 0; i < NQ; i++) {
+        int seq0 = i < 50 ? 0 : 50, r = i - seq0, W = i < 30 ? 5 : i < 50 ? 0 : 70;
+        int lo = W && r - W + 1 > 0 ? r - W + 1 : 0;
+        bl[i] = (dfl_block){seq0 + lo, r - lo, i};
+    }
+    bl[7] = (dfl_block){0, 3, 7};      /* context ends before its own key's row */
+    bl[40] = (dfl_block){20, 20, 40};  /* a lower bound above its neighbours' (a run allows it) */
+    bl[52] = (dfl_block){60, 0, 60};   /* an own key out of order: a tile of its own */
+    bl[90] = (dfl_block){50, 40, 125}; /* own key elsewhere */
+    attn_ctx c = {0};
+    c.nblk = NQ, c.B = 1, c.NK = NK, c.Hq = 6, c.Hkv = 2, c.D = 16, c.blocks = bl;
+    dfl_rng r;
+    dfl_rng_seed(&r, 11);
+    c.q = fbuf(NQ * c.Hq * c.D), c.k = fbuf(NK * c.Hkv * c.D), c.v = fbuf(NK * c.Hkv * c.D), c.lse = fbuf(NQ * c.Hq);
+    frand(c.q, NQ * c.Hq * c.D, &r, 1), frand(c.k, NK * c.Hkv * c.D, &r, 1), frand(c.v, NK * c.Hkv * c.D, &r, 1);
+    uint8_t *mask = calloc((size_t)(NQ * NK), 1);
+    for (int i = 0; i < NQ; i++) {
+        for (int j = bl[i].ctx_off; j < bl[i].ctx_off + bl[i].ctx_len; j++) mask[i * NK + j] = 1;
+        mask[i * NK + bl[i].blk_off] = 1;
+    }
+    float *out = fbuf(NQ * c.Hq * c.D);
+    double *want = calloc((size_t)(NQ * c.Hq * c.D), sizeof(double));
+    run_dflash(&c, out);
+    dense_attn_d(want, c.q, c.k, c.v, mask, NQ, NK, c.Hq, c.Hkv, c.D);
+    double e = nmse_fd(out, want, NQ * c.Hq * c.D);
+    printf("  %-28s nmse %.2e (<= %.0e)\n", "attn_dflash B=1 vs dense", e, NMSE_F32);
+    T_CHECKF(e <= NMSE_F32, "nmse %.3e", e);
+    /* lse: the log-sum-exp of the visible scaled scores, in double */
+    double worst = 0;
+    for (int i = 0; i < NQ; i++)
+        for (int h = 0; h < c.Hq; h++) {
+            int kh = h / (c.Hq / c.Hkv);
+            double mx = -INFINITY, sum = 0, sc[NK];
+            for (int j = 0; j < NK; j++) {
+                if (!mask[i * NK + j]) continue;
+                double d = 0;
+                for (int x = 0; x < c.D; x++)
+                    d += (double)c.q[(i * c.Hq + h) * c.D + x] * c.k[(j * c.Hkv + kh) * c.D + x];
+                sc[j] = d / sqrt((double)c.D);
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int j = 0; j < NK; j++)
+                if (mask[i * NK + j]) sum += exp(sc[j] - mx);
+            double err = fabs(c.lse[i * c.Hq + h] - (mx + log(sum)));
+            if (err > worst) worst = err;
+        }
+    T_CHECKF(worst < 1e-5, "lse off by %.3g", worst);
+    int64_t bad = mask_by_perturbation(run_dflash, &c, c.k, c.v, mask, NQ, NK, c.Hq, c.Hkv, c.D);
+    T_CHECKF(bad == 0, "%lld (query, key) entries disagree with the blocks", (long long)bad);
+    ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(c.lse), ops->free(out);
+    free(mask), free(want), free(bl);
+}
+
 static void test_attn_dflash_fixture(void) {
     int32_t *dims = fxi(fx_attn, "dfl.dims", NULL), *bl = fxi(fx_attn, "dfl.blocks", NULL);
     int64_t S = dims[0], B = dims[1], Hq = dims[2], Hkv = dims[3], D = dims[4], nblk;
@@ -1777,6 +1839,7 @@ int main(void) {
     T_RUN(test_attn_causal_mask);
     T_RUN(test_attn_dflash_fixture);
     T_RUN(test_attn_dflash_mask);
+    T_RUN(test_attn_dflash_rows);
     T_RUN(test_attn_dflash_fd);
     T_RUN(test_attn_sinks);
     T_RUN(test_attn_sinks_fixture);

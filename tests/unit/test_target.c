@@ -512,8 +512,8 @@ static void test_broken_models(void) {
     expect_load_error("dynamic", DFL_EX_DATA, "dynamic");
 
     make_broken("arch", NULL, NULL);
-    edit_config("arch", "Qwen3ForCausalLM", "Qwen3NextForCausalLM");
-    expect_load_error("arch", DFL_EX_DATA, "Qwen3NextForCausalLM");
+    edit_config("arch", "Qwen3ForCausalLM", "GemmaForCausalLM");
+    expect_load_error("arch", DFL_EX_DATA, "GemmaForCausalLM");
     /* a dense Qwen3 declared MoE: the router the config implies is missing */
     make_broken("dense-as-moe", NULL, NULL);
     edit_config("dense-as-moe", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM");
