@@ -186,6 +186,15 @@ static void test_gpt_oss(void) {
         T_CHECKF(strstr(dfl_errmsg(), bad[i].why) != NULL, "case %zu: %s", i, dfl_errmsg());
         dfl_model_config_free(&c);
     }
+    /* GptOssConfig's sliding_window default (128) where the key is absent;
+     * "num_experts" alone is num_local_experts (GptOssConfig.attribute_map) */
+    T_CHECK(parse(&c, "{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,"
+                      "\"num_attention_heads\":16,\"vocab_size\":100,\"num_experts\":8,\"rope_scaling\":{\"rope_type\":"
+                      "\"yarn\",\"factor\":2.0,\"original_max_position_embeddings\":64}}") == 0);
+    T_CHECKF(dfl_model_config_window(&c, 0) == 128 && dfl_model_config_window(&c, 1) == 0, "window %lld",
+             (long long)dfl_model_config_window(&c, 0));
+    T_CHECKF(c.num_experts == 8, "num_experts %lld (%s)", (long long)c.num_experts, dfl_errmsg());
+    dfl_model_config_free(&c);
     /* sliding_attention stays refused elsewhere */
     T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"layer_types\":[\"sliding_attention\","
                       "\"full_attention\",\"full_attention\",\"full_attention\"]}") == DFL_EX_DATA);
