@@ -400,20 +400,26 @@ static int parse_rotary_dim(dfl_model_config *c, const json_t *tj, const char *p
  * "intermediate_size" is the experts' width; every layer is sparse; the
  * router's softmax over the top k logits is the softmax over all of them
  * renormalised over the k (norm_topk_prob). A null sliding_window leaves
- * the sliding layers at full attention, as transformers runs them. */
+ * the sliding layers at full attention (transformers refuses to run it). */
 static int parse_gpt_oss(dfl_model_config *c, const json_t *j, const char *path) {
     int rc = 0, bias = 1;
     int64_t local = 0;
     if (json_object_get(j, "attention_bias")) rc = get_bool(j, "attention_bias", &bias, path);
     c->qkv_bias = c->o_bias = bias;
+    /* "num_experts" is an alias of num_local_experts (GptOssConfig.attribute_map): either alone names the count */
+    const json_t *lv = json_object_get(j, "num_local_experts");
     rc = rc ? rc : get_int(j, "num_local_experts", 128, &local, path);
     rc = rc ? rc : get_int(j, "num_experts", local, &c->num_experts, path);
-    if (!rc && c->num_experts != local)
+    if (!rc && lv && !json_is_null(lv) && c->num_experts != local)
         return dfl_err(DFL_EX_DATA, "%s: \"num_experts\" %lld and \"num_local_experts\" %lld disagree", path,
                        (long long)c->num_experts, (long long)local);
     rc = rc ? rc : get_int(j, "num_experts_per_tok", 4, &c->experts_per_tok, path);
     rc = rc ? rc : get_int(j, "intermediate_size", 2880, &c->moe_intermediate_size, path);
-    rc = rc ? rc : get_int(j, "sliding_window", 0, &c->sliding_window, path);
+    /* absent: GptOssConfig's 128; null (transformers 5.25 then fails in
+     * create_sliding_window_causal_mask): no window, as OpenAI's reference
+     * code reads a window of 0 */
+    const json_t *sw = json_object_get(j, "sliding_window");
+    rc = rc ? rc : get_int(j, "sliding_window", sw ? 0 : 128, &c->sliding_window, path);
     rc = rc ? rc : get_num(j, "swiglu_alpha", 1.702, &c->swiglu_alpha, path);
     rc = rc ? rc : get_num(j, "swiglu_limit", 7.0, &c->swiglu_limit, path);
     if (rc) return rc;

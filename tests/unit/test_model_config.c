@@ -153,7 +153,7 @@ static void test_gpt_oss(void) {
     T_CHECK(c.head_dim == 64 && c.num_key_value_heads == 8 && c.rope_theta == 150000 && c.swiglu_limit == 7.0);
     T_CHECK(dfl_model_config_window(&c, 0) == 16 && dfl_model_config_window(&c, 1) == 0 && dfl_model_config_window(&c, 2) == 16);
     dfl_model_config_free(&c);
-    /* a null window: the sliding layers run at full attention, as transformers runs them */
+    /* a null window: the sliding layers run at full attention (transformers 5.25 raises instead) */
     T_CHECK(parse(&c, "{\"architectures\":[\"GptOssForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,"
                       "\"num_attention_heads\":16,\"vocab_size\":100,\"sliding_window\":null,\"attention_bias\":false,"
                       "\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2.0,\"original_max_position_embeddings\":64}}") == 0);
