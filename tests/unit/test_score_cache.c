@@ -192,6 +192,7 @@ static void test_kv_llama3(void) { check_kv("llama3"); }
 static void test_kv_qwen2(void) { check_kv("qwen2"); }
 static void test_kv_gpt_oss(void) { check_kv("gpt-oss"); }
 static void test_kv_gpt_oss_mxfp4(void) { check_kv("gpt-oss-mxfp4"); }
+static void test_kv_qwen3_next(void) { check_kv("qwen3-next"); }
 static void test_kv_mistral(void) { check_kv("mistral"); }
 static void test_kv_qwen3_yarn(void) { check_kv("qwen3-yarn"); }
 static void test_kv_qwen35(void) { check_kv("qwen35"); }
@@ -610,6 +611,7 @@ int main(void) {
     T_RUN(test_kv_qwen2);
     T_RUN(test_kv_gpt_oss);
     T_RUN(test_kv_gpt_oss_mxfp4);
+    T_RUN(test_kv_qwen3_next);
     T_RUN(test_kv_mistral);
     T_RUN(test_kv_qwen3_yarn);
     T_RUN(test_kv_qwen35);

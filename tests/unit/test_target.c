@@ -203,6 +203,7 @@ static void test_qwen3_sharded(void) { check_model("qwen3-sharded"); }
 static void test_qwen2(void) { check_model("qwen2"); }
 static void test_gpt_oss(void) { check_model("gpt-oss"); }
 static void test_gpt_oss_mxfp4(void) { check_model("gpt-oss-mxfp4"); }
+static void test_qwen3_next(void) { check_model("qwen3-next"); }
 /* Mistral: Llama's layer (no sliding window), head_dim set apart from H / heads */
 static void test_mistral(void) { check_model("mistral"); }
 /* YaRN: its frequencies, and cos and sin times its attention factor */
@@ -877,6 +878,7 @@ int main(void) {
     T_RUN(test_qwen2);
     T_RUN(test_gpt_oss);
     T_RUN(test_gpt_oss_mxfp4);
+    T_RUN(test_qwen3_next);
     T_RUN(test_mistral);
     T_RUN(test_qwen3_yarn);
     T_RUN(test_qwen3_sharded);
