@@ -66,7 +66,7 @@ typedef enum { XF_NONE, XF_HEAD_ROWS, XF_NORM_PERM, XF_F32, XF_EXPERTS, XF_QKVZ 
 typedef struct {
     char name[192];
     int ndim;
-    int64_t shape[4];
+    int64_t shape[3];
     void **dst;        /* set to the start of this tensor's memory ... */
     int64_t dst_off;   /* ... unless > 0: then written at *dst + dst_off elements (a concatenation) */
     xform xf;
@@ -90,27 +90,30 @@ typedef struct {
     wspec discard; /* returned once rc is set, for the caller's field writes */
 } wlist;
 
-/* Add a tensor to the list; the pointer returned is valid until the next
- * call (the list grows by realloc). */
-static wspec *want4(wlist *l, void **dst, int ndim, const int64_t *shape, const char *name) {
-    if (l->rc) return memset(&l->discard, 0, sizeof l->discard);
+/* A fresh spec at the end of the list for `name`; the pointer returned is
+ * valid until the next push (the list grows by realloc). */
+static wspec *push_spec(wlist *l, void **dst, const char *name) {
     if (l->n == l->cap) l->v = dfl_realloc(l->v, (size_t)(l->cap = l->cap ? 2 * l->cap : 64) * sizeof *l->v);
     wspec *w = &l->v[l->n++];
     memset(w, 0, sizeof *w);
     snprintf(w->name, sizeof w->name, "%s", name);
-    w->ndim = ndim;
-    memcpy(w->shape, shape, sizeof w->shape);
     w->dst = dst;
+    return w;
+}
+
+/* Add a tensor to the list, checked against the checkpoint. */
+static wspec *want(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *name) {
+    if (l->rc) return memset(&l->discard, 0, sizeof l->discard);
+    wspec *w = push_spec(l, dst, name);
+    w->ndim = ndim;
+    w->shape[0] = d0;
+    w->shape[1] = d1;
+    w->shape[2] = d2;
     if ((l->rc = dfl_st_get(l->st, w->name, ndim, w->shape, &w->src))) {
         l->n--;
         return memset(&l->discard, 0, sizeof l->discard);
     }
     return w;
-}
-
-static wspec *want(wlist *l, void **dst, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *name) {
-    const int64_t shape[4] = {d0, d1, d2, 0};
-    return want4(l, dst, ndim, shape, name);
 }
 
 /* A tensor of decoder layer i: PREFIX layers.i.SUFFIX. */
@@ -249,6 +252,16 @@ static void plan_moe(dfl_target *t, wlist *l, layer_w *w, int i) {
     }
 }
 
+/* w as XF_EXPERTS of E experts of [rows, cols] */
+static void set_experts(wspec *w, int64_t E, int64_t rows, int64_t cols, int interleave) {
+    w->xf = XF_EXPERTS;
+    w->heads = E;
+    w->rows = rows;
+    w->cols = cols;
+    w->interleave = interleave;
+    w->out_numel = E * rows * cols;
+}
+
 /* One of gpt-oss's stacked expert tensors, [E, rows, cols] once loaded:
  * from MXFP4 (NAME_blocks [E, rows, cols/32, 16] and NAME_scales [E, rows,
  * cols/32], the released files) when the file has them, else from the
@@ -259,9 +272,9 @@ static void want_experts(wlist *l, const dfl_target *t, void **dst, int64_t rows
     char full[192], sfx[64];
     snprintf(sfx, sizeof sfx, "mlp.experts.%s_blocks", name);
     snprintf(full, sizeof full, "%slayers.%d.%s", t->cfg.weight_prefix, i, sfx);
-    wspec *w;
-    const dfl_st_tensor *bl = l->rc ? NULL : dfl_st_find(l->st, full), *sc = NULL;
     if (l->rc) return;
+    wspec *w;
+    const dfl_st_tensor *bl = dfl_st_find(l->st, full), *sc = NULL;
     if (bl) {
         if (cols % 32) {
             l->rc = dfl_err(DFL_EX_DATA, "%s: MXFP4 tensor '%s': its %lld columns are not whole blocks of 32", bl->file,
@@ -272,12 +285,7 @@ static void want_experts(wlist *l, const dfl_target *t, void **dst, int64_t rows
         if ((l->rc = dfl_st_get_u8(l->st, full, 4, bshape, &bl))) return;
         snprintf(full, sizeof full, "%slayers.%d.mlp.experts.%s_scales", t->cfg.weight_prefix, i, name);
         if ((l->rc = dfl_st_get_u8(l->st, full, 3, sshape, &sc))) return;
-        /* planned as a float tensor of the loaded shape; its sources replaced */
-        if (l->n == l->cap) l->v = dfl_realloc(l->v, (size_t)(l->cap = l->cap ? 2 * l->cap : 64) * sizeof *l->v);
-        w = &l->v[l->n++];
-        memset(w, 0, sizeof *w);
-        snprintf(w->name, sizeof w->name, "%s", full);
-        w->dst = dst;
+        w = push_spec(l, dst, full); /* its sources the two U8 tensors */
         w->src = bl;
         w->scales = sc;
         w->mxfp4 = 1;
@@ -286,12 +294,7 @@ static void want_experts(wlist *l, const dfl_target *t, void **dst, int64_t rows
         w = want_layer(l, t, dst, 3, E, cols, rows, i, sfx);
         w->transposed = 1;
     }
-    w->xf = XF_EXPERTS;
-    w->heads = E;
-    w->rows = rows;
-    w->cols = cols;
-    w->interleave = interleave;
-    w->out_numel = E * rows * cols;
+    set_experts(w, E, rows, cols, interleave);
 }
 
 /* gpt-oss's sparse MLP: a router with a bias, experts with biases, gate
@@ -304,13 +307,8 @@ static void plan_moe_oss(dfl_target *t, wlist *l, layer_w *w, int i) {
     want_layer(l, t, &w->router_bias, 1, E, 0, 0, i, "mlp.router.bias");
     want_experts(l, t, &w->exp_gate_up, 2 * Im, H, 1, i, "gate_up_proj");
     want_experts(l, t, &w->exp_down, H, Im, 0, i, "down_proj");
-    wspec *b = want_layer(l, t, &w->exp_gate_up_bias, 2, E, 2 * Im, 0, i, "mlp.experts.gate_up_proj_bias");
-    b->xf = XF_EXPERTS;
-    b->heads = E;
-    b->rows = 2 * Im;
-    b->cols = 1;
-    b->interleave = 1;
-    b->out_numel = E * 2 * Im;
+    set_experts(want_layer(l, t, &w->exp_gate_up_bias, 2, E, 2 * Im, 0, i, "mlp.experts.gate_up_proj_bias"), E,
+                2 * Im, 1, 1);
     want_layer(l, t, &w->exp_down_bias, 2, E, H, 0, i, "mlp.experts.down_proj_bias");
 }
 

@@ -161,11 +161,11 @@ import tempfile
 import torch
 import torch.nn.functional as F
 import transformers
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_targets as mt  # noqa: E402
+from make_targets_moe import header, samples_of, states, tensors  # noqa: E402
 
 OUT = mt.OUT
 ME = "tests/reference/make_targets_gptoss.py"
@@ -223,39 +223,6 @@ def init_weights(model, seed):
             p.copy_(v)
             seen.add(kind)
     assert seen == {"norm", "sinks", "router", "bias", "gate_up", "down", "matrix"}, seen
-
-
-def header(d):
-    out = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            with safe_open(os.path.join(d, f), "pt") as h:
-                for k in h.keys():
-                    s = h.get_slice(k)
-                    out[k] = (s.get_dtype(), tuple(s.get_shape()))
-    return out
-
-
-def tensors(d):
-    out = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            out.update(load_file(os.path.join(d, f)))
-    return out
-
-
-def samples_of(d):
-    with open(os.path.join(d, "reference", "inputs.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def states(model, samples):
-    hs = []
-    with torch.no_grad():
-        for s in samples:
-            o = model(input_ids=torch.tensor([s["input_ids"]]), output_hidden_states=True)
-            hs.append(torch.stack([h[0] for h in o.hidden_states]))
-    return torch.cat(hs, dim=1)
 
 
 def load(d, **kw):

@@ -587,10 +587,12 @@ def q35m_text_config():
     return c
 
 
-def q35m_init_weights(model, seed):
+def q35m_init_weights(model, seed, m=None, prefix="Qwen3_5Moe"):
     """make_targets.q35_init_weights's rules with the MoE module classes, plus
-    the router, the fused experts and the shared expert gate."""
-    m = q35m_module()
+    the router, the fused experts and the shared expert gate. m and prefix:
+    another hybrid MoE's modeling module and class prefix (Qwen3-Next's)."""
+    m = m or q35m_module()
+    cls = {k: getattr(m, prefix + k) for k in ("RMSNorm", "RMSNormGated", "TopKRouter", "Experts")}
     g = torch.Generator().manual_seed(seed)
     own = owners(model)
     seen = set()
@@ -598,9 +600,9 @@ def q35m_init_weights(model, seed):
         for name, p in model.named_parameters():
             mod = own[name]
             r = torch.randn(p.shape, generator=g)
-            if isinstance(mod, m.Qwen3_5MoeRMSNorm):          # y = norm(x) * (1 + w)
+            if isinstance(mod, cls["RMSNorm"]):                # y = norm(x) * (1 + w)
                 kind, v = "norm1p", 0.2 * r
-            elif isinstance(mod, m.Qwen3_5MoeRMSNormGated):   # y = w * norm(x) * silu(z)
+            elif isinstance(mod, cls["RMSNormGated"]):         # y = w * norm(x) * silu(z)
                 kind, v = "gated_norm", 1 + 0.2 * r
             elif isinstance(mod, torch.nn.Conv1d):
                 kind, v = "conv", 0.3 * r
@@ -609,9 +611,9 @@ def q35m_init_weights(model, seed):
                 kind, v = "A_log", math.log(0.02) + u * (math.log(16.0) - math.log(0.02))
             elif name.endswith("linear_attn.dt_bias"):
                 kind, v = "dt_bias", 0.5 * r
-            elif isinstance(mod, m.Qwen3_5MoeTopKRouter):
+            elif isinstance(mod, cls["TopKRouter"]):
                 kind, v = "router", ROUTER_STD * r
-            elif isinstance(mod, m.Qwen3_5MoeExperts):
+            elif isinstance(mod, cls["Experts"]):
                 kind, v = "experts", EXPERT_STD * r
             elif name.endswith("mlp.shared_expert_gate.weight"):
                 kind, v = "shared_gate", SHARED_GATE_STD * r

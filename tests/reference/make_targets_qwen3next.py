@@ -195,39 +195,8 @@ def q3n_is_sparse(cfg, i):
 
 
 def q3n_init_weights(model, seed):
-    m = q3n_module()
-    g = torch.Generator().manual_seed(seed)
-    own = mm.owners(model)
-    seen = set()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            mod = own[name]
-            r = torch.randn(p.shape, generator=g)
-            if isinstance(mod, m.Qwen3NextRMSNorm):            # y = norm(x) * (1 + w)
-                kind, v = "norm1p", 0.2 * r
-            elif isinstance(mod, m.Qwen3NextRMSNormGated):     # y = w * norm(x) * silu(z)
-                kind, v = "gated_norm", 1 + 0.2 * r
-            elif isinstance(mod, torch.nn.Conv1d):
-                kind, v = "conv", 0.3 * r
-            elif name.endswith("linear_attn.A_log"):
-                u = torch.rand(p.shape, generator=g)
-                kind, v = "A_log", math.log(0.02) + u * (math.log(16.0) - math.log(0.02))
-            elif name.endswith("linear_attn.dt_bias"):
-                kind, v = "dt_bias", 0.5 * r
-            elif isinstance(mod, m.Qwen3NextTopKRouter):
-                kind, v = "router", mm.ROUTER_STD * r
-            elif isinstance(mod, m.Qwen3NextExperts):
-                kind, v = "experts", mm.EXPERT_STD * r
-            elif name.endswith("mlp.shared_expert_gate.weight"):
-                kind, v = "shared_gate", mm.SHARED_GATE_STD * r
-            elif isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)) and name.endswith(".weight"):
-                kind, v = "matrix", 0.1 * r
-            else:
-                raise AssertionError(f"no init rule for {name} ({type(mod).__name__})")
-            p.copy_(v)
-            seen.add(kind)
-    assert seen == {"norm1p", "gated_norm", "conv", "A_log", "dt_bias", "router", "experts", "shared_gate",
-                    "matrix"}, seen
+    """make_targets_moe.q35m_init_weights's rules with Qwen3-Next's classes."""
+    mm.q35m_init_weights(model, seed, q3n_module(), "Qwen3Next")
 
 
 def expected_keys(c, i, sparse, linear):
