@@ -159,7 +159,14 @@ $(BUILD)/gpu/wgmma_probe_emu: $(BUILD)/emu/tests/gpu/wgmma_probe.cu.o $(BUILD)/e
 	@mkdir -p $(@D)
 	$(CXX) $^ -lm -o $@
 
-check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN) $(EMU_TEST) $(GPU_BIN)
+# The syscall tracer of tests/cli/test_durability.sh, preloaded into the
+# tools (not under SAN: ASan's runtime must come first among preloads).
+SYNC_TRACE := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/sync_trace.so)
+$(BUILD)/tests/sync_trace.so: tests/shim/sync_trace.c $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -O2 -fPIC -shared $< -ldl -o $@
+
+check-build: $(TOOLS) $(UNIT_BIN) $(HELPER_BIN) $(EMU_TEST) $(GPU_BIN) $(SYNC_TRACE)
 
 # The tests of one build tree (BUILD/BIN); prints its own tally.
 test: check-build

@@ -77,5 +77,11 @@ int dfs_pack_inspect(const char *const *inputs, int n, int progress, FILE *out);
 int dfs_pack_stats(const char *const *inputs, int n, int as_json, int progress, FILE *out);
 int dfs_pack_verify(const char *const *inputs, int n, int progress, FILE *out);
 int dfs_pack_export(const char *const *inputs, int n, const char *dir, int progress);
+/* An export's record directories are named INDEX-ID with INDEX 6 digits as
+ * they are written, as many as the last index needs once all are: past
+ * 999,999 records, those already written are renamed with their INDEX
+ * zero-padded to that width, so the names sort (ls, sorted()) in record
+ * order. Returns 0 or DFL_EX_CANTCREAT with the error recorded. */
+int dfs_export_pad_indices(const char *dir, uint64_t records);
 
 #endif

@@ -7,6 +7,7 @@
 #include "common.h"
 #include "outfile.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -264,7 +265,7 @@ static int write_npy(const char *path, const dfs_tensor *t) {
     head[n + pad] = '\n';
     uint16_t hl = (uint16_t)(n + pad + 1);
     dfl_out *o;
-    int rc = dfl_out_open(&o, path, 1);
+    int rc = dfl_out_open_staged(&o, path, 1);
     if (rc) return rc;
     FILE *f = dfl_out_file(o);
     fwrite("\x93NUMPY\x01\x00", 1, 8, f);
@@ -297,7 +298,7 @@ static int export_header(dfs_reader *r, const char *dir) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/stream.json", dir);
     dfl_out *o;
-    int rc = dfl_out_open(&o, path, 0);
+    int rc = dfl_out_open_staged(&o, path, 0);
     if (rc) return rc;
     json_dumpf(dfs_reader_header(r), dfl_out_file(o), JSON_INDENT(2));
     fputc('\n', dfl_out_file(o));
@@ -352,6 +353,54 @@ static int is_record_dir(const char *name) {
 static const char *const export_files[] = {"stream.json", NULL};
 static const dfl_dir_layout export_layout = {export_files, is_record_dir, ".npy"};
 
+/* Digits in the decimal form of n. */
+static int decimal_digits(uint64_t n) {
+    int k = 1;
+    while (n >= 10) n /= 10, k++;
+    return k;
+}
+
+/* The names in `dir` of the record directories narrower than `width`, read
+ * whole before any is renamed: a directory renamed while it is being read
+ * may be listed again, or another one not at all (readdir(3)). */
+static char **narrow_record_dirs(const char *dir, int width, size_t *count) {
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!is_record_dir(e->d_name) || (int)strspn(e->d_name, "0123456789") >= width) continue;
+        if (n == cap) names = dfl_realloc(names, (cap = cap ? 2 * cap : 1024) * sizeof *names);
+        names[n++] = dfl_strdup(e->d_name);
+    }
+    closedir(d);
+    *count = n;
+    return names ? names : dfl_calloc(1, sizeof *names);
+}
+
+int dfs_export_pad_indices(const char *dir, uint64_t records) {
+    int width = records ? decimal_digits(records - 1) : 1;
+    if (width <= 6) return 0;
+    size_t n = 0;
+    char **names = narrow_record_dirs(dir, width, &n);
+    if (!names) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot read directory: %s", dir, strerror(errno));
+    char from[PATH_MAX + 256], to[PATH_MAX + 256];
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!rc) {
+            int pad = width - (int)strspn(names[i], "0123456789");
+            snprintf(from, sizeof from, "%s/%s", dir, names[i]);
+            snprintf(to, sizeof to, "%s/%0*d%s", dir, pad, 0, names[i]);
+            if (rename(from, to) != 0)
+                rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename to %s: %s", from, to, strerror(errno));
+        }
+        free(names[i]);
+    }
+    free(names);
+    return rc;
+}
+
 typedef struct {
     const char  *dir;   /* the temporary directory being filled */
     uint64_t     index; /* records exported so far */
@@ -391,6 +440,7 @@ int dfs_pack_export(const char *const *inputs, int n, const char *dir, int progr
     /* One stream.json describes every record: the inputs must agree, and
      * are all checked before anything is written. */
     rc = dfs_pack_each_input(inputs, n, 1, export_input, &x);
+    if (!rc) rc = dfs_export_pad_indices(tmp, x.index);
     if (!rc) rc = dfl_tmpdir_commit_layout(tmp, dir, &export_layout);
     if (rc) {
         rc = dfl_tmpdir_name_err(rc, tmp, dir);

@@ -20,8 +20,9 @@
 struct dfl_out {
     FILE *f;
     char *final_path;
-    char *tmp_path; /* NULL for stdout and devices */
-    int own_f;      /* a device opened here: fclose on commit */
+    char *tmp_path; /* NULL for stdout, devices and staged files */
+    int own_f;      /* a device or a staged file opened here: fclose on commit */
+    int staged;     /* in a temporary directory: no rename, no fsync of its own */
 };
 
 /* The cleanup registry. The signal handler reads it, so it is never
@@ -196,6 +197,30 @@ static int tmp_name_for(const char *final, const char *tag, char *buf, size_t n)
     return k > 0 && (size_t)k < n ? 0 : -1;
 }
 
+/* fsync of the file or directory at `path`: 0, or -1 with errno set. */
+static int fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    errno = err;
+    return rc;
+}
+
+/* After a rename into a directory, that directory (its entries are its
+ * data, as fsync(2) says): else a power loss can undo the rename. Best
+ * effort: the output is complete and in place whatever this returns. */
+static void fsync_parent(const char *path) {
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path);
+    if (n >= sizeof dir) return;
+    memcpy(dir, path, n);
+    dir[n] = 0;
+    fsync_path(n ? dir : ".");
+}
+
 static int empty_path(const char *opt) { return dfl_empty_path_err(DFL_EX_CANTCREAT, opt); }
 
 int dfl_out_check_name(const char *opt, const char *path) { return path && !*path ? empty_path(opt) : 0; }
@@ -257,6 +282,27 @@ int dfl_out_open(dfl_out **out, const char *path, int binary) {
     return 0;
 }
 
+int dfl_out_open_staged(dfl_out **out, const char *path, int binary) {
+    (void)binary; /* never stdout nor a terminal: a new file in our directory */
+    *out = NULL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, creation_mode(0666));
+    if (fd < 0) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create: %s", path, strerror(errno));
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        int err = errno;
+        close(fd);
+        unlink(path);
+        return dfl_err(DFL_EX_CANTCREAT, "%s: cannot open: %s", path, strerror(err));
+    }
+    dfl_out *o = dfl_calloc(1, sizeof *o);
+    o->f = f;
+    o->own_f = 1;
+    o->staged = 1;
+    o->final_path = dfl_strdup(path);
+    *out = o;
+    return 0;
+}
+
 FILE *dfl_out_file(dfl_out *o) { return o->f; }
 const char *dfl_out_path(const dfl_out *o) { return o->final_path; }
 
@@ -268,6 +314,14 @@ static void out_free(dfl_out *o) {
 
 int dfl_out_commit(dfl_out *o) {
     int rc = 0;
+    if (o->staged) {
+        if (fflush(o->f) != 0 || ferror(o->f))
+            rc = dfl_err(DFL_EX_IOERR, "%s: write failed: %s", o->final_path, strerror(errno));
+        if (fclose(o->f) != 0 && !rc) rc = dfl_err(DFL_EX_IOERR, "%s: close failed: %s", o->final_path, strerror(errno));
+        if (rc) unlink(o->final_path);
+        out_free(o);
+        return rc;
+    }
     if (!o->tmp_path) {
         const char *name = o->own_f ? o->final_path : "stdout";
         if (fflush(o->f) != 0 || ferror(o->f))
@@ -283,6 +337,7 @@ int dfl_out_commit(dfl_out *o) {
     if (!rc && rename(o->tmp_path, o->final_path) != 0)
         rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", o->final_path, strerror(errno));
     if (rc) unlink(o->tmp_path);
+    else fsync_parent(o->final_path);
     dfl_cleanup_unregister(o->tmp_path);
     out_free(o);
     return rc;
@@ -290,7 +345,10 @@ int dfl_out_commit(dfl_out *o) {
 
 void dfl_out_abort(dfl_out *o) {
     if (!o) return;
-    if (o->tmp_path) {
+    if (o->staged) {
+        fclose(o->f);
+        unlink(o->final_path);
+    } else if (o->tmp_path) {
         fclose(o->f);
         unlink(o->tmp_path);
         dfl_cleanup_unregister(o->tmp_path);
@@ -337,28 +395,46 @@ int dfl_tmpdir_create_layout(const char *final_path, char *tmp_path, size_t n, c
     return tmpdir_create(final_path, tmp_path, n, layout_levels(layout));
 }
 
-static int fsync_path(const char *path) {
-    int fd = open(path, O_RDONLY);
+/* The files of a checkpoint (a few, some of them gigabytes) are synced one
+ * by one, the JSON ones included, then the directory, whose entries are
+ * its data (fsync(2)): all before the rename, so the name never points at
+ * a directory whose files a power loss could leave empty. */
+static int fsync_files(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    char p[PATH_MAX + 256];
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d)))
+        if (!is_dot_or_dotdot(e->d_name)) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            rc = fsync_path(p);
+        }
+    int err = errno;
+    closedir(d);
+    errno = err;
+    return rc ? rc : fsync_path(dir);
+}
+
+/* An export holds three files a record: one fsync each (one journal commit
+ * each, on ext4) took 15.7 s for 20,000 records, the writing itself 0.3 s.
+ * syncfs(2) writes the whole filesystem's data in one go: the export's and,
+ * since it cannot tell them apart, any other process's (as sync -f does). */
+static int sync_filesystem_of(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return -1;
-    int rc = fsync(fd);
+    int rc = syncfs(fd);
+    int err = errno;
     close(fd);
+    errno = err;
     return rc;
 }
 
-/* The record directories of an output: their files were synced as each
- * was committed, but the names in a directory are the directory's data
- * (as fsync(2) says), synced here before the output is put in place. */
-static void fsync_subdirs(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char p[PATH_MAX + 256];
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (!is_dot_or_dotdot(e->d_name) && e->d_type != DT_REG) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            fsync_path(p);
-        }
-    closedir(d);
+/* Everything a temporary directory holds, on disk before it is renamed. */
+static int sync_tmpdir(const char *tmp_path, const char *final_path, int levels) {
+    int rc = levels > 1 ? sync_filesystem_of(tmp_path) : fsync_files(tmp_path);
+    if (rc == 0 || errno == EINVAL || errno == EROFS) return 0; /* a filesystem that does not sync: nothing to wait for */
+    return dfl_err(DFL_EX_IOERR, "%s: cannot sync the new output to disk: %s", final_path, strerror(errno));
 }
 
 /* 1 if `name` is one of the NULL-terminated `names`. */
@@ -500,11 +576,10 @@ static int swap_in(const char *tmp_path, const char *final_path, int levels) {
 int dfl_tmpdir_commit_layout(const char *tmp_path, const char *final_arg, const dfl_dir_layout *layout) {
     char final_path[PATH_MAX];
     if (strip_slashes(final_arg, final_path, sizeof final_path)) return DFL_EX_CANTCREAT;
-    if (layout_levels(layout) > 1) fsync_subdirs(tmp_path);
-    fsync_path(tmp_path);
-    struct stat st;
     int rc = refuse_dot(final_path);
+    if (!rc) rc = sync_tmpdir(tmp_path, final_path, layout_levels(layout));
     if (rc) return rc;
+    struct stat st;
     if (lstat(final_path, &st) == 0) {
         /* checked again: it may have changed since dfl_tmpdir_check */
         rc = check_replaceable(final_path, layout);
@@ -512,7 +587,10 @@ int dfl_tmpdir_commit_layout(const char *tmp_path, const char *final_arg, const 
     } else if (rename(tmp_path, final_path) != 0) {
         rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", final_path, strerror(errno));
     }
-    if (!rc) dfl_cleanup_unregister(tmp_path);
+    if (!rc) {
+        fsync_parent(final_path);
+        dfl_cleanup_unregister(tmp_path);
+    }
     return rc;
 }
 

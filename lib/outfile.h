@@ -27,10 +27,18 @@ int dfl_out_check_name(const char *opt, const char *path);
  * (DFL_EX_CANTCREAT, DFL_EX_USAGE for binary output to a terminal) with the
  * error recorded. */
 int dfl_out_open(dfl_out **out, const char *path, int binary);
+/* A new file inside a temporary directory of ours (dfl_tmpdir_create):
+ * written under its own name, since the directory is what appears
+ * atomically, and synced by dfl_tmpdir_commit with the rest of the
+ * directory rather than alone. Removed on abort, or on commit when a write
+ * failed. Returns 0 or DFL_EX_CANTCREAT with the error recorded. */
+int dfl_out_open_staged(dfl_out **out, const char *path, int binary);
 FILE *dfl_out_file(dfl_out *o);
 const char *dfl_out_path(const dfl_out *o);   /* the final name ("-" for stdout) */
-/* Flush, check for write errors, fsync and rename into place; frees `o`.
- * Returns 0 or DFL_EX_IOERR (the temporary file is then removed). */
+/* Flush, check for write errors, fsync and rename into place, then fsync
+ * the directory that holds it (best effort: a rename is durable only once
+ * its directory is); frees `o`. Returns 0 or DFL_EX_IOERR (the temporary
+ * file is then removed). */
 int dfl_out_commit(dfl_out *o);
 /* Discard: remove the temporary file; frees `o`. Safe with NULL. */
 void dfl_out_abort(dfl_out *o);
@@ -45,7 +53,11 @@ void dfl_out_abort(dfl_out *o);
  * crash there leaves it, hidden, beside the new NAME). Where a filesystem
  * cannot exchange, two renames (the old one aside as ".NAME.old.XXXXXX")
  * with the signals held off between them: only a crash there leaves NAME
- * absent and both outputs whole under their hidden names.
+ * absent and both outputs whole under their hidden names. Before the
+ * rename the new directory's files and entries are synced to disk (a
+ * checkpoint file by file, an export, thousands of files, with one
+ * syncfs(2)); a failure there is DFL_EX_IOERR and nothing is replaced.
+ * After it, the parent directory is synced (best effort).
  *
  * What an existing NAME may hold to be replaced: plain files named in
  * `names` (NULL-terminated) and, when `is_subdir` is set, directories whose

@@ -10,13 +10,19 @@
  * number, so the test is deterministic; a uniform shuffle fails it for only
  * 0.1% of seed ranges, while a biased one (records staying near their input
  * position, a first record never moving) fails by a wide margin.
+ *
+ * Export names past 999,999 records: the record directories are widened
+ * so that their names sort in record order.
  */
 #include "common.h"
 #include "dfs.h"
 #include "dfs_pack.h"
 #include "test.h"
 
+#include <dirent.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -144,12 +150,60 @@ static void test_patterns(void) {
     T_CHECK(dfs_pack_pattern_ok("train-%0999d.dfs", 'd') != 0);
 }
 
+/* The entries of d, sorted as `ls` and Python's sorted() sort them (bytes),
+ * joined by spaces. */
+static const char *sorted_listing(const char *d) {
+    static char out[1024];
+    struct dirent **names;
+    int n = scandir(d, &names, NULL, alphasort), at = 0;
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (names[i]->d_name[0] != '.')
+            at += snprintf(out + at, sizeof out - (size_t)at, "%s%s", at ? " " : "", names[i]->d_name);
+        free(names[i]);
+    }
+    free(n >= 0 ? names : NULL);
+    return out;
+}
+
+static void make_dirs(const char *d, const char *const *names) {
+    char p[512];
+    T_CHECK(mkdir(d, 0777) == 0);
+    for (; *names; names++) {
+        snprintf(p, sizeof p, "%s/%s", d, *names);
+        T_CHECK(mkdir(p, 0777) == 0);
+    }
+}
+
+/* Past 999,999 records, every record directory narrower than the last
+ * index is zero-padded to its width ("1000000-c" sorted before "999999-b"
+ * and "100000-a"); stream.json and anything not a record directory stay;
+ * up to 1,000,000 records (last index 999999), nothing is renamed. */
+static void test_export_pad_indices(void) {
+    char d[400];
+    snprintf(d, sizeof d, "%s/export-wide", dir);
+    static const char *const names[] = {"000000-s_0", "100000-a", "999999-b", "1000000-c", "1000001-", "12-short", NULL};
+    make_dirs(d, names);
+    T_CHECK(dfs_export_pad_indices(d, 1000002) == 0);
+    const char *got = sorted_listing(d);
+    T_CHECKF(!strcmp(got, "0000000-s_0 0100000-a 0999999-b 1000000-c 1000001- 12-short"), "%s", got);
+    t_rm_rf(d);
+
+    static const char *const small[] = {"000000-a", "999999-b", NULL};
+    make_dirs(d, small);
+    T_CHECK(dfs_export_pad_indices(d, 1000000) == 0);
+    got = sorted_listing(d);
+    T_CHECKF(!strcmp(got, "000000-a 999999-b"), "%s", got);
+    t_rm_rf(d);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "%s/dflash-pack-XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
     if (!mkdtemp(dir)) return 1;
     T_RUN(test_shuffle_uniform);
     T_RUN(test_split_rule);
     T_RUN(test_patterns);
+    T_RUN(test_export_pad_indices);
     if (t_rm_rf(dir) != 0) return 1;
     return t_exit();
 }

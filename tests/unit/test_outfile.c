@@ -134,9 +134,12 @@ static void test_signal_removes_nested_tmpdir(void) {
                 close(fd);
             }
         }
-        dfl_out *o; /* a file being written inside a record directory */
+        dfl_out *o, *staged; /* files being written inside a record directory */
         snprintf(p, sizeof p, "%s/000299-record-with-a-longish-id/open.npy", tmp);
         if (dfl_out_open(&o, p, 1)) _exit(6);
+        snprintf(p, sizeof p, "%s/000299-record-with-a-longish-id/staged.npy", tmp);
+        if (dfl_out_open_staged(&staged, p, 1)) _exit(6);
+        fputs("partial", dfl_out_file(staged));
         if (count_entries(parent) != 1) _exit(7);
         raise(SIGTERM);
         _exit(8);
@@ -338,6 +341,57 @@ static void test_ignored_sigpipe_stays_ignored(void) {
     reap_and_check(pid, 0, parent, 0);
 }
 
+/* The whole content of a small file, or "" if it cannot be read. */
+static const char *slurp(const char *path) {
+    static char buf[256];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+/* Staged files (an export's) go straight under their names in a temporary
+ * directory: committed they are there, whole, with nothing beside them;
+ * aborted or failing to write they are gone; an existing name is refused,
+ * never truncated. Then the directory is committed with them in it. */
+static void test_staged_files(void) {
+    char parent[] = "/tmp/dflash-outfile.XXXXXX", final[PATH_MAX], tmp[PATH_MAX], p[PATH_MAX + 32];
+    T_CHECK(mkdtemp(parent) != NULL);
+    snprintf(final, sizeof final, "%s/ex", parent);
+    T_CHECK(dfl_tmpdir_create(final, tmp, sizeof tmp) == 0);
+    dfl_out *o = NULL;
+    snprintf(p, sizeof p, "%s/kept.npy", tmp);
+    T_CHECK(dfl_out_open_staged(&o, p, 1) == 0);
+    fputs("kept", dfl_out_file(o));
+    T_CHECK(dfl_out_commit(o) == 0);
+    T_CHECK(!strcmp(slurp(p), "kept"));
+    T_CHECK(count_entries(tmp) == 1);
+
+    T_CHECK(dfl_out_open_staged(&o, p, 1) == DFL_EX_CANTCREAT && o == NULL);
+    T_CHECK(!strcmp(slurp(p), "kept"));
+
+    snprintf(p, sizeof p, "%s/aborted.npy", tmp);
+    T_CHECK(dfl_out_open_staged(&o, p, 1) == 0);
+    fputs("aborted", dfl_out_file(o));
+    dfl_out_abort(o);
+    T_CHECK(access(p, F_OK) != 0 && count_entries(tmp) == 1);
+
+    snprintf(p, sizeof p, "%s/failed.npy", tmp); /* its descriptor closed under it: the flush fails */
+    T_CHECK(dfl_out_open_staged(&o, p, 1) == 0);
+    fputs("never written", dfl_out_file(o));
+    close(fileno(dfl_out_file(o)));
+    T_CHECK(dfl_out_commit(o) == DFL_EX_IOERR);
+    T_CHECK(access(p, F_OK) != 0 && count_entries(tmp) == 1);
+
+    static const char *const names[] = {"kept.npy", NULL};
+    T_CHECK(dfl_tmpdir_commit(tmp, final, names) == 0);
+    snprintf(p, sizeof p, "%s/kept.npy", final);
+    T_CHECK(!strcmp(slurp(p), "kept"));
+    T_CHECK(count_entries(parent) == 1);
+    t_rm_rf(parent);
+}
+
 int main(void) {
     T_RUN(test_signal_on_the_writer_cleans_up);
     T_RUN(test_signal_on_another_thread_cleans_up);
@@ -346,8 +400,9 @@ int main(void) {
     T_RUN(test_signal_inside_malloc_cleans_up);
     T_RUN(test_sigpipe_cleans_up);
     T_RUN(test_ignored_sigpipe_stays_ignored);
-    /* last: it runs in this process, whose handlers it installs (the tests
+    /* last: these run in this process, whose handlers they install (the tests
      * above install theirs in forked children, after setting SIGPIPE) */
     T_RUN(test_commit_replaces_nested_whole);
+    T_RUN(test_staged_files);
     return t_exit();
 }
