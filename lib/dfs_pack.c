@@ -348,6 +348,10 @@ static int finish(pack *p, int rc) {
         else dfs_writer_abort(p->w[i]);
         p->w[i] = NULL;
     }
+    /* Every output on disk before any is renamed: a full or failing disk
+     * then replaces none of a set of shards or splits, rather than the
+     * first few, beside the rest of an earlier run's. */
+    for (int i = 0; i < p->nout && !rc; i++) rc = dfl_out_finish(p->out[i]);
     for (int i = 0; i < p->nout; i++) {
         if (!rc) rc = dfl_out_commit(p->out[i]);
         else dfl_out_abort(p->out[i]);

@@ -23,6 +23,7 @@ struct dfl_out {
     char *tmp_path; /* NULL for stdout, devices and staged files */
     int own_f;      /* a device or a staged file opened here: fclose on commit */
     int staged;     /* in a temporary directory: no rename, no fsync of its own */
+    int finished;   /* dfl_out_finish ran: f is closed (unless stdout) */
 };
 
 /* The cleanup registry. The signal handler reads it, so it is never
@@ -312,50 +313,50 @@ static void out_free(dfl_out *o) {
     free(o);
 }
 
-int dfl_out_commit(dfl_out *o) {
+/* What the output is called in messages. */
+static const char *out_name(const dfl_out *o) { return o->tmp_path || o->own_f ? o->final_path : "stdout"; }
+
+int dfl_out_finish(dfl_out *o) {
+    if (o->finished) return 0;
+    o->finished = 1;
     int rc = 0;
-    if (o->staged) {
-        if (fflush(o->f) != 0 || ferror(o->f))
-            rc = dfl_err(DFL_EX_IOERR, "%s: write failed: %s", o->final_path, strerror(errno));
-        if (fclose(o->f) != 0 && !rc) rc = dfl_err(DFL_EX_IOERR, "%s: close failed: %s", o->final_path, strerror(errno));
-        if (rc) unlink(o->final_path);
-        out_free(o);
+    if (fflush(o->f) != 0 || ferror(o->f) || (o->tmp_path && fsync(fileno(o->f)) != 0))
+        rc = dfl_err(DFL_EX_IOERR, "%s: write failed: %s", out_name(o), strerror(errno));
+    if (o->own_f || o->tmp_path) { /* ours to close: stdout stays open for dfl_close_stdout */
+        if (fclose(o->f) != 0 && !rc) rc = dfl_err(DFL_EX_IOERR, "%s: close failed: %s", out_name(o), strerror(errno));
+        o->f = NULL;
+    }
+    return rc;
+}
+
+int dfl_out_commit(dfl_out *o) {
+    int rc = dfl_out_finish(o);
+    if (rc) {
+        dfl_out_abort(o);
         return rc;
     }
-    if (!o->tmp_path) {
-        const char *name = o->own_f ? o->final_path : "stdout";
-        if (fflush(o->f) != 0 || ferror(o->f))
-            rc = dfl_err(DFL_EX_IOERR, "%s: write failed: %s", name, strerror(errno));
-        if (o->own_f && fclose(o->f) != 0 && !rc)
-            rc = dfl_err(DFL_EX_IOERR, "%s: close failed: %s", name, strerror(errno));
-        out_free(o);
-        return rc;
+    if (o->tmp_path) {
+        if (rename(o->tmp_path, o->final_path) != 0) {
+            rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", o->final_path, strerror(errno));
+            unlink(o->tmp_path);
+        } else {
+            fsync_parent(o->final_path);
+        }
+        dfl_cleanup_unregister(o->tmp_path);
     }
-    if (fflush(o->f) != 0 || ferror(o->f) || fsync(fileno(o->f)) != 0)
-        rc = dfl_err(DFL_EX_IOERR, "%s: write failed: %s", o->final_path, strerror(errno));
-    if (fclose(o->f) != 0 && !rc) rc = dfl_err(DFL_EX_IOERR, "%s: close failed: %s", o->final_path, strerror(errno));
-    if (!rc && rename(o->tmp_path, o->final_path) != 0)
-        rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", o->final_path, strerror(errno));
-    if (rc) unlink(o->tmp_path);
-    else fsync_parent(o->final_path);
-    dfl_cleanup_unregister(o->tmp_path);
     out_free(o);
     return rc;
 }
 
 void dfl_out_abort(dfl_out *o) {
     if (!o) return;
+    if (o->f && (o->own_f || o->tmp_path)) fclose(o->f);
+    else if (o->f) fflush(o->f);
     if (o->staged) {
-        fclose(o->f);
         unlink(o->final_path);
     } else if (o->tmp_path) {
-        fclose(o->f);
         unlink(o->tmp_path);
         dfl_cleanup_unregister(o->tmp_path);
-    } else if (o->own_f) {
-        fclose(o->f);
-    } else {
-        fflush(o->f);
     }
     out_free(o);
 }

@@ -35,10 +35,16 @@ int dfl_out_open(dfl_out **out, const char *path, int binary);
 int dfl_out_open_staged(dfl_out **out, const char *path, int binary);
 FILE *dfl_out_file(dfl_out *o);
 const char *dfl_out_path(const dfl_out *o);   /* the final name ("-" for stdout) */
-/* Flush, check for write errors, fsync and rename into place, then fsync
- * the directory that holds it (best effort: a rename is durable only once
- * its directory is); frees `o`. Returns 0 or DFL_EX_IOERR (the temporary
- * file is then removed). */
+/* Flush, check for write errors, fsync and close, without renaming: what
+ * a full or failing disk can make fail, fails here. An output of several
+ * files (dflash-pack's shards) finishes every file before it commits any,
+ * so such an error replaces none of them. Returns 0 or DFL_EX_IOERR with
+ * the error recorded; either way `o` is then committed or aborted. */
+int dfl_out_finish(dfl_out *o);
+/* Finish (if not done yet) and rename into place, then fsync the directory
+ * that holds it (best effort: a rename is durable only once its directory
+ * is); frees `o`. Returns 0, DFL_EX_IOERR or DFL_EX_CANTCREAT (the
+ * temporary file is then removed). */
 int dfl_out_commit(dfl_out *o);
 /* Discard: remove the temporary file; frees `o`. Safe with NULL. */
 void dfl_out_abort(dfl_out *o);

@@ -10,6 +10,7 @@
 #   checkpoint  fsync of each file (under its name or its temporary one) and
 #               of .DIR.tmp.X, then rename(.DIR.tmp.X, DIR), fsync(parent)
 #   export      syncfs(.DIR.tmp.X) (no fsync per file), rename, fsync(parent)
+#   shards      every shard synced before the first is renamed
 # and a failed sync is exit 74 with nothing under the real name.
 . "$(dirname "$0")/lib.sh"
 
@@ -53,6 +54,26 @@ order "a file: fsync of the temporary, then the rename, then fsync of the direct
     "fsync $tmpf" "rename $tmpf $(q "$R/m.dfs")" "fsync $(q "$R")"
 [ "$(dflash-pack --inspect "$R/m.dfs" | jq -r 'select(.type=="sample").id' | wc -l)" -eq 30 ] &&
     pass "  ... and the output is whole" || fail "pack -o output"
+
+# ---- shards: all on disk before any is renamed -----------------------------------
+check "three shards" dflash-pack --shards 3 -o "$R/sh-%d.dfs" "$R/a.dfs"
+for i in 0 1 2; do cp "$R/sh-$i.dfs" "$R/before-$i.dfs"; done
+"$DFLASH_BUILD/tests/dfs_datagen" -n 30 -t 12 --tokens-max 20 -H 16 -K 2 --seed 9 -o "$R/c.dfs"
+rm -f "$TR"
+SYNC_TRACE=$TR SYNC_TRACE_FAIL=fsync:/.sh-2.dfs.tmp. LD_PRELOAD=$SHIM \
+    expect_exit 74 "shards: the last one failing to sync is an I/O error (74)" \
+    dflash-pack --shards 3 -o "$R/sh-%d.dfs" "$R/c.dfs"
+cmp -s "$R/sh-0.dfs" "$R/before-0.dfs" && cmp -s "$R/sh-1.dfs" "$R/before-1.dfs" &&
+    cmp -s "$R/sh-2.dfs" "$R/before-2.dfs" && [ -z "$(ls -A "$R" | grep '^\.sh-')" ] &&
+    pass "  ... and the earlier three shards stay, none replaced, no temporary left" ||
+    fail "shards after a failed sync" "$(ls -A "$R"; grep rename "$TR")"
+traced "shards under the tracer" dflash-pack --shards 3 -o "$R/sh-%d.dfs" "$R/c.dfs"
+last_sync=$(grep -n '^fsync .*/\.sh-[0-2]\.dfs\.tmp\.' "$TR" | tail -1 | cut -d: -f1)
+first_rename=$(grep -n '^rename ' "$TR" | head -1 | cut -d: -f1)
+[ -n "$last_sync" ] && [ -n "$first_rename" ] && [ "$last_sync" -lt "$first_rename" ] &&
+    pass "  ... every shard synced before the first rename" || fail "shard order" "$(cat "$TR")"
+[ "$(grep -c '^fsync .*/\.sh-[0-2]\.dfs\.tmp\.' "$TR")" -eq 3 ] && pass "  ... (each once)" ||
+    fail "shard fsyncs" "$(cat "$TR")"
 
 # ---- an export ----------------------------------------------------------------------
 tmpd="$(q "$R")/\.ex\.tmp\.[A-Za-z0-9]{6}"
