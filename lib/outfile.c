@@ -553,6 +553,7 @@ static int swap_by_renames(const char *tmp_path, const char *final_path, int lev
     }
     pthread_sigmask(SIG_SETMASK, &prev, NULL);
     if (rc) return rc;
+    fsync_parent(final_path); /* both renames on disk before the old output's files go */
     remove_tree(old, levels);
     if (registered) dfl_cleanup_unregister(old);
     return 0;
@@ -566,6 +567,10 @@ static int swap_by_renames(const char *tmp_path, const char *final_path, int lev
  * NAME. */
 static int swap_in(const char *tmp_path, const char *final_path, int levels) {
     if (renameat2(AT_FDCWD, tmp_path, AT_FDCWD, final_path, RENAME_EXCHANGE) == 0) {
+        /* the exchange on disk before the old output's files are unlinked:
+         * else a power loss could keep the unlinks and undo the exchange,
+         * leaving NAME the old directory emptied */
+        fsync_parent(final_path);
         remove_tree(tmp_path, levels);
         return 0;
     }
@@ -587,11 +592,10 @@ int dfl_tmpdir_commit_layout(const char *tmp_path, const char *final_arg, const 
         if (!rc) rc = swap_in(tmp_path, final_path, layout_levels(layout));
     } else if (rename(tmp_path, final_path) != 0) {
         rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot rename into place: %s", final_path, strerror(errno));
+    } else {
+        fsync_parent(final_path); /* swap_in syncs it itself, before removing the old output */
     }
-    if (!rc) {
-        fsync_parent(final_path);
-        dfl_cleanup_unregister(tmp_path);
-    }
+    if (!rc) dfl_cleanup_unregister(tmp_path);
     return rc;
 }
 

@@ -63,7 +63,8 @@ void dfl_out_abort(dfl_out *o);
  * rename the new directory's files and entries are synced to disk (a
  * checkpoint file by file, an export, thousands of files, with one
  * syncfs(2)); a failure there is DFL_EX_IOERR and nothing is replaced.
- * After it, the parent directory is synced (best effort).
+ * After it, and before an old NAME is removed, the parent directory is
+ * synced (best effort).
  *
  * What an existing NAME may hold to be replaced: plain files named in
  * `names` (NULL-terminated) and, when `is_subdir` is set, directories whose

@@ -85,8 +85,15 @@ n=$(grep -c '^fsync ' "$TR")
     fail "export fsyncs" "$n fsyncs: $(grep '^fsync' "$TR" | head -3)"
 [ "$(ls "$R/ex" | wc -l)" -eq 31 ] && pass "  ... and the export is whole" || fail "export output" "$(ls "$R/ex" | wc -l)"
 traced "export over an earlier one" dflash-pack --export "$R/ex" "$R/a.dfs"
-order "  ... synced, exchanged in one step, then the parent synced" \
-    "syncfs $tmpd" "exchange $tmpd $(q "$R/ex")" "fsync $(q "$R")"
+order "  ... synced, exchanged in one step, the parent synced, then the old one removed" \
+    "syncfs $tmpd" "exchange $tmpd $(q "$R/ex")" "fsync $(q "$R")" "rmdir $tmpd"
+tmpo="$(q "$R")/\.ex\.old\.[A-Za-z0-9]{6}"
+SYNC_TRACE_FAIL=exchange traced "export over an earlier one, without RENAME_EXCHANGE" \
+    dflash-pack --export "$R/ex" "$R/a.dfs"
+order "  ... synced, two renames, the parent synced, then the old one removed" \
+    "syncfs $tmpd" "rename $(q "$R/ex") $tmpo" "rename $tmpd $(q "$R/ex")" "fsync $(q "$R")" "rmdir $tmpo"
+[ "$(ls "$R/ex" | wc -l)" -eq 31 ] && [ -z "$(ls -A "$R" | grep '^\.ex\.')" ] &&
+    pass "  ... and the export is whole, nothing left beside it" || fail "export by renames" "$(ls -A "$R")"
 
 rm -f "$TR"
 SYNC_TRACE=$TR SYNC_TRACE_FAIL=syncfs LD_PRELOAD=$SHIM \

@@ -1,11 +1,13 @@
 /* sync_trace.c: an LD_PRELOAD library for tests/cli/test_durability.sh. It
  * records, in order, the calls by which an output becomes durable (fsync,
  * fdatasync, syncfs with the path their descriptor names; rename,
- * renameat2) to the file named by $SYNC_TRACE, one line each, and then
- * makes the real call. The test reads the order from the kernel's side of
- * the library boundary: what the tools asked for, not what they say.
- * $SYNC_TRACE_FAIL ("syncfs", or "fsync:PART" for the paths that contain
- * PART) makes those calls fail with EIO instead, as a failing disk does. */
+ * renameat2; rmdir, by which a replaced output is removed) to the file
+ * named by $SYNC_TRACE, one line each, and then makes the real call. The
+ * test reads the order from the kernel's side of the library boundary: what
+ * the tools asked for, not what they say. $SYNC_TRACE_FAIL ("syncfs", or
+ * "fsync:PART" for the paths that contain PART) makes those calls fail with
+ * EIO instead, as a failing disk does; "exchange" makes renameat2's
+ * RENAME_EXCHANGE fail with EINVAL, as on a filesystem without it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -82,7 +84,17 @@ int rename(const char *from, const char *to) {
 }
 
 int renameat2(int olddir, const char *from, int newdir, const char *to, unsigned flags) {
+    if ((flags & RENAME_EXCHANGE) && should_fail("exchange", to)) {
+        record("failed", from, "exchange");
+        errno = EINVAL;
+        return -1;
+    }
     record(flags & RENAME_EXCHANGE ? "exchange" : "rename", from, to);
     return ((int (*)(int, const char *, int, const char *, unsigned))real("renameat2"))(olddir, from, newdir, to,
                                                                                        flags);
+}
+
+int rmdir(const char *path) {
+    record("rmdir", path, NULL);
+    return ((int (*)(const char *))real("rmdir"))(path);
 }
