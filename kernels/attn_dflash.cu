@@ -782,8 +782,8 @@ static void launch_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, cons
 
 // lse may be NULL when no backward pass follows (scoring).
 void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v, const dfl_block *blocks,
-                      int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D) {
-    CU_ASSERT(out && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0);
+                      int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D, int64_t window) {
+    CU_ASSERT(out && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0 && window == 0);
     CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hkv <= 65535);
     CU_ASSERT(nblk * B * Hq <= INT32_MAX && B * (Hq / Hkv) <= INT32_MAX && CEIL_DIV(B * (Hq / Hkv), BM) <= 65535);
     if (nblk == 0) return;
@@ -884,8 +884,8 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
 
 void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
                           const void *q, const void *k, const void *v, const dfl_block *blocks, int64_t nblk,
-                          int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D) {
-    CU_ASSERT(dout && out && lse && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0);
+                          int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D, int64_t window) {
+    CU_ASSERT(dout && out && lse && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0 && window == 0);
     CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hkv <= 65535);
     CU_ASSERT(nblk * B * Hq <= INT32_MAX && B * (Hq / Hkv) <= INT32_MAX - BR && CEIL_DIV(B * (Hq / Hkv), BM) <= 65535);
     CU_ASSERT(CEIL_DIV(NK, (int64_t)BN) < INT32_MAX / 4);

@@ -344,10 +344,10 @@ void cuda_attn_causal(void *out, const void *q, const void *k, const void *v, co
                       int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
 // attn_dflash.cu
 void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v, const dfl_block *blocks,
-                      int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D);
+                      int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D, int64_t window);
 void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
                           const void *q, const void *k, const void *v, const dfl_block *blocks, int64_t nblk,
-                          int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D);
+                          int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D, int64_t window);
 // lmhead.cu
 void cuda_lmhead_ce(float *loss, int32_t *pred, void *dh, const void *h, const void *w, const int32_t *labels,
                     const float *gscale, int64_t N, int64_t H, int64_t V);

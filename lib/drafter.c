@@ -589,7 +589,7 @@ void dfl_drafter_forward(dfl_drafter *d, const dfl_drafter_batch *b) {
         ops->matmul(DFL_AT(ops, a->v, NC * KVD), a->x1, W->v, Q, H, KVD, 0);
         ops->qk_norm_rope(a->k, a->rstd_k, a->kpre, W->kn, 0, w->pos, d->inv_freq, d->rope_scale, NK, Hkv, D,
                           eps);
-        ops->attn_dflash(a->att, a->lse, a->q, a->k, a->v, w->blocks, nblk, B, NK, Hq, Hkv, D);
+        ops->attn_dflash(a->att, a->lse, a->q, a->k, a->v, w->blocks, nblk, B, NK, Hq, Hkv, D, 0);
         ops->copy(a->h1, a->h, hb);
         ops->matmul(a->h1, a->att, W->o, Q, QD, H, 1);
         /* MLP */
@@ -666,7 +666,7 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
         ops->matmul_bwd(w->datt, G->o, w->dh, a->att, W->o, Q, QD, H, first_dw);
         /* writes dq, dk and dv: no zeroing */
         ops->attn_dflash_bwd(w->dq, w->dk, w->dv, w->datt, a->att, a->lse, a->q, a->k, a->v, w->blocks, nblk, B, NK,
-                             Hq, Hkv, D);
+                             Hq, Hkv, D, 0);
         /* RoPE's backward (the inverse rotation), then the q/k norm's: one
          * pass each, writing dqpre and dkpre */
         ops->qk_norm_rope_bwd(w->dqpre, G->qn, w->dq, a->qpre, a->rstd_q, W->qn, qpos, d->inv_freq, d->rope_scale, Q,

@@ -224,19 +224,25 @@ struct dfl_ops {
                         int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
     /* DFlash block attention: q[nblk*B, Hq, D], k,v[NK, Hkv, D], out like q.
      * Block j sees exactly the keys of blocks[j] (dfl_block, i32 triples).
+     * window W > 0 makes it a drafter's sliding-window layer (spec 2.5, as
+     * SpecForge, vLLM and SGLang serve it): the query in slot o of a block
+     * sees only the context keys at index >= ctx_off + ctx_len + o + 1 - W
+     * (W keys, itself included, counting the block's slots as the positions
+     * after the context) and only the block's keys blk_off .. blk_off + o
+     * (causal). window 0: the whole context and the whole block.
      * lse[nblk*B, Hq] (f32) is saved for the backward pass; NULL when none
      * follows (scoring, verifying). The backward must be given the blocks
      * (the same contents) of the forward that wrote its lse. */
     void (*attn_dflash)(void *out, float *lse, const void *q, const void *k, const void *v,
                         const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
-                        int64_t Hq, int64_t Hkv, int64_t D);
+                        int64_t Hq, int64_t Hkv, int64_t D, int64_t window);
     /* Its backward from the saved lse: dq (like q), dk, dv (like k, v) are
      * WRITTEN, not added to: every row, zeros for keys no block sees. Any
-     * of the three may be NULL. */
+     * of the three may be NULL. window: the forward's. */
     void (*attn_dflash_bwd)(void *dq, void *dk, void *dv, const void *dout, const void *out,
                             const float *lse, const void *q, const void *k, const void *v,
                             const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
-                            int64_t Hq, int64_t Hkv, int64_t D);
+                            int64_t Hq, int64_t Hkv, int64_t D, int64_t window);
 
     /* Attention sinks (gpt-oss; forward only): each head h's softmax over
      * its keys gets one more logit, sinks[h], whose probability is dropped.

@@ -100,11 +100,11 @@ void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v,
                          int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
 void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v,
                          const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
-                         int64_t Hq, int64_t Hkv, int64_t D);
+                         int64_t Hq, int64_t Hkv, int64_t D, int64_t window);
 void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const void *out,
                              const float *lse, const void *q, const void *k, const void *v,
                              const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
-                             int64_t Hq, int64_t Hkv, int64_t D);
+                             int64_t Hq, int64_t Hkv, int64_t D, int64_t window);
 
 /* Work (elements touched, or multiply-adds) below which a loop runs on one
  * thread: a parallel region costs a few microseconds when the machine is

@@ -351,9 +351,9 @@ static int64_t group_rows(attn_tile *tiles, const dfl_block *blocks, int64_t nbl
 
 void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v,
                          const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv,
-                         int64_t D) {
+                         int64_t D, int64_t window) {
     attn_dims a = dims_of(q, k, v, Hq, Hkv, D);
-    DFL_ASSERT(B > 0);
+    DFL_ASSERT(B > 0 && window == 0);
     attn_tile *rows = NULL; /* B = 1: the rows grouped into causal tiles */
     int64_t ntile = nblk;
     if (B == 1 && nblk > 1) {
@@ -478,10 +478,10 @@ static void key_tile_bwd_dkv(float *dk, float *dv, const float *dout, const floa
 
 void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout_, const void *out_, const float *lse,
                              const void *q, const void *k, const void *v, const dfl_block *blocks, int64_t nblk,
-                             int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D) {
+                             int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D, int64_t window) {
     attn_dims a = dims_of(q, k, v, Hq, Hkv, D);
     const float *dout = dout_, *out = out_;
-    DFL_ASSERT(B > 0);
+    DFL_ASSERT(B > 0 && window == 0);
     int64_t nq = nblk * B, ntile = (NK + KT - 1) / KT;
     /* rowsum(dO * O) per query row and head */
     float *dsum = dfl_aligned_alloc((size_t)(nq * Hq + 1) * sizeof(float));

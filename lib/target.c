@@ -803,7 +803,7 @@ void dfl_target_attn_sinks(const dfl_target *t, const layer_w *lw, void *out, fl
                            const void *v, const dfl_block *blk, int64_t T, int64_t nk) {
     const dfl_model_config *c = &t->cfg;
     const int64_t Hq = c->num_attention_heads, D = c->head_dim;
-    t->ops->attn_dflash(out, lse, q, k, v, blk, T, 1, nk, Hq, c->num_key_value_heads, D);
+    t->ops->attn_dflash(out, lse, q, k, v, blk, T, 1, nk, Hq, c->num_key_value_heads, D, 0);
     t->ops->attn_sinks(out, lse, lw->sinks, T, Hq, D);
 }
 

@@ -311,7 +311,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     else if (len == 0)
         ops->attn_causal(kv->ao, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D);
     else
-        ops->attn_dflash(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D); /* no backward */
+        ops->attn_dflash(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D, 0); /* no backward */
     if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
         ops->matmul(kv->lin.agate, kv->h, lw->attn_gate, n, H, Hq * D, 0);
         ops->sigmoid_mul(kv->ao, kv->ao, kv->lin.agate, n * Hq * D);

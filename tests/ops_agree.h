@@ -522,8 +522,8 @@ static void dflash_case(const char *name, const dflash_shape *s) {
     ag_pair blk = ag_new(s->blocks, s->nblk * 3, AG_I32);
     ag_pair out = ag_new(NULL, nq * Hq * D, AG_ACT), lse = ag_new(NULL, nq * Hq, AG_F32);
     char what[96];
-    REF->attn_dflash(out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D);
-    DEV->attn_dflash(out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D);
+    REF->attn_dflash(out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D, 0);
+    DEV->attn_dflash(out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D, 0);
     snprintf(what, sizeof what, "%s out", name);
     ag_check(what, &out, NMSE_INNER);
     snprintf(what, sizeof what, "%s lse", name);
@@ -532,14 +532,14 @@ static void dflash_case(const char *name, const dflash_shape *s) {
     /* gradient scale from a zero-started reference pass */
     ag_pair z = ag_new(NULL, nq * Hq * D, AG_ACT), zk = ag_new(NULL, NK * Hkv * D, AG_ACT),
             zv = ag_new(NULL, NK * Hkv * D, AG_ACT);
-    REF->attn_dflash_bwd(z.r, zk.r, zv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D);
+    REF->attn_dflash_bwd(z.r, zk.r, zv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D, 0);
     float *g0 = ag_get(REF, z.r, nq * Hq * D, AG_ACT), *g1 = ag_get(REF, zk.r, NK * Hkv * D, AG_ACT),
           *g2 = ag_get(REF, zv.r, NK * Hkv * D, AG_ACT);
     ag_pair dq = ag_grad(nq * Hq * D, AG_ACT, ag_rms(g0, nq * Hq * D));
     ag_pair dk = ag_grad(NK * Hkv * D, AG_ACT, ag_rms(g1, NK * Hkv * D));
     ag_pair dv = ag_grad(NK * Hkv * D, AG_ACT, ag_rms(g2, NK * Hkv * D));
-    REF->attn_dflash_bwd(dq.r, dk.r, dv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D);
-    DEV->attn_dflash_bwd(dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D);
+    REF->attn_dflash_bwd(dq.r, dk.r, dv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D, 0);
+    DEV->attn_dflash_bwd(dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D, 0);
     snprintf(what, sizeof what, "%s dq", name);
     ag_check(what, &dq, NMSE_INNER);
     snprintf(what, sizeof what, "%s dk", name);
@@ -552,10 +552,10 @@ static void dflash_case(const char *name, const dflash_shape *s) {
     {
         ag_pair dq2 = ag_grad(nq * Hq * D, AG_ACT, ag_rms(g0, nq * Hq * D));
         REF->attn_dflash_bwd(dq2.r, NULL, NULL, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv,
-                             D);
+                             D, 0);
         setenv("DFLASH_CUDA_DS_MAX_MB", "0", 1);
         DEV->attn_dflash_bwd(dq2.d, zk.d, zv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq,
-                             Hkv, D);
+                             Hkv, D, 0);
         unsetenv("DFLASH_CUDA_DS_MAX_MB");
         snprintf(what, sizeof what, "%s dq (recomputed)", name);
         ag_check(what, &dq2, NMSE_INNER);
@@ -568,7 +568,7 @@ static void dflash_case(const char *name, const dflash_shape *s) {
         uint16_t *b1 = dfl_malloc((size_t)NK * Hkv * D * 2), *b2 = dfl_malloc((size_t)NK * Hkv * D * 2);
         for (int rep = 0; rep < 2; rep++) {
             DEV->attn_dflash_bwd(NULL, zk.d, NULL, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK,
-                                 Hq, Hkv, D);
+                                 Hq, Hkv, D, 0);
             DEV->act_to_bf16(rep ? b2 : b1, zk.d, NK * Hkv * D);
         }
         T_CHECKF(memcmp(b1, b2, (size_t)NK * Hkv * D * 2) == 0, "%s: dk differs between two identical calls", name);
@@ -690,8 +690,8 @@ static void attn_window_sinks_case(int64_t T, int64_t W, int64_t Hq, int64_t Hkv
     ag_pair q = ag_new(hq, T * Hq * D, AG_ACT), k = ag_new(hk, T * Hkv * D, AG_ACT), v = ag_new(hv, T * Hkv * D, AG_ACT);
     ag_pair blk = ag_new(bl, T * 3, AG_I32), sk = ag_new(hs, Hq, AG_F32);
     ag_pair out = ag_new(NULL, T * Hq * D, AG_ACT), lse = ag_new(NULL, T * Hq, AG_F32);
-    REF->attn_dflash(out.r, lse.r, q.r, k.r, v.r, blk.r, T, 1, T, Hq, Hkv, D);
-    DEV->attn_dflash(out.d, lse.d, q.d, k.d, v.d, blk.d, T, 1, T, Hq, Hkv, D);
+    REF->attn_dflash(out.r, lse.r, q.r, k.r, v.r, blk.r, T, 1, T, Hq, Hkv, D, 0);
+    DEV->attn_dflash(out.d, lse.d, q.d, k.d, v.d, blk.d, T, 1, T, Hq, Hkv, D, 0);
     REF->attn_sinks(out.r, lse.r, sk.r, T, Hq, D);
     DEV->attn_sinks(out.d, lse.d, sk.d, T, Hq, D);
     char what[96];
@@ -726,7 +726,7 @@ static void attn_dflash_bwd_without_blocks(void) {
         void *b_dk = side ? dk.d : dk.r, *b_dv = side ? dv.d : dv.r, *b_q = side ? q.d : q.r;
         /* q stands in for dout and out: with no blocks nothing of them is read */
         o->attn_dflash_bwd(NULL, b_dk, b_dv, b_q, b_q, side ? lse.d : lse.r, b_q, side ? k.d : k.r,
-                           side ? v.d : v.r, side ? blk.d : blk.r, 0, 16, NK, Hq, Hkv, D);
+                           side ? v.d : v.r, side ? blk.d : blk.r, 0, 16, NK, Hq, Hkv, D, 0);
         float *gk = ag_get(o, b_dk, n, AG_ACT), *gv = ag_get(o, b_dv, n, AG_ACT);
         int64_t nonzero = 0;
         for (int64_t i = 0; i < n; i++) nonzero += gk[i] != 0.0f || gv[i] != 0.0f;

@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
             MM(a->v, ctx, WT(o[W_V]), S, H, KD, 0);
             MM(AAT(a->v, S, KD), a->x, WT(o[W_V]), Q, H, KD, 0);
             OPS->qk_norm_rope(a->k, a->rstd_k, a->k_pre, WT(o[N_KN]), 0, d_kpos, inv_freq, 1.0f, NK, HKV, D, eps);
-            OPS->attn_dflash(a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ, HKV, D);
+            OPS->attn_dflash(a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ, HKV, D, 0);
             FLOPS += 4.0 * attn_keys * (double)D * (double)HQ;
             MM(tmp, a->att, WT(o[W_O]), Q, QD, H, 0);
             OPS->add(a->h_mid, hres[l], tmp, Q * H);
@@ -247,7 +247,7 @@ int main(int argc, char **argv) {
             /* h_mid = hres[l] + o(att) */
             MM_BWD(datt, GR(o[W_O]), dh, a->att, WT(o[W_O]), Q, QD, H, 0);
             OPS->attn_dflash_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ,
-                                 HKV, D);
+                                 HKV, D, 0);
             FLOPS += 8.0 * attn_keys * (double)D * (double)HQ;
             OPS->qk_norm_rope_bwd(dq_pre, GR(o[N_QN]), dq, a->q_pre, a->rstd_q, WT(o[N_QN]), d_qpos, inv_freq, 1.0f, Q, HQ,
                                   D);

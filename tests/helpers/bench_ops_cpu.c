@@ -73,9 +73,9 @@ static void bench_dflash(int64_t S, int64_t nblk, int64_t B, int64_t Hq, int64_t
     double fwd = 1e30, both = 1e30;
     for (int i = 0; i < reps + 1; i++) {
         double t0 = cpu_now();
-        ops->attn_dflash(out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D);
+        ops->attn_dflash(out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D, 0);
         double t1 = cpu_now();
-        ops->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D);
+        ops->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D, 0);
         double t2 = cpu_now();
         if (i > 0 && t1 - t0 < fwd) fwd = t1 - t0;
         if (i > 0 && t2 - t0 < both) both = t2 - t0;

@@ -693,7 +693,7 @@ static void test_attn_sinks_fixture(void) {
         blocks[i] = (dfl_block){lo, (int32_t)i - lo, (int32_t)i};
     }
     float *out = fbuf(T * Hq * D), *lse = fbuf(T * Hq);
-    ops->attn_dflash(out, lse, q, k, v, blocks, T, 1, T, Hq, Hkv, D);
+    ops->attn_dflash(out, lse, q, k, v, blocks, T, 1, T, Hq, Hkv, D, 0);
     /* the sinks matter here: without them the output is far off */
     double e0 = t_nmse_f32(out, ref, T * Hq * D);
     printf("  %-28s nmse %.2e (>= 1e-2)\n", "attn window, sinks left out", e0);
@@ -887,7 +887,7 @@ static dfl_block *layout_blocks(const dfl_layout *L) {
 
 static void run_dflash(void *p, float *out) {
     attn_ctx *c = p;
-    ops->attn_dflash(out, c->lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK, c->Hq, c->Hkv, c->D);
+    ops->attn_dflash(out, c->lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK, c->Hq, c->Hkv, c->D, 0);
 }
 
 static void test_attn_dflash_mask(void) {
@@ -998,7 +998,7 @@ static void test_attn_dflash_fixture(void) {
     float *q = fx(fx_attn, "dfl.q", NULL), *k = fx(fx_attn, "dfl.k", NULL), *v = fx(fx_attn, "dfl.v", NULL);
     float *ref = fx(fx_attn, "dfl.out", NULL), *rlse = fx(fx_attn, "dfl.lse", NULL);
     float *out = fbuf(nq * Hq * D), *lse = fbuf(nq * Hq);
-    ops->attn_dflash(out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D);
+    ops->attn_dflash(out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D, 0);
     CHECK_NMSE("attn_dflash out", out, ref, nq * Hq * D, NMSE_F32);
     CHECK_NMSE("attn_dflash lse", lse, rlse, nq * Hq, NMSE_F32);
 
@@ -1008,13 +1008,13 @@ static void test_attn_dflash_fixture(void) {
     /* the op writes its gradients: what they held before must not show */
     for (int64_t i = 0; i < nq * Hq * D; i++) dq[i] = 1;
     for (int64_t i = 0; i < NK * Hkv * D; i++) dk[i] = 2, dv[i] = -1;
-    ops->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D);
+    ops->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D, 0);
     CHECK_NMSE("attn_dflash_bwd dq (written)", dq, rdq, nq * Hq * D, NMSE_F32);
     CHECK_NMSE("attn_dflash_bwd dk (written)", dk, rdk, NK * Hkv * D, NMSE_F32);
     CHECK_NMSE("attn_dflash_bwd dv (written)", dv, rdv, NK * Hkv * D, NMSE_F32);
     /* NULL gradients: each alone gives the same values */
     float *dk2 = fbuf(NK * Hkv * D);
-    ops->attn_dflash_bwd(NULL, dk2, NULL, dout, out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D);
+    ops->attn_dflash_bwd(NULL, dk2, NULL, dout, out, lse, q, k, v, blocks, nblk, B, NK, Hq, Hkv, D, 0);
     CHECK_NMSE("attn_dflash_bwd dk alone", dk2, rdk, NK * Hkv * D, NMSE_F32);
     ops->free(dims), ops->free(bl), free(blocks), ops->free(q), ops->free(k), ops->free(v), ops->free(ref);
     ops->free(rlse), ops->free(out), ops->free(lse), ops->free(dout), ops->free(rdq), ops->free(rdk);
@@ -1050,7 +1050,7 @@ static void test_attn_dflash_fd(void) {
     dflash_loss(&c);
     float *dq = fbuf(nqe), *dk = fbuf(nke), *dv = fbuf(nke);
     ops->attn_dflash_bwd(dq, dk, dv, c.dout, c.out, a->lse, a->q, a->k, a->v, blocks, a->nblk, a->B, a->NK, a->Hq,
-                         a->Hkv, a->D);
+                         a->Hkv, a->D, 0);
     check_fd("attn_dflash dq", dflash_loss, &c, a->q, dq, nqe, 81);
     check_fd("attn_dflash dk", dflash_loss, &c, a->k, dk, nke, 82);
     check_fd("attn_dflash dv", dflash_loss, &c, a->v, dv, nke, 83);
@@ -1442,9 +1442,9 @@ static run_out run_all(int threads, attn_ctx *c, float *dout, float *x, float *w
     int64_t nq = c->nblk * c->B;
     r.out = fbuf(nq * c->Hq * c->D), r.lse = fbuf(nq * c->Hq), r.dq = fbuf(nq * c->Hq * c->D);
     r.dk = fbuf(c->NK * c->Hkv * c->D), r.dv = fbuf(c->NK * c->Hkv * c->D);
-    ops->attn_dflash(r.out, r.lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK, c->Hq, c->Hkv, c->D);
+    ops->attn_dflash(r.out, r.lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK, c->Hq, c->Hkv, c->D, 0);
     ops->attn_dflash_bwd(r.dq, r.dk, r.dv, dout, r.out, r.lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK,
-                         c->Hq, c->Hkv, c->D);
+                         c->Hq, c->Hkv, c->D, 0);
     float *y = fbuf(rows * dim), *rstd = fbuf(rows);
     r.rdx = fbuf(rows * dim), r.rdw = fbuf(dim);
     ops->rmsnorm(y, rstd, x, w, rows, dim, 1e-6f);

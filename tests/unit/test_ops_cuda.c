@@ -281,9 +281,9 @@ static void dflash_dev_free(dflash_dev *c) {
 /* forward, then backward into dq, dk, dv (which it writes) */
 static void dflash_dev_run(dflash_dev *c) {
     const dflash_shape *s = &c->s;
-    DEV->attn_dflash(c->out, c->lse, c->q, c->k, c->v, c->blk, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D);
+    DEV->attn_dflash(c->out, c->lse, c->q, c->k, c->v, c->blk, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D, 0);
     DEV->attn_dflash_bwd(c->dq, c->dk, c->dv, c->dout, c->out, c->lse, c->q, c->k, c->v, c->blk, s->nblk, s->B,
-                         s->NK, s->Hq, s->Hkv, s->D);
+                         s->NK, s->Hq, s->Hkv, s->D, 0);
 }
 
 /* Every op with shared memory, warp collectives or a cross-thread order, on
@@ -595,7 +595,7 @@ static bytes dflash_bwd_bits(dflash_dev *c, const void *lse, const void *blk, un
     bytes b = {NULL, 0};
     unsigned long s0 = dfl_emu_stream_syncs ? dfl_emu_stream_syncs() : 0;
     DEV->attn_dflash_bwd(c->dq, c->dk, c->dv, c->dout, c->out, lse, c->q, c->k, c->v, blk, s->nblk, s->B, s->NK,
-                         s->Hq, s->Hkv, s->D);
+                         s->Hq, s->Hkv, s->D, 0);
     *syncs = dfl_emu_stream_syncs ? dfl_emu_stream_syncs() - s0 : 0;
     take(&b, c->dq, c->QN, AG_ACT), take(&b, c->dk, c->KN, AG_ACT), take(&b, c->dv, c->KN, AG_ACT);
     return b;
@@ -619,7 +619,7 @@ static void attn_dflash_bwd_takes_forward_counts(void) {
     const size_t lse_bytes = (size_t)(s->nblk * s->B * s->Hq) * 4;
     unsigned long syncs = 0;
 
-    DEV->attn_dflash(c.out, c.lse, c.q, c.k, c.v, c.blk, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D);
+    DEV->attn_dflash(c.out, c.lse, c.q, c.k, c.v, c.blk, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D, 0);
     bytes kept = dflash_bwd_bits(&c, c.lse, c.blk, &syncs);
     T_CHECKF(syncs == 0, "the backward after its forward drained the stream %lu times", syncs);
     DEV->copy(lse_copy, c.lse, lse_bytes);
@@ -629,12 +629,12 @@ static void attn_dflash_bwd_takes_forward_counts(void) {
 
     /* blocks 2 into lse2: lse keeps blocks 1's counts */
     void *out2 = dput(NULL, c.QN, AG_ACT);
-    DEV->attn_dflash(out2, lse2, c.q, c.k, c.v, blk2, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D);
+    DEV->attn_dflash(out2, lse2, c.q, c.k, c.v, blk2, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D, 0);
     bytes again = dflash_bwd_bits(&c, c.lse, c.blk, &syncs);
     T_CHECKF(syncs == 0 && same_bits(&kept, &again), "after another lse's forward: %lu syncs, bits %s", syncs,
              same_bits(&kept, &again) ? "equal" : "differ");
     /* blocks 2 into lse itself: its counts are now blocks 2's */
-    DEV->attn_dflash(c.out, c.lse, c.q, c.k, c.v, blk2, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D);
+    DEV->attn_dflash(c.out, c.lse, c.q, c.k, c.v, blk2, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D, 0);
     bytes kept2 = dflash_bwd_bits(&c, c.lse, blk2, &syncs);
     T_CHECKF(syncs == 0, "the backward after its forward drained the stream %lu times", syncs);
     DEV->copy(lse_copy, c.lse, lse_bytes);
