@@ -151,11 +151,17 @@ json_t *dfl_drafter_config_json(const dfl_drafter_config *c) {
         json_object_del(j, "max_position_embeddings");
     json_object_set_new(j, "vocab_size", json_integer(c->V));
     json_object_set_new(j, "tie_word_embeddings", json_false());
+    /* the layers' attention as the parser read it, spelled out for every reader */
     json_t *lt = json_array();
-    for (int64_t i = 0; i < c->L; i++) json_array_append_new(lt, json_string("full_attention"));
+    int sliding = 0;
+    for (int64_t i = 0; i < c->L; i++) {
+        int s = dfl_model_config_window(&c->mc, i) > 0;
+        json_array_append_new(lt, json_string(s ? "sliding_attention" : "full_attention"));
+        sliding |= s;
+    }
     json_object_set_new(j, "layer_types", lt);
-    json_object_set_new(j, "use_sliding_window", json_false());
-    json_object_set_new(j, "sliding_window", json_null());
+    json_object_set_new(j, "use_sliding_window", json_boolean(sliding));
+    json_object_set_new(j, "sliding_window", sliding ? json_integer(c->mc.sliding_window) : json_null());
     json_object_set_new(j, "dtype", json_string("bfloat16"));
     if (json_object_get(j, "torch_dtype")) json_object_set_new(j, "torch_dtype", json_string("bfloat16"));
     return j;
@@ -589,7 +595,8 @@ void dfl_drafter_forward(dfl_drafter *d, const dfl_drafter_batch *b) {
         ops->matmul(DFL_AT(ops, a->v, NC * KVD), a->x1, W->v, Q, H, KVD, 0);
         ops->qk_norm_rope(a->k, a->rstd_k, a->kpre, W->kn, 0, w->pos, d->inv_freq, d->rope_scale, NK, Hkv, D,
                           eps);
-        ops->attn_dflash(a->att, a->lse, a->q, a->k, a->v, w->blocks, nblk, B, NK, Hq, Hkv, D, 0);
+        ops->attn_dflash(a->att, a->lse, a->q, a->k, a->v, w->blocks, nblk, B, NK, Hq, Hkv, D,
+                         dfl_model_config_window(&c->mc, l));
         ops->copy(a->h1, a->h, hb);
         ops->matmul(a->h1, a->att, W->o, Q, QD, H, 1);
         /* MLP */
@@ -666,7 +673,7 @@ void dfl_drafter_backward(dfl_drafter *d, const dfl_drafter_batch *b) {
         ops->matmul_bwd(w->datt, G->o, w->dh, a->att, W->o, Q, QD, H, first_dw);
         /* writes dq, dk and dv: no zeroing */
         ops->attn_dflash_bwd(w->dq, w->dk, w->dv, w->datt, a->att, a->lse, a->q, a->k, a->v, w->blocks, nblk, B, NK,
-                             Hq, Hkv, D, 0);
+                             Hq, Hkv, D, dfl_model_config_window(&c->mc, l));
         /* RoPE's backward (the inverse rotation), then the q/k norm's: one
          * pass each, writing dqpre and dkpre */
         ops->qk_norm_rope_bwd(w->dqpre, G->qn, w->dq, a->qpre, a->rstd_q, W->qn, qpos, d->inv_freq, d->rope_scale, Q,

@@ -157,7 +157,8 @@ int dfl_drafter_draft(dfl_drafter_cache *dc, const void *feats, dfl_dtype dtype,
         ops->matmul(vb, dc->x, W->v, B, H, KVD, 0);
         /* no lse: no backward follows (and the CUDA forward then does not
          * count key tiles for one) */
-        ops->attn_dflash(dc->att, NULL, dc->q, dc->k[l], dc->v[l], dc->block, 1, B, NK, Hq, Hkv, D, 0);
+        ops->attn_dflash(dc->att, NULL, dc->q, dc->k[l], dc->v[l], dc->block, 1, B, NK, Hq, Hkv, D,
+                         dfl_model_config_window(&c->mc, l));
         ops->matmul(dc->h, dc->att, W->o, B, QD, H, 1);              /* h += attn Wo^T */
         ops->rmsnorm(dc->x, NULL, dc->h, W->ln2, B, H, c->eps);
         ops->matmul(dc->g, dc->x, W->gate, B, H, I, 0);

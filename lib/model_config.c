@@ -151,14 +151,55 @@ static int check_moe(const dfl_model_config *c, const json_t *tj, const char *pa
     return 0;
 }
 
+/* Is decoder layer i a "sliding_attention" layer by the file? From
+ * "layer_types", or else (transformers' Qwen3Config) every layer from
+ * max_window_layers on when a window is set; gpt-oss: the even layers. */
+static int sliding_layer(const dfl_model_config *c, int64_t i) {
+    const json_t *lt = json_object_get(c->json, "layer_types");
+    if (json_is_array(lt)) {
+        const char *ty = json_string_value(json_array_get(lt, (size_t)i));
+        return ty && !strcmp(ty, "sliding_attention");
+    }
+    return c->gpt_oss ? i % 2 == 0 : c->sliding_window > 0 && i >= c->max_window_layers;
+}
+
+/* A drafter's sliding-window layers (spec 2.5; Qwen3.6-27B's drafter:
+ * layer_types sliding x4 then full, sliding_window 2048), read as
+ * transformers' Qwen3Config reads them: a window only with
+ * "use_sliding_window": true (absent: 4096, null: none), the layers from
+ * "layer_types" or else from "max_window_layers" (28) on. A layer named
+ * sliding with no window is refused rather than run in full: transformers
+ * would run it so, SpecForge refuses it, and the drafter was likely trained
+ * with one. */
+static int parse_drafter_window(dfl_model_config *c, const json_t *j, const char *path) {
+    int on, rc = get_bool(j, "use_sliding_window", &on, path);
+    const json_t *sw = json_object_get(j, "sliding_window");
+    if (!rc && on && !(sw && json_is_null(sw))) rc = get_int(j, "sliding_window", 4096, &c->sliding_window, path);
+    rc = rc ? rc : get_int(j, "max_window_layers", 28, &c->max_window_layers, path);
+    if (rc) return rc;
+    if (on && sw && !json_is_null(sw) && c->sliding_window < 1)
+        return dfl_err(DFL_EX_DATA, "%s: \"sliding_window\" %lld must be at least 1 (null: no window)", path,
+                       (long long)c->sliding_window);
+    const json_t *lt = json_object_get(j, "layer_types");
+    for (size_t i = 0; json_is_array(lt) && i < json_array_size(lt); i++) {
+        const char *ty = json_string_value(json_array_get(lt, i));
+        if (!c->sliding_window && ty && !strcmp(ty, "sliding_attention"))
+            return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"sliding_attention\" but %s: give "
+                           "\"use_sliding_window\": true and a \"sliding_window\", or make the layer full_attention",
+                           path, i, on ? "\"sliding_window\" is null" : "\"use_sliding_window\" is not true");
+    }
+    return 0;
+}
+
 /* Refuse what the model code would silently get wrong. */
-static int check_supported(const dfl_model_config *c, const json_t *tj, const char *path) {
+static int check_supported(const dfl_model_config *c, const json_t *tj, const char *path, int drafter) {
     const json_t *j = tj;
     int rc;
     static const char *off[] = {"mlp_bias", "use_sliding_window", "attention_bias"};
-    /* gpt-oss reads attention_bias (parse_gpt_oss) */
+    /* gpt-oss reads attention_bias (parse_gpt_oss); a drafter may have sliding layers */
     for (size_t i = 0; i < sizeof off / sizeof off[0] - (size_t)c->gpt_oss; i++) {
         int on;
+        if (drafter && !strcmp(off[i], "use_sliding_window")) continue;
         if ((rc = get_bool(j, off[i], &on, path))) return rc;
         if (on) return dfl_err(DFL_EX_DATA, "%s: \"%s\": true is not supported", path, off[i]);
     }
@@ -177,7 +218,7 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
     json_array_foreach(lt, i, v) {
         const char *ty = json_string_value(v);
         if (!ty) return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is not a string", path, i);
-        const char *other = c->hybrid ? "linear_attention" : c->gpt_oss ? "sliding_attention" : NULL;
+        const char *other = c->hybrid ? "linear_attention" : c->gpt_oss || drafter ? "sliding_attention" : NULL;
         if (strcmp(ty, "full_attention") && (!other || strcmp(ty, other)))
             return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only full_attention%s%s %s supported", path,
                            i, ty, other ? " and " : "", other ? other : "", other ? "are" : "is");
@@ -489,6 +530,8 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     if (!rc && c->hybrid) rc = parse_hybrid(c, tj, path);
     if (!rc && moe) rc = parse_moe(c, tj, path);
     if (!rc && c->gpt_oss) rc = parse_gpt_oss(c, tj, path);
+    const int drafter = !strcmp(role, "drafter");
+    if (!rc && drafter && !c->gpt_oss && !c->hybrid) rc = parse_drafter_window(c, tj, path);
     int tie = 0;
     /* The VLM's LM head is tied by its top-level key alone (absent: false),
      * as transformers' Qwen3_5Config; text_config's copy is not read. */
@@ -500,7 +543,7 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") && strcmp(c->architecture, "MistralForCausalLM") &&
                  strcmp(c->architecture, "Qwen2ForCausalLM") && !c->gpt_oss;
     parse_token_ids(c, json_object_get(tj, "eos_token_id") ? tj : j);
-    return check_supported(c, tj, path);
+    return check_supported(c, tj, path, drafter);
 }
 
 int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i) {
@@ -515,12 +558,7 @@ int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i) {
 }
 
 int64_t dfl_model_config_window(const dfl_model_config *c, int64_t i) {
-    if (!c->gpt_oss) return 0;
-    const json_t *lt = json_object_get(c->json, "layer_types");
-    /* GptOssConfig without layer_types: sliding at the even layers */
-    const char *ty = json_string_value(json_array_get(lt, (size_t)i));
-    int sliding = json_is_array(lt) ? ty && !strcmp(ty, "sliding_attention") : i % 2 == 0;
-    return sliding ? c->sliding_window : 0;
+    return c->sliding_window > 0 && sliding_layer(c, i) ? c->sliding_window : 0;
 }
 
 int dfl_model_config_moe_layer(const dfl_model_config *c, int64_t i) {

@@ -6,8 +6,9 @@
  * Both are built from one tile kernel. A tile is nq consecutive query rows
  * and one kv head with its G = Hq/Hkv query heads: L = G*nq query lines, so
  * every key loaded serves all the heads of its group. The tile sees a
- * context range of key rows, every key visible to every query, and an "own"
- * range, all visible (a DFlash block) or causal (a causal tile). Keys are
+ * context range of key rows, every key visible to every query (but in a
+ * sliding window), and an "own" range, all visible (a DFlash block) or
+ * causal (a causal tile, a sliding-window block). Keys are
  * walked in tiles of KT with an online softmax (forward) or the saved lse
  * (backward), so the work is exactly the visible keys and the scratch
  * memory is fixed, O(L*(D+KT) + KT*D) per thread, whatever the sequence
@@ -129,6 +130,9 @@ typedef struct {
     /* one-query DFlash blocks run as one causal tile (group_rows): row i
      * also hides the keys before row_blk[i].ctx_off (a sliding window) */
     const dfl_block *row_blk;
+    /* a drafter's sliding-window block (ops.h attn_dflash): row i sees the
+     * context keys from ctx_off + ctx_len + i + 1 - window on; 0: all */
+    int64_t window;
 } attn_tile;
 
 /* Per-thread scratch. Line l is query head g = l / nq, row i = l % nq.
@@ -190,10 +194,23 @@ static void load_kv_tile(attn_scratch *sc, const attn_dims *a, int64_t kvh, int6
     }
 }
 
-/* Key c (index k0 + c of range `own`) is hidden from row i only in a causal
- * own range with k0 + c > i. Returns the first row that sees it. */
-static inline int64_t first_row_seeing(const attn_tile *t, int own, int64_t k0, int64_t c) {
-    return own && t->causal ? k0 + c : 0;
+/* The rows [*lo, *hi) of a tile that see key row r, index idx of range
+ * `own` (row_blk aside): in a causal own range rows from idx on; in a
+ * sliding window's context the rows up to r - ctx_end + window. */
+static inline void rows_seeing(const attn_tile *t, int own, int64_t idx, int64_t r, int64_t *lo, int64_t *hi) {
+    int64_t a = own && t->causal ? idx : 0;
+    int64_t b = !own && t->window ? r - (t->ctx_off + t->ctx_len) + t->window : t->nq;
+    *lo = a < t->nq ? a : t->nq;
+    *hi = b < *lo ? *lo : b < t->nq ? b : t->nq;
+}
+
+/* Set the tile's lines of the rows outside [lo, hi) in one key's column
+ * s[L] (line g*nq + i) to val. */
+static inline void hide_rows(float *s, float val, int64_t G, int64_t nq, int64_t lo, int64_t hi) {
+    for (int64_t g = 0; g < G && (lo > 0 || hi < nq); g++) {
+        for (int64_t i = 0; i < lo; i++) s[g * nq + i] = val;
+        for (int64_t i = hi; i < nq; i++) s[g * nq + i] = val;
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -214,9 +231,9 @@ SIMD_CLONES static void attn_fwd_key_tile(const attn_dims *a, const attn_tile *t
         float *restrict s = sc->st + c * L;
 #pragma omp simd
         for (int64_t l = 0; l < L; l++) s[l] *= a->scale;
-        int64_t i0 = first_row_seeing(t, own, k0, c); /* causal: rows before i0 do not see key c */
-        for (int64_t g = 0; g < a->G && i0 > 0; g++)
-            for (int64_t i = 0; i < i0 && i < nq; i++) s[g * nq + i] = -INFINITY;
+        int64_t lo, hi;
+        rows_seeing(t, own, k0 + c, r0 + c, &lo, &hi);
+        hide_rows(s, -INFINITY, a->G, nq, lo, hi);
         for (int64_t i = 0; t->row_blk && i < nq; i++)
             if (r0 + c < t->row_blk[i].ctx_off)
                 for (int64_t g = 0; g < a->G; g++) s[g * nq + i] = -INFINITY;
@@ -298,7 +315,7 @@ void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v,
     for (int64_t s = 0; s < nseq; s++)
         for (int64_t t0 = cu[s]; t0 < cu[s + 1]; t0 += QT) {
             int64_t nq = cu[s + 1] - t0 < QT ? cu[s + 1] - t0 : QT;
-            tiles[n++] = (attn_tile){t0, nq, cu[s], t0 - cu[s], t0, nq, 1, NULL};
+            tiles[n++] = (attn_tile){t0, nq, cu[s], t0 - cu[s], t0, nq, 1, NULL, 0};
         }
     int64_t work = 0; /* query-key pairs */
     for (int64_t s = 0; s < nseq; s++) work += (cu[s + 1] - cu[s]) * (cu[s + 1] - cu[s] + 1) / 2;
@@ -313,11 +330,15 @@ void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v,
     free(tiles);
 }
 
-/* Block j: query rows [j*B, j*B+B), its dfl_block's two key ranges. */
-static attn_tile block_tile(const dfl_block *b, int64_t j, int64_t B, int64_t NK) {
+/* Block j: query rows [j*B, j*B+B), its dfl_block's two key ranges; in a
+ * sliding window the context is cut to the keys its first row sees (the
+ * later rows see fewer, rows_seeing) and the block is causal. */
+static attn_tile block_tile(const dfl_block *b, int64_t j, int64_t B, int64_t NK, int64_t window) {
     DFL_ASSERT(b->ctx_len >= 0 && b->ctx_off >= 0 && (int64_t)b->ctx_off + b->ctx_len <= NK);
-    DFL_ASSERT(b->blk_off >= 0 && (int64_t)b->blk_off + B <= NK);
-    return (attn_tile){j * B, B, b->ctx_off, b->ctx_len, b->blk_off, B, 0, NULL};
+    DFL_ASSERT(b->blk_off >= 0 && (int64_t)b->blk_off + B <= NK && window >= 0);
+    int64_t end = (int64_t)b->ctx_off + b->ctx_len, lo = b->ctx_off;
+    if (window && end - (window - 1) > lo) lo = end - (window - 1);
+    return (attn_tile){j * B, B, lo, end - lo, b->blk_off, B, window > 0, NULL, window};
 }
 
 /* One-query blocks (B = 1: a target's causal rows, plain or in a sliding
@@ -338,12 +359,12 @@ static int64_t group_rows(attn_tile *tiles, const dfl_block *blocks, int64_t nbl
             len++;
         }
         if (len == 1 || b0->ctx_off + b0->ctx_len != b0->blk_off) {
-            tiles[n++] = block_tile(b0, j0, 1, NK);
+            tiles[n++] = block_tile(b0, j0, 1, NK, 0);
             j0++;
             continue;
         }
         DFL_ASSERT(b0->ctx_off >= 0 && b0->ctx_len >= 0 && (int64_t)b0->blk_off + len <= NK);
-        tiles[n++] = (attn_tile){j0, len, b0->ctx_off, b0->ctx_len, b0->blk_off, len, 1, b0};
+        tiles[n++] = (attn_tile){j0, len, b0->ctx_off, b0->ctx_len, b0->blk_off, len, 1, b0, 0};
         j0 += len;
     }
     return n;
@@ -353,10 +374,10 @@ void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, co
                          const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv,
                          int64_t D, int64_t window) {
     attn_dims a = dims_of(q, k, v, Hq, Hkv, D);
-    DFL_ASSERT(B > 0 && window == 0);
+    DFL_ASSERT(B > 0 && window >= 0);
     attn_tile *rows = NULL; /* B = 1: the rows grouped into causal tiles */
     int64_t ntile = nblk;
-    if (B == 1 && nblk > 1) {
+    if (B == 1 && nblk > 1 && !window) {
         rows = dfl_malloc((size_t)nblk * sizeof *rows);
         ntile = group_rows(rows, blocks, nblk, NK);
     }
@@ -365,7 +386,7 @@ void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, co
         attn_scratch sc = scratch_alloc(a.G * (rows ? QT : B), D);
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < ntile * Hkv; task++) {
-            attn_tile t = rows ? rows[task / Hkv] : block_tile(&blocks[task / Hkv], task / Hkv, B, NK);
+            attn_tile t = rows ? rows[task / Hkv] : block_tile(&blocks[task / Hkv], task / Hkv, B, NK, window);
             tile_fwd(out, lse, &a, &t, task % Hkv, &sc);
         }
         scratch_free(&sc);
@@ -388,13 +409,14 @@ void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, co
  *     dk = scale dS^T.Q, dv = P^T.dO.
  * P and dS are recomputed in both (7 matrix products instead of 5), the
  * price of needing no per-thread [NK, D] partial sums. Backward is for
- * DFlash (non-causal) tiles only. */
+ * DFlash block tiles only (with or without a sliding window). */
 
-/* P and dS for key rows [r0, r0+n) of one tile's lines, kept [keys, lines]
- * in sc->st and sc->dpt (the K, V rows left in sc->kp, sc->vp); sc->m holds
+/* P and dS for key rows [r0, r0+n) (index k0 of range `own`) of one
+ * tile's lines, kept [keys, lines] in sc->st and sc->dpt (the K, V rows
+ * left in sc->kp, sc->vp), 0 where a row does not see the key; sc->m holds
  * lse, sc->sum rowsum(dO*O). */
-SIMD_CLONES static void attn_bwd_p_ds(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc,
-                                      int64_t r0, int64_t n) {
+SIMD_CLONES static void attn_bwd_p_ds(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc, int own,
+                                      int64_t k0, int64_t r0, int64_t n) {
     int64_t L = a->G * t->nq, D = a->D;
     const float *restrict m = sc->m, *restrict sum = sc->sum;
     memset(sc->st, 0, (size_t)(n * L) * sizeof(float));
@@ -409,6 +431,10 @@ SIMD_CLONES static void attn_bwd_p_ds(const attn_dims *a, const attn_tile *t, in
             p[l] = dfl_cpu_expf(p[l] * a->scale - m[l]);
             ds[l] = p[l] * (ds[l] - sum[l]);
         }
+        int64_t lo, hi;
+        rows_seeing(t, own, k0 + c, r0 + c, &lo, &hi);
+        hide_rows(p, 0.0f, a->G, t->nq, lo, hi);
+        hide_rows(ds, 0.0f, a->G, t->nq, lo, hi);
     }
 }
 
@@ -434,7 +460,7 @@ static void tile_bwd_dq(float *dq, const float *dout, const float *lse, const fl
         int64_t off = own ? t->own_off : t->ctx_off, len = own ? t->own_len : t->ctx_len;
         for (int64_t k0 = 0; k0 < len; k0 += KT) {
             int64_t n = len - k0 < KT ? len - k0 : KT;
-            attn_bwd_p_ds(a, t, kvh, sc, off + k0, n);
+            attn_bwd_p_ds(a, t, kvh, sc, own, k0, off + k0, n);
             mm_tn(sc->acc, D, sc->dpt, L, sc->kp, D, L, D, n);
         }
     }
@@ -449,14 +475,14 @@ static void tile_bwd_dq(float *dq, const float *dout, const float *lse, const fl
  * some of them, in block order. */
 static void key_tile_bwd_dkv(float *dk, float *dv, const float *dout, const float *lse, const float *dsum,
                              const attn_dims *a, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
-                             int64_t kvh, int64_t t0, int64_t t1, attn_scratch *sc) {
+                             int64_t window, int64_t kvh, int64_t t0, int64_t t1, attn_scratch *sc) {
     int64_t D = a->D, L = a->G * B, ld = a->Hkv * D;
     for (int64_t r = t0; r < t1; r++) { /* the products below add into these rows */
         if (dk) memset(dk + at_head(r, kvh, a->Hkv, D), 0, (size_t)D * sizeof(float));
         if (dv) memset(dv + at_head(r, kvh, a->Hkv, D), 0, (size_t)D * sizeof(float));
     }
     for (int64_t j = 0; j < nblk; j++) {
-        attn_tile t = block_tile(&blocks[j], j, B, NK);
+        attn_tile t = block_tile(&blocks[j], j, B, NK, window);
         int packed = 0;
         for (int own = 0; own < 2; own++) {
             int64_t off = own ? t.own_off : t.ctx_off, len = own ? t.own_len : t.ctx_len;
@@ -466,7 +492,7 @@ static void key_tile_bwd_dkv(float *dk, float *dv, const float *dout, const floa
                 bwd_pack(dout, lse, dsum, a, &t, kvh, sc);
                 packed = 1;
             }
-            attn_bwd_p_ds(a, &t, kvh, sc, lo, hi - lo);
+            attn_bwd_p_ds(a, &t, kvh, sc, own, lo - off, lo, hi - lo);
             if (dv) mm_nn(dv + at_head(lo, kvh, a->Hkv, D), ld, sc->st, L, sc->dop, D, hi - lo, D, L);
             if (dk) {
                 for (int64_t e = 0; e < (hi - lo) * L; e++) sc->dpt[e] *= a->scale;
@@ -481,7 +507,7 @@ void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout_, co
                              int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D, int64_t window) {
     attn_dims a = dims_of(q, k, v, Hq, Hkv, D);
     const float *dout = dout_, *out = out_;
-    DFL_ASSERT(B > 0 && window == 0);
+    DFL_ASSERT(B > 0 && window >= 0);
     int64_t nq = nblk * B, ntile = (NK + KT - 1) / KT;
     /* rowsum(dO * O) per query row and head */
     float *dsum = dfl_aligned_alloc((size_t)(nq * Hq + 1) * sizeof(float));
@@ -498,7 +524,7 @@ void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout_, co
         if (dq) {
 #pragma omp for schedule(dynamic)
             for (int64_t task = 0; task < nblk * Hkv; task++) {
-                attn_tile t = block_tile(&blocks[task / Hkv], task / Hkv, B, NK);
+                attn_tile t = block_tile(&blocks[task / Hkv], task / Hkv, B, NK, window);
                 tile_bwd_dq(dq, dout, lse, dsum, &a, &t, task % Hkv, &sc);
             }
         }
@@ -506,7 +532,7 @@ void dfl_cpu_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout_, co
 #pragma omp for schedule(dynamic)
             for (int64_t task = 0; task < ntile * Hkv; task++) {
                 int64_t t0 = task / Hkv * KT, t1 = t0 + KT < NK ? t0 + KT : NK;
-                key_tile_bwd_dkv(dk, dv, dout, lse, dsum, &a, blocks, nblk, B, NK, task % Hkv, t0, t1, &sc);
+                key_tile_bwd_dkv(dk, dv, dout, lse, dsum, &a, blocks, nblk, B, NK, window, task % Hkv, t0, t1, &sc);
             }
         }
         scratch_free(&sc);

@@ -244,6 +244,85 @@ static void test_config(void) {
     dfl_drafter_config_free(&c);
 }
 
+/* A 5-layer drafter config with `extra` keys (Qwen3.6-27B's drafter is
+ * layer_types sliding x4 then full, use_sliding_window true, window 2048). */
+static int parse_swa(dfl_drafter_config *c, const char *extra) {
+    char s[1024];
+    snprintf(s, sizeof s,
+             "{\"architectures\":[\"DFlashDraftModel\"],\"model_type\":\"qwen3\",\"num_target_layers\":64,"
+             "\"block_size\":16,\"dflash_config\":{\"mask_token_id\":5,\"target_layer_ids\":[1,16,31,46,61]},"
+             "\"hidden_size\":16,\"intermediate_size\":32,\"num_hidden_layers\":5,\"num_attention_heads\":2,"
+             "\"num_key_value_heads\":1,\"head_dim\":8,\"vocab_size\":50%s}",
+             extra);
+    return parse_cfg(c, s);
+}
+
+/* The windows of the 5 layers as "w0,w1,w2,w3,w4". */
+static const char *windows_of(const dfl_drafter_config *c) {
+    static char s[128];
+    int n = 0;
+    for (int64_t l = 0; l < c->L; l++)
+        n += snprintf(s + n, sizeof s - (size_t)n, "%s%lld", l ? "," : "", (long long)dfl_model_config_window(&c->mc, l));
+    return s;
+}
+
+#define SWA_LT ",\"layer_types\":[\"sliding_attention\",\"sliding_attention\",\"sliding_attention\"," \
+               "\"sliding_attention\",\"full_attention\"]"
+
+/* Sliding-window drafters: which layers slide and how far, read as
+ * transformers' Qwen3Config reads them, written back in full; a layer named
+ * sliding that would run without a window is refused, naming the key. */
+static void test_config_sliding(void) {
+    dfl_drafter_config c;
+    T_CHECK(parse_swa(&c, SWA_LT ",\"use_sliding_window\":true,\"sliding_window\":2048,\"max_window_layers\":5") == 0);
+    T_CHECKF(!strcmp(windows_of(&c), "2048,2048,2048,2048,0"), "%s", windows_of(&c));
+    /* written back as read, and read back the same */
+    json_t *j = dfl_drafter_config_json(&c);
+    T_CHECK(json_is_true(json_object_get(j, "use_sliding_window")));
+    T_CHECK(json_integer_value(json_object_get(j, "sliding_window")) == 2048);
+    T_CHECK(!strcmp(json_string_value(json_array_get(json_object_get(j, "layer_types"), 3)), "sliding_attention"));
+    T_CHECK(!strcmp(json_string_value(json_array_get(json_object_get(j, "layer_types"), 4)), "full_attention"));
+    char *text = json_dumps(j, JSON_COMPACT);
+    dfl_drafter_config c2;
+    T_CHECK(parse_cfg(&c2, text) == 0 && !strcmp(windows_of(&c2), "2048,2048,2048,2048,0"));
+    dfl_drafter_config_free(&c2);
+    free(text);
+    json_decref(j);
+    dfl_drafter_config_free(&c);
+    /* no layer_types: the layers from max_window_layers on (default 28: none
+     * of 5); an absent window is Qwen3Config's 4096 */
+    T_CHECK(parse_swa(&c, ",\"use_sliding_window\":true,\"max_window_layers\":3") == 0);
+    T_CHECKF(!strcmp(windows_of(&c), "0,0,0,4096,4096"), "%s", windows_of(&c));
+    dfl_drafter_config_free(&c);
+    T_CHECK(parse_swa(&c, ",\"use_sliding_window\":true,\"sliding_window\":7") == 0);
+    T_CHECKF(!strcmp(windows_of(&c), "0,0,0,0,0"), "%s", windows_of(&c));
+    j = dfl_drafter_config_json(&c);
+    T_CHECK(json_is_false(json_object_get(j, "use_sliding_window")) && json_is_null(json_object_get(j, "sliding_window")));
+    json_decref(j);
+    dfl_drafter_config_free(&c);
+    /* a window but use_sliding_window false: no window (transformers drops it) */
+    T_CHECK(parse_swa(&c, ",\"use_sliding_window\":false,\"sliding_window\":7,\"max_window_layers\":0") == 0);
+    T_CHECKF(!strcmp(windows_of(&c), "0,0,0,0,0"), "%s", windows_of(&c));
+    dfl_drafter_config_free(&c);
+    /* refusals */
+    T_CHECK(parse_swa(&c, SWA_LT ",\"use_sliding_window\":false,\"sliding_window\":2048") == DFL_EX_DATA &&
+            strstr(dfl_errmsg(), "\"layer_types\"[0]") && strstr(dfl_errmsg(), "use_sliding_window"));
+    dfl_drafter_config_free(&c);
+    T_CHECK(parse_swa(&c, SWA_LT ",\"use_sliding_window\":true,\"sliding_window\":null") == DFL_EX_DATA &&
+            strstr(dfl_errmsg(), "\"sliding_window\" is null"));
+    dfl_drafter_config_free(&c);
+    T_CHECK(parse_swa(&c, SWA_LT ",\"use_sliding_window\":true,\"sliding_window\":0") == DFL_EX_DATA &&
+            strstr(dfl_errmsg(), "at least 1"));
+    dfl_drafter_config_free(&c);
+    T_CHECK(parse_swa(&c, ",\"use_sliding_window\":true,\"sliding_window\":2.5") == DFL_EX_DATA &&
+            strstr(dfl_errmsg(), "sliding_window"));
+    dfl_drafter_config_free(&c);
+    T_CHECK(parse_swa(&c, ",\"use_sliding_window\":true,\"layer_types\":[\"sliding_attention\",\"chunked_attention\","
+                          "\"full_attention\",\"full_attention\",\"full_attention\"]") == DFL_EX_DATA &&
+            strstr(dfl_errmsg(), "chunked_attention"));
+    dfl_drafter_config_free(&c);
+}
+
 static void test_slot_weights_and_schedule(void) {
     T_CHECK(dfl_slot_weight(0, 7) == 0.0);
     T_CHECK(dfl_slot_weight(1, 7) == 1.0);
@@ -1042,6 +1121,7 @@ static void test_tau_and_position_accuracy(void) {
 int main(void) {
     ops = dfl_ops_cpu();
     T_RUN(test_config);
+    T_RUN(test_config_sliding);
     T_RUN(test_slot_weights_and_schedule);
     T_RUN(test_anchors);
     T_RUN(test_batch_rules);

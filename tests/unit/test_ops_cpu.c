@@ -825,6 +825,7 @@ typedef struct {
     int32_t *cu;
     dfl_block *blocks;
     int64_t nseq, T, nblk, B, NK, Hq, Hkv, D;
+    int64_t window; /* attn_dflash's: 0, or a sliding window */
 } attn_ctx;
 
 static void run_causal(void *p, float *out) {
@@ -876,6 +877,16 @@ static int dflash_allowed(const dfl_layout *L, int64_t qi, int64_t kv) {
     return (kv - L->S) / L->B == j;
 }
 
+/* The same in a sliding window of W (SpecForge's create_dflash_sdpa_mask,
+ * spec 2.5): the query in slot o sees the context from a_j + o - (W - 1)
+ * on, and the block's slots 0..o only. */
+static int dflash_allowed_window(const dfl_layout *L, int64_t qi, int64_t kv, int64_t W) {
+    int64_t j = qi / L->B, o = qi % L->B;
+    if (!dflash_allowed(L, qi, kv)) return 0;
+    if (kv < L->S) return kv >= L->anchor[j] + o - (W - 1);
+    return (kv - L->S) % L->B <= o;
+}
+
 static dfl_block *layout_blocks(const dfl_layout *L) {
     dfl_block *b = calloc((size_t)L->nblk, sizeof *b);
     for (int j = 0; j < L->nblk; j++) {
@@ -887,7 +898,7 @@ static dfl_block *layout_blocks(const dfl_layout *L) {
 
 static void run_dflash(void *p, float *out) {
     attn_ctx *c = p;
-    ops->attn_dflash(out, c->lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK, c->Hq, c->Hkv, c->D, 0);
+    ops->attn_dflash(out, c->lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK, c->Hq, c->Hkv, c->D, c->window);
 }
 
 static void test_attn_dflash_mask(void) {
@@ -922,6 +933,43 @@ static void test_attn_dflash_mask(void) {
     int64_t nan_rows = 0;
     for (int64_t i = 0; i < nq * c.Hq; i++) nan_rows += isnan(out[i * c.D]) != 0;
     T_CHECKF(isnan(out[5 * c.Hq * c.D]) && nan_rows == 1, "%lld rows are NaN", (long long)nan_rows);
+    ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(c.lse), ops->free(out);
+    free(mask), free(want), free(c.blocks);
+}
+
+/* Sliding-window blocks (a drafter's sliding layer): the mask test above
+ * for windows of 1 (the query's own key alone), 2, 16 (= B), 17, 40 and
+ * 100 (more than any context), against the dense mask in double, and by
+ * perturbation. */
+static void test_attn_dflash_window(void) {
+    dfl_layout L = {3, 9, {0, 70, 75}, {70, 75, 150}, {0, 0, 0, 0, 1, 1, 2, 2, 2}, {0, 3, 5, 69, 70, 74, 75, 100, 149},
+                    150, 16};
+    attn_ctx c = {0};
+    c.nblk = L.nblk, c.B = L.B, c.NK = L.S + L.nblk * L.B, c.Hq = 4, c.Hkv = 2, c.D = 16;
+    c.blocks = layout_blocks(&L);
+    int64_t nq = c.nblk * c.B;
+    dfl_rng r;
+    dfl_rng_seed(&r, 17);
+    c.q = fbuf(nq * c.Hq * c.D), c.k = fbuf(c.NK * c.Hkv * c.D), c.v = fbuf(c.NK * c.Hkv * c.D);
+    c.lse = fbuf(nq * c.Hq);
+    frand(c.q, nq * c.Hq * c.D, &r, 1), frand(c.k, c.NK * c.Hkv * c.D, &r, 1), frand(c.v, c.NK * c.Hkv * c.D, &r, 1);
+    uint8_t *mask = calloc((size_t)(nq * c.NK), 1);
+    float *out = fbuf(nq * c.Hq * c.D);
+    double *want = calloc((size_t)(nq * c.Hq * c.D), sizeof(double));
+    static const int64_t windows[] = {1, 2, 16, 17, 40, 100};
+    for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
+        c.window = windows[w];
+        for (int64_t i = 0; i < nq; i++)
+            for (int64_t j = 0; j < c.NK; j++) mask[i * c.NK + j] = (uint8_t)dflash_allowed_window(&L, i, j, c.window);
+        run_dflash(&c, out);
+        dense_attn_d(want, c.q, c.k, c.v, mask, nq, c.NK, c.Hq, c.Hkv, c.D);
+        double e = nmse_fd(out, want, nq * c.Hq * c.D);
+        printf("  %-28s W %3lld nmse %.2e (<= %.0e)\n", "attn_dflash window vs dense", (long long)c.window, e, NMSE_F32);
+        T_CHECKF(e <= NMSE_F32, "window %lld: nmse %.3e", (long long)c.window, e);
+        int64_t bad = mask_by_perturbation(run_dflash, &c, c.k, c.v, mask, nq, c.NK, c.Hq, c.Hkv, c.D);
+        T_CHECKF(bad == 0, "window %lld: %lld (query, key) entries disagree with the sliding mask", (long long)c.window,
+                 (long long)bad);
+    }
     ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(c.lse), ops->free(out);
     free(mask), free(want), free(c.blocks);
 }
@@ -1049,11 +1097,18 @@ static void test_attn_dflash_fd(void) {
     frand(a->q, nqe, &r, 1), frand(a->k, nke, &r, 1), frand(a->v, nke, &r, 1), frand(c.dout, nqe, &r, 1);
     dflash_loss(&c);
     float *dq = fbuf(nqe), *dk = fbuf(nke), *dv = fbuf(nke);
-    ops->attn_dflash_bwd(dq, dk, dv, c.dout, c.out, a->lse, a->q, a->k, a->v, blocks, a->nblk, a->B, a->NK, a->Hq,
-                         a->Hkv, a->D, 0);
-    check_fd("attn_dflash dq", dflash_loss, &c, a->q, dq, nqe, 81);
-    check_fd("attn_dflash dk", dflash_loss, &c, a->k, dk, nke, 82);
-    check_fd("attn_dflash dv", dflash_loss, &c, a->v, dv, nke, 83);
+    for (int pass = 0; pass < 3; pass++) {
+        /* no window; a window of 40 (context cut for the blocks of 70 and
+         * 71, not for those of 30); of 2 (one context key for slot 0) */
+        a->window = pass == 0 ? 0 : pass == 1 ? 40 : 2;
+        dflash_loss(&c);
+        ops->attn_dflash_bwd(dq, dk, dv, c.dout, c.out, a->lse, a->q, a->k, a->v, blocks, a->nblk, a->B, a->NK, a->Hq,
+                             a->Hkv, a->D, a->window);
+        printf("  window %lld:\n", (long long)a->window);
+        check_fd("attn_dflash dq", dflash_loss, &c, a->q, dq, nqe, 81);
+        check_fd("attn_dflash dk", dflash_loss, &c, a->k, dk, nke, 82);
+        check_fd("attn_dflash dv", dflash_loss, &c, a->v, dv, nke, 83);
+    }
     ops->free(a->q), ops->free(a->k), ops->free(a->v), ops->free(a->lse), ops->free(c.out), ops->free(c.dout);
     ops->free(dq), ops->free(dk), ops->free(dv);
 }
@@ -1839,6 +1894,7 @@ int main(void) {
     T_RUN(test_attn_causal_mask);
     T_RUN(test_attn_dflash_fixture);
     T_RUN(test_attn_dflash_mask);
+    T_RUN(test_attn_dflash_window);
     T_RUN(test_attn_dflash_rows);
     T_RUN(test_attn_dflash_fd);
     T_RUN(test_attn_sinks);
