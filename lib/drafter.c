@@ -55,6 +55,14 @@ int dfl_drafter_config_parse(dfl_drafter_config *c, const char *text, size_t len
     if (B < 2 || B > DFL_DRAFTER_MAX_BLOCK)
         return dfl_err(DFL_EX_DATA, "%s: \"block_size\" %lld is not in [2, %d]", path, (long long)B, DFL_DRAFTER_MAX_BLOCK);
     c->block_size = (int)B;
+    /* Below the block size the rules part: SpecForge's mask shows a slot
+     * every earlier slot of its block, a serving engine's window would hide
+     * the first ones. No released drafter is near it (Qwen3.6: 2048). */
+    for (int64_t l = 0; l < c->L; l++)
+        if (dfl_model_config_window(m, l) && dfl_model_config_window(m, l) < B)
+            return dfl_err(DFL_EX_DATA, "%s: \"sliding_window\" %lld is smaller than the block size %lld: SpecForge's "
+                           "training mask and a serving engine's window disagree there", path,
+                           (long long)m->sliding_window, (long long)B);
     int64_t ntl;
     if ((rc = get_int_key(m->json, "num_target_layers", &ntl, path, ""))) return rc;
     if (ntl < 1 || ntl > 100000)

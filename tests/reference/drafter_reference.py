@@ -21,6 +21,11 @@ block size B, K tapped target layers of width H):
 
   allowed(q in block j, kv) = (kv is context row t and t < a_j)
                               or (kv is a row of block j)           (spec §2.5)
+  a sliding-window layer (window W; layer_types[l] == "sliding_attention"
+  with use_sliding_window, as transformers' Qwen3Config reads them) also
+  needs, for the query in slot o of block j (position a_j + o):
+                              t >= a_j + o - (W - 1)   (W keys, itself included)
+                              a block row's slot <= o  (the block is causal)
 
   label y_{j,k} = ids[a_j + k] (same position), k = 1..B-1
   mask  m_{j,k} = [k > 0] [a_j + k < T] loss_mask[a_j + k]
@@ -94,17 +99,28 @@ def rope(x, pos, inv):
     return x * cos + rot * sin
 
 
-def allowed_mask(T, anchors, B):
+def layer_window(cfg, i):
+    """Layer i's sliding window (keys a query sees, itself included), or
+    None: transformers' Qwen3Config rule (a window only with
+    use_sliding_window; layer_types, else the layers from max_window_layers)."""
+    if not cfg.get("use_sliding_window") or cfg.get("sliding_window") is None:
+        return None
+    lt = cfg.get("layer_types")
+    sliding = lt[i] == "sliding_attention" if lt is not None else i >= cfg.get("max_window_layers", 28)
+    return cfg["sliding_window"] if sliding else None
+
+
+def allowed_mask(T, anchors, B, window=None):
     """Boolean [N*B, T + N*B]: the rule of spec §2.5, written literally."""
     N = len(anchors)
     m = torch.zeros(N * B, T + N * B, dtype=torch.bool)
     for q in range(N * B):
-        j = q // B
+        j, o = q // B, q % B
         for kv in range(T + N * B):
             if kv < T:
-                m[q, kv] = kv < anchors[j]
+                m[q, kv] = kv < anchors[j] and (window is None or kv >= anchors[j] + o - (window - 1))
             else:
-                m[q, kv] = (kv - T) // B == j
+                m[q, kv] = (kv - T) // B == j and (window is None or (kv - T) % B <= o)
     return m
 
 
@@ -125,7 +141,6 @@ def drafter_out(P, cfg, hidden, ids, anchors, embed):
     Q = len(toks)
     inv = inv_freq(cfg)
     kpos = torch.cat([torch.arange(T), bpos])
-    allowed = allowed_mask(T, anchors, B)
     ctx = rmsnorm(hidden @ P["fc.weight"].T, P["hidden_norm.weight"], eps)
     h = embed[toks]
     for i in range(cfg["num_hidden_layers"]):
@@ -141,6 +156,7 @@ def drafter_out(P, cfg, hidden, ids, anchors, embed):
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
         s = torch.einsum("qhd,khd->hqk", q, k) * D ** -0.5
+        allowed = allowed_mask(T, anchors, B, layer_window(cfg, i))
         s = s.masked_fill(~allowed[None], float("-inf"))
         o = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(Q, Hq * D)
         h = h + o @ L("self_attn.o_proj.weight").T

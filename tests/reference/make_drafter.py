@@ -2,7 +2,11 @@
 
 Writes tests/fixtures/drafter/case.safetensors (inputs, weights, reference
 outputs; float32 / int32) and tests/fixtures/drafter/config.json (the drafter
-config, z-lab layout). Run directly or through tests/reference/make_fixtures.py.
+config, z-lab layout), then the same case for a sliding-window drafter into
+tests/fixtures/drafter-swa/ (layer 0 sliding with a window of 6, layer 1
+full, as Qwen3.6-27B's drafter: sliding layers, then a full one). Run
+directly or through tests/reference/make_fixtures.py; `--only drafter-swa`
+writes one of them.
 
 The case is a tiny drafter with odd sizes (H=20, 3 query heads and 1 KV head
 of width 6 so q_proj is narrower than H, I=28, 2 layers, vocabulary 37, 3
@@ -29,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import drafter_reference as R  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "..", "fixtures", "drafter")
+FIXTURES = os.path.join(HERE, "..", "fixtures")
 
 CONFIG = {
     "architectures": ["DFlashDraftModel"],
@@ -58,6 +62,12 @@ CONFIG = {
     "sliding_window": None,
     "dtype": "bfloat16",
 }
+# The window (6, block 5) cuts the context of every anchor past 5: slot o
+# sees positions a+o-5 .. a-1 of it (slot 4: one), and its block's slots
+# 0..o.
+CONFIG_SWA = dict(CONFIG, layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
+                  sliding_window=6, max_window_layers=2)
+VARIANTS = {"drafter": CONFIG, "drafter-swa": CONFIG_SWA}
 GAMMA = 2.5          # small so the decay matters over B = 5
 TARGET_EPS = 1e-5    # the target's rms eps (KL), different from the drafter's on purpose
 ANCHORS = [[6, 7, 9, 15, 17], [4, 5, 8]]
@@ -82,8 +92,7 @@ def save_file(tensors, path, metadata):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def make_case(g):
-    cfg = CONFIG
+def make_case(g, cfg):
     H, V, K = cfg["hidden_size"], cfg["vocab_size"], R.num_taps(cfg)
     P = {}
     for name, shape in R.param_shapes(cfg).items():
@@ -144,10 +153,9 @@ def adam_run(P32, cfg, seqs, embed, lm_head):
     return {k: v.detach() for k, v in params.items()}, norms
 
 
-def main():
+def make_variant(name, cfg):
     g = torch.Generator().manual_seed(20240617)
-    cfg = CONFIG
-    P32, embed, lm_head, tnorm, seqs = make_case(g)
+    P32, embed, lm_head, tnorm, seqs = make_case(g, cfg)
     out = {}
     for k, v in P32.items():
         out["param." + k] = v
@@ -187,6 +195,7 @@ def main():
         out["adam.delta3." + k] = (v - P32[k].double()).float()
     out["adam.norms"] = torch.tensor(norms, dtype=torch.float32)
 
+    OUT = os.path.join(FIXTURES, name)
     os.makedirs(OUT, exist_ok=True)
     meta = {"gamma": repr(GAMMA), "target_eps": repr(TARGET_EPS), "adam": json.dumps(ADAM),
             "made_by": "tests/reference/make_drafter.py"}
@@ -194,8 +203,14 @@ def main():
     with open(os.path.join(OUT, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
-    print(f"drafter fixtures: loss {float(L.detach()):.6f} (count {float(Lc):.6f}), kl {float(Lk.detach()):.6f}, "
+    print(f"{name} fixtures: loss {float(L.detach()):.6f} (count {float(Lc):.6f}), kl {float(Lk.detach()):.6f}, "
           f"grad norms of the AdamW steps {', '.join(f'{n:.3f}' for n in norms)}")
+
+
+def main():
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[1] == "--only" else list(VARIANTS)
+    for name in only:
+        make_variant(name, VARIANTS[name])
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@
 #ifndef FIXTURE_DIR
 #define FIXTURE_DIR "tests/fixtures/drafter"
 #endif
+/* the same case for a drafter whose layer 0 has a sliding window */
+#define FIXTURE_DIR_SWA "tests/fixtures/drafter-swa"
+static const char *fixture_dir = FIXTURE_DIR;
 
 static const dfl_ops *ops;
 
@@ -313,6 +316,12 @@ static void test_config_sliding(void) {
     dfl_drafter_config_free(&c);
     T_CHECK(parse_swa(&c, SWA_LT ",\"use_sliding_window\":true,\"sliding_window\":0") == DFL_EX_DATA &&
             strstr(dfl_errmsg(), "at least 1"));
+    dfl_drafter_config_free(&c);
+    T_CHECK(parse_swa(&c, ",\"use_sliding_window\":true,\"sliding_window\":15,\"max_window_layers\":4") == DFL_EX_DATA &&
+            strstr(dfl_errmsg(), "smaller than the block size 16"));
+    dfl_drafter_config_free(&c);
+    T_CHECK(parse_swa(&c, ",\"use_sliding_window\":true,\"sliding_window\":16,\"max_window_layers\":4") == 0);
+    T_CHECKF(!strcmp(windows_of(&c), "0,0,0,0,16"), "%s", windows_of(&c));
     dfl_drafter_config_free(&c);
     T_CHECK(parse_swa(&c, ",\"use_sliding_window\":true,\"sliding_window\":2.5") == DFL_EX_DATA &&
             strstr(dfl_errmsg(), "sliding_window"));
@@ -642,6 +651,43 @@ static void test_fd_yarn(void) {
     rope_keys = plain;
 }
 
+/* A drafter whose layer 0 has a sliding window of 4 (= B; anchors at 6 and
+ * 10 have their context cut): the window changes the output and the
+ * gradients follow it (finite differences). */
+static void test_fd_sliding(void) {
+    const char *plain = rope_keys;
+    dfl_drafter_config c;
+    dfl_rng r;
+    test_seq a;
+    float out[2][64];
+    for (int swa = 0; swa < 2; swa++) {
+        rope_keys = swa ? "\"rope_theta\":500.0,\"use_sliding_window\":true,\"sliding_window\":4,"
+                          "\"layer_types\":[\"sliding_attention\",\"full_attention\"]"
+                        : plain;
+        dfl_drafter *d = small_drafter(&c, &r, &a, 2, 13, 5, 0.5, 12, 2);
+        T_CHECK(dfl_model_config_window(&c.mc, 0) == (swa ? 4 : 0) && dfl_model_config_window(&c.mc, 1) == 0);
+        int32_t anc[] = {2, 6};
+        dfl_train_opts o;
+        dfl_train_opts_default(&o, c.block_size);
+        dfl_train_mb mb;
+        dfl_train_mb_init(&mb);
+        dfl_train_seq sq = as_seq(&a);
+        dfl_train_mb_add(&mb, &c, &o, &sq, anc, 2, &r);
+        close_mb(d, &o, &mb);
+        ops->act_to_f32(out[swa], dfl_drafter_output(d), 64); /* both blocks: B * 2 rows of H = 8 */
+        dfl_train_mb_free(&mb);
+        small_free(&c, d, &a);
+    }
+    /* block 0 (anchor 2) sees 2 context keys either way, but its causal
+     * slots differ; block 1 (anchor 6) also loses context */
+    T_CHECK(memcmp(out[0], out[1], 32 * sizeof(float)) != 0 && memcmp(out[0] + 32, out[1] + 32, 32 * sizeof(float)) != 0);
+    rope_keys = "\"rope_theta\":500.0,\"use_sliding_window\":true,\"sliding_window\":4,"
+                "\"layer_types\":[\"sliding_attention\",\"full_attention\"]";
+    fd_check(0);
+    fd_check(1);
+    rope_keys = plain;
+}
+
 /* ---- PyTorch fixtures -------------------------------------------------------------------- */
 
 typedef struct {
@@ -678,11 +724,14 @@ static int fx_anchors(fixture *f, const char *name, int32_t *dst) {
 
 static int fixture_open(fixture *f) {
     memset(f, 0, sizeof *f);
-    if (dfl_st_open(&f->st, FIXTURE_DIR "/case.safetensors")) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/case.safetensors", fixture_dir);
+    if (dfl_st_open(&f->st, path)) {
         T_CHECKF(0, "%s", dfl_errmsg());
         return -1;
     }
-    if (dfl_drafter_config_load(&f->c, FIXTURE_DIR "/config.json")) {
+    snprintf(path, sizeof path, "%s/config.json", fixture_dir);
+    if (dfl_drafter_config_load(&f->c, path)) {
         T_CHECKF(0, "%s", dfl_errmsg());
         return -1;
     }
@@ -969,6 +1018,18 @@ static void test_fixture_adamw(void) {
     fixture_close(&f);
 }
 
+/* The fixture tests again on drafter-swa (make_drafter.py's sliding-window
+ * case): logits, slot losses, both losses' gradients, AdamW steps. */
+static void on_swa(void (*test)(void)) {
+    fixture_dir = FIXTURE_DIR_SWA;
+    test();
+    fixture_dir = FIXTURE_DIR;
+}
+static void test_swa_fixture_ce(void) { on_swa(test_fixture_ce); }
+static void test_swa_fixture_kl(void) { on_swa(test_fixture_kl); }
+static void test_swa_fixture_start_grad(void) { on_swa(test_fixture_start_grad); }
+static void test_swa_fixture_adamw(void) { on_swa(test_fixture_adamw); }
+
 static void test_init_weights(void) {
     dfl_drafter_config c;
     T_CHECK(parse_sized(&c, 32, 48, 1, 2, 1, 16, 40, 4, "[0,2]", 4, 39) == 0);
@@ -1137,6 +1198,11 @@ int main(void) {
     T_RUN(test_fixture_start_grad);
     T_RUN(test_start_grad_no_context);
     T_RUN(test_fixture_adamw);
+    T_RUN(test_fd_sliding);
+    T_RUN(test_swa_fixture_ce);
+    T_RUN(test_swa_fixture_kl);
+    T_RUN(test_swa_fixture_start_grad);
+    T_RUN(test_swa_fixture_adamw);
     T_RUN(test_tau_and_position_accuracy);
     return t_exit();
 }

@@ -200,6 +200,9 @@ static void test_kv_qwen35_yarn(void) { check_kv("qwen35-yarn"); }
 
 /* ---- drafter context cache ------------------------------------------------------ */
 
+/* keys spliced into make_drafter's config (test_drafter_cache_sliding) */
+static const char *drafter_extra = "";
+
 static dfl_drafter *make_drafter(dfl_target *t, const char *name, int B, uint64_t seed, double scale) {
     const dfl_model_config *tc = dfl_target_config(t);
     char cfg[1024];
@@ -208,9 +211,9 @@ static dfl_drafter *make_drafter(dfl_target *t, const char *name, int B, uint64_
              "\"num_target_layers\":%lld,\"dflash_config\":{\"mask_token_id\":%lld,\"target_layer_ids\":[0,2,3]},"
              "\"hidden_size\":%lld,\"intermediate_size\":40,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
              "\"num_key_value_heads\":2,\"head_dim\":12,\"rms_norm_eps\":1e-6,\"rope_theta\":1000.0,"
-             "\"vocab_size\":%lld}",
+             "\"vocab_size\":%lld%s}",
              B, (long long)tc->num_hidden_layers, (long long)tc->vocab_size - 1, (long long)tc->hidden_size,
-             (long long)tc->vocab_size);
+             (long long)tc->vocab_size, drafter_extra);
     dfl_drafter_config c;
     if (dfl_drafter_config_parse(&c, cfg, strlen(cfg), "<test>")) {
         fprintf(stderr, "  %s\n", dfl_errmsg());
@@ -250,7 +253,7 @@ static int open_pair(dfl_target **t, dfl_drafter **d, const char *name, int B, u
     return -1;
 }
 
-static void test_drafter_cache(void) {
+static void check_drafter_cache(void) {
     dfl_target *t;
     dfl_drafter *d;
     if (open_pair(&t, &d, "qwen3-untied", 5, 3, 0.4)) return;
@@ -308,8 +311,8 @@ static void test_drafter_cache(void) {
     double again = t_nmse_f32(got, ref, B * H);
     T_CHECKF(again < TOL, "after crop: nmse %.3g", again);
     T_CHECK(dfl_drafter_draft(dc, feats, DFL_F32, 2, ids[0], draft, NULL) == DFL_EX_DATA); /* past the capacity */
-    fprintf(stderr, "  drafter cache: worst nmse %.2e over %zu anchors; wrong context %.2e\n", worst,
-            sizeof anchors / sizeof anchors[0], off);
+    fprintf(stderr, "  drafter cache%s: worst nmse %.2e over %zu anchors; wrong context %.2e\n",
+            *drafter_extra ? " (sliding layer 0, window 7)" : "", worst, sizeof anchors / sizeof anchors[0], off);
     dfl_drafter_cache_free(dc);
     dfl_train_mb_free(&mb);
     free(feats);
@@ -318,6 +321,17 @@ static void test_drafter_cache(void) {
     free(ref_pred);
     dfl_drafter_free(d);
     dfl_target_free(t);
+}
+
+static void test_drafter_cache(void) { check_drafter_cache(); }
+/* The same with a sliding window of 7 on layer 0: the cache keeps every
+ * context row, and the attention's window picks the last ones, as the
+ * training forward's mask does (anchors 9 to 29 have their context cut). */
+static void test_drafter_cache_sliding(void) {
+    drafter_extra = ",\"use_sliding_window\":true,\"sliding_window\":7,"
+                    "\"layer_types\":[\"sliding_attention\",\"full_attention\"]";
+    check_drafter_cache();
+    drafter_extra = "";
 }
 
 /* The drafter's frozen copies of the target's embedding, LM head and final
@@ -617,6 +631,7 @@ int main(void) {
     T_RUN(test_kv_qwen35);
     T_RUN(test_kv_qwen35_yarn);
     T_RUN(test_drafter_cache);
+    T_RUN(test_drafter_cache_sliding);
     T_RUN(test_drafter_target_weights_qwen35_vlm);
     T_RUN(test_loop_lossless);
     T_RUN(test_loop_lossless_qwen35);
