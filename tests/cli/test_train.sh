@@ -93,6 +93,37 @@ json.dump(c, open('$T/drafter-mp.json', 'w'))"
 check "--init from a config with max_position_embeddings" $TS --target "$T/target" --init "$T/drafter-mp.json" --steps 0 --out "$T/mp"
 check "  ... keeps it" python3 -c "import json; v = json.load(open('$T/mp/config.json'))['max_position_embeddings']; assert v == 777, v"
 
+# ---- a drafter with a sliding-window layer (Qwen3.6-27B's drafter has four) -----------------
+# It trains (a different model from the full one: same seed, other losses),
+# its checkpoint spells the layers out, and what would run without its
+# window is refused, naming the key.
+python3 - "$T/drafter.json" "$T" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+swa = dict(c, layer_types=["sliding_attention", "full_attention"], use_sliding_window=True, sliding_window=8)
+json.dump(swa, open(sys.argv[2] + "/drafter-swa.json", "w"))
+json.dump(dict(swa, use_sliding_window=False), open(sys.argv[2] + "/drafter-swa-off.json", "w"))
+json.dump(dict(swa, sliding_window=5), open(sys.argv[2] + "/drafter-swa-small.json", "w"))
+EOF
+check "sliding window: 20 steps" $TS $COMMON --init "$T/drafter-swa.json" --steps 20 --total-steps 25 --seed 1 --log "$T/swa.log" --out "$T/swa" "$T/train.dfs"
+check "  ... its checkpoint's layers, and losses other than the full drafter's" python3 - "$T/swa" "$T/swa.log" "$T/learn.log" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1] + "/config.json"))
+assert c["layer_types"] == ["sliding_attention", "full_attention"], c["layer_types"]
+assert c["use_sliding_window"] is True and c["sliding_window"] == 8, c
+swa = [json.loads(x)["loss"] for x in open(sys.argv[2])]
+full = [json.loads(x)["loss"] for x in open(sys.argv[3])][:20]
+assert len(swa) == 20 and swa[0] != full[0] and all(a == a for a in swa), (swa[:3], full[:3])
+EOF
+check "  ... resumes" $TS $COMMON --resume "$T/swa" --steps 5 --out "$T/swa2" "$T/train.dfs"
+expect_exit 65 "sliding layer without use_sliding_window: refused" $TS --target "$T/target" --init "$T/drafter-swa-off.json" --steps 0 --out "$T/swa-off"
+grep -q 'layer_types"\[0\] is "sliding_attention" but "use_sliding_window" is not true' "$T/.err" &&
+    pass "  ... naming the key" || fail "  ... naming the key" "$(cat "$T/.err")"
+expect_exit 65 "sliding window smaller than the block: refused" $TS --target "$T/target" --init "$T/drafter-swa-small.json" --steps 0 --out "$T/swa-small"
+grep -q '"sliding_window" 5 is smaller than the block size 6' "$T/.err" && pass "  ... saying why" ||
+    fail "  ... saying why" "$(cat "$T/.err")"
+check "  ... and wrote nothing" test ! -e "$T/swa-off" -a ! -e "$T/swa-small"
+
 # ---- the defaults --help shows are the ones a run records ------------------------------------
 # The help's defaults are written in the option table by hand (the real ones
 # are set in options_default), so each is read back from a run that gives no
