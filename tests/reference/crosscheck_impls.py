@@ -28,6 +28,10 @@ THEIR code on OUR fixture and compares:
                    and every parameter gradient vs the fixture (CE).
   sf.leak, sf.gamma7  controls: anchor-inclusive context mask, gamma 7
                    instead of the fixture's; both must NOT match.
+  --swa            SpecForge alone on tests/fixtures/drafter-swa (a
+                   sliding-window layer): sf.load .. sf.gamma7 as above, and
+                   sf.swa.full, control: the sliding layer run in full must
+                   NOT match.
   sp.config        speculators' z-lab converter builds its config from our
                    config.json (layer ids must become ours + 1) and its
                    DFlashDraftModel takes our weights (only the verifier-filled
@@ -386,8 +390,8 @@ def run_specforge(sdir, cfg, t, P, seqs, gamma):
     emb.requires_grad_(False)
     ids, lm, hid, anc, keep = batch_of(seqs)
 
-    def online(g):
-        return fm.OnlineDFlashModel(draft_model=draft, target_lm_head=head, target_embed_tokens=emb,
+    def online(g, model=None):
+        return fm.OnlineDFlashModel(draft_model=model or draft, target_lm_head=head, target_embed_tokens=emb,
                                     mask_token_id=cfg["dflash_config"]["mask_token_id"],
                                     block_size=R.block_size(cfg), attention_backend="sdpa", num_anchors=512,
                                     loss_decay_gamma=g, objective_chunk_blocks=128, loss_type="dflash")
@@ -407,19 +411,20 @@ def run_specforge(sdir, cfg, t, P, seqs, gamma):
     report("sf.anchors", theirs == ours, f"candidate sets of {len(masks)} loss masks "
                                           f"(e.g. seq0 {ours[0]})" + ("" if theirs == ours else f" theirs {theirs}"))
 
-    def loss_and_grads(g, leak=False):
-        m = online(g)
+    def loss_and_grads(g, leak=False, model=None):
+        model = model or draft
+        m = online(g, model)
         m._sample_anchor_positions = lambda seq_len, loss_mask, device: (anc, keep)
         orig = fm.create_dflash_sdpa_mask
         if leak:
             fm.create_dflash_sdpa_mask = lambda anchor_positions, **kw: orig(anchor_positions=anchor_positions + 1, **kw)
         try:
-            draft.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
             loss, _acc, _m = m(input_ids=ids, hidden_states=hid, loss_mask=lm)
             loss.backward()
         finally:
             fm.create_dflash_sdpa_mask = orig
-        return loss.detach(), {k: p.grad.detach().clone() for k, p in draft.named_parameters()}
+        return loss.detach(), {k: p.grad.detach().clone() for k, p in model.named_parameters()}
 
     loss, grads = loss_and_grads(gamma)
     names = sorted(grads)
@@ -435,6 +440,15 @@ def run_specforge(sdir, cfg, t, P, seqs, gamma):
     _, g7 = loss_and_grads(7.0)
     check_control("sf.gamma7", torch.cat([g7[k].flatten() for k in names]), ref_grad,
                   f"gradient with gamma 7 instead of the fixture's {gamma}")
+    if cfg.get("use_sliding_window"):
+        # the sliding fixture: the same weights with every layer full must differ
+        full = sfd.DFlashDraftModel(qwen3_config(dict(cfg, use_sliding_window=False, sliding_window=None,
+                                                      layer_types=["full_attention"] * cfg["num_hidden_layers"])))
+        full = full.double()
+        full.load_state_dict(P, strict=True)
+        _, gf = loss_and_grads(gamma, model=full)
+        check_control("sf.swa.full", torch.cat([gf[k].flatten() for k in names]), ref_grad,
+                      "gradient with the sliding layer run in full")
     return sfd
 
 
@@ -661,7 +675,17 @@ def main():
     ap.add_argument("--zlab", required=True, help="work tree of z-lab/dflash")
     ap.add_argument("--specforge", required=True, help="work tree of sgl-project/SpecForge")
     ap.add_argument("--speculators", help="work tree of vllm-project/speculators")
+    ap.add_argument("--swa", action="store_true",
+                    help="SpecForge alone on tests/fixtures/drafter-swa (a sliding-window layer): z-lab's HF model "
+                         "takes its window from flash-attn only (eager ignores it), speculators reads another rule")
     a = ap.parse_args()
+    if a.swa:
+        global FIX
+        FIX = FIX + "-swa"
+        cfg, t, P, seqs, gamma, _ = load_fixture()
+        run_specforge(os.path.abspath(a.specforge), cfg, t, P, seqs, gamma)
+        print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
+        return 0 if all(results) else 1
     torch.manual_seed(0)
     cfg, t, P, seqs, gamma, target_eps = load_fixture()
     zm = run_zlab(os.path.abspath(a.zlab), cfg, t, P, seqs)
