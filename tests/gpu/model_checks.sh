@@ -141,6 +141,44 @@ JSON
     cat "$T/cmp" 2>/dev/null
 fi
 
+# ---- a sliding-window drafter (layer 0, window 8 in 48-token samples): a
+# training run and offline scoring, cpu vs device ----
+if [ ! -d "$T/ckpt-cpu" ]; then
+    result "model: sliding-window drafter cpu vs $DEV" "not yet" "needs the train step's run"
+else
+    python3 - "$T/drafter.json" "$T/drafter-swa.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True, sliding_window=8)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+    ok=1
+    for d in cpu "$DEV"; do
+        echo "+ dflash-train-step --device $d (sliding window)"
+        dflash-train-step --target "$T/target" --init "$T/drafter-swa.json" --steps 3 --seed 1 --anchors 12 \
+            --batch-seqs 4 --lr 1e-3 --log "$T/swa-$d.log" --device "$d" --out "$T/swa-$d" "$T/cpu.dfs" || ok=0
+        dflash-score --device "$d" --json --target "$T/target" --drafter "$T/swa-cpu" --anchors 8 --seed 1 \
+            "$T/cpu.dfs" >"$T/swa-off-$d.json" || ok=0
+    done
+    if [ $ok = 1 ] && $CMP logs "$T/swa-cpu.log" "$T/swa-$DEV.log" loss=2e-2 grad_norm=2e-2 >"$T/cmp" 2>&1 &&
+        $CMP safetensors "$T/swa-cpu/model.safetensors" "$T/swa-$DEV/model.safetensors" 5e-4 >>"$T/cmp" 2>&1 &&
+        python3 - "$T" "$DEV" >>"$T/cmp" 2>&1 <<'PY'
+import json, sys
+T, dev = sys.argv[1:]
+c, g = (json.load(open(f"{T}/swa-off-{d}.json")) for d in ("cpu", dev))
+dl = abs(g["loss"] / c["loss"] - 1)
+print("offline tau %.4f vs %.4f, loss rel. diff %.2e (limit 2e-2), %d blocks" %
+      (c["tau_pooled"], g["tau_pooled"], dl, c["blocks"]))
+assert c["blocks"] == g["blocks"] and abs(c["tau_pooled"] - g["tau_pooled"]) < 0.1 and dl < 2e-2
+PY
+    then
+        result "model: sliding-window drafter cpu vs $DEV" "ok" "$(grep -m1 'loss' "$T/cmp"); $(tail -n1 "$T/cmp")"
+    else
+        result "model: sliding-window drafter cpu vs $DEV" "FAIL" "$(tail -n1 "$T/cmp" 2>/dev/null)"
+    fi
+    cat "$T/cmp" 2>/dev/null
+fi
+
 # ---- scoring: offline at the same anchors, and the online loop ----
 if ! command -v dflash-score >/dev/null; then
     result "model: scoring cpu vs $DEV" "not yet" "dflash-score (issue 5) has not landed"
