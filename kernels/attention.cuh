@@ -547,6 +547,33 @@ __device__ __forceinline__ void block_ranges(const dfl_block &b, int B, int64_t 
     r[3] = cl((int64_t)b.blk_off + B);
 }
 
+// The same under a sliding window W > 0 (ops.h attn_dflash; W = 0: the
+// ranges above). Slot o of the block sees the context keys from
+// ctx_end + o + 1 - W on and its own keys blk_off .. blk_off + o, so slot
+// 0 sees the most context and the context any slot sees starts at
+// max(ctx_off, ctx_end - W + 1): block_ranges_w gives that union (the
+// block's reach, work proportional to the window), row_ranges slot o's own
+// ranges (exactly the keys it sees; its context may be empty when o >= W).
+__device__ __forceinline__ void window_ranges(const dfl_block &b, int64_t NK, int64_t W, int64_t o, int64_t own,
+                                              int64_t *r) {
+    auto cl = [&](int64_t x) { return x < 0 ? (int64_t)0 : x > NK ? NK : x; };
+    const int64_t end = (int64_t)b.ctx_off + b.ctx_len, lo = end + o + 1 - W;
+    r[0] = cl(lo > b.ctx_off ? lo : (int64_t)b.ctx_off);
+    r[1] = cl(end);
+    r[2] = cl(b.blk_off);
+    r[3] = cl((int64_t)b.blk_off + own);
+}
+
+__device__ __forceinline__ void block_ranges_w(const dfl_block &b, int B, int64_t NK, int64_t W, int64_t *r) {
+    if (W > 0) window_ranges(b, NK, W, 0, B, r);
+    else block_ranges(b, B, NK, r);
+}
+
+__device__ __forceinline__ void row_ranges(const dfl_block &b, int B, int64_t NK, int64_t W, int o, int64_t *r) {
+    if (W > 0) window_ranges(b, NK, W, o, o + 1, r);
+    else block_ranges(b, B, NK, r);
+}
+
 // ---------------------------------------------------------------------------
 // forward CTA: 64 flattened rows [r0, r0+64) of one KV head, all keys of
 // `segs`; CAUSAL masks key > kbase + row position. Writes out (and lse, the
@@ -865,14 +892,16 @@ void launch_delta(float *delta, const bf16 *dout, const bf16 *out, int64_t n, in
 
 void simple_attn_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
                         int64_t T, int Hq, int Hkv, int D);
+// (window: the op's sliding window, 0 for none; the only kernels that take
+// one, see cuda_attn_dflash)
 void simple_attn_dflash(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
-                        int64_t nblk, int B, int64_t NK, int Hq, int Hkv, int D);
+                        int64_t nblk, int B, int64_t NK, int Hq, int Hkv, int D, int64_t window);
 void simple_attn_dflash_dq(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
                            const bf16 *k, const bf16 *v, const dfl_block *blocks, int64_t nblk, int B, int64_t NK,
-                           int Hq, int Hkv, int D);
+                           int Hq, int Hkv, int D, int64_t window);
 void simple_attn_dflash_dkdv(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
                              const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks, const TileLists *tl,
-                             int B, int64_t NK, int Hq, int Hkv, int D);
+                             int B, int64_t NK, int Hq, int Hkv, int D, int64_t window);
 
 } // namespace attn
 

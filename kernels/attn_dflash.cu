@@ -6,6 +6,16 @@
 // block really sees: a CTA visits only its block's key ranges, never the
 // whole S×Q rectangle.
 //
+// A sliding window (window W > 0, a drafter's sliding layer; ops.h): slot o
+// of a block sees only the context from ctx_end + o + 1 - W on and its own
+// keys up to blk_off + o. Those calls take the simple kernels
+// (attn_simple.cu), which visit exactly each slot's keys, and key tile
+// lists cut to the window. Correct first: the tensor-core kernels below
+// know no window and serve W = 0 alone. A fast path for sliding layers (the
+// forward's and dq's segments cut to the block's window, a per-(slot, key)
+// mask on the tiles at the window's edge and in the own block, the dk/dv
+// chunks from the same cut lists) is a lead for a session with a GPU.
+//
 // Forward (fast path: D = 64, 128 or 256, 16-byte aligned): one CTA per
 // (block, KV head, 64 rows of the block's B×G (slot, head-in-group) rows),
 // the flash_fwd_cta of attention.cuh over the block's two key segments; lse
@@ -168,21 +178,25 @@ __global__ void row_stats_kernel(float *lse2, float *delta, const float *lse, co
     if (lane == 0) lse2[i] = lse[row] * LOG2E, delta[i] = s;
 }
 
-__device__ __forceinline__ bool block_touches_tile(const dfl_block &b, int B, int64_t NK, int64_t t0, int64_t t1) {
+// (the block's reach under the window: the tile lists of a sliding layer
+// hold only the blocks whose window meets the tile)
+__device__ __forceinline__ bool block_touches_tile(const dfl_block &b, int B, int64_t NK, int64_t W, int64_t t0,
+                                                   int64_t t1) {
     int64_t r[4];
-    block_ranges(b, B, NK, r);
+    block_ranges_w(b, B, NK, W, r);
     return (r[0] < r[1] && r[0] < t1 && r[1] > t0) || (r[2] < r[3] && r[2] < t1 && r[3] > t0);
 }
 
 // one warp per key tile; lanes test 32 blocks at a time
-__global__ void tile_count_kernel(int *cnt, const dfl_block *blocks, int nblk, int B, int64_t NK, int ntiles) {
+__global__ void tile_count_kernel(int *cnt, const dfl_block *blocks, int nblk, int B, int64_t NK, int64_t W,
+                                  int ntiles) {
     int tile = (int)((blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
     if (tile >= ntiles) return;
     int64_t t0 = (int64_t)tile * BN, t1 = t0 + BN;
     int n = 0;
     for (int jb = 0; jb < nblk; jb += 32) {
         int j = jb + lane;
-        bool t = j < nblk && block_touches_tile(blocks[j], B, NK, t0, t1);
+        bool t = j < nblk && block_touches_tile(blocks[j], B, NK, W, t0, t1);
         n += __popc(__ballot_sync(0xffffffffu, t));
     }
     if (lane == 0) cnt[tile] = n;
@@ -196,14 +210,14 @@ __global__ void tile_scan_kernel(int *list_off, int *chunk_off, const int *cnt, 
 // same walk as tile_count_kernel, writing block indices in block order
 __global__ void tile_fill_kernel(int *list, KeyChunk *chunks, const int *cnt, const int *list_off,
                                  const int *chunk_off, const dfl_block *blocks, int nblk, int B, int64_t NK,
-                                 int ntiles) {
+                                 int64_t W, int ntiles) {
     int tile = (int)((blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
     if (tile >= ntiles) return;
     int64_t t0 = (int64_t)tile * BN, t1 = t0 + BN;
     int base = list_off[tile], n = 0;
     for (int jb = 0; jb < nblk; jb += 32) {
         int j = jb + lane;
-        bool t = j < nblk && block_touches_tile(blocks[j], B, NK, t0, t1);
+        bool t = j < nblk && block_touches_tile(blocks[j], B, NK, W, t0, t1);
         unsigned mask = __ballot_sync(0xffffffffu, t);
         if (t) list[base + n + __popc(mask & ((1u << lane) - 1u))] = j;
         n += __popc(mask);
@@ -218,7 +232,8 @@ __global__ void tile_fill_kernel(int *list, KeyChunk *chunks, const int *cnt, co
     }
 }
 
-// tile_off[j] = the tiles blocks 0..j-1 touch (the stored dS's block offsets)
+// tile_off[j] = the tiles blocks 0..j-1 touch (the stored dS's block offsets;
+// without the window: only the fast backward reads them, and it takes W = 0)
 __global__ void block_tiles_scan_kernel(int *tile_off, const dfl_block *blocks, int nblk, int B, int64_t NK) {
     block_scan_exclusive(tile_off, nblk, [&](int j) { return touched_tiles(blocks[j], B, NK).count(); });
 }
@@ -666,11 +681,12 @@ void attn::launch_delta(float *delta, const bf16 *dout, const bf16 *out, int64_t
 // cnt, list_off and chunk_off in small (tile_lists_small_ints ints); the
 // totals list_off[ntiles], chunk_off[ntiles] copied to tot[0], tot[1] (host)
 // in stream order, not waited for. ntiles > 0.
-static void count_tiles(int *small, int *tot, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK) {
+static void count_tiles(int *small, int *tot, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
+                        int64_t W) {
     const int ntiles = (int)CEIL_DIV(NK, (int64_t)BN);
     int *cnt = small, *list_off = small + ntiles, *chunk_off = small + 2 * ntiles + 1;
     KLAUNCH(tile_count_kernel, (unsigned)CEIL_DIV((int64_t)ntiles * 32, (int64_t)256), 256, 0)(cnt, blocks, (int)nblk,
-                                                                                             (int)B, NK, ntiles);
+                                                                                             (int)B, NK, W, ntiles);
     LAUNCH_CHECK();
     KLAUNCH(tile_scan_kernel, 1, 1024, 0)(list_off, chunk_off, cnt, ntiles);
     LAUNCH_CHECK();
@@ -681,7 +697,7 @@ static void count_tiles(int *small, int *tot, const dfl_block *blocks, int64_t n
 // *tl from counts in small and their totals on the host: the lists in
 // SCRATCH_LISTS, filled on the device.
 static void fill_tile_lists(TileLists *tl, int *small, const int *tot, const dfl_block *blocks, int64_t nblk,
-                            int64_t B, int64_t NK) {
+                            int64_t B, int64_t NK, int64_t W) {
     const int ntiles = tl->ntiles;
     tl->small = small;
     tl->cnt = small;
@@ -696,18 +712,19 @@ static void fill_tile_lists(TileLists *tl, int *small, const int *tot, const dfl
     tl->chunks = (KeyChunk *)(mem + list_bytes);
     tl->tile_off = (int *)(mem + list_bytes + chunk_bytes);
     KLAUNCH(tile_fill_kernel, (unsigned)CEIL_DIV((int64_t)ntiles * 32, (int64_t)256), 256, 0)(
-        tl->list, tl->chunks, tl->cnt, tl->list_off, tl->chunk_off, blocks, (int)nblk, (int)B, NK, ntiles);
+        tl->list, tl->chunks, tl->cnt, tl->list_off, tl->chunk_off, blocks, (int)nblk, (int)B, NK, W, ntiles);
     LAUNCH_CHECK();
     KLAUNCH(block_tiles_scan_kernel, 1, 1024, 0)(tl->tile_off, blocks, (int)nblk, (int)B, NK);
     LAUNCH_CHECK();
 }
 
-// A forward's counts: its key, device counts (scratch slot
-// SCRATCH_TILE_COUNTS + its index), pinned totals and their event.
+// A forward's counts: its key (the window too: it cuts the lists), device
+// counts (scratch slot SCRATCH_TILE_COUNTS + its index), pinned totals and
+// their event.
 struct KeptCounts {
     const float *lse;
     const dfl_block *blocks;
-    int64_t nblk, B, NK;
+    int64_t nblk, B, NK, W;
     int *small, *tot;
     cudaEvent_t ready;
     uint64_t used; // 0: empty; else when it was last written or read
@@ -716,13 +733,14 @@ static KeptCounts g_kept[TILE_COUNT_SLOTS];
 static uint64_t g_kept_clock;
 
 static bool kept_for(const KeptCounts &e, const float *lse, const dfl_block *blocks, int64_t nblk, int64_t B,
-                     int64_t NK) {
-    return e.used && e.lse == lse && e.blocks == blocks && e.nblk == nblk && e.B == B && e.NK == NK;
+                     int64_t NK, int64_t W) {
+    return e.used && e.lse == lse && e.blocks == blocks && e.nblk == nblk && e.B == B && e.NK == NK && e.W == W;
 }
 
 // The forward's part: count into the slot of this lse (or the least
 // recently used one), the totals behind an event.
-static void keep_tile_counts(const float *lse, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK) {
+static void keep_tile_counts(const float *lse, const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
+                             int64_t W) {
     int slot = 0;
     for (int i = 0; i < TILE_COUNT_SLOTS; i++) {
         if (g_kept[i].used && g_kept[i].lse == lse) {
@@ -737,9 +755,9 @@ static void keep_tile_counts(const float *lse, const dfl_block *blocks, int64_t 
         cudaCheck(cudaEventCreateWithFlags(&e.ready, cudaEventDisableTiming));
     }
     e.small = (int *)cuda_scratch(SCRATCH_TILE_COUNTS + slot, tile_lists_small_ints(NK) * sizeof(int));
-    count_tiles(e.small, e.tot, blocks, nblk, B, NK);
+    count_tiles(e.small, e.tot, blocks, nblk, B, NK, W);
     cudaCheck(cudaEventRecord(e.ready, g_cuda.stream));
-    e.lse = lse, e.blocks = blocks, e.nblk = nblk, e.B = B, e.NK = NK;
+    e.lse = lse, e.blocks = blocks, e.nblk = nblk, e.B = B, e.NK = NK, e.W = W;
     e.used = ++g_kept_clock;
 }
 
@@ -747,22 +765,22 @@ static void keep_tile_counts(const float *lse, const dfl_block *blocks, int64_t 
 // counted now into small (tile_lists_small_ints ints of the caller's
 // scratch) with the stream drained to read their totals.
 static void build_tile_lists(TileLists *tl, int *small, const float *lse, const dfl_block *blocks, int64_t nblk,
-                             int64_t B, int64_t NK) {
+                             int64_t B, int64_t NK, int64_t W) {
     memset(tl, 0, sizeof *tl);
     tl->ntiles = (int)CEIL_DIV(NK, (int64_t)BN);
     if (tl->ntiles == 0) return;
     for (int i = 0; i < TILE_COUNT_SLOTS; i++) {
         KeptCounts &e = g_kept[i];
-        if (!kept_for(e, lse, blocks, nblk, B, NK)) continue;
+        if (!kept_for(e, lse, blocks, nblk, B, NK, W)) continue;
         cudaCheck(cudaEventSynchronize(e.ready));
         e.used = ++g_kept_clock;
-        fill_tile_lists(tl, e.small, e.tot, blocks, nblk, B, NK);
+        fill_tile_lists(tl, e.small, e.tot, blocks, nblk, B, NK, W);
         return;
     }
     int tot[2];
-    count_tiles(small, tot, blocks, nblk, B, NK);
+    count_tiles(small, tot, blocks, nblk, B, NK, W);
     cudaCheck(cudaStreamSynchronize(g_cuda.stream));
-    fill_tile_lists(tl, small, tot, blocks, nblk, B, NK);
+    fill_tile_lists(tl, small, tot, blocks, nblk, B, NK, W);
 }
 
 template <int D, bool WG = false, bool PIPE = false>
@@ -783,14 +801,16 @@ static void launch_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, cons
 // lse may be NULL when no backward pass follows (scoring).
 void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v, const dfl_block *blocks,
                       int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D, int64_t window) {
-    CU_ASSERT(out && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0 && window == 0);
+    CU_ASSERT(out && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0 && window >= 0);
     CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hkv <= 65535);
     CU_ASSERT(nblk * B * Hq <= INT32_MAX && B * (Hq / Hkv) <= INT32_MAX && CEIL_DIV(B * (Hq / Hkv), BM) <= 65535);
     if (nblk == 0) return;
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
-    if (!g_cuda.simple && aligned && use_wgmma(D)) {
+    // a sliding window: the simple kernel alone (see the top)
+    if (window > 0) simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D, window);
+    else if (!g_cuda.simple && aligned && use_wgmma(D)) {
         const bool pipe = wgmma_pipe();
         if (D == 128 && pipe) launch_fwd<128, true, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
         else if (D == 128) launch_fwd<128, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
@@ -799,9 +819,9 @@ void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const
     } else if (!g_cuda.simple && aligned && D == 128) launch_fwd<128>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 256) launch_fwd<256>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 64) launch_fwd<64>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
-    else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
+    else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D, 0);
     // saving lse means a backward follows: count its key tiles now, unwaited
-    if (lse && NK > 0 && CEIL_DIV(NK, (int64_t)BN) < INT32_MAX / 4) keep_tile_counts(lse, blocks, nblk, B, NK);
+    if (lse && NK > 0 && CEIL_DIV(NK, (int64_t)BN) < INT32_MAX / 4) keep_tile_counts(lse, blocks, nblk, B, NK, window);
 }
 
 // DFLASH_CUDA_DS_MAX_MB: the most bytes the stored dS may take (read at
@@ -885,7 +905,7 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
 void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
                           const void *q, const void *k, const void *v, const dfl_block *blocks, int64_t nblk,
                           int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D, int64_t window) {
-    CU_ASSERT(dout && out && lse && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0 && window == 0);
+    CU_ASSERT(dout && out && lse && q && k && v && blocks && nblk >= 0 && B > 0 && NK >= 0 && window >= 0);
     CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hkv <= 65535);
     CU_ASSERT(nblk * B * Hq <= INT32_MAX && B * (Hq / Hkv) <= INT32_MAX - BR && CEIL_DIV(B * (Hq / Hkv), BM) <= 65535);
     CU_ASSERT(CEIL_DIV(NK, (int64_t)BN) < INT32_MAX / 4);
@@ -901,7 +921,7 @@ void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const 
                *vv = (const bf16 *)v;
     int aligned = is_aligned(gq, 16) && is_aligned(gk, 16) && is_aligned(gv, 16) && is_aligned(go, 16) &&
                   is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
-    const int fast = !g_cuda.simple && aligned && (D == 128 || D == 64);
+    const int fast = !g_cuda.simple && aligned && (D == 128 || D == 64) && window == 0; // see the top
     const int want_kv = dk || dv;
     // scratch: the row statistics (fast: lse2 and delta in visiting order,
     // padded; simple: delta per row), then the small tile-list arrays
@@ -912,7 +932,7 @@ void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const 
     TileLists tl;
     if (want_kv) {
         cuda_prof_scope ps("k attn_dflash_bwd: key tile lists");
-        build_tile_lists(&tl, (int *)(mem + sbytes), lse, blocks, nblk, B, NK);
+        build_tile_lists(&tl, (int *)(mem + sbytes), lse, blocks, nblk, B, NK, window);
     }
     const TileLists *tlp = want_kv ? &tl : NULL;
     if (fast && D == 128)
@@ -921,8 +941,11 @@ void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const 
         launch_bwd<64>(gq, gk, gv, go, oo, lse, qq, kk, vv, blocks, tlp, stats, nblk, (int)B, NK, (int)Hq, (int)Hkv);
     else {
         launch_delta(stats, go, oo, nblk * B * Hq, (int)D);
-        if (gq) simple_attn_dflash_dq(gq, go, lse, stats, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
+        if (gq)
+            simple_attn_dflash_dq(gq, go, lse, stats, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D,
+                                  window);
         if (tlp)
-            simple_attn_dflash_dkdv(gk, gv, go, lse, stats, qq, kk, vv, blocks, tlp, (int)B, NK, (int)Hq, (int)Hkv, (int)D);
+            simple_attn_dflash_dkdv(gk, gv, go, lse, stats, qq, kk, vv, blocks, tlp, (int)B, NK, (int)Hq, (int)Hkv,
+                                    (int)D, window);
     }
 }

@@ -9,6 +9,11 @@
 // L, L+32, ... (at most 8); dot products are warp sums; f32 throughout, the
 // same online softmax as the CPU reference, keys in increasing order.
 // Deterministic: no atomics.
+//
+// They are also the only DFlash kernels that take a sliding window (ops.h
+// attn_dflash, window > 0): each query row visits exactly the keys its slot
+// sees (row_ranges), and the dk/dv warp tests each row's slot against its
+// key. Correct first; the tensor-core kernels serve window 0 only.
 #include "attention.cuh"
 
 using namespace attn;
@@ -114,25 +119,27 @@ __global__ void simple_causal_kernel(bf16 *out, const bf16 *q, const bf16 *k, co
 
 // This warp's DFlash query row w (one warp per (token, head) row, in the
 // [T, Hq] order of q): false past the last row; else its KV head and the
-// key ranges of its block (block_ranges).
+// key ranges of its slot in its block (row_ranges: the block's two ranges,
+// under a sliding window those of the slot).
 struct DflashRow {
     int64_t w, r[4];
     int lane, hkv;
-    __device__ bool init(const dfl_block *blocks, int B, int64_t NK, int64_t nrows, int Hq, int Hkv) {
+    __device__ bool init(const dfl_block *blocks, int B, int64_t NK, int64_t nrows, int Hq, int Hkv, int64_t W) {
         w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
         lane = threadIdx.x % 32;
         if (w >= nrows) return false;
         hkv = (int)(w % Hq) / (Hq / Hkv);
-        block_ranges(blocks[w / Hq / B], B, NK, r);
+        const int64_t tok = w / Hq;
+        row_ranges(blocks[tok / B], B, NK, W, (int)(tok % B), r);
         return true;
     }
 };
 
 __global__ void simple_dflash_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                      const dfl_block *blocks, int B, int64_t NK, int64_t nrows, int Hq, int Hkv, int D,
-                                     float scale) {
+                                     int64_t W, float scale) {
     DflashRow row;
-    if (!row.init(blocks, B, NK, nrows, Hq, Hkv)) return;
+    if (!row.init(blocks, B, NK, nrows, Hq, Hkv, W)) return;
     const int64_t w = row.w, *r = row.r;
     const int lane = row.lane, hkv = row.hkv;
     float x[PL];
@@ -155,9 +162,9 @@ __global__ void simple_dflash_kernel(bf16 *out, float *lse, const bf16 *q, const
 // dq[t,h] = scale * sum_key P (dP - delta) k
 __global__ void simple_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
                                  const bf16 *k, const bf16 *v, const dfl_block *blocks, int B, int64_t NK,
-                                 int64_t nrows, int Hq, int Hkv, int D, float scale) {
+                                 int64_t nrows, int Hq, int Hkv, int D, int64_t W, float scale) {
     DflashRow row;
-    if (!row.init(blocks, B, NK, nrows, Hq, Hkv)) return;
+    if (!row.init(blocks, B, NK, nrows, Hq, Hkv, W)) return;
     const int64_t w = row.w, *r = row.r;
     const int lane = row.lane, hkv = row.hkv;
     float x[PL], go[PL], acc[PL];
@@ -176,11 +183,12 @@ __global__ void simple_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse, c
 }
 
 // one warp per (key, KV head): the blocks of its tile's list that see it,
-// in block order, and their rows of this KV head's query heads
+// in block order, and their rows of this KV head's query heads (under a
+// sliding window W > 0, the rows whose slot sees the key)
 __global__ void simple_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
                                    const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
                                    const int *list, const int *list_off, int B, int64_t NK, int Hq, int Hkv, int D,
-                                   float scale) {
+                                   int64_t W, float scale) {
     int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
     if (w >= NK * Hkv) return;
@@ -195,9 +203,13 @@ __global__ void simple_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const f
     for (int e = list_off[tile]; e < list_off[tile + 1]; e++) {
         int j = list[e];
         int64_t r[4];
-        block_ranges(blocks[j], B, NK, r);
+        block_ranges_w(blocks[j], B, NK, W, r);
         if (!((key >= r[0] && key < r[1]) || (key >= r[2] && key < r[3]))) continue;
         for (int row = 0; row < B * G; row++) {
+            if (W > 0) { // the slot's own ranges: warp-uniform, as the key is
+                row_ranges(blocks[j], B, NK, W, row / G, r);
+                if (!((key >= r[0] && key < r[1]) || (key >= r[2] && key < r[3]))) continue;
+            }
             int64_t qi = ((int64_t)j * B + row / G) * Hq + (int64_t)hkv * G + row % G; // (token, head) row
             float p = expf(dot_vec(kx, q + qi * D, D, lane) * scale - lse[qi]);
             axpy_vec(gv, p, dout + qi * D, D, lane);
@@ -223,31 +235,32 @@ void attn::simple_attn_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf1
 }
 
 void attn::simple_attn_dflash(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                              const dfl_block *blocks, int64_t nblk, int B, int64_t NK, int Hq, int Hkv, int D) {
-    CU_ASSERT(D <= 32 * PL);
+                              const dfl_block *blocks, int64_t nblk, int B, int64_t NK, int Hq, int Hkv, int D,
+                              int64_t window) {
+    CU_ASSERT(D <= 32 * PL && window >= 0);
     int64_t nrows = nblk * B * Hq;
     KLAUNCH(simple_dflash_kernel, warps_grid(nrows), 256, 0)(out, lse, q, k, v, blocks, B, NK, nrows, Hq,
-                                                                      Hkv, D, 1.0f / sqrtf((float)D));
+                                                                      Hkv, D, window, 1.0f / sqrtf((float)D));
     LAUNCH_CHECK();
 }
 
 void attn::simple_attn_dflash_dq(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
                                  const bf16 *k, const bf16 *v, const dfl_block *blocks, int64_t nblk, int B,
-                                 int64_t NK, int Hq, int Hkv, int D) {
-    CU_ASSERT(D <= 32 * PL);
+                                 int64_t NK, int Hq, int Hkv, int D, int64_t window) {
+    CU_ASSERT(D <= 32 * PL && window >= 0);
     int64_t nrows = nblk * B * Hq;
     KLAUNCH(simple_dq_kernel, warps_grid(nrows), 256, 0)(dq, dout, lse, delta, q, k, v, blocks, B, NK, nrows,
-                                                                  Hq, Hkv, D, 1.0f / sqrtf((float)D));
+                                                                  Hq, Hkv, D, window, 1.0f / sqrtf((float)D));
     LAUNCH_CHECK();
 }
 
 void attn::simple_attn_dflash_dkdv(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
                                    const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
-                                   const TileLists *tl, int B, int64_t NK, int Hq, int Hkv, int D) {
-    CU_ASSERT(D <= 32 * PL);
+                                   const TileLists *tl, int B, int64_t NK, int Hq, int Hkv, int D, int64_t window) {
+    CU_ASSERT(D <= 32 * PL && window >= 0);
     if (NK == 0) return; // with an empty list every key's warp writes zeros
     KLAUNCH(simple_dkdv_kernel, warps_grid(NK * Hkv), 256, 0)(dk, dv, dout, lse, delta, q, k, v, blocks,
                                                                        tl->list, tl->list_off, B, NK, Hq, Hkv, D,
-                                                                       1.0f / sqrtf((float)D));
+                                                                       window, 1.0f / sqrtf((float)D));
     LAUNCH_CHECK();
 }
