@@ -95,9 +95,10 @@ struct TouchedTiles {
     __device__ int index(int t) const { return t <= a1 ? t - a0 : (a1 - a0 + 1) + t - b0; }
 };
 
-__device__ __forceinline__ TouchedTiles touched_tiles(const dfl_block &b, int B, int64_t NK) {
+// (W: the sliding window, whose lists hold only the tiles its reach meets)
+__device__ __forceinline__ TouchedTiles touched_tiles(const dfl_block &b, int B, int64_t NK, int64_t W) {
     int64_t r[4];
-    block_ranges(b, B, NK, r);
+    block_ranges_w(b, B, NK, W, r);
     TouchedTiles tt;
     tt.init(r);
     return tt;
@@ -232,10 +233,10 @@ __global__ void tile_fill_kernel(int *list, KeyChunk *chunks, const int *cnt, co
     }
 }
 
-// tile_off[j] = the tiles blocks 0..j-1 touch (the stored dS's block offsets;
-// without the window: only the fast backward reads them, and it takes W = 0)
-__global__ void block_tiles_scan_kernel(int *tile_off, const dfl_block *blocks, int nblk, int B, int64_t NK) {
-    block_scan_exclusive(tile_off, nblk, [&](int j) { return touched_tiles(blocks[j], B, NK).count(); });
+// tile_off[j] = the tiles blocks 0..j-1 touch (the stored dS's block offsets)
+__global__ void block_tiles_scan_kernel(int *tile_off, const dfl_block *blocks, int nblk, int B, int64_t NK,
+                                        int64_t W) {
+    block_scan_exclusive(tile_off, nblk, [&](int j) { return touched_tiles(blocks[j], B, NK, W).count(); });
 }
 
 // ---------------------------------------------------------------------------
@@ -370,7 +371,7 @@ __global__ void __launch_bounds__(NTHREADS, 4)
     const int j = nblk - 1 - (int)blockIdx.x, hkv = blockIdx.y, r0 = blockIdx.z * BM;
     const int rows_total = B * G, rtp = padded_rows(B, G);
     const int64_t tok0 = (int64_t)j * B;
-    const TouchedTiles tt = touched_tiles(blocks[j], B, NK);
+    const TouchedTiles tt = touched_tiles(blocks[j], B, NK, 0); // the fast path: no window
     const int nt = tt.count();
     const bf16 *dsj = ds + (int64_t)tile_off[j] * Hkv * BN * rtp + r0;
 
@@ -714,7 +715,7 @@ static void fill_tile_lists(TileLists *tl, int *small, const int *tot, const dfl
     KLAUNCH(tile_fill_kernel, (unsigned)CEIL_DIV((int64_t)ntiles * 32, (int64_t)256), 256, 0)(
         tl->list, tl->chunks, tl->cnt, tl->list_off, tl->chunk_off, blocks, (int)nblk, (int)B, NK, W, ntiles);
     LAUNCH_CHECK();
-    KLAUNCH(block_tiles_scan_kernel, 1, 1024, 0)(tl->tile_off, blocks, (int)nblk, (int)B, NK);
+    KLAUNCH(block_tiles_scan_kernel, 1, 1024, 0)(tl->tile_off, blocks, (int)nblk, (int)B, NK, W);
     LAUNCH_CHECK();
 }
 
