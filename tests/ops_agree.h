@@ -513,8 +513,9 @@ static dflash_shape dflash_layout(const int32_t *ctx, int64_t nseq, const int32_
     return s;
 }
 
-static void dflash_case(const char *name, const dflash_shape *s) {
-    const int64_t nq = s->nblk * s->B, Hq = s->Hq, Hkv = s->Hkv, D = s->D, NK = s->NK;
+/* window: the op's sliding window (0: none) */
+static void dflash_case_w(const char *name, const dflash_shape *s, int64_t window) {
+    const int64_t W = window, nq = s->nblk * s->B, Hq = s->Hq, Hkv = s->Hkv, D = s->D, NK = s->NK;
     float *hq = ag_randn(nq * Hq * D, 1), *hk = ag_randn(NK * Hkv * D, 1), *hv = ag_randn(NK * Hkv * D, 1);
     float *hd = ag_randn(nq * Hq * D, 1);
     ag_pair q = ag_new(hq, nq * Hq * D, AG_ACT), k = ag_new(hk, NK * Hkv * D, AG_ACT);
@@ -522,8 +523,8 @@ static void dflash_case(const char *name, const dflash_shape *s) {
     ag_pair blk = ag_new(s->blocks, s->nblk * 3, AG_I32);
     ag_pair out = ag_new(NULL, nq * Hq * D, AG_ACT), lse = ag_new(NULL, nq * Hq, AG_F32);
     char what[96];
-    REF->attn_dflash(out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D, 0);
-    DEV->attn_dflash(out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D, 0);
+    REF->attn_dflash(out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D, W);
+    DEV->attn_dflash(out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D, W);
     snprintf(what, sizeof what, "%s out", name);
     ag_check(what, &out, NMSE_INNER);
     snprintf(what, sizeof what, "%s lse", name);
@@ -532,14 +533,14 @@ static void dflash_case(const char *name, const dflash_shape *s) {
     /* gradient scale from a zero-started reference pass */
     ag_pair z = ag_new(NULL, nq * Hq * D, AG_ACT), zk = ag_new(NULL, NK * Hkv * D, AG_ACT),
             zv = ag_new(NULL, NK * Hkv * D, AG_ACT);
-    REF->attn_dflash_bwd(z.r, zk.r, zv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D, 0);
+    REF->attn_dflash_bwd(z.r, zk.r, zv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D, W);
     float *g0 = ag_get(REF, z.r, nq * Hq * D, AG_ACT), *g1 = ag_get(REF, zk.r, NK * Hkv * D, AG_ACT),
           *g2 = ag_get(REF, zv.r, NK * Hkv * D, AG_ACT);
     ag_pair dq = ag_grad(nq * Hq * D, AG_ACT, ag_rms(g0, nq * Hq * D));
     ag_pair dk = ag_grad(NK * Hkv * D, AG_ACT, ag_rms(g1, NK * Hkv * D));
     ag_pair dv = ag_grad(NK * Hkv * D, AG_ACT, ag_rms(g2, NK * Hkv * D));
-    REF->attn_dflash_bwd(dq.r, dk.r, dv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D, 0);
-    DEV->attn_dflash_bwd(dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D, 0);
+    REF->attn_dflash_bwd(dq.r, dk.r, dv.r, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv, D, W);
+    DEV->attn_dflash_bwd(dq.d, dk.d, dv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq, Hkv, D, W);
     snprintf(what, sizeof what, "%s dq", name);
     ag_check(what, &dq, NMSE_INNER);
     snprintf(what, sizeof what, "%s dk", name);
@@ -552,10 +553,10 @@ static void dflash_case(const char *name, const dflash_shape *s) {
     {
         ag_pair dq2 = ag_grad(nq * Hq * D, AG_ACT, ag_rms(g0, nq * Hq * D));
         REF->attn_dflash_bwd(dq2.r, NULL, NULL, dout.r, out.r, lse.r, q.r, k.r, v.r, blk.r, s->nblk, s->B, NK, Hq, Hkv,
-                             D, 0);
+                             D, W);
         setenv("DFLASH_CUDA_DS_MAX_MB", "0", 1);
         DEV->attn_dflash_bwd(dq2.d, zk.d, zv.d, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK, Hq,
-                             Hkv, D, 0);
+                             Hkv, D, W);
         unsetenv("DFLASH_CUDA_DS_MAX_MB");
         snprintf(what, sizeof what, "%s dq (recomputed)", name);
         ag_check(what, &dq2, NMSE_INNER);
@@ -568,16 +569,22 @@ static void dflash_case(const char *name, const dflash_shape *s) {
         uint16_t *b1 = dfl_malloc((size_t)NK * Hkv * D * 2), *b2 = dfl_malloc((size_t)NK * Hkv * D * 2);
         for (int rep = 0; rep < 2; rep++) {
             DEV->attn_dflash_bwd(NULL, zk.d, NULL, dout.d, out.d, lse.d, q.d, k.d, v.d, blk.d, s->nblk, s->B, NK,
-                                 Hq, Hkv, D, 0);
+                                 Hq, Hkv, D, W);
             DEV->act_to_bf16(rep ? b2 : b1, zk.d, NK * Hkv * D);
         }
         T_CHECKF(memcmp(b1, b2, (size_t)NK * Hkv * D * 2) == 0, "%s: dk differs between two identical calls", name);
         free(b1), free(b2);
+        /* and dk alone is the reference's dk: no dv (nor dq) needed for it */
+        ag_pair alone = {dk.r, zk.d, NK * Hkv * D, AG_ACT};
+        snprintf(what, sizeof what, "%s dk alone", name);
+        ag_check(what, &alone, NMSE_INNER);
     }
     ag_free(&q), ag_free(&k), ag_free(&v), ag_free(&dout), ag_free(&blk), ag_free(&out), ag_free(&lse);
     ag_free(&z), ag_free(&zk), ag_free(&zv), ag_free(&dq), ag_free(&dk), ag_free(&dv);
     free(hq), free(hk), free(hv), free(hd), free(g0), free(g1), free(g2);
 }
+
+static void dflash_case(const char *name, const dflash_shape *s) { dflash_case_w(name, s, 0); }
 
 static void attn_dflash_agrees(void) {
     /* tensor cores (D 64), G = 4, B = 16, two packed sequences */
@@ -638,6 +645,206 @@ static void attn_dflash_agrees(void) {
         const int32_t ctx_f[] = {1024}, anc_f[] = {64};
         dflash_shape f = dflash_layout(ctx_f, 1, anc_f, 16, 32, 8, 128);
         dflash_case("dflash Qwen3-8B heads", &f);
+        free(f.blocks);
+    }
+}
+
+/* ---- DFlash blocks under a sliding window (a drafter's sliding layer) --------
+ * ops.h attn_dflash with window W > 0: the query in slot o of a block sees
+ * the context keys kv in [ctx_off, ctx_end) with kv >= ctx_end + o + 1 - W
+ * (ctx_end = ctx_off + ctx_len) and its own keys blk_off .. blk_off + o.
+ * Checked twice: against a dense oracle of its own (below; it needs no
+ * reference backend), and DEV against REF like every other op. The shapes
+ * put anchors near a sequence's start (ctx_len < W: the window reaches
+ * before the sequence and is cut at ctx_off) and far from it (ctx_len > W),
+ * in packed sequences (ctx_off > 0), windows 1, 3 (B = 4: shorter than the
+ * block, the last slots see no context) and 20, and head dims a window 0
+ * call would take to the tensor cores (64) and to the simple kernels (40). */
+
+/* Blocks at chosen anchors: sequence s has ctx[s] context keys (stored one
+ * sequence after another from key 0); block i belongs to sequence seq[i]
+ * and has anchor anc[i]; the blocks' own keys follow all the context. */
+static dflash_shape dflash_anchored(const int32_t *ctx, int64_t nseq, const int32_t *seq, const int32_t *anc,
+                                    int64_t nblk, int64_t B, int64_t Hq, int64_t Hkv, int64_t D) {
+    dflash_shape s = {nblk, B, 0, Hq, Hkv, D, dfl_malloc((size_t)nblk * sizeof(dfl_block))};
+    int64_t S = 0, *off = dfl_malloc((size_t)nseq * sizeof(int64_t));
+    for (int64_t i = 0; i < nseq; i++) off[i] = S, S += ctx[i];
+    for (int64_t j = 0; j < nblk; j++) {
+        DFL_ASSERT(seq[j] < nseq && anc[j] <= ctx[seq[j]]);
+        s.blocks[j] = (dfl_block){(int32_t)off[seq[j]], anc[j], (int32_t)(S + j * B)};
+    }
+    s.NK = S + nblk * B;
+    free(off);
+    return s;
+}
+
+/* The rule as ops.h states it (W = 0: the whole context and block). */
+static int win_sees(const dfl_block *b, int64_t B, int64_t W, int64_t o, int64_t kv) {
+    const int64_t end = (int64_t)b->ctx_off + b->ctx_len;
+    const int ctx = kv >= b->ctx_off && kv < end && (W == 0 || kv >= end + o + 1 - W);
+    const int own = kv >= b->blk_off && kv < b->blk_off + (W ? o + 1 : B);
+    return ctx || own;
+}
+
+/* Attention over the dense mask in double, a naive softmax per row, and its
+ * gradients (dS = P (dP - rowsum(P dP)), all written out): out, lse, dq
+ * [nq, Hq, D], dk, dv [NK, Hkv, D], from the same bf16 inputs as the op. */
+typedef struct {
+    double *out, *lse, *dq, *dk, *dv;
+} win_oracle;
+
+static win_oracle win_oracle_run(const dflash_shape *s, int64_t W, const float *q, const float *k, const float *v,
+                                 const float *dout) {
+    const int64_t B = s->B, Hq = s->Hq, Hkv = s->Hkv, D = s->D, NK = s->NK, nq = s->nblk * B, G = Hq / Hkv;
+    const double scale = 1.0 / sqrt((double)D);
+    win_oracle o = {dfl_calloc((size_t)(nq * Hq * D), 8), dfl_calloc((size_t)(nq * Hq), 8),
+                    dfl_calloc((size_t)(nq * Hq * D), 8), dfl_calloc((size_t)(NK * Hkv * D), 8),
+                    dfl_calloc((size_t)(NK * Hkv * D), 8)};
+    double *sc = dfl_malloc((size_t)NK * 8), *dp = dfl_malloc((size_t)NK * 8);
+    for (int64_t t = 0; t < nq; t++) {
+        const dfl_block *b = &s->blocks[t / B];
+        for (int64_t h = 0; h < Hq; h++) {
+            const int64_t row = t * Hq + h, hk = h / G;
+            const float *qr = q + row * D, *gr = dout + row * D;
+            double m = -INFINITY, l = 0, delta = 0;
+            for (int64_t kv = 0; kv < NK; kv++) { /* scores and dP on the mask, -inf off it */
+                sc[kv] = -INFINITY, dp[kv] = 0;
+                if (!win_sees(b, B, W, t % B, kv)) continue;
+                double x = 0, y = 0;
+                for (int64_t d = 0; d < D; d++) {
+                    x += (double)qr[d] * k[(kv * Hkv + hk) * D + d];
+                    y += (double)gr[d] * v[(kv * Hkv + hk) * D + d];
+                }
+                sc[kv] = x * scale, dp[kv] = y;
+                m = sc[kv] > m ? sc[kv] : m;
+            }
+            for (int64_t kv = 0; kv < NK; kv++) l += exp(sc[kv] - m);
+            o.lse[row] = m + log(l);
+            for (int64_t kv = 0; kv < NK; kv++) { /* P, in sc */
+                sc[kv] = exp(sc[kv] - o.lse[row]);
+                delta += sc[kv] * dp[kv];
+                for (int64_t d = 0; d < D; d++) o.out[row * D + d] += sc[kv] * v[(kv * Hkv + hk) * D + d];
+            }
+            for (int64_t kv = 0; kv < NK; kv++) {
+                if (sc[kv] == 0) continue; /* off the mask (exp(-inf)); keeps unseen keys' gradients exactly 0 */
+                const double ds = sc[kv] * (dp[kv] - delta);
+                for (int64_t d = 0; d < D; d++) {
+                    o.dq[row * D + d] += scale * ds * k[(kv * Hkv + hk) * D + d];
+                    o.dk[(kv * Hkv + hk) * D + d] += scale * ds * qr[d];
+                    o.dv[(kv * Hkv + hk) * D + d] += sc[kv] * gr[d];
+                }
+            }
+        }
+    }
+    free(sc), free(dp);
+    return o;
+}
+
+static void win_oracle_free(win_oracle *o) { free(o->out), free(o->lse), free(o->dq), free(o->dk), free(o->dv); }
+
+/* DEV's buffer (act or f32) against the oracle's values by nmse, printed
+ * and checked; with zeros_exact, also every value the oracle has exactly 0
+ * (a key no row sees) must be exactly 0: one key seen across the window's
+ * edge fails there even where the nmse would hide it. */
+static void win_check(const char *what, const void *dev, ag_kind kind, const double *want, int64_t n, double limit,
+                      int zeros_exact) {
+    float *d = ag_get(DEV, dev, n, kind);
+    double num = 0, den = 0;
+    int finite = 1;
+    int64_t stray = 0;
+    for (int64_t i = 0; i < n; i++) {
+        finite &= isfinite(d[i]) != 0;
+        num += (d[i] - want[i]) * (d[i] - want[i]), den += want[i] * want[i];
+        stray += zeros_exact && want[i] == 0 && d[i] != 0;
+    }
+    double e = den > 0 ? num / den : num;
+    printf("  nmse %-28s %.2e (limit %.0e)\n", what, e, limit);
+    T_CHECKF(finite && e <= limit, "%s: nmse %.3g, limit %.0e%s", what, e, limit, finite ? "" : ", non-finite values");
+    T_CHECKF(stray == 0, "%s: %lld values nonzero where no row sees the key", what, (long long)stray);
+    free(d);
+}
+
+/* DEV alone against the oracle: out, lse, then dq, dk, dv of one call and
+ * dk of a call asking for dk alone (into buffers of random values: the op
+ * writes, and writes zeros for the keys no row sees). Limits: out is
+ * rounded to bf16 once (NMSE_ROUND; NMSE_INNER for window 0, which may take
+ * the tensor cores); lse is f32 (NMSE_F32); the gradients are built on the
+ * op's bf16 out (delta) and rounded once (NMSE_INNER). */
+static void win_oracle_case(const char *name, const dflash_shape *s, int64_t W) {
+    const int64_t nq = s->nblk * s->B, Hq = s->Hq, Hkv = s->Hkv, D = s->D, NK = s->NK;
+    const int64_t nqd = nq * Hq * D, nkd = NK * Hkv * D;
+    float *hq = ag_randn(nqd, 1), *hk = ag_randn(nkd, 1), *hv = ag_randn(nkd, 1), *hd = ag_randn(nqd, 1);
+    float *g0 = ag_randn(nqd, 1), *g1 = ag_randn(nkd, 1);
+    void *q = ag_put(DEV, hq, nqd, AG_ACT), *k = ag_put(DEV, hk, nkd, AG_ACT), *v = ag_put(DEV, hv, nkd, AG_ACT);
+    void *dout = ag_put(DEV, hd, nqd, AG_ACT), *blk = ag_put(DEV, s->blocks, s->nblk * 3, AG_I32);
+    void *out = ag_put(DEV, NULL, nqd, AG_ACT), *lse = ag_put(DEV, NULL, nq * Hq, AG_F32);
+    void *dq = ag_put(DEV, g0, nqd, AG_ACT), *dk = ag_put(DEV, g1, nkd, AG_ACT), *dv = ag_put(DEV, g1, nkd, AG_ACT);
+    void *dk1 = ag_put(DEV, g1, nkd, AG_ACT);
+    win_oracle o = win_oracle_run(s, W, hq, hk, hv, hd);
+    DEV->attn_dflash(out, lse, q, k, v, blk, s->nblk, s->B, NK, Hq, Hkv, D, W);
+    DEV->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blk, s->nblk, s->B, NK, Hq, Hkv, D, W);
+    DEV->attn_dflash_bwd(NULL, dk1, NULL, dout, out, lse, q, k, v, blk, s->nblk, s->B, NK, Hq, Hkv, D, W);
+    char what[96];
+    snprintf(what, sizeof what, "%s W%lld out", name, (long long)W);
+    win_check(what, out, AG_ACT, o.out, nqd, W ? NMSE_ROUND : NMSE_INNER, 0); /* W 0 at D 64: tensor cores, P in bf16 */
+    snprintf(what, sizeof what, "%s W%lld lse", name, (long long)W);
+    win_check(what, lse, AG_F32, o.lse, nq * Hq, NMSE_F32, 0);
+    snprintf(what, sizeof what, "%s W%lld dq", name, (long long)W);
+    win_check(what, dq, AG_ACT, o.dq, nqd, NMSE_INNER, 0);
+    snprintf(what, sizeof what, "%s W%lld dk", name, (long long)W);
+    win_check(what, dk, AG_ACT, o.dk, nkd, NMSE_INNER, 1);
+    snprintf(what, sizeof what, "%s W%lld dv", name, (long long)W);
+    win_check(what, dv, AG_ACT, o.dv, nkd, NMSE_INNER, 1);
+    snprintf(what, sizeof what, "%s W%lld dk alone", name, (long long)W);
+    win_check(what, dk1, AG_ACT, o.dk, nkd, NMSE_INNER, 1);
+    win_oracle_free(&o);
+    void *bufs[] = {q, k, v, dout, blk, out, lse, dq, dk, dv, dk1};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) DEV->free(bufs[i]);
+    free(hq), free(hk), free(hv), free(hd), free(g0), free(g1);
+}
+
+/* The shapes of the window tests: B = 16 (D 64, G 2) over two packed
+ * sequences of 90 and 50 keys, anchors 0, 5, 19, 40, 90 and 2, 30, 50;
+ * B = 4 (D 40, G 3) over three of 30, 70 and 7 keys, anchors 0 to 70 (66,
+ * 70: past the first key tile, so that lists cut to the window leave that
+ * tile out for them). */
+static dflash_shape win_shape(int which) {
+    if (which == 0) {
+        const int32_t ctx[] = {90, 50}, seq[] = {0, 0, 0, 0, 0, 1, 1, 1}, anc[] = {0, 5, 19, 40, 90, 2, 30, 50};
+        return dflash_anchored(ctx, 2, seq, anc, 8, 16, 4, 2, 64);
+    }
+    const int32_t ctx[] = {30, 70, 7}, seq[] = {0, 0, 0, 1, 1, 1, 1, 1, 2}, anc[] = {1, 12, 30, 0, 3, 21, 66, 70, 7};
+    return dflash_anchored(ctx, 3, seq, anc, 9, 4, 6, 2, 40);
+}
+static const char *const WIN_NAMES[2] = {"dflash-swa D64 G2 B16", "dflash-swa D40 G3 B4"};
+static const int64_t WINDOWS[3] = {1, 3, 20};
+
+/* the oracle alone (no REF): every shape and window, and window 0 as the
+ * oracle's own control (DEV's window-0 kernels answer there) */
+static void attn_dflash_window_oracle(void) {
+    for (int w = 0; w < 2; w++) {
+        dflash_shape s = win_shape(w);
+        win_oracle_case(WIN_NAMES[w], &s, 0);
+        for (int i = 0; i < 3; i++) win_oracle_case(WIN_NAMES[w], &s, WINDOWS[i]);
+        free(s.blocks);
+    }
+}
+
+/* DEV against REF (the CPU's sliding window), as attn_dflash_agrees */
+static void attn_dflash_window_agrees(void) {
+    for (int w = 0; w < 2; w++) {
+        dflash_shape s = win_shape(w);
+        for (int i = 0; i < 3; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s W%lld", WIN_NAMES[w], (long long)WINDOWS[i]);
+            dflash_case_w(name, &s, WINDOWS[i]);
+        }
+        free(s.blocks);
+    }
+    if (AG_BIG) { /* Qwen3-8B drafter heads, a window of 2048 over a 3000-token sample */
+        const int32_t ctx_f[] = {3000}, anc_f[] = {32};
+        dflash_shape f = dflash_layout(ctx_f, 1, anc_f, 16, 32, 8, 128);
+        dflash_case_w("dflash-swa Qwen3-8B heads W2048", &f, 2048);
         free(f.blocks);
     }
 }
@@ -1372,6 +1579,8 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(embed_agrees);
     AG_RUN(attn_causal_agrees);
     AG_RUN(attn_dflash_agrees);
+    AG_RUN(attn_dflash_window_oracle);
+    AG_RUN(attn_dflash_window_agrees);
     AG_RUN(attn_dflash_bwd_without_blocks);
     AG_RUN(lmhead_agrees);
     AG_RUN(views_agree);

@@ -278,12 +278,13 @@ static void dflash_dev_free(dflash_dev *c) {
     free(c->s.blocks);
 }
 
-/* forward, then backward into dq, dk, dv (which it writes) */
-static void dflash_dev_run(dflash_dev *c) {
+/* forward, then backward into dq, dk, dv (which it writes), under a
+ * sliding window W (0: none) */
+static void dflash_dev_run(dflash_dev *c, int64_t W) {
     const dflash_shape *s = &c->s;
-    DEV->attn_dflash(c->out, c->lse, c->q, c->k, c->v, c->blk, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D, 0);
+    DEV->attn_dflash(c->out, c->lse, c->q, c->k, c->v, c->blk, s->nblk, s->B, s->NK, s->Hq, s->Hkv, s->D, W);
     DEV->attn_dflash_bwd(c->dq, c->dk, c->dv, c->dout, c->out, c->lse, c->q, c->k, c->v, c->blk, s->nblk, s->B,
-                         s->NK, s->Hq, s->Hkv, s->D, 0);
+                         s->NK, s->Hq, s->Hkv, s->D, W);
 }
 
 /* Every op with shared memory, warp collectives or a cross-thread order, on
@@ -292,13 +293,14 @@ static bytes schedule_run(void) {
     bytes b = {NULL, 0};
     dfl_rng_seed(&AG_RNG, 77);
     /* DFlash attention forward and backward: tensor cores (D 64; also on
-     * wgmma, with the forward overlapped and not) and simple (D 40) */
+     * wgmma, with the forward overlapped and not), simple (D 40), and a
+     * sliding window of 20 (D 64: the simple kernels, tile lists cut) */
     const int32_t ctx[] = {100, 80}, anc[] = {5, 3};
-    for (int pass = 0; pass < 4; pass++) {
-        if (pass >= 2) setenv("DFLASH_CUDA_WGMMA", "1", 1);
+    for (int pass = 0; pass < 5; pass++) {
+        if (pass == 2 || pass == 3) setenv("DFLASH_CUDA_WGMMA", "1", 1);
         if (pass == 3) setenv("DFLASH_CUDA_WGMMA_PIPE", "0", 1);
         dflash_dev c = dflash_dev_new(dflash_layout(ctx, 2, anc, pass == 1 ? 5 : 16, 8, 2, pass == 1 ? 40 : 64));
-        dflash_dev_run(&c);
+        dflash_dev_run(&c, pass == 4 ? 20 : 0);
         take(&b, c.out, c.QN, AG_ACT), take(&b, c.lse, c.s.nblk * c.s.B * c.s.Hq, AG_F32);
         take(&b, c.dq, c.QN, AG_ACT), take(&b, c.dk, c.KN, AG_ACT), take(&b, c.dv, c.KN, AG_ACT);
         dflash_dev_free(&c);
@@ -662,7 +664,7 @@ static int ds_fallback_child(void) {
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 0) setenv("DFLASH_CUDA_DS_MAX_MB", "0", 1);
         else unsetenv("DFLASH_CUDA_DS_MAX_MB"), dfl_emu_alloc_limit(1);
-        dflash_dev_run(&c); /* the second pass over the first's results: they must not show */
+        dflash_dev_run(&c, 0); /* the second pass over the first's results: they must not show */
         take(&got[pass], c.dq, c.QN, AG_ACT), take(&got[pass], c.dk, c.KN, AG_ACT), take(&got[pass], c.dv, c.KN, AG_ACT);
     }
     if (dfl_emu_alloc_refused() == 0) return 3;        /* the store was never asked for */
