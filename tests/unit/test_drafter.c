@@ -616,6 +616,35 @@ static void fd_check(int kl) {
     small_free(&c, d, &a);
 }
 
+/* What small_output saw of the drafter it ran. */
+typedef struct {
+    float rope_scale;
+    int64_t window[2];
+} small_run;
+
+/* A small drafter (2 layers, cfg_text with the current rope_keys), one
+ * micro-batch of blocks at anchors 2 and 6: the first n floats of its
+ * output into out. */
+static small_run small_output(float *out, int64_t n) {
+    dfl_drafter_config c;
+    dfl_rng r;
+    test_seq a;
+    dfl_drafter *d = small_drafter(&c, &r, &a, 2, 13, 5, 0.5, 12, 2);
+    small_run s = {d->rope_scale, {dfl_model_config_window(&c.mc, 0), dfl_model_config_window(&c.mc, 1)}};
+    int32_t anc[] = {2, 6};
+    dfl_train_opts o;
+    dfl_train_opts_default(&o, c.block_size);
+    dfl_train_mb mb;
+    dfl_train_mb_init(&mb);
+    dfl_train_seq sq = as_seq(&a);
+    dfl_train_mb_add(&mb, &c, &o, &sq, anc, 2, &r);
+    close_mb(d, &o, &mb);
+    ops->act_to_f32(out, dfl_drafter_output(d), n);
+    dfl_train_mb_free(&mb);
+    small_free(&c, d, &a);
+    return s;
+}
+
 static void test_fd_ce(void) { fd_check(0); }
 static void test_fd_kl(void) { fd_check(1); }
 /* A drafter with YaRN RoPE (its config's rope_scaling): the scale on cos
@@ -624,59 +653,31 @@ static void test_fd_kl(void) { fd_check(1); }
  * divided by the factor. */
 static void test_fd_yarn(void) {
     const char *plain = rope_keys;
-    dfl_drafter_config c;
-    dfl_rng r;
-    test_seq a;
     float out[2][8];
     for (int yarn = 0; yarn < 2; yarn++) {
         rope_keys = yarn ? "\"rope_theta\":500.0,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
                            "\"original_max_position_embeddings\":16}"
                          : plain;
-        dfl_drafter *d = small_drafter(&c, &r, &a, 2, 13, 5, 0.5, 12, 2);
-        T_CHECK(yarn ? fabsf(d->rope_scale - 1.1386294f) < 1e-6f : d->rope_scale == 1.0f);
-        int32_t anc[] = {2, 6};
-        dfl_train_opts o;
-        dfl_train_opts_default(&o, c.block_size);
-        dfl_train_mb mb;
-        dfl_train_mb_init(&mb);
-        dfl_train_seq sq = as_seq(&a);
-        dfl_train_mb_add(&mb, &c, &o, &sq, anc, 2, &r);
-        close_mb(d, &o, &mb);
-        ops->act_to_f32(out[yarn], dfl_drafter_output(d), 8);
-        dfl_train_mb_free(&mb);
-        small_free(&c, d, &a);
+        small_run s = small_output(out[yarn], 8);
+        T_CHECK(yarn ? fabsf(s.rope_scale - 1.1386294f) < 1e-6f : s.rope_scale == 1.0f);
     }
     T_CHECK(memcmp(out[0], out[1], sizeof out[0]) != 0);
     fd_check(0);
     rope_keys = plain;
 }
 
-/* A drafter whose layer 0 has a sliding window of 4 (= B; anchors at 6 and
- * 10 have their context cut): the window changes the output and the
+/* A drafter whose layer 0 has a sliding window of 4 (= B; the blocks at 6
+ * and, in fd_check, 10 have their context cut): the window changes the output and the
  * gradients follow it (finite differences). */
 static void test_fd_sliding(void) {
     const char *plain = rope_keys;
-    dfl_drafter_config c;
-    dfl_rng r;
-    test_seq a;
     float out[2][64];
     for (int swa = 0; swa < 2; swa++) {
         rope_keys = swa ? "\"rope_theta\":500.0,\"use_sliding_window\":true,\"sliding_window\":4,"
                           "\"layer_types\":[\"sliding_attention\",\"full_attention\"]"
                         : plain;
-        dfl_drafter *d = small_drafter(&c, &r, &a, 2, 13, 5, 0.5, 12, 2);
-        T_CHECK(dfl_model_config_window(&c.mc, 0) == (swa ? 4 : 0) && dfl_model_config_window(&c.mc, 1) == 0);
-        int32_t anc[] = {2, 6};
-        dfl_train_opts o;
-        dfl_train_opts_default(&o, c.block_size);
-        dfl_train_mb mb;
-        dfl_train_mb_init(&mb);
-        dfl_train_seq sq = as_seq(&a);
-        dfl_train_mb_add(&mb, &c, &o, &sq, anc, 2, &r);
-        close_mb(d, &o, &mb);
-        ops->act_to_f32(out[swa], dfl_drafter_output(d), 64); /* both blocks: B * 2 rows of H = 8 */
-        dfl_train_mb_free(&mb);
-        small_free(&c, d, &a);
+        small_run s = small_output(out[swa], 64); /* both blocks: B * 2 rows of H = 8 */
+        T_CHECK(s.window[0] == (swa ? 4 : 0) && s.window[1] == 0);
     }
     /* block 0 (anchor 2) sees 2 context keys either way, but its causal
      * slots differ; block 1 (anchor 6) also loses context */

@@ -901,20 +901,35 @@ static void run_dflash(void *p, float *out) {
     ops->attn_dflash(out, c->lse, c->q, c->k, c->v, c->blocks, c->nblk, c->B, c->NK, c->Hq, c->Hkv, c->D, c->window);
 }
 
-static void test_attn_dflash_mask(void) {
-    /* three sequences of context; anchors at sequence starts (ctx_len 0),
-     * closer together than B, next to each sequence end */
-    dfl_layout L = {3, 9, {0, 70, 75}, {70, 75, 150}, {0, 0, 0, 0, 1, 1, 2, 2, 2}, {0, 3, 5, 69, 70, 74, 75, 100, 149},
-                    150, 16};
+/* three sequences of context; anchors at sequence starts (ctx_len 0),
+ * closer together than B, next to each sequence end */
+static const dfl_layout mask_layout = {3, 9, {0, 70, 75}, {70, 75, 150}, {0, 0, 0, 0, 1, 1, 2, 2, 2},
+                                       {0, 3, 5, 69, 70, 74, 75, 100, 149}, 150, 16};
+
+/* An attn_ctx over L's blocks with Hq query heads (2 kv heads of 16) and
+ * random q, k, v from seed. */
+static attn_ctx layout_ctx(const dfl_layout *L, int64_t Hq, uint64_t seed) {
     attn_ctx c = {0};
-    c.nblk = L.nblk, c.B = L.B, c.NK = L.S + L.nblk * L.B, c.Hq = 8, c.Hkv = 2, c.D = 16;
-    c.blocks = layout_blocks(&L);
+    c.nblk = L->nblk, c.B = L->B, c.NK = L->S + L->nblk * L->B, c.Hq = Hq, c.Hkv = 2, c.D = 16;
+    c.blocks = layout_blocks(L);
     int64_t nq = c.nblk * c.B;
     dfl_rng r;
-    dfl_rng_seed(&r, 7);
+    dfl_rng_seed(&r, seed);
     c.q = fbuf(nq * c.Hq * c.D), c.k = fbuf(c.NK * c.Hkv * c.D), c.v = fbuf(c.NK * c.Hkv * c.D);
     c.lse = fbuf(nq * c.Hq);
     frand(c.q, nq * c.Hq * c.D, &r, 1), frand(c.k, c.NK * c.Hkv * c.D, &r, 1), frand(c.v, c.NK * c.Hkv * c.D, &r, 1);
+    return c;
+}
+
+static void layout_ctx_free(attn_ctx *c) {
+    ops->free(c->q), ops->free(c->k), ops->free(c->v), ops->free(c->lse);
+    free(c->blocks);
+}
+
+static void test_attn_dflash_mask(void) {
+    const dfl_layout L = mask_layout;
+    attn_ctx c = layout_ctx(&L, 8, 7);
+    int64_t nq = c.nblk * c.B;
     uint8_t *mask = calloc((size_t)(nq * c.NK), 1);
     for (int64_t i = 0; i < nq; i++)
         for (int64_t j = 0; j < c.NK; j++) mask[i * c.NK + j] = (uint8_t)dflash_allowed(&L, i, j);
@@ -933,8 +948,9 @@ static void test_attn_dflash_mask(void) {
     int64_t nan_rows = 0;
     for (int64_t i = 0; i < nq * c.Hq; i++) nan_rows += isnan(out[i * c.D]) != 0;
     T_CHECKF(isnan(out[5 * c.Hq * c.D]) && nan_rows == 1, "%lld rows are NaN", (long long)nan_rows);
-    ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(c.lse), ops->free(out);
-    free(mask), free(want), free(c.blocks);
+    layout_ctx_free(&c);
+    ops->free(out);
+    free(mask), free(want);
 }
 
 /* Sliding-window blocks (a drafter's sliding layer): the mask test above
@@ -942,17 +958,9 @@ static void test_attn_dflash_mask(void) {
  * 100 (more than any context), against the dense mask in double, and by
  * perturbation. */
 static void test_attn_dflash_window(void) {
-    dfl_layout L = {3, 9, {0, 70, 75}, {70, 75, 150}, {0, 0, 0, 0, 1, 1, 2, 2, 2}, {0, 3, 5, 69, 70, 74, 75, 100, 149},
-                    150, 16};
-    attn_ctx c = {0};
-    c.nblk = L.nblk, c.B = L.B, c.NK = L.S + L.nblk * L.B, c.Hq = 4, c.Hkv = 2, c.D = 16;
-    c.blocks = layout_blocks(&L);
+    const dfl_layout L = mask_layout;
+    attn_ctx c = layout_ctx(&L, 4, 17);
     int64_t nq = c.nblk * c.B;
-    dfl_rng r;
-    dfl_rng_seed(&r, 17);
-    c.q = fbuf(nq * c.Hq * c.D), c.k = fbuf(c.NK * c.Hkv * c.D), c.v = fbuf(c.NK * c.Hkv * c.D);
-    c.lse = fbuf(nq * c.Hq);
-    frand(c.q, nq * c.Hq * c.D, &r, 1), frand(c.k, c.NK * c.Hkv * c.D, &r, 1), frand(c.v, c.NK * c.Hkv * c.D, &r, 1);
     uint8_t *mask = calloc((size_t)(nq * c.NK), 1);
     float *out = fbuf(nq * c.Hq * c.D);
     double *want = calloc((size_t)(nq * c.Hq * c.D), sizeof(double));
@@ -970,8 +978,9 @@ static void test_attn_dflash_window(void) {
         T_CHECKF(bad == 0, "window %lld: %lld (query, key) entries disagree with the sliding mask", (long long)c.window,
                  (long long)bad);
     }
-    ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(c.lse), ops->free(out);
-    free(mask), free(want), free(c.blocks);
+    layout_ctx_free(&c);
+    ops->free(out);
+    free(mask), free(want);
 }
 
 /* One-query blocks (B = 1), as the targets' sliding-window and KV-cached
