@@ -91,6 +91,12 @@ static int is_vlm(const char *arch) {
     return !strcmp(arch, "Qwen3_5ForConditionalGeneration") || !strcmp(arch, "Qwen3_5MoeForConditionalGeneration");
 }
 
+/* the Qwen3 and Qwen2 targets, whose sliding layers Qwen3Config and
+ * Qwen2Config place alike (parse_qwen_window) */
+static int is_qwen_dense(const char *arch) {
+    return !strcmp(arch, "Qwen3ForCausalLM") || !strcmp(arch, "Qwen2ForCausalLM");
+}
+
 static int is_moe(const char *arch) {
     return !strcmp(arch, "Qwen3MoeForCausalLM") || !strcmp(arch, "Qwen3_5MoeForCausalLM") ||
            !strcmp(arch, "Qwen3_5MoeForConditionalGeneration") || !strcmp(arch, "Qwen3NextForCausalLM");
@@ -151,10 +157,12 @@ static int check_moe(const dfl_model_config *c, const json_t *tj, const char *pa
     return 0;
 }
 
-/* Is decoder layer i a "sliding_attention" layer by the file? From
- * "layer_types", or else (transformers' Qwen3Config) every layer from
- * max_window_layers on when a window is set; gpt-oss: the even layers. */
+/* Is decoder layer i a "sliding_attention" layer by the file? Mistral:
+ * every layer. Else from "layer_types", or else (transformers'
+ * Qwen3Config) every layer from max_window_layers on when a window is set;
+ * gpt-oss: the even layers. */
 static int sliding_layer(const dfl_model_config *c, int64_t i) {
+    if (c->window_every_layer) return 1;
     const json_t *lt = json_object_get(c->json, "layer_types");
     if (json_is_array(lt)) {
         const char *ty = json_string_value(json_array_get(lt, (size_t)i));
@@ -163,15 +171,15 @@ static int sliding_layer(const dfl_model_config *c, int64_t i) {
     return c->gpt_oss ? i % 2 == 0 : c->sliding_window > 0 && i >= c->max_window_layers;
 }
 
-/* A drafter's sliding-window layers (spec 2.5; Qwen3.6-27B's drafter:
- * layer_types sliding x4 then full, sliding_window 2048), read as
- * transformers' Qwen3Config reads them: a window only with
- * "use_sliding_window": true (absent: 4096, null: none), the layers from
- * "layer_types" or else from "max_window_layers" (28) on. A layer named
- * sliding with no window is refused rather than run in full: transformers
- * would run it so, SpecForge refuses it, and the drafter was likely trained
- * with one. */
-static int parse_drafter_window(dfl_model_config *c, const json_t *j, const char *path) {
+/* The sliding-window layers of a drafter (spec 2.5; Qwen3.6-27B's drafter:
+ * layer_types sliding x4 then full, sliding_window 2048) or of a Qwen3 or
+ * Qwen2 target, read as transformers' Qwen3Config and Qwen2Config read
+ * them: a window only with "use_sliding_window": true (absent: 4096, null:
+ * none), the layers from "layer_types" or else from "max_window_layers"
+ * (28) on. A layer named sliding with no window is refused rather than run
+ * in full: transformers would run it so, SpecForge refuses it, and the
+ * model was likely trained with one. */
+static int parse_qwen_window(dfl_model_config *c, const json_t *j, const char *path) {
     int on, rc = get_bool(j, "use_sliding_window", &on, path);
     const json_t *sw = json_object_get(j, "sliding_window");
     if (!rc && on && !(sw && json_is_null(sw))) rc = get_int(j, "sliding_window", 4096, &c->sliding_window, path);
@@ -191,25 +199,35 @@ static int parse_drafter_window(dfl_model_config *c, const json_t *j, const char
     return 0;
 }
 
+/* Mistral has no use_sliding_window and no per-layer types: a non-null
+ * "sliding_window" applies to every layer (transformers' MistralAttention
+ * ignores "layer_types"), and an absent key is MistralConfig's default of
+ * 4096 (Mistral-7B-v0.1's); v0.2 on, Nemo and Small write null. */
+static int parse_mistral_window(dfl_model_config *c, const json_t *j, const char *path) {
+    const json_t *sw = json_object_get(j, "sliding_window");
+    if (json_is_null(sw)) return 0;
+    int rc = get_int(j, "sliding_window", 4096, &c->sliding_window, path);
+    if (rc) return rc;
+    if (c->sliding_window < 1)
+        return dfl_err(DFL_EX_DATA, "%s: \"sliding_window\" %lld must be at least 1 (null: no window)", path,
+                       (long long)c->sliding_window);
+    c->window_every_layer = 1;
+    return 0;
+}
+
 /* Refuse what the model code would silently get wrong. */
 static int check_supported(const dfl_model_config *c, const json_t *tj, const char *path, int drafter) {
     const json_t *j = tj;
     int rc;
     static const char *off[] = {"mlp_bias", "use_sliding_window", "attention_bias"};
-    /* gpt-oss reads attention_bias (parse_gpt_oss); a drafter may have sliding layers */
+    /* gpt-oss reads attention_bias (parse_gpt_oss); a drafter and a Qwen3
+     * or Qwen2 target may have sliding layers (parse_qwen_window) */
     for (size_t i = 0; i < sizeof off / sizeof off[0] - (size_t)c->gpt_oss; i++) {
         int on;
-        if (drafter && !strcmp(off[i], "use_sliding_window")) continue;
+        if ((drafter || is_qwen_dense(c->architecture)) && !strcmp(off[i], "use_sliding_window")) continue;
         if ((rc = get_bool(j, off[i], &on, path))) return rc;
         if (on) return dfl_err(DFL_EX_DATA, "%s: \"%s\": true is not supported", path, off[i]);
     }
-    /* Mistral has no use_sliding_window: any window is used, and an absent
-     * key is transformers' default of 4096 (Mistral-7B-v0.1's); v0.2 on,
-     * Nemo and Small write null */
-    const json_t *sw = json_object_get(j, "sliding_window");
-    if (!strcmp(c->architecture, "MistralForCausalLM") && !json_is_null(sw))
-        return dfl_err(DFL_EX_DATA, "%s: \"sliding_window\": a sliding window is not supported (%s; null: full attention)",
-                       path, sw ? "given" : "absent: transformers' default of 4096");
     json_t *act = json_object_get(j, "hidden_act");
     if (act && strcmp(json_string_value(act) ? json_string_value(act) : "", "silu"))
         return dfl_err(DFL_EX_DATA, "%s: \"hidden_act\" must be \"silu\"", path);
@@ -218,7 +236,9 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
     json_array_foreach(lt, i, v) {
         const char *ty = json_string_value(v);
         if (!ty) return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is not a string", path, i);
-        const char *other = c->hybrid ? "linear_attention" : c->gpt_oss || drafter ? "sliding_attention" : NULL;
+        const char *other = c->hybrid                                                      ? "linear_attention"
+                            : c->gpt_oss || drafter || is_qwen_dense(c->architecture) ? "sliding_attention"
+                                                                                      : NULL;
         if (strcmp(ty, "full_attention") && (!other || strcmp(ty, other)))
             return dfl_err(DFL_EX_DATA, "%s: \"layer_types\"[%zu] is \"%s\"; only full_attention%s%s %s supported", path,
                            i, ty, other ? " and " : "", other ? other : "", other ? "are" : "is");
@@ -531,7 +551,8 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     if (!rc && moe) rc = parse_moe(c, tj, path);
     if (!rc && c->gpt_oss) rc = parse_gpt_oss(c, tj, path);
     const int drafter = !strcmp(role, "drafter");
-    if (!rc && drafter && !c->gpt_oss && !c->hybrid) rc = parse_drafter_window(c, tj, path);
+    if (!rc && (drafter || is_qwen_dense(c->architecture)) && !c->gpt_oss && !c->hybrid) rc = parse_qwen_window(c, tj, path);
+    if (!rc && !strcmp(c->architecture, "MistralForCausalLM")) rc = parse_mistral_window(c, tj, path);
     int tie = 0;
     /* The VLM's LM head is tied by its top-level key alone (absent: false),
      * as transformers' Qwen3_5Config; text_config's copy is not read. */

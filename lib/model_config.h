@@ -8,9 +8,10 @@
  * DFlash keys, spec §1.1) are read through this. Both
  * spellings are accepted: rope_theta + rope_scaling (transformers 4.x) and
  * rope_parameters (5.x); torch_dtype and dtype. Values dflash cannot honour
- * (attention bias, a target's sliding windows but gpt-oss's, another
- * activation) are refused with a message naming the key, never ignored.
- * A drafter may have sliding-window layers (Qwen3.6-27B's).
+ * (attention bias, sliding windows of a Qwen3-MoE or Qwen3.5 target,
+ * another activation) are refused with a message naming the key, never
+ * ignored. Sliding-window layers are read for gpt-oss, Qwen3, Qwen2 and
+ * Mistral targets and for drafters (Qwen3.6-27B's).
  */
 #ifndef DFLASH_MODEL_CONFIG_H
 #define DFLASH_MODEL_CONFIG_H
@@ -65,7 +66,8 @@ typedef struct {
     int     gpt_oss;
     int     o_bias;
     int64_t sliding_window;     /* a sliding layer's query sees this many keys, itself included; 0: none */
-    int64_t max_window_layers;  /* a drafter without layer_types: its sliding layers start here */
+    int64_t max_window_layers;  /* Qwen3/Qwen2 or a drafter without layer_types: its sliding layers start here */
+    int     window_every_layer; /* Mistral: the window applies to every layer */
     double  swiglu_alpha, swiglu_limit;
     /* RoPE */
     dfl_rope_type rope_type;
@@ -99,8 +101,8 @@ int dfl_model_config_linear_layer(const dfl_model_config *c, int64_t i);
 
 /* The keys a query of decoder layer i sees at most, itself included
  * (transformers' sliding window: key j is seen from query i when i - W <
- * j <= i), for a "sliding_attention" layer of gpt-oss or a drafter; 0 for
- * full attention. */
+ * j <= i), for a sliding layer of gpt-oss, Qwen3, Qwen2, Mistral or a
+ * drafter; 0 for full attention. */
 int64_t dfl_model_config_window(const dfl_model_config *c, int64_t i);
 
 /* Is decoder layer i's MLP a mixture of experts? Qwen3-MoE: unless listed

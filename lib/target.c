@@ -168,10 +168,8 @@ static void plan_attention(dfl_target *t, wlist *l, layer_w *w, int i) {
         want_layer(l, t, &w->v_bias, 1, KD, 0, 0, i, "self_attn.v_proj.bias");
     }
     if (c->o_bias) want_layer(l, t, &w->o_bias, 1, H, 0, 0, i, "self_attn.o_proj.bias");
-    if (c->gpt_oss) {
-        want_layer(l, t, (void **)&w->sinks, 1, Hq, 0, 0, i, "self_attn.sinks")->xf = XF_F32;
-        w->window = dfl_model_config_window(c, i);
-    }
+    if (c->gpt_oss) want_layer(l, t, (void **)&w->sinks, 1, Hq, 0, 0, i, "self_attn.sinks")->xf = XF_F32;
+    w->window = dfl_model_config_window(c, i);
     if (c->qk_norm) {
         want_norm_perm(l, t, &w->q_norm, perm, i, "self_attn.q_norm.weight");
         want_norm_perm(l, t, &w->k_norm, perm, i, "self_attn.k_norm.weight");
@@ -672,13 +670,13 @@ static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nro
         w->pos = dfl_target_regrow(ops, w->pos, (size_t)T * sizeof(int32_t));
         free(w->host_pos);
         w->host_pos = dfl_malloc((size_t)T * sizeof(int32_t));
-        if (c->gpt_oss) {
+        if (c->gpt_oss || c->sliding_window) {
             w->blk_full = dfl_target_regrow(ops, w->blk_full, (size_t)T * sizeof(dfl_block));
             w->blk_win = dfl_target_regrow(ops, w->blk_win, (size_t)T * sizeof(dfl_block));
-            w->lse = dfl_target_regrow(ops, w->lse, (size_t)(T * c->num_attention_heads) * sizeof(float));
             free(w->host_blk);
             w->host_blk = dfl_malloc((size_t)(2 * T) * sizeof(dfl_block)); /* full, then sliding */
         }
+        if (c->gpt_oss) w->lse = dfl_target_regrow(ops, w->lse, (size_t)(T * c->num_attention_heads) * sizeof(float));
         w->cap_T = T;
     }
     if (ntap_elems > w->cap_taps) {
@@ -807,10 +805,17 @@ void dfl_target_attn_sinks(const dfl_target *t, const layer_w *lw, void *out, fl
     t->ops->attn_sinks(out, lse, lw->sinks, T, Hq, D);
 }
 
-/* gpt-oss: every row's keys for the full and the sliding layers. */
+/* Every row's keys for the full and the sliding layers, for the layers
+ * that run attn_dflash on blocks of one row: gpt-oss's (its sinks need the
+ * log-sum-exp), and the sliding layers of the others when the window cuts
+ * a sequence of the batch (ws->window_cuts; else they run attn_causal,
+ * exactly the same keys). */
 static void upload_row_blocks(dfl_target *t, const dfl_target_batch *b, int64_t T) {
     workspace *ws = &t->ws;
     const int64_t W = t->cfg.sliding_window;
+    ws->window_cuts = 0;
+    for (int64_t s = 0; s < b->nseq; s++) ws->window_cuts |= W > 0 && b->cu[s + 1] - b->cu[s] > W;
+    if (!t->cfg.gpt_oss && !ws->window_cuts) return;
     for (int64_t s = 0; s < b->nseq; s++) {
         const int64_t c0 = b->cu[s], n = b->cu[s + 1] - c0;
         dfl_target_row_blocks(ws->host_blk + c0, c0, 0, n, 0);
@@ -840,6 +845,8 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
         dfl_target_proj(t, w->v, w->h, lw->v, lw->v_bias, T, H, Hkv * D);
         if (lw->sinks)
             dfl_target_attn_sinks(t, lw, w->ao, w->lse, w->q, w->k, w->v, lw->window ? w->blk_win : w->blk_full, T, T);
+        else if (lw->window && w->window_cuts) /* each row its window, as a block of one row */
+            ops->attn_dflash(w->ao, NULL, w->q, w->k, w->v, w->blk_win, T, 1, T, Hq, Hkv, D, 0);
         else
             ops->attn_causal(w->ao, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D);
         if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
@@ -1046,7 +1053,7 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
     ops->upload(ws->ids, b->ids, (size_t)T * sizeof(int32_t));
     ops->upload(ws->pos, ws->host_pos, (size_t)T * sizeof(int32_t));
     ops->upload(ws->cu, b->cu, (size_t)(b->nseq + 1) * sizeof(int32_t));
-    if (c->gpt_oss) upload_row_blocks(t, b, T);
+    if (c->gpt_oss || c->sliding_window) upload_row_blocks(t, b, T);
 
     ops->embed(ws->x, ws->ids, t->embed, T, H);
     for (int l = 0; l < need; l++) {

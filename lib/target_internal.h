@@ -32,9 +32,10 @@ typedef struct {
      * [H, Is], and sh_mix wt [1, H], whose sigmoid scales it per token. */
     int moe;
     void *router, *exp_gate_up, *exp_down, *sh_gate, *sh_up, *sh_down, *sh_mix;
-    /* gpt-oss: o_proj's bias wt [H]; the sinks f32 [Hq]; the keys a query
-     * sees (0: all before it); the router's bias wt [E]; the experts'
-     * biases wt [E, 2*Im] (gate, then up, as exp_gate_up) and [E, H] */
+    /* gpt-oss: o_proj's bias wt [H]; the sinks f32 [Hq]; the router's
+     * bias wt [E]; the experts' biases wt [E, 2*Im] (gate, then up, as
+     * exp_gate_up) and [E, H]. window: the keys a query sees, itself
+     * included (0: all before it; any target with sliding layers) */
     void *o_bias;
     float *sinks;
     int64_t window;
@@ -85,10 +86,13 @@ typedef struct {
     int32_t *ids, *pos;                       /* i32 [cap_T] */
     int32_t *cu;                              /* i32 [cap_seq + 1] */
     int32_t *host_pos;                        /* host [cap_T] */
-    /* gpt-oss: each row's keys as attn_dflash blocks of one query, for the
-     * full and the sliding layers (dfl_target_row_blocks), and the
-     * attention's log-sum-exp for the sinks */
+    /* gpt-oss, and the sliding layers of a target with a window: each
+     * row's keys as attn_dflash blocks of one query, for the full and the
+     * sliding layers (dfl_target_row_blocks; filled for the others only
+     * when the window cuts a sequence of the batch: window_cuts); gpt-oss:
+     * the attention's log-sum-exp for the sinks */
     dfl_block *blk_full, *blk_win;            /* [cap_T] */
+    int window_cuts;
     dfl_block *host_blk;                      /* host [cap_T] */
     float *lse;                               /* f32 [cap_T * Hq] */
 } workspace;

@@ -15,6 +15,8 @@
  * needs no cache-specific op, and the CUDA table serves both as it is.
  * gpt-oss runs every forward so (with a sliding layer's row i seeing
  * [len+i-W+1, len+i]), then its sinks, as target.c's packed forward does.
+ * The sliding layers of the others (Qwen3, Qwen2, Mistral) take those
+ * blocks once the cache holds more rows than the window (len + n > W).
  *
  * Gated DeltaNet layers (Qwen3.5) keep no keys: their cache is the
  * recurrent state S (f32 [Hv, dk, dv]) and the last K-1 raw projections
@@ -55,7 +57,7 @@ struct dfl_target_kv {
     mlp_ws mlp;
     head_ws head;
     int32_t *ids, *pos, *cu;
-    dfl_block *blocks, *blk_win;   /* blk_win: gpt-oss's sliding layers */
+    dfl_block *blocks, *blk_win;   /* blk_win: the sliding layers */
     float *lse;                    /* gpt-oss: f32 [cap_n * Hq] */
     int32_t *host_pos;
     dfl_block *host_blocks;        /* [2 * cap_n]: full, then sliding */
@@ -193,10 +195,8 @@ static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nro
         kv->ids = dfl_target_regrow(ops, kv->ids, (size_t)n * sizeof(int32_t));
         kv->pos = dfl_target_regrow(ops, kv->pos, (size_t)n * sizeof(int32_t));
         kv->blocks = dfl_target_regrow(ops, kv->blocks, (size_t)n * sizeof(dfl_block));
-        if (c->gpt_oss) {
-            kv->blk_win = dfl_target_regrow(ops, kv->blk_win, (size_t)n * sizeof(dfl_block));
-            kv->lse = dfl_target_regrow(ops, kv->lse, (size_t)(n * c->num_attention_heads) * sizeof(float));
-        }
+        if (c->gpt_oss || c->sliding_window) kv->blk_win = dfl_target_regrow(ops, kv->blk_win, (size_t)n * sizeof(dfl_block));
+        if (c->gpt_oss) kv->lse = dfl_target_regrow(ops, kv->lse, (size_t)(n * c->num_attention_heads) * sizeof(float));
         kv->host_pos = dfl_realloc(kv->host_pos, (size_t)n * sizeof(int32_t));
         kv->host_blocks = dfl_realloc(kv->host_blocks, (size_t)(2 * n) * sizeof(dfl_block));
         kv->cap_n = n;
@@ -308,6 +308,8 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     if (lw->sinks)
         dfl_target_attn_sinks(t, lw, kv->ao, kv->lse, kv->q, kv->k[l], kv->v[l], lw->window ? kv->blk_win : kv->blocks,
                               n, NK);
+    else if (lw->window && NK > lw->window) /* the window cuts: each row its window */
+        ops->attn_dflash(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->blk_win, n, 1, NK, Hq, Hkv, D, 0);
     else if (len == 0)
         ops->attn_causal(kv->ao, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D);
     else
@@ -341,7 +343,7 @@ int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t 
     ops->upload(kv->ids, ids, (size_t)n * sizeof(int32_t));
     ops->upload(kv->pos, kv->host_pos, (size_t)n * sizeof(int32_t));
     ops->upload(kv->blocks, kv->host_blocks, (size_t)n * sizeof(dfl_block));
-    if (c->gpt_oss) {
+    if (c->gpt_oss || (c->sliding_window && kv->len + n > c->sliding_window)) {
         dfl_target_row_blocks(kv->host_blocks + n, 0, kv->len, n, c->sliding_window);
         ops->upload(kv->blk_win, kv->host_blocks + n, (size_t)n * sizeof(dfl_block));
     }

@@ -30,6 +30,7 @@ for r in "build" "model: extraction cpu vs cpu" "model: Qwen3.5 extraction cpu v
     "dflash-extract --device cpu: Qwen3.5-27B layer shapes" "model: qwen3-moe extraction cpu vs cpu" \
     "model: qwen3-moe online loop on cpu" "model: qwen35-moe extraction cpu vs cpu" "model: qwen35-moe online loop on cpu" \
     "model: gpt-oss extraction cpu vs cpu" "model: gpt-oss online loop on cpu" \
+    "model: sliding-window Qwen3 extraction cpu vs cpu" "model: sliding-window Qwen3 online loop on cpu" \
     "dflash-extract --device cpu: Qwen3-30B-A3B layer shapes" "the same, one cuBLAS call per expert" \
     "records decoded on the host: lz4 + byte shuffle"; do
     check "row: $r" grep -qF "| $r" "$R"

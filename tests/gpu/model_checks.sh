@@ -20,6 +20,8 @@
 #                extraction as above; the online loop on the device, lossless
 #   qwen2        a tiny Qwen2 target (mktarget --arch qwen2: q/k/v biases):
 #                extraction as above; the online loop on the device, lossless
+#   sliding      a tiny Qwen3 target with sliding-window layers (mktarget
+#                --window 20): extraction and the online loop, as above
 #   moe          tiny Qwen3-MoE, Qwen3.5-MoE and gpt-oss targets (mktarget --experts, -a gpt-oss):
 #                extraction as above (hidden 1e-2: near-tied expert choices);
 #                the online loop on the device, lossless
@@ -323,6 +325,17 @@ if "$MKT" -o "$T/qwen2" --arch qwen2 --vocab 301 --hidden 128 --intermediate 192
     online_lossless "Qwen2" "$T/qwen2" 16
 else
     result "model: Qwen2 extraction cpu vs $DEV" "FAIL" "mktarget --arch qwen2 failed"
+fi
+
+# ---- a Qwen3 target with sliding windows (mktarget --window 20: layers 3-5
+# of 6 see the last 20 keys): over 48-token samples those layers run
+# attn_dflash on blocks of one row, over the online loop's prompts too ----
+if "$MKT" -o "$T/swa" --vocab 301 --hidden 128 --intermediate 192 --layers 6 --heads 4 --kv-heads 2 \
+    --head-dim 64 --tie no --seed 9 --window 20 >/dev/null; then
+    extract_check "sliding-window Qwen3" "$T/swa" "$T/swa-" 1e-3
+    online_lossless "sliding-window Qwen3" "$T/swa" 24
+else
+    result "model: sliding-window Qwen3 extraction cpu vs $DEV" "FAIL" "mktarget --window 20 failed"
 fi
 
 moe_check qwen3-moe --experts 8 --experts-per-tok 2 --moe-intermediate 48

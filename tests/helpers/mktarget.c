@@ -45,7 +45,7 @@ static double theta = 0, eps = 0;
 static int llama3_scaling = 0, yarn_scaling = 0;
 static int qwen2 = 0; /* --arch qwen2: Qwen3's config keys, Llama's layer plus q/k/v biases */
 static int gpt_oss = 0; /* --arch gpt-oss */
-static int64_t window = 16;
+static int64_t window = -1; /* gpt-oss: 16; Qwen3/Qwen2: none */
 static int64_t lin_k_heads = 2, lin_v_heads = 4, lin_k_dim = 16, lin_v_dim = 24, conv_k = 4, full_interval = 4;
 static double rotary = 0.25;
 static int64_t experts = 0, experts_per_tok = 2, moe_inter = 40, shared_inter = 0, sparse_step = 1;
@@ -55,7 +55,9 @@ static const dfl_opt opts[] = {
      "Architecture: Qwen3ForCausalLM (q/k norms), LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k and v, no q/k "
      "norms), Qwen3_5ForCausalLM (Gated DeltaNet and gated attention layers), or GptOssForCausalLM (needs "
      "--experts; --intermediate is ignored).", NULL},
-    {"window", 0, DFL_OPT_INT, &window, "N", "gpt-oss: sliding_window of its sliding layers (0, 2, 4 ...).", NULL},
+    {"window", 0, DFL_OPT_INT, &window, "N",
+     "sliding_window: gpt-oss's sliding layers (0, 2, 4 ...; default 16); qwen3/qwen2: use_sliding_window, "
+     "the layers from max_window_layers = layers/2 on (default: none).", NULL},
     {"output", 'o', DFL_OPT_STR, &out_dir, "DIR", "Model directory to write (created; files in it are replaced).", NULL},
     {"vocab", 0, DFL_OPT_INT, &vocab, "N", "vocab_size.", NULL},
     {"hidden", 0, DFL_OPT_INT, &hidden, "N", "hidden_size.", NULL},
@@ -274,9 +276,9 @@ static json_t *make_config(int qwen, int hybrid) {
         return c;
     }
     if (qwen) {
-        json_object_set_new(c, "use_sliding_window", json_false());
-        json_object_set_new(c, "sliding_window", json_null());
-        json_object_set_new(c, "max_window_layers", json_integer(layers));
+        json_object_set_new(c, "use_sliding_window", json_boolean(window > 0));
+        json_object_set_new(c, "sliding_window", window > 0 ? json_integer(window) : json_null());
+        json_object_set_new(c, "max_window_layers", json_integer(window > 0 ? layers / 2 : layers));
     } else {
         json_object_set_new(c, "mlp_bias", json_false());
         json_object_set_new(c, "pretraining_tp", json_integer(1));
@@ -327,6 +329,8 @@ int main(int argc, char **argv) {
     if (!head_dim && heads > 0) head_dim = hidden / heads;
     if (!theta) theta = gpt_oss ? 150000 : hybrid ? 1e7 : qwen ? 1e6 : 5e5;
     if (!eps) eps = qwen ? 1e-6 : 1e-5;
+    if (window < 0) window = gpt_oss ? 16 : 0;
+    if (window && !gpt_oss && (hybrid || !qwen)) dfl_cli_usage_error(&cli, "--window is for gpt-oss, qwen3 and qwen2");
     if (gpt_oss && (experts < 1 || experts_per_tok < 1 || experts_per_tok > experts || moe_inter < 1 || window < 0))
         dfl_cli_usage_error(&cli, "gpt-oss needs --experts, 1 <= experts-per-tok <= experts, a positive "
                                   "--moe-intermediate and a window of at least 0");

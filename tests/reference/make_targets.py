@@ -34,6 +34,13 @@ Models (odd sizes on purpose, not powers of two):
                  no q/k norms, GQA 4/2, head_dim 14, 4.x spelling
   mistral        Mistral (Mistral-7B-v0.3, Nemo, Small): Llama's layer, no
                  sliding window (null), head_dim 16 != H / heads (12), MQA, 4.x spelling
+  qwen3-swa      Qwen3 with use_sliding_window, window 5 on layers 1-3
+                 (max_window_layers 1; 4.x spelling, no layer_types in the file);
+                 samples of 17, 1, 9, 40, 5 tokens
+  mistral-swa    Mistral with sliding_window 7 (every layer), 5.x spelling;
+                 samples of 17, 1, 9, 40, 7 tokens
+                 (both: window_matters checks that the window moves the states
+                 of the samples longer than it, and only those)
   qwen35-yarn    qwen35's architecture (other weights) with YaRN over its partial
                  RoPE: the attention factor scales the 8 rotated dims of each
                  head, not the 24 passed through; samples of 17, 9, 70 tokens
@@ -97,6 +104,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 
 import torch
 import transformers
@@ -230,7 +238,45 @@ def record(model_dir, samples, ref_dir, extra_check=None, load_kwargs=None,
           f"min gap {gaps.min():.2e}, {int((gaps < 1e-3).sum())} gaps < 1e-3")
 
 
-def build(name, arch, cfg_kwargs, seed, spelling="old", max_shard_size=None):
+def window_matters(d, no_window):
+    """An extra_check for a sliding-window fixture: the same weights without
+    the window (config.json with the no_window edits, in a scratch copy of
+    the directory: from_pretrained's overrides come after the config's
+    derived layer_types) must give states far from these on the samples
+    longer than the window, and the same ones on the others, or the fixture
+    would not test the window."""
+    def check(model, samples, hs_all):
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in os.listdir(d):
+                if f != "config.json" and os.path.isfile(os.path.join(d, f)):
+                    os.symlink(os.path.join(d, f), os.path.join(tmp, f))
+            with open(os.path.join(d, "config.json")) as f:
+                c = json.load(f)
+            c.update(no_window)
+            with open(os.path.join(tmp, "config.json"), "w") as f:
+                json.dump(c, f)
+            full = transformers.AutoModelForCausalLM.from_pretrained(
+                tmp, dtype=torch.float32, attn_implementation="eager")
+        full.eval()
+        assert "sliding_attention" not in (getattr(full.config, "layer_types", None) or [])
+        W = model.config.sliding_window
+        with torch.no_grad():
+            for s, hs in zip(samples, hs_all):
+                out = full(input_ids=torch.tensor([s["input_ids"]]), output_hidden_states=True)
+                d_last = nmse(out.hidden_states[-1][0], hs[-1])
+                if len(s["input_ids"]) > W:
+                    assert d_last > 1e-3, (d, len(s["input_ids"]), d_last)
+                else:
+                    assert d_last < 1e-12, (d, len(s["input_ids"]), d_last)
+        print(f"  {os.path.basename(d)}: window {W} changes the samples longer than it")
+    return check
+
+
+def build(name, arch, cfg_kwargs, seed, spelling="old", max_shard_size=None, lengths=LENGTHS, drop=(),
+          no_window=None):
+    """drop: config keys removed from the file (a 4.x Qwen3 file has no
+    layer_types); no_window: the from_pretrained overrides that turn a
+    sliding-window fixture's window off (window_matters)."""
     d = os.path.join(OUT, name)
     shutil.rmtree(d, ignore_errors=True)
     if arch == "qwen3":
@@ -253,15 +299,20 @@ def build(name, arch, cfg_kwargs, seed, spelling="old", max_shard_size=None):
     with open(cpath) as f:
         c = json.load(f)
     assert "rope_parameters" in c and "dtype" in c, "expected the transformers 5.x spelling"
-    if spelling == "old":
-        c = old_spelling(c)
+    if spelling == "old" or drop:
+        c = old_spelling(c) if spelling == "old" else c
+        for k in drop:
+            c.pop(k)
         with open(cpath, "w") as f:
             json.dump(c, f, indent=2, sort_keys=True)
             f.write("\n")
     # The file we read back must mean what we built.
     back = transformers.AutoConfig.from_pretrained(d)
     assert back.rope_parameters == cfg.rope_parameters, (back.rope_parameters, cfg.rope_parameters)
-    record(d, make_inputs(cfg.vocab_size, seed + 1), os.path.join(d, "reference"))
+    assert getattr(back, "layer_types", None) == getattr(cfg, "layer_types", None)
+    assert getattr(back, "sliding_window", None) == getattr(cfg, "sliding_window", None)
+    check = window_matters(d, no_window) if no_window else None
+    record(d, make_inputs(cfg.vocab_size, seed + 1, lengths), os.path.join(d, "reference"), check)
 
 
 # ---------------------------------------------------------------------------
@@ -714,6 +765,21 @@ def build_existing():
             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
             rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=99),
+        # sliding windows: Qwen3's from max_window_layers on (layers 1-3
+        # of 4; a 4.x file, no layer_types), Mistral's on every layer; a
+        # sample exactly as long as the window, one shorter, three longer
+        "qwen3-swa": lambda: build("qwen3-swa", "qwen3", dict(
+            common, vocab_size=131, hidden_size=40, intermediate_size=76,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=True, sliding_window=5,
+            max_window_layers=1, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=111,
+            lengths=[17, 1, 9, 40, 5], drop=("layer_types",), no_window={"use_sliding_window": False}),
+        "mistral-swa": lambda: build("mistral-swa", "mistral", dict(
+            common, vocab_size=127, hidden_size=48, intermediate_size=80,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=7,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), seed=122,
+            lengths=[17, 1, 9, 40, 7], no_window={"sliding_window": None}),
         "qwen3-sharded": lambda: build("qwen3-sharded", "qwen3", dict(
             common, vocab_size=97, hidden_size=32, intermediate_size=64,
             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,

@@ -84,34 +84,68 @@ static void test_yarn_keys(void) {
 }
 
 /* Qwen2 (Qwen2.5, DeepSeek-R1-Distill-Qwen): no q/k norms, q/k/v biases;
- * its sliding window only when use_sliding_window says so (refused) */
+ * its sliding window only when use_sliding_window says so, on the layers
+ * from max_window_layers on (Qwen2Config, as Qwen3Config) */
 static void test_qwen2(void) {
     dfl_model_config c;
     T_CHECK(parse(&c, "{\"architectures\":[\"Qwen2ForCausalLM\"]," BASE ",\"rope_theta\":1000000,\"sliding_window\":131072,"
                       "\"use_sliding_window\":false,\"max_window_layers\":2}") == 0);
     T_CHECK(c.qkv_bias == 1 && c.qk_norm == 0);
+    T_CHECK(c.sliding_window == 0 && dfl_model_config_window(&c, 3) == 0);
     dfl_model_config_free(&c);
     T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE "}") == 0);
     T_CHECK(c.qkv_bias == 0 && c.qk_norm == 1);
     dfl_model_config_free(&c);
-    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen2ForCausalLM\"]," BASE ",\"use_sliding_window\":true}") == DFL_EX_DATA);
+    /* on, defaults: a window of 4096 from layer 28 on (none of BASE's 4) */
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen2ForCausalLM\"]," BASE ",\"use_sliding_window\":true}") == 0);
+    T_CHECK(c.sliding_window == 4096 && dfl_model_config_window(&c, 3) == 0);
+    dfl_model_config_free(&c);
+    const char *arch[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    for (int a = 0; a < 2; a++) {
+        char json[512];
+        snprintf(json, sizeof json, "{\"architectures\":[\"%s\"]," BASE ",\"use_sliding_window\":true,"
+                 "\"sliding_window\":64,\"max_window_layers\":2}", arch[a]);
+        T_CHECK(parse(&c, json) == 0);
+        for (int i = 0; i < 4; i++)
+            T_CHECKF(dfl_model_config_window(&c, i) == (i >= 2 ? 64 : 0), "%s layer %d", arch[a], i);
+        dfl_model_config_free(&c);
+        /* layer_types over max_window_layers */
+        snprintf(json, sizeof json, "{\"architectures\":[\"%s\"]," BASE ",\"use_sliding_window\":true,"
+                 "\"sliding_window\":64,\"max_window_layers\":2,\"layer_types\":[\"sliding_attention\","
+                 "\"full_attention\",\"full_attention\",\"sliding_attention\"]}", arch[a]);
+        T_CHECK(parse(&c, json) == 0);
+        for (int i = 0; i < 4; i++)
+            T_CHECKF(dfl_model_config_window(&c, i) == (i % 3 ? 0 : 64), "%s layer %d", arch[a], i);
+        dfl_model_config_free(&c);
+    }
+    /* a window not positive is refused; Qwen3-MoE's windows stay refused */
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"use_sliding_window\":true,"
+                      "\"sliding_window\":0}") == DFL_EX_DATA);
+    T_CHECK(strstr(dfl_errmsg(), "sliding_window") != NULL);
+    dfl_model_config_free(&c);
+    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE ",\"use_sliding_window\":true}") == DFL_EX_DATA);
     T_CHECK(strstr(dfl_errmsg(), "use_sliding_window") != NULL);
     dfl_model_config_free(&c);
 }
 
-/* Mistral: Llama's layer; a sliding window (any non-null one: it has no
- * use_sliding_window) is refused */
+/* Mistral: Llama's layer; any non-null sliding window (it has no
+ * use_sliding_window) on every layer, whatever "layer_types" says
+ * (MistralAttention ignores it) */
 static void test_mistral(void) {
     dfl_model_config c;
     T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE ",\"sliding_window\":null}") == 0);
-    T_CHECK(c.qk_norm == 0 && c.qkv_bias == 0);
+    T_CHECK(c.qk_norm == 0 && c.qkv_bias == 0 && dfl_model_config_window(&c, 0) == 0);
     dfl_model_config_free(&c);
-    T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE ",\"sliding_window\":4096}") == DFL_EX_DATA);
+    T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE ",\"sliding_window\":100,"
+                      "\"layer_types\":[\"full_attention\",\"full_attention\",\"full_attention\",\"full_attention\"]}") == 0);
+    for (int i = 0; i < 4; i++) T_CHECKF(dfl_model_config_window(&c, i) == 100, "layer %d", i);
+    dfl_model_config_free(&c);
+    /* absent: transformers' MistralConfig default, a window of 4096 (Mistral-7B-v0.1) */
+    T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE "}") == 0);
+    T_CHECK(dfl_model_config_window(&c, 0) == 4096 && dfl_model_config_window(&c, 3) == 4096);
+    dfl_model_config_free(&c);
+    T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE ",\"sliding_window\":-1}") == DFL_EX_DATA);
     T_CHECK(strstr(dfl_errmsg(), "sliding_window") != NULL);
-    dfl_model_config_free(&c);
-    /* absent: transformers' MistralConfig default, a window of 4096 */
-    T_CHECK(parse(&c, "{\"architectures\":[\"MistralForCausalLM\"]," BASE "}") == DFL_EX_DATA);
-    T_CHECK(strstr(dfl_errmsg(), "absent") != NULL);
     dfl_model_config_free(&c);
 }
 
@@ -195,8 +229,13 @@ static void test_gpt_oss(void) {
              (long long)dfl_model_config_window(&c, 0));
     T_CHECKF(c.num_experts == 8, "num_experts %lld (%s)", (long long)c.num_experts, dfl_errmsg());
     dfl_model_config_free(&c);
-    /* sliding_attention stays refused elsewhere */
+    /* a Qwen3 sliding_attention layer without use_sliding_window, and
+     * sliding_attention on Llama, stay refused */
     T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"layer_types\":[\"sliding_attention\","
+                      "\"full_attention\",\"full_attention\",\"full_attention\"]}") == DFL_EX_DATA);
+    T_CHECK(strstr(dfl_errmsg(), "use_sliding_window") != NULL);
+    dfl_model_config_free(&c);
+    T_CHECK(parse(&c, "{\"architectures\":[\"LlamaForCausalLM\"]," BASE ",\"layer_types\":[\"sliding_attention\","
                       "\"full_attention\",\"full_attention\",\"full_attention\"]}") == DFL_EX_DATA);
     dfl_model_config_free(&c);
 }

@@ -208,6 +208,50 @@ static void test_qwen3_next(void) { check_model("qwen3-next"); }
 static void test_mistral(void) { check_model("mistral"); }
 /* YaRN: its frequencies, and cos and sin times its attention factor */
 static void test_qwen3_yarn(void) { check_model("qwen3-yarn"); }
+
+/* Sliding windows (Qwen3: layers 1-3, window 5, derived from
+ * max_window_layers; Mistral: every layer, window 7). Packed together, the
+ * samples longer than the window make the sliding layers run each row's
+ * window (attn_dflash on blocks of one row); each sample alone checks the
+ * other path too: a batch no longer than the window runs attn_causal,
+ * which must give the same states (HF's, the sample of exactly W tokens
+ * included). */
+static void check_window_samples(const char *name) {
+    check_model(name);
+    expected e;
+    dfl_target *t = open_case(&e, name, 0, 0);
+    if (!t) return;
+    const int64_t H = e.H, L = e.L, W = dfl_target_config(t)->sliding_window;
+    int taps[64], shorter = 0, longer = 0;
+    for (int k = 0; k < L; k++) taps[k] = k;
+    dfl_target_want w = {.ntaps = (int)L, .taps = taps};
+    for (int64_t s = 0; s < e.nseq; s++) {
+        const int64_t r0 = e.cu[s], n = e.cu[s + 1] - r0;
+        const int32_t cu[2] = {0, (int32_t)n};
+        dfl_target_batch b = {e.ids + r0, cu, 1};
+        dfl_target_out o;
+        T_CHECKF(dfl_target_forward(t, &o, &b, &w) == 0, "%s", dfl_errmsg());
+        float *got = dfl_malloc((size_t)(n * L * H) * sizeof *got), *col = dfl_malloc((size_t)(n * H) * sizeof *col);
+        dfl_target_taps_to_f32(t, &o, 0, n, got);
+        double worst = 0;
+        for (int64_t k = 0; k < L; k++) {
+            for (int64_t r = 0; r < n; r++) memcpy(col + r * H, got + (r * L + k) * H, (size_t)H * sizeof *col);
+            double err = t_nmse_f32(col, hf_layer_out(&e, k) + r0 * H, n * H);
+            worst = err > worst ? err : worst;
+        }
+        T_CHECKF(worst < F32_TOL, "%s sample %lld (%lld rows, window %lld): nmse %.3g", name, (long long)s,
+                 (long long)n, (long long)W, worst);
+        shorter += n <= W && n > 1;
+        longer += n > W;
+        free(got);
+        free(col);
+    }
+    T_CHECKF(shorter && longer, "%s: samples on both sides of the window", name);
+    dfl_target_free(t);
+    free_expected(&e);
+}
+static void test_qwen3_swa(void) { check_window_samples("qwen3-swa"); }
+static void test_mistral_swa(void) { check_window_samples("mistral-swa"); }
 /* Qwen3.5: Gated DeltaNet and gated attention layers, (1 + w) norms,
  * partial RoPE; as Qwen3_5ForCausalLM and in the released VLM layout
  * (text_config, model.language_model.*, sharded, no layer_types). */
@@ -881,6 +925,8 @@ int main(void) {
     T_RUN(test_qwen3_next);
     T_RUN(test_mistral);
     T_RUN(test_qwen3_yarn);
+    T_RUN(test_qwen3_swa);
+    T_RUN(test_mistral_swa);
     T_RUN(test_qwen3_sharded);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_yarn);
