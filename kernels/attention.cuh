@@ -574,10 +574,35 @@ __device__ __forceinline__ void row_ranges(const dfl_block &b, int B, int64_t NK
     else block_ranges(b, B, NK, r);
 }
 
+// The window's rule per (slot, key) for the tensor-core kernels, which visit
+// the block's reach (block_ranges_w) and test each score there: slot o
+// sees key iff key >= max(ctx_off, ctx_end + o + 1 - W) and key < ctx_end,
+// or blk_off <= key <= blk_off + o. For keys in [0, NK) (every key a kernel
+// visits) that is row_ranges' answer. NoWindow (W = 0) has no test: a
+// kernel given it compiles to its code without a window.
+struct NoWindow {
+    static constexpr bool on = false;
+};
+struct DflWindow {
+    static constexpr bool on = true;
+    int64_t ctx_off, ctx_end, lo, blk_off; // lo: slot 0's first context key before the cut at ctx_off
+    __device__ void init(const dfl_block &b, int64_t W) {
+        ctx_off = b.ctx_off, ctx_end = (int64_t)b.ctx_off + b.ctx_len, lo = ctx_end + 1 - W, blk_off = b.blk_off;
+    }
+    __device__ bool sees(int o, int64_t key) const {
+        return (key >= ctx_off && key >= lo + o && key < ctx_end) || (key >= blk_off && key <= blk_off + o);
+    }
+    // every slot up to o_max sees every context key from here on (up to
+    // ctx_end): a tile of the context segment starting here needs no test
+    __device__ int64_t full_from(int o_max) const { return lo + o_max > ctx_off ? lo + o_max : ctx_off; }
+};
+
 // ---------------------------------------------------------------------------
 // forward CTA: 64 flattened rows [r0, r0+64) of one KV head, all keys of
-// `segs`; CAUSAL masks key > kbase + row position. Writes out (and lse, the
-// natural-log logsumexp of the scaled scores, when lse != NULL).
+// `segs`; CAUSAL masks key > kbase + row position; a DflWindow `win` masks
+// the keys its row's slot (row position) does not see (DFlash's sliding
+// window). Writes out (and lse, the natural-log logsumexp of the scaled
+// scores, when lse != NULL).
 //
 // D = 64, 128: tiles of 64 keys, the warp's Q fragments held in registers
 // for the whole key loop. D = 256 (Qwen3.5's attention): the O accumulator
@@ -622,10 +647,11 @@ constexpr size_t fwd_wg_smem_bytes() { return (size_t)(ROWS + (PIPE ? 6 : 4) * B
 // tile it-1 reads V while tile it+1 loads, so K/V have three stages, and
 // one barrier a tile suffices: tile it+1 goes into the stage of tile it-2,
 // whose P V every warpgroup waited for before the barrier.
-template <int D, bool CAUSAL, int MB = 1, int WGS = 0, bool PIPE = false>
+template <int D, bool CAUSAL, int MB = 1, int WGS = 0, bool PIPE = false, class WIN = NoWindow>
 __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                               int Hq, int Hkv, int G, int64_t tok0, int rows_total, int r0, int hkv,
-                                              const FwdSegs<D> &segs, int64_t kbase, float scale_log2) {
+                                              const FwdSegs<D> &segs, int64_t kbase, float scale_log2,
+                                              const WIN &win = WIN()) {
     constexpr bool WG = WGS > 0;
     static_assert(!WG || (MB == 1 && (D == 64 || D == 128)), "wgmma: one row block a warp, D 64 or 128");
     static_assert(!PIPE || WG, "the pipelined forward is a wgmma path");
@@ -650,6 +676,12 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
     // the CTA's first position: a causal tile whose last key is at or
     // before it needs no causal mask for any row of the CTA
     const int64_t pos_min = r0 / G;
+    // a sliding window (DFlash, WIN::on; pos is the row's slot): the tiles
+    // of the context segment from win_full on are seen whole by every row
+    // of the CTA (up to its last slot): no per-key test there
+    static_assert(!(WIN::on && CAUSAL), "a window is DFlash's");
+    int64_t win_full = 0;
+    if constexpr (WIN::on) win_full = win.full_from(((r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1) / G);
 
     const int nt = segs.ntiles();
     if constexpr (WG) load_qrows_cm<D>(sQ, ROWS, q, tok0, r0, rows_total, G, hkv, Hq);
@@ -741,7 +773,8 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
         }
 
         // mask, online softmax in log2 units. Most tiles lie inside their
-        // segment and (causal) before every row of the CTA: those skip the
+        // segment and (causal) before every row of the CTA, (window) in the
+        // context past the window's edge for every row: those skip the
         // per-key tests, which otherwise cost more issue slots than the
         // tile's products (a CTA-uniform branch). Scores stay unscaled
         // (scale_log2 > 0 commutes with max): the scale goes into the
@@ -762,12 +795,15 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
                         mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
                     }
         };
-        if (segs.full(it) && (!CAUSAL || k0 + TN - 1 - kbase <= pos_min)) {
+        if (segs.full(it) && (!CAUSAL || k0 + TN - 1 - kbase <= pos_min) &&
+            (!WIN::on || (it < segs.n0 && k0 >= win_full))) {
             mask_max([](int, int, int) { return true; });
         } else if constexpr (CAUSAL) { // one segment: keys relative to k0 in int
             const int64_t left = segs.end(it) - k0;
             const int lim = left < TN ? (int)left : TN, cb = (int)(k0 - kbase);
             mask_max([&](int m, int kr, int h) { return kr < lim && cb + kr <= pos[m][h]; });
+        } else if constexpr (WIN::on) { // the window's edge and the own block: each (slot, key)
+            mask_max([&](int m, int kr, int h) { return segs.ok(it, k0 + kr) && win.sees(pos[m][h], k0 + kr); });
         } else {
             mask_max([&](int, int kr, int) { return segs.ok(it, k0 + kr); });
         }
@@ -892,8 +928,8 @@ void launch_delta(float *delta, const bf16 *dout, const bf16 *out, int64_t n, in
 
 void simple_attn_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
                         int64_t T, int Hq, int Hkv, int D);
-// (window: the op's sliding window, 0 for none; the only kernels that take
-// one, see cuda_attn_dflash)
+// (window: the op's sliding window, 0 for none; the tensor-core kernels
+// take one too, see the top of attn_dflash.cu)
 void simple_attn_dflash(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
                         int64_t nblk, int B, int64_t NK, int Hq, int Hkv, int D, int64_t window);
 void simple_attn_dflash_dq(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,

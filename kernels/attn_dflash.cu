@@ -8,13 +8,18 @@
 //
 // A sliding window (window W > 0, a drafter's sliding layer; ops.h): slot o
 // of a block sees only the context from ctx_end + o + 1 - W on and its own
-// keys up to blk_off + o. Those calls take the simple kernels
-// (attn_simple.cu), which visit exactly each slot's keys, and key tile
-// lists cut to the window. Correct first: the tensor-core kernels below
-// know no window and serve W = 0 alone. A fast path for sliding layers (the
-// forward's and dq's segments cut to the block's window, a per-(slot, key)
-// mask on the tiles at the window's edge and in the own block, the dk/dv
-// chunks from the same cut lists) is a lead for a session with a GPU.
+// keys up to blk_off + o. The tensor-core kernels below take it as a
+// template mode (WIN; W = 0 compiles to the code without it): the forward's
+// and dq's key segments are the block's reach under the window
+// (block_ranges_w: slot 0's context, the whole own block), and each
+// (slot, key) score is tested (DflWindow, attention.cuh) in the tiles that
+// need it, the window's edge and the own block; a context tile past the
+// edge for every slot of the CTA skips the test (CTA-uniform, as W = 0's
+// whole tiles). dk/dv take the key tile lists cut to the window and test
+// each (row, key) of a step (P = 0, so dS = 0, stored dS too, off the
+// window). Work follows the window; no atomics, as W = 0. The simple
+// kernels (attn_simple.cu: exactly each slot's keys) remain the path of
+// every other shape and of DFLASH_CUDA_SIMPLE, and the emulation's oracle.
 //
 // Forward (fast path: D = 64, 128 or 256, 16-byte aligned): one CTA per
 // (block, KV head, 64 rows of the block's B×G (slot, head-in-group) rows),
@@ -22,7 +27,8 @@
 // saved (natural log, f32). D = 256 is the target's verify step (Qwen3.5's
 // attention, blocks of one row, lib/target_kv.c); drafters have D = 128.
 //
-// Backward fast path: D = 64 or 128 (the simple kernels otherwise).
+// Backward fast path: D = 64 or 128 (the simple kernels otherwise), with
+// or without a window (as the forward, whose D = 256 takes one too).
 //
 // Backward, deterministic (no floating-point atomics anywhere); it writes
 // dq, dk and dv (no zeroing pass before it, no read of the zeros):
@@ -109,33 +115,51 @@ __device__ __forceinline__ TouchedTiles touched_tiles(const dfl_block &b, int B,
 // ---------------------------------------------------------------------------
 // CUDA kernels: forward
 
-template <int D>
+// WIN: a sliding window W > 0 (the block's reach under it, each slot's
+// keys masked in the tiles that need it); else W = 0, the code without one.
+template <int D, bool WIN = false>
 __global__ void __launch_bounds__(NTHREADS, 2)
     attn_dflash_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
-                       int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale_log2) {
+                       int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale_log2, int64_t W) {
     int j = nblk - 1 - (int)blockIdx.x; // later anchors see more context: start them first
     int64_t r[4];
-    block_ranges(blocks[j], B, NK, r);
+    if constexpr (WIN) window_ranges(blocks[j], NK, W, 0, B, r);
+    else block_ranges(blocks[j], B, NK, r);
     FwdSegs<D> segs;
     segs.init(r[0], r[1], r[2], r[3]);
-    flash_fwd_cta<D, false>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM, blockIdx.y, segs,
-                            0, scale_log2);
+    if constexpr (WIN) {
+        DflWindow win;
+        win.init(blocks[j], W);
+        flash_fwd_cta<D, false>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM, blockIdx.y,
+                                segs, 0, scale_log2, win);
+    } else {
+        flash_fwd_cta<D, false>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM, blockIdx.y,
+                                segs, 0, scale_log2);
+    }
 }
 
 // the same on wgmma: one warpgroup a CTA (flash_fwd_cta's WGS path; PIPE:
 // overlapped, 112 KiB of shared memory at D = 128, still two a
 // multiprocessor)
-template <int D, bool PIPE = false>
+template <int D, bool PIPE = false, bool WIN = false>
 __global__ void __launch_bounds__(128, 2)
     attn_dflash_wg_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
-                          int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale_log2) {
+                          int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale_log2, int64_t W) {
     int j = nblk - 1 - (int)blockIdx.x;
     int64_t r[4];
-    block_ranges(blocks[j], B, NK, r);
+    if constexpr (WIN) window_ranges(blocks[j], NK, W, 0, B, r);
+    else block_ranges(blocks[j], B, NK, r);
     FwdSegs<D> segs;
     segs.init(r[0], r[1], r[2], r[3]);
-    flash_fwd_cta<D, false, 1, 1, PIPE>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM,
-                                        blockIdx.y, segs, 0, scale_log2);
+    if constexpr (WIN) {
+        DflWindow win;
+        win.init(blocks[j], W);
+        flash_fwd_cta<D, false, 1, 1, PIPE>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM,
+                                            blockIdx.y, segs, 0, scale_log2, win);
+    } else {
+        flash_fwd_cta<D, false, 1, 1, PIPE>(out, lse, q, k, v, Hq, Hkv, G, (int64_t)j * B, B * G, blockIdx.z * BM,
+                                            blockIdx.y, segs, 0, scale_log2);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -265,11 +289,12 @@ __device__ __forceinline__ void store_dq_rows(bf16 *dq, const float (*acc)[4], c
 template <int D>
 constexpr size_t dq_smem_bytes() { return (size_t)(2 * BM + 4 * BN) * (D + 8) * sizeof(bf16); }
 
-template <int D>
+// (WIN: a sliding window W > 0, as the forward's)
+template <int D, bool WIN = false>
 __global__ void __launch_bounds__(NTHREADS, 2)
     attn_dflash_dq_kernel(bf16 *dq, const bf16 *dout, const float *lse2p, const float *deltap, const bf16 *q,
                           const bf16 *k, const bf16 *v, const dfl_block *blocks, int nblk, int B, int64_t NK, int Hq,
-                          int Hkv, int G, float scale_log2, float scale) {
+                          int Hkv, int G, float scale_log2, float scale, int64_t W) {
     constexpr int SD = D + 8, ND = D / 8;
     DYN_SMEM(bf16, sQ);
     bf16 *sdO = sQ + BM * SD;
@@ -279,11 +304,21 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     const int rows_total = B * G;
     const int64_t tok0 = (int64_t)j * B;
     int64_t rg[4];
-    block_ranges(blocks[j], B, NK, rg);
+    if constexpr (WIN) window_ranges(blocks[j], NK, W, 0, B, rg);
+    else block_ranges(blocks[j], B, NK, rg);
     KeySegs segs;
     segs.init(rg[0], rg[1], rg[2], rg[3]);
 
     int row[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+    // the window: this thread's rows' slots, and where the context tiles
+    // every row of the CTA sees whole begin (flash_fwd_cta's test)
+    DflWindow win{};
+    int slot[2] = {row[0] / G, row[1] / G};
+    int64_t win_full = 0;
+    if constexpr (WIN) {
+        win.init(blocks[j], W);
+        win_full = win.full_from(((r0 + BM < rows_total ? r0 + BM : rows_total) - 1) / G);
+    }
     float lse2[2], dl[2];
     const int64_t sbase = ((int64_t)j * Hkv + hkv) * padded_rows(B, G);
 #pragma unroll
@@ -313,7 +348,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         two_scores<8, D>(s, dp, sQ + warp * 16 * SD, sdO + warp * 16 * SD, kt, vt);
         // P = exp(S - lse) on visible keys; dS = P (dP - delta), kept in s
         // (a tile inside its segment skips the per-key tests: CTA-uniform)
-        if (segs.full(it)) {
+        if (segs.full(it) && (!WIN || (it < segs.n0 && k0 >= win_full))) {
 #pragma unroll
             for (int nb = 0; nb < 8; nb++) {
 #pragma unroll
@@ -328,7 +363,8 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int64_t key = k0 + nb * 8 + 2 * c + (e & 1);
-                    float p = segs.ok(it, key) ? exp2f(s[nb][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
+                    const bool keep = segs.ok(it, key) && (!WIN || win.sees(slot[e >> 1], key));
+                    float p = keep ? exp2f(s[nb][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
                     s[nb][e] = p * (dp[nb][e] - dl[e >> 1]);
                 }
             }
@@ -351,8 +387,9 @@ __global__ void __launch_bounds__(NTHREADS, 2)
 // product a touched key tile, dq = scale dS K. A tile's dS^T slice (64
 // keys x 64 rows, bf16) and its K rows arrive by cp.async, double-buffered;
 // A fragments of dS come transposed out of the [key][row] slice (ldmatrix
-// .trans). Keys a block does not see have dS = 0 in the store, rows past
-// the block's B*G too: no masks here.
+// .trans). Keys a row does not see (outside its block's ranges, or past
+// its slot's window) have dS = 0 in the store, rows past the block's B*G
+// too: no masks here.
 // WG: the product on wgmma, both operands from core-matrix tiles: the dS^T
 // slice is dS as an M-major A, the K tile an N-major B.
 constexpr int DSS = BM + 8; // row stride of a dS^T slice in shared memory
@@ -360,10 +397,12 @@ constexpr int DSS = BM + 8; // row stride of a dS^T slice in shared memory
 template <int D, bool WG = false>
 constexpr size_t dq_ds_smem_bytes() { return (size_t)2 * BN * (WG ? D + BM : (D + 8) + DSS) * sizeof(bf16); }
 
-template <int D, bool WG = false>
+// (WIN: a sliding window W > 0, whose blocks' stored tiles are the ones
+// their reach under it touches)
+template <int D, bool WG = false, bool WIN = false>
 __global__ void __launch_bounds__(NTHREADS, 4)
     attn_dflash_dq_ds_kernel(bf16 *dq, const bf16 *ds, const int *tile_off, const bf16 *k, const dfl_block *blocks,
-                             int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale) {
+                             int nblk, int B, int64_t NK, int Hq, int Hkv, int G, float scale, int64_t W) {
     constexpr int SD = WG ? D : D + 8, SS = WG ? BM : DSS, ND = D / 8, CPK = BM / 8;
     DYN_SMEM(bf16, sK);                // [2][BN][SD]
     bf16 *sS = sK + 2 * BN * SD;       // [2][BN][SS]: keys x rows
@@ -371,7 +410,7 @@ __global__ void __launch_bounds__(NTHREADS, 4)
     const int j = nblk - 1 - (int)blockIdx.x, hkv = blockIdx.y, r0 = blockIdx.z * BM;
     const int rows_total = B * G, rtp = padded_rows(B, G);
     const int64_t tok0 = (int64_t)j * B;
-    const TouchedTiles tt = touched_tiles(blocks[j], B, NK, 0); // the fast path: no window
+    const TouchedTiles tt = touched_tiles(blocks[j], B, NK, WIN ? W : 0); // as the lists and tile_off
     const int nt = tt.count();
     const bf16 *dsj = ds + (int64_t)tile_off[j] * Hkv * BN * rtp + r0;
 
@@ -427,10 +466,10 @@ __global__ void __launch_bounds__(NTHREADS, 4)
 // ---------------------------------------------------------------------------
 // CUDA kernels: backward, dk and dv
 
-template <int D, bool WG = false>
+template <int D, bool WG = false, bool WIN = false>
 constexpr size_t dkdv_smem_bytes() {
     return (size_t)(2 * BN + 4 * BR) * (WG ? D : D + 8) * sizeof(bf16) + 4 * BR * sizeof(float) +
-           (size_t)CHUNK * (5 * sizeof(int64_t) + sizeof(int));
+           (size_t)CHUNK * ((WIN ? 7 : 5) * sizeof(int64_t) + sizeof(int));
 }
 
 // CTA (chunk, KV head): warp w owns keys tile*64 + w*16 .. +16 and
@@ -449,12 +488,18 @@ constexpr size_t dkdv_smem_bytes() {
 // memory (core-matrix tiles), dV and dK with P^T and dS^T from registers
 // and dO, Q as N-major operands. The pointwise part is the same code on the
 // same fragments.
-template <int D, bool WG = false>
+//
+// WIN: a sliding window W > 0. A key's rows are no longer all or none: per
+// step and key the rows that see it are those below a bound (through the
+// context: slot r / G <= key - (ctx_end + 1 - W)) or from a bound on
+// (through the own block: slot >= key - blk_off), two integer compares a
+// score; P = 0 (so dS = 0, in the store too) on the others.
+template <int D, bool WG = false, bool WIN = false>
 __global__ void __launch_bounds__(NTHREADS, 2)
     attn_dflash_dkdv_kernel(float *part_dk, float *part_dv, bf16 *ds, const KeyChunk *chunks, const int *list,
                             const int *tile_off, const bf16 *dout, const float *lse2p, const float *deltap,
                             const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks, int B, int64_t NK,
-                            int Hq, int Hkv, int G, float scale_log2, float scale) {
+                            int Hq, int Hkv, int G, float scale_log2, float scale, int64_t W) {
     constexpr int SD = WG ? D : D + 8, ND = D / 8, CPR = D / 8, NCH = BR * CPR / NTHREADS, NB = BR / 8;
     static_assert(BR * CPR % NTHREADS == 0 && BR % 16 == 0, "whole row chunks per thread");
     static_assert(!WG || (BN == 64 && NTHREADS == 128), "wgmma: the CTA is one warpgroup, M = its 64 keys");
@@ -465,6 +510,7 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     int64_t *sRg = (int64_t *)(sDl + 2 * BR);          // [CHUNK][4] key ranges
     int64_t *sDs = sRg + 4 * CHUNK;                    // [CHUNK] where each block's dS^T of this tile goes
     int *sJ = (int *)(sDs + CHUNK);                    // [CHUNK] block indices
+    int64_t *sWn = (int64_t *)(sJ + CHUNK);            // WIN: [CHUNK][2] ctx_end + 1 - W, blk_off
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const KeyChunk ch = chunks[blockIdx.x];
     const int hkv = blockIdx.y;
@@ -481,7 +527,13 @@ __global__ void __launch_bounds__(NTHREADS, 2)
     for (int i = threadIdx.x; i < ch.count; i += NTHREADS) {
         const int jj = list[ch.first + i];
         sJ[i] = jj;
-        block_ranges(blocks[jj], B, NK, sRg + 4 * i);
+        if constexpr (WIN) { // the block's reach (the ranges its list entries and stored tiles follow)
+            const dfl_block b = blocks[jj];
+            window_ranges(b, NK, W, 0, B, sRg + 4 * i);
+            sWn[2 * i] = (int64_t)b.ctx_off + b.ctx_len + 1 - W, sWn[2 * i + 1] = b.blk_off;
+        } else {
+            block_ranges(blocks[jj], B, NK, sRg + 4 * i);
+        }
         if (ds) {
             TouchedTiles tt;
             tt.init(sRg + 4 * i);
@@ -541,7 +593,22 @@ __global__ void __launch_bounds__(NTHREADS, 2)
         const int buf = it & 1;
         pipeline_step<WG>(it + 1 < total, [&] { issue(it + 1, buf ^ 1); });
         const int64_t *rg = sRg + 4 * (it / nrt);
-        const bool vis[2] = {key[0] < NK && sees(rg, key[0]), key[1] < NK && sees(rg, key[1])};
+        bool vis[2];
+        int rlo[2], rhi[2]; // WIN: the step's rows r (of the block's) that see key h: r < rlo[h] or r >= rhi[h]
+        if constexpr (WIN) {
+            const int64_t *wn = sWn + 2 * (it / nrt);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t kk = key[h], rb = rtp; // (ranges clamped to NK: key < NK in them)
+                const int64_t lo = kk >= rg[0] && kk < rg[1] ? (kk - wn[0] + 1) * G : 0;
+                rlo[h] = (int)(lo < rb ? lo : rb) - (it % nrt) * BR;
+                rhi[h] = kk >= rg[2] && kk < rg[3] ? (int)((kk - wn[1]) * G) - (it % nrt) * BR : INT32_MAX;
+                vis[h] = false;
+            }
+        } else {
+            vis[0] = key[0] < NK && sees(rg, key[0]), vis[1] = key[1] < NK && sees(rg, key[1]);
+            rlo[0] = rlo[1] = rhi[0] = rhi[1] = 0;
+        }
         const bf16 *qt = sQ + buf * BR * SD, *ot = sdO + buf * BR * SD;
         const float *lt = sL + buf * BR, *dt = sDl + buf * BR;
 
@@ -568,7 +635,8 @@ __global__ void __launch_bounds__(NTHREADS, 2)
             for (int e = 0; e < 4; e++) {
                 const int col = nb * 8 + 2 * c + (e & 1);
                 float p = exp2f(st[nb][e] * scale_log2 - lt[col]);
-                p = vis[e >> 1] ? p : 0.0f;
+                if constexpr (WIN) p = col < rlo[e >> 1] || col >= rhi[e >> 1] ? p : 0.0f;
+                else p = vis[e >> 1] ? p : 0.0f;
                 st[nb][e] = p;
                 dpt[nb][e] = p * (dpt[nb][e] - dt[col]);
             }
@@ -784,18 +852,20 @@ static void build_tile_lists(TileLists *tl, int *small, const float *lse, const 
     fill_tile_lists(tl, small, tot, blocks, nblk, B, NK, W);
 }
 
+// (W > 0: the window's kernels)
 template <int D, bool WG = false, bool PIPE = false>
 static void launch_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,
-                       int64_t nblk, int B, int64_t NK, int Hq, int Hkv) {
+                       int64_t nblk, int B, int64_t NK, int Hq, int Hkv, int64_t W) {
     int G = Hq / Hkv;
     size_t smem = WG ? fwd_wg_smem_bytes<D, BM, PIPE>() : fwd_smem_bytes<D>();
-    auto kernel = attn_dflash_kernel<D>;
-    if constexpr (WG) kernel = attn_dflash_wg_kernel<D, PIPE>;
-    static int once = 0;
-    if (!once) allow_smem(kernel, smem), once = 1;
+    const bool win = W > 0;
+    auto kernel = win ? attn_dflash_kernel<D, true> : attn_dflash_kernel<D>;
+    if constexpr (WG) kernel = win ? attn_dflash_wg_kernel<D, PIPE, true> : attn_dflash_wg_kernel<D, PIPE>;
+    static int once[2];
+    if (!once[win]) allow_smem(kernel, smem), once[win] = 1;
     dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)CEIL_DIV(B * G, BM));
     KLAUNCH(kernel, grid, NTHREADS, smem)(out, lse, q, k, v, blocks, (int)nblk, B, NK, Hq, Hkv, G,
-                                          LOG2E / sqrtf((float)D));
+                                          LOG2E / sqrtf((float)D), W);
     LAUNCH_CHECK();
 }
 
@@ -809,18 +879,17 @@ void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
-    // a sliding window: the simple kernel alone (see the top)
-    if (window > 0) simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D, window);
-    else if (!g_cuda.simple && aligned && use_wgmma(D)) {
+    const int64_t W = window;
+    if (!g_cuda.simple && aligned && use_wgmma(D)) {
         const bool pipe = wgmma_pipe();
-        if (D == 128 && pipe) launch_fwd<128, true, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
-        else if (D == 128) launch_fwd<128, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
-        else if (pipe) launch_fwd<64, true, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
-        else launch_fwd<64, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
-    } else if (!g_cuda.simple && aligned && D == 128) launch_fwd<128>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
-    else if (!g_cuda.simple && aligned && D == 256) launch_fwd<256>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
-    else if (!g_cuda.simple && aligned && D == 64) launch_fwd<64>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv);
-    else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D, 0);
+        if (D == 128 && pipe) launch_fwd<128, true, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, W);
+        else if (D == 128) launch_fwd<128, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, W);
+        else if (pipe) launch_fwd<64, true, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, W);
+        else launch_fwd<64, true>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, W);
+    } else if (!g_cuda.simple && aligned && D == 128) launch_fwd<128>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, W);
+    else if (!g_cuda.simple && aligned && D == 256) launch_fwd<256>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, W);
+    else if (!g_cuda.simple && aligned && D == 64) launch_fwd<64>(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, W);
+    else simple_attn_dflash(o, lse, qq, kk, vv, blocks, nblk, (int)B, NK, (int)Hq, (int)Hkv, (int)D, W);
     // saving lse means a backward follows: count its key tiles now, unwaited
     if (lse && NK > 0 && CEIL_DIV(NK, (int64_t)BN) < INT32_MAX / 4) keep_tile_counts(lse, blocks, nblk, B, NK, window);
 }
@@ -835,11 +904,11 @@ static size_t ds_max_bytes(void) {
 
 // The fast backward: lse and delta in visiting order (row_stats_kernel),
 // then the dk/dv partials (storing dS) and their reduction, and dq (from
-// dS, or recomputing).
-template <int D>
+// dS, or recomputing). WIN: under the sliding window W > 0.
+template <int D, bool WIN = false>
 static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const float *lse,
                        const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks, const TileLists *tl,
-                       float *stats, int64_t nblk, int B, int64_t NK, int Hq, int Hkv) {
+                       float *stats, int64_t nblk, int B, int64_t NK, int Hq, int Hkv, int64_t W) {
     const int G = Hq / Hkv, rtp = padded_rows(B, G);
     const float scale = 1.0f / sqrtf((float)D), scale_log2 = LOG2E * scale;
     const int64_t n = nblk * Hkv * rtp;
@@ -859,12 +928,12 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
     if (dq && !ds) {
         cuda_prof_scope ps("k attn_dflash_bwd: dq (recomputing S, dP)");
         size_t smem = dq_smem_bytes<D>();
+        auto kernel = attn_dflash_dq_kernel<D, WIN>;
         static int once = 0;
-        if (!once) allow_smem(attn_dflash_dq_kernel<D>, smem), once = 1;
+        if (!once) allow_smem(kernel, smem), once = 1;
         dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)CEIL_DIV(B * G, BM));
-        KLAUNCH(attn_dflash_dq_kernel<D>, grid, NTHREADS, smem)(dq, dout, lse2p, deltap, q, k, v, blocks,
-                                                                          (int)nblk, B, NK, Hq, Hkv, G, scale_log2,
-                                                                          scale);
+        KLAUNCH(kernel, grid, NTHREADS, smem)(dq, dout, lse2p, deltap, q, k, v, blocks, (int)nblk, B, NK, Hq, Hkv, G,
+                                              scale_log2, scale, W);
         LAUNCH_CHECK();
     }
     if (tl && tl->ntiles > 0) {
@@ -873,15 +942,15 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
         if (tl->nchunks > 0) {
             part = (float *)cuda_scratch(SCRATCH_PART, 2 * part_elems * sizeof(float));
             const bool wg = use_wgmma(D) != 0;
-            size_t smem = wg ? dkdv_smem_bytes<D, true>() : dkdv_smem_bytes<D>();
-            auto kernel = wg ? attn_dflash_dkdv_kernel<D, true> : attn_dflash_dkdv_kernel<D>;
+            size_t smem = wg ? dkdv_smem_bytes<D, true, WIN>() : dkdv_smem_bytes<D, false, WIN>();
+            auto kernel = wg ? attn_dflash_dkdv_kernel<D, true, WIN> : attn_dflash_dkdv_kernel<D, false, WIN>;
             static int once[2];
             if (!once[wg]) allow_smem(kernel, smem), once[wg] = 1;
             dim3 grid((unsigned)tl->nchunks, (unsigned)Hkv);
             cuda_prof_scope ps(wg ? "k attn_dflash_bwd: dk dv partials (wgmma)" : "k attn_dflash_bwd: dk dv partials");
             KLAUNCH(kernel, grid, NTHREADS, smem)(
                 part, part + part_elems, ds, tl->chunks, tl->list, tl->tile_off, dout, lse2p, deltap, q, k, v, blocks,
-                B, NK, Hq, Hkv, G, scale_log2, scale);
+                B, NK, Hq, Hkv, G, scale_log2, scale, W);
             LAUNCH_CHECK();
         }
         // also when no block sees a key: the reduction writes the zeros then
@@ -894,11 +963,12 @@ static void launch_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf1
         const bool wg = use_wgmma(D) != 0;
         cuda_prof_scope ps(wg ? "k attn_dflash_bwd: dq from dS (wgmma)" : "k attn_dflash_bwd: dq from dS");
         size_t smem = wg ? dq_ds_smem_bytes<D, true>() : dq_ds_smem_bytes<D>();
-        auto kernel = wg ? attn_dflash_dq_ds_kernel<D, true> : attn_dflash_dq_ds_kernel<D>;
+        auto kernel = wg ? attn_dflash_dq_ds_kernel<D, true, WIN> : attn_dflash_dq_ds_kernel<D, false, WIN>;
         static int once[2];
         if (!once[wg]) allow_smem(kernel, smem), once[wg] = 1;
         dim3 grid((unsigned)nblk, (unsigned)Hkv, (unsigned)(rtp / BM));
-        KLAUNCH(kernel, grid, NTHREADS, smem)(dq, ds, tl->tile_off, k, blocks, (int)nblk, B, NK, Hq, Hkv, G, scale);
+        KLAUNCH(kernel, grid, NTHREADS, smem)(dq, ds, tl->tile_off, k, blocks, (int)nblk, B, NK, Hq, Hkv, G, scale,
+                                              W);
         LAUNCH_CHECK();
     }
 }
@@ -922,7 +992,7 @@ void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const 
                *vv = (const bf16 *)v;
     int aligned = is_aligned(gq, 16) && is_aligned(gk, 16) && is_aligned(gv, 16) && is_aligned(go, 16) &&
                   is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
-    const int fast = !g_cuda.simple && aligned && (D == 128 || D == 64) && window == 0; // see the top
+    const int fast = !g_cuda.simple && aligned && (D == 128 || D == 64);
     const int want_kv = dk || dv;
     // scratch: the row statistics (fast: lse2 and delta in visiting order,
     // padded; simple: delta per row), then the small tile-list arrays
@@ -936,10 +1006,17 @@ void cuda_attn_dflash_bwd(void *dq, void *dk, void *dv, const void *dout, const 
         build_tile_lists(&tl, (int *)(mem + sbytes), lse, blocks, nblk, B, NK, window);
     }
     const TileLists *tlp = want_kv ? &tl : NULL;
-    if (fast && D == 128)
-        launch_bwd<128>(gq, gk, gv, go, oo, lse, qq, kk, vv, blocks, tlp, stats, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+    const int64_t W = window;
+    if (fast && D == 128 && W > 0)
+        launch_bwd<128, true>(gq, gk, gv, go, oo, lse, qq, kk, vv, blocks, tlp, stats, nblk, (int)B, NK, (int)Hq,
+                              (int)Hkv, W);
+    else if (fast && D == 128)
+        launch_bwd<128>(gq, gk, gv, go, oo, lse, qq, kk, vv, blocks, tlp, stats, nblk, (int)B, NK, (int)Hq, (int)Hkv, 0);
+    else if (fast && W > 0)
+        launch_bwd<64, true>(gq, gk, gv, go, oo, lse, qq, kk, vv, blocks, tlp, stats, nblk, (int)B, NK, (int)Hq,
+                             (int)Hkv, W);
     else if (fast)
-        launch_bwd<64>(gq, gk, gv, go, oo, lse, qq, kk, vv, blocks, tlp, stats, nblk, (int)B, NK, (int)Hq, (int)Hkv);
+        launch_bwd<64>(gq, gk, gv, go, oo, lse, qq, kk, vv, blocks, tlp, stats, nblk, (int)B, NK, (int)Hq, (int)Hkv, 0);
     else {
         launch_delta(stats, go, oo, nblk * B * Hq, (int)D);
         if (gq)

@@ -10,10 +10,11 @@
 // same online softmax as the CPU reference, keys in increasing order.
 // Deterministic: no atomics.
 //
-// They are also the only DFlash kernels that take a sliding window (ops.h
-// attn_dflash, window > 0): each query row visits exactly the keys its slot
-// sees (row_ranges), and the dk/dv warp tests each row's slot against its
-// key. Correct first; the tensor-core kernels serve window 0 only.
+// They take a sliding window too (ops.h attn_dflash, window > 0): each
+// query row visits exactly the keys its slot sees (row_ranges), and the
+// dk/dv warp tests each row's slot against its key. The tensor-core kernels
+// take one as well (the top of attn_dflash.cu); these serve the shapes they
+// do not (D other than 64, 128, 256; unaligned) and DFLASH_CUDA_SIMPLE.
 #include "attention.cuh"
 
 using namespace attn;
