@@ -745,9 +745,9 @@ static void win_oracle_free(win_oracle *o) { free(o->out), free(o->lse), free(o-
 /* DEV's buffer (act or f32) against the oracle's values by nmse, printed
  * and checked; with zeros_exact, also every value the oracle has exactly 0
  * (a key no row sees) must be exactly 0: one key seen across the window's
- * edge fails there even where the nmse would hide it. */
-static void win_check(const char *what, const void *dev, ag_kind kind, const double *want, int64_t n, double limit,
-                      int zeros_exact) {
+ * edge fails there even where the nmse would hide it. Returns the nmse. */
+static double win_check(const char *what, const void *dev, ag_kind kind, const double *want, int64_t n, double limit,
+                        int zeros_exact) {
     float *d = ag_get(DEV, dev, n, kind);
     double num = 0, den = 0;
     int finite = 1;
@@ -762,14 +762,27 @@ static void win_check(const char *what, const void *dev, ag_kind kind, const dou
     T_CHECKF(finite && e <= limit, "%s: nmse %.3g, limit %.0e%s", what, e, limit, finite ? "" : ", non-finite values");
     T_CHECKF(stray == 0, "%s: %lld values nonzero where no row sees the key", what, (long long)stray);
     free(d);
+    return finite ? e : INFINITY;
 }
 
-/* DEV alone against the oracle: out, lse, then dq, dk, dv of one call and
- * dk of a call asking for dk alone (into buffers of random values: the op
- * writes, and writes zeros for the keys no row sees). Limits: out is
- * rounded to bf16 once (NMSE_ROUND; NMSE_INNER for window 0, which may take
- * the tensor cores); lse is f32 (NMSE_F32); the gradients are built on the
- * op's bf16 out (delta) and rounded once (NMSE_INNER). */
+/* DEV alone against the oracle: out, lse, then dq, dk, dv of one call (dq
+ * from the dS the dk/dv kernel stored, where the tensor cores take it), dq
+ * of a call with the store off (DFLASH_CUDA_DS_MAX_MB=0: dq recomputes S
+ * and dP), and dk of a call asking for dk alone (into buffers of random
+ * values: the op writes, and writes zeros for the keys no row sees).
+ * Limits: out is rounded to bf16 once (NMSE_ROUND) on the simple kernels
+ * (D 40), and P is rounded to bf16 for the P V product on the tensor cores
+ * (D 64, 128: NMSE_INNER, window or not); lse is f32 (NMSE_F32); the
+ * gradients are built on the op's bf16 out (delta) and rounded once
+ * (NMSE_INNER). Each check's worst nmse over the cases is kept in
+ * win_worst (printed at the end of a test). */
+static double win_worst[6];
+static void win_case_check(const char *what, const void *dev, ag_kind kind, const double *want, int64_t n,
+                           double limit, int zeros_exact, int slot) {
+    const double r = win_check(what, dev, kind, want, n, limit, zeros_exact) / limit;
+    if (r > win_worst[slot]) win_worst[slot] = r;
+}
+
 static void win_oracle_case(const char *name, const dflash_shape *s, int64_t W) {
     const int64_t nq = s->nblk * s->B, Hq = s->Hq, Hkv = s->Hkv, D = s->D, NK = s->NK;
     const int64_t nqd = nq * Hq * D, nkd = NK * Hkv * D;
@@ -779,62 +792,115 @@ static void win_oracle_case(const char *name, const dflash_shape *s, int64_t W) 
     void *dout = ag_put(DEV, hd, nqd, AG_ACT), *blk = ag_put(DEV, s->blocks, s->nblk * 3, AG_I32);
     void *out = ag_put(DEV, NULL, nqd, AG_ACT), *lse = ag_put(DEV, NULL, nq * Hq, AG_F32);
     void *dq = ag_put(DEV, g0, nqd, AG_ACT), *dk = ag_put(DEV, g1, nkd, AG_ACT), *dv = ag_put(DEV, g1, nkd, AG_ACT);
-    void *dk1 = ag_put(DEV, g1, nkd, AG_ACT);
+    void *dk1 = ag_put(DEV, g1, nkd, AG_ACT), *dq2 = ag_put(DEV, g0, nqd, AG_ACT);
     win_oracle o = win_oracle_run(s, W, hq, hk, hv, hd);
     DEV->attn_dflash(out, lse, q, k, v, blk, s->nblk, s->B, NK, Hq, Hkv, D, W);
     DEV->attn_dflash_bwd(dq, dk, dv, dout, out, lse, q, k, v, blk, s->nblk, s->B, NK, Hq, Hkv, D, W);
     DEV->attn_dflash_bwd(NULL, dk1, NULL, dout, out, lse, q, k, v, blk, s->nblk, s->B, NK, Hq, Hkv, D, W);
+    setenv("DFLASH_CUDA_DS_MAX_MB", "0", 1);
+    DEV->attn_dflash_bwd(dq2, dk1, dv, dout, out, lse, q, k, v, blk, s->nblk, s->B, NK, Hq, Hkv, D, W);
+    unsetenv("DFLASH_CUDA_DS_MAX_MB");
+    const int tc = D == 64 || D == 128; /* a call the tensor cores take (aligned buffers) */
     char what[96];
     snprintf(what, sizeof what, "%s W%lld out", name, (long long)W);
-    win_check(what, out, AG_ACT, o.out, nqd, W ? NMSE_ROUND : NMSE_INNER, 0); /* W 0 at D 64: tensor cores, P in bf16 */
+    win_case_check(what, out, AG_ACT, o.out, nqd, tc ? NMSE_INNER : NMSE_ROUND, 0, 0);
     snprintf(what, sizeof what, "%s W%lld lse", name, (long long)W);
-    win_check(what, lse, AG_F32, o.lse, nq * Hq, NMSE_F32, 0);
+    win_case_check(what, lse, AG_F32, o.lse, nq * Hq, NMSE_F32, 0, 1);
     snprintf(what, sizeof what, "%s W%lld dq", name, (long long)W);
-    win_check(what, dq, AG_ACT, o.dq, nqd, NMSE_INNER, 0);
+    win_case_check(what, dq, AG_ACT, o.dq, nqd, NMSE_INNER, 0, 2);
     snprintf(what, sizeof what, "%s W%lld dk", name, (long long)W);
-    win_check(what, dk, AG_ACT, o.dk, nkd, NMSE_INNER, 1);
+    win_case_check(what, dk, AG_ACT, o.dk, nkd, NMSE_INNER, 1, 3);
     snprintf(what, sizeof what, "%s W%lld dv", name, (long long)W);
-    win_check(what, dv, AG_ACT, o.dv, nkd, NMSE_INNER, 1);
+    win_case_check(what, dv, AG_ACT, o.dv, nkd, NMSE_INNER, 1, 4);
     snprintf(what, sizeof what, "%s W%lld dk alone", name, (long long)W);
-    win_check(what, dk1, AG_ACT, o.dk, nkd, NMSE_INNER, 1);
+    win_case_check(what, dk1, AG_ACT, o.dk, nkd, NMSE_INNER, 1, 3);
+    snprintf(what, sizeof what, "%s W%lld dq (recomputed)", name, (long long)W);
+    win_case_check(what, dq2, AG_ACT, o.dq, nqd, NMSE_INNER, 0, 5);
     win_oracle_free(&o);
-    void *bufs[] = {q, k, v, dout, blk, out, lse, dq, dk, dv, dk1};
+    void *bufs[] = {q, k, v, dout, blk, out, lse, dq, dk, dv, dk1, dq2};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) DEV->free(bufs[i]);
     free(hq), free(hk), free(hv), free(hd), free(g0), free(g1);
 }
 
-/* The shapes of the window tests: B = 16 (D 64, G 2) over two packed
- * sequences of 90 and 50 keys, anchors 0, 5, 19, 40, 90 and 2, 30, 50;
- * B = 4 (D 40, G 3) over three of 30, 70 and 7 keys, anchors 0 to 70 (66,
- * 70: past the first key tile, so that lists cut to the window leave that
- * tile out for them). */
+/* The shapes of the window tests, packed sequences with anchors near a
+ * sequence's start (the window cut at ctx_off) and far from it:
+ *  0  B 16, D 64, G 2 over sequences of 90 and 50 keys, anchors 0, 5, 19,
+ *     40, 90 and 2, 30, 50;
+ *  1  B 4, D 40, G 3 (the simple kernels) over 30, 70 and 7 keys, anchors
+ *     0 to 70 (66, 70: past the first key tile, so that lists cut to the
+ *     window leave that tile out for them);
+ *  2  B 16, D 128, G 1 over 300 and 130 keys (10 key tiles), anchors at and
+ *     around tile edges (64, 65, 128, 129) and past every window;
+ *  3  B 4, D 64, G 4 over 150 and 70 keys: windows 1 and 3 shorter than
+ *     the block (its last slots see no context);
+ *  4  B 16, D 128, G 4: 64 rows, one whole forward CTA a (block, KV head);
+ *  5  B 16, D 64, G 6: 96 rows, two forward CTAs (the second's slots 10 to
+ *     15: its window edge is not slot 0's) and two dk/dv steps, padded.
+ * The tensor-core shapes (all but 1) take every window of WINDOWS: 1, 3,
+ * 20, the tile edges 63, 64, 65, and 100, 200 (whole context tiles inside
+ * the window, the CTA-uniform unmasked ones). */
+#define WIN_SHAPES 6
 static dflash_shape win_shape(int which) {
-    if (which == 0) {
+    switch (which) {
+    case 0: {
         const int32_t ctx[] = {90, 50}, seq[] = {0, 0, 0, 0, 0, 1, 1, 1}, anc[] = {0, 5, 19, 40, 90, 2, 30, 50};
         return dflash_anchored(ctx, 2, seq, anc, 8, 16, 4, 2, 64);
     }
-    const int32_t ctx[] = {30, 70, 7}, seq[] = {0, 0, 0, 1, 1, 1, 1, 1, 2}, anc[] = {1, 12, 30, 0, 3, 21, 66, 70, 7};
-    return dflash_anchored(ctx, 3, seq, anc, 9, 4, 6, 2, 40);
+    case 1: {
+        const int32_t ctx[] = {30, 70, 7}, seq[] = {0, 0, 0, 1, 1, 1, 1, 1, 2},
+                      anc[] = {1, 12, 30, 0, 3, 21, 66, 70, 7};
+        return dflash_anchored(ctx, 3, seq, anc, 9, 4, 6, 2, 40);
+    }
+    case 2: {
+        const int32_t ctx[] = {300, 130}, seq[] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1},
+                      anc[] = {0, 10, 64, 65, 128, 200, 300, 3, 64, 129, 130};
+        return dflash_anchored(ctx, 2, seq, anc, 11, 16, 2, 2, 128);
+    }
+    case 3: {
+        const int32_t ctx[] = {150, 70}, seq[] = {0, 0, 0, 0, 0, 0, 1, 1, 1}, anc[] = {0, 2, 63, 64, 100, 150, 1, 40, 70};
+        return dflash_anchored(ctx, 2, seq, anc, 9, 4, 8, 2, 64);
+    }
+    case 4: {
+        const int32_t ctx[] = {260}, seq[] = {0, 0, 0, 0, 0, 0, 0}, anc[] = {0, 1, 66, 127, 128, 191, 260};
+        return dflash_anchored(ctx, 1, seq, anc, 7, 16, 4, 1, 128);
+    }
+    default: {
+        const int32_t ctx[] = {170, 40}, seq[] = {0, 0, 0, 0, 1, 1}, anc[] = {0, 30, 100, 170, 5, 40};
+        return dflash_anchored(ctx, 2, seq, anc, 6, 16, 6, 1, 64);
+    }
+    }
 }
-static const char *const WIN_NAMES[2] = {"dflash-swa D64 G2 B16", "dflash-swa D40 G3 B4"};
-static const int64_t WINDOWS[3] = {1, 3, 20};
+static const char *const WIN_NAMES[WIN_SHAPES] = {"dflash-swa D64 G2 B16", "dflash-swa D40 G3 B4",
+                                                  "dflash-swa D128 G1 B16", "dflash-swa D64 G4 B4",
+                                                  "dflash-swa D128 G4 B16", "dflash-swa D64 G6 B16"};
+static const int64_t WINDOWS[] = {1, 3, 20, 63, 64, 65, 100, 200};
+/* the windows shape `which` takes: the first three for the simple kernels */
+static int win_count(int which) { return which == 1 ? 3 : (int)(sizeof WINDOWS / sizeof *WINDOWS); }
+
+static void win_worst_print(void) {
+    static const char *const what[6] = {"out", "lse", "dq", "dk", "dv", "dq (recomputed)"};
+    printf("  worst nmse / limit over the window cases:");
+    for (int i = 0; i < 6; i++) printf(" %s %.3f%s", what[i], win_worst[i], i < 5 ? "," : "\n");
+    memset(win_worst, 0, sizeof win_worst);
+}
 
 /* the oracle alone (no REF): every shape and window, and window 0 as the
  * oracle's own control (DEV's window-0 kernels answer there) */
 static void attn_dflash_window_oracle(void) {
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < WIN_SHAPES; w++) {
         dflash_shape s = win_shape(w);
         win_oracle_case(WIN_NAMES[w], &s, 0);
-        for (int i = 0; i < 3; i++) win_oracle_case(WIN_NAMES[w], &s, WINDOWS[i]);
+        for (int i = 0; i < win_count(w); i++) win_oracle_case(WIN_NAMES[w], &s, WINDOWS[i]);
         free(s.blocks);
     }
+    win_worst_print();
 }
 
 /* DEV against REF (the CPU's sliding window), as attn_dflash_agrees */
 static void attn_dflash_window_agrees(void) {
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < WIN_SHAPES; w++) {
         dflash_shape s = win_shape(w);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < win_count(w); i++) {
             char name[64];
             snprintf(name, sizeof name, "%s W%lld", WIN_NAMES[w], (long long)WINDOWS[i]);
             dflash_case_w(name, &s, WINDOWS[i]);

@@ -294,13 +294,14 @@ static bytes schedule_run(void) {
     dfl_rng_seed(&AG_RNG, 77);
     /* DFlash attention forward and backward: tensor cores (D 64; also on
      * wgmma, with the forward overlapped and not), simple (D 40), and a
-     * sliding window of 20 (D 64: the simple kernels, tile lists cut) */
+     * sliding window of 20 (D 64: the tensor cores' window mode, tile lists
+     * cut; mma.sync, then wgmma) */
     const int32_t ctx[] = {100, 80}, anc[] = {5, 3};
-    for (int pass = 0; pass < 5; pass++) {
-        if (pass == 2 || pass == 3) setenv("DFLASH_CUDA_WGMMA", "1", 1);
+    for (int pass = 0; pass < 6; pass++) {
+        if (pass == 2 || pass == 3 || pass == 5) setenv("DFLASH_CUDA_WGMMA", "1", 1);
         if (pass == 3) setenv("DFLASH_CUDA_WGMMA_PIPE", "0", 1);
         dflash_dev c = dflash_dev_new(dflash_layout(ctx, 2, anc, pass == 1 ? 5 : 16, 8, 2, pass == 1 ? 40 : 64));
-        dflash_dev_run(&c, pass == 4 ? 20 : 0);
+        dflash_dev_run(&c, pass >= 4 ? 20 : 0);
         take(&b, c.out, c.QN, AG_ACT), take(&b, c.lse, c.s.nblk * c.s.B * c.s.Hq, AG_F32);
         take(&b, c.dq, c.QN, AG_ACT), take(&b, c.dk, c.KN, AG_ACT), take(&b, c.dv, c.KN, AG_ACT);
         dflash_dev_free(&c);
@@ -724,6 +725,9 @@ static void attn_dflash_agrees_wgmma(void) { with_wgmma("1", "1", attn_dflash_ag
 static void attn_causal_agrees_wgmma2_serial(void) { with_wgmma("1", "0", attn_causal_agrees); }
 static void attn_causal_agrees_wgmma3_serial(void) { with_wgmma("3", "0", attn_causal_agrees); }
 static void attn_dflash_agrees_wgmma_serial(void) { with_wgmma("1", "0", attn_dflash_agrees); }
+/* the sliding window's tensor-core kernels on wgmma too, against the oracle */
+static void attn_dflash_window_oracle_wgmma(void) { with_wgmma("1", "1", attn_dflash_window_oracle); }
+static void attn_dflash_window_oracle_wgmma_serial(void) { with_wgmma("1", "0", attn_dflash_window_oracle); }
 
 int main(void) {
     setenv("DFLASH_CUDA_LMHEAD_ROWS", "16", 0); /* several LM-head chunks at test sizes */
@@ -755,6 +759,8 @@ int main(void) {
     AG_RUN(attn_causal_agrees_wgmma2_serial);
     AG_RUN(attn_causal_agrees_wgmma3_serial);
     AG_RUN(attn_dflash_agrees_wgmma_serial);
+    AG_RUN(attn_dflash_window_oracle_wgmma);
+    AG_RUN(attn_dflash_window_oracle_wgmma_serial);
     if (dfl_emu_set_schedule && dfl_emu_toy && !getenv("DFLASH_TEST_ONLY")) {
         T_RUN(emu_kernels_race_free);
         T_RUN(emu_schedules_give_identical_bits);
