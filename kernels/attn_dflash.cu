@@ -599,8 +599,11 @@ __global__ void __launch_bounds__(NTHREADS, 2)
             const int64_t *wn = sWn + 2 * (it / nrt);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int64_t kk = key[h], rb = rtp; // (ranges clamped to NK: key < NK in them)
-                const int64_t lo = kk >= rg[0] && kk < rg[1] ? (kk - wn[0] + 1) * G : 0;
+                // (ranges clamped to NK: key < NK in them); slots below d see
+                // it through the context, d >= 1 there (min'd before the
+                // product: a window past every key leaves d near W)
+                const int64_t kk = key[h], rb = rtp, d = kk - wn[0] + 1, dc = d < rb ? d : rb;
+                const int64_t lo = kk >= rg[0] && kk < rg[1] ? dc * G : 0;
                 rlo[h] = (int)(lo < rb ? lo : rb) - (it % nrt) * BR;
                 rhi[h] = kk >= rg[2] && kk < rg[3] ? (int)((kk - wn[1]) * G) - (it % nrt) * BR : INT32_MAX;
                 vis[h] = false;
