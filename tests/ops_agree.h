@@ -772,7 +772,7 @@ static double win_check(const char *what, const void *dev, ag_kind kind, const d
  * values: the op writes, and writes zeros for the keys no row sees).
  * Limits: out is rounded to bf16 once (NMSE_ROUND) on the simple kernels
  * (D 40), and P is rounded to bf16 for the P V product on the tensor cores
- * (D 64, 128: NMSE_INNER, window or not); lse is f32 (NMSE_F32); the
+ * (D 64, 128, 256: NMSE_INNER, window or not); lse is f32 (NMSE_F32); the
  * gradients are built on the op's bf16 out (delta) and rounded once
  * (NMSE_INNER). Each check's worst nmse over the cases is kept in
  * win_worst (printed at the end of a test). */
@@ -800,7 +800,7 @@ static void win_oracle_case(const char *name, const dflash_shape *s, int64_t W) 
     setenv("DFLASH_CUDA_DS_MAX_MB", "0", 1);
     DEV->attn_dflash_bwd(dq2, dk1, dv, dout, out, lse, q, k, v, blk, s->nblk, s->B, NK, Hq, Hkv, D, W);
     unsetenv("DFLASH_CUDA_DS_MAX_MB");
-    const int tc = D == 64 || D == 128; /* a call the tensor cores take (aligned buffers) */
+    const int tc = D == 64 || D == 128 || D == 256; /* a forward the tensor cores take (aligned buffers) */
     char what[96];
     snprintf(what, sizeof what, "%s W%lld out", name, (long long)W);
     win_case_check(what, out, AG_ACT, o.out, nqd, tc ? NMSE_INNER : NMSE_ROUND, 0, 0);
@@ -835,11 +835,13 @@ static void win_oracle_case(const char *name, const dflash_shape *s, int64_t W) 
  *     the block (its last slots see no context);
  *  4  B 16, D 128, G 4: 64 rows, one whole forward CTA a (block, KV head);
  *  5  B 16, D 64, G 6: 96 rows, two forward CTAs (the second's slots 10 to
- *     15: its window edge is not slot 0's) and two dk/dv steps, padded.
+ *     15: its window edge is not slot 0's) and two dk/dv steps, padded;
+ *  6  B 3, D 256, G 6: the forward on the tensor cores (32-key tiles), the
+ *     backward on the simple kernels.
  * The tensor-core shapes (all but 1) take every window of WINDOWS: 1, 3,
  * 20, the tile edges 63, 64, 65, and 100, 200 (whole context tiles inside
  * the window, the CTA-uniform unmasked ones). */
-#define WIN_SHAPES 6
+#define WIN_SHAPES 7
 static dflash_shape win_shape(int which) {
     switch (which) {
     case 0: {
@@ -864,15 +866,20 @@ static dflash_shape win_shape(int which) {
         const int32_t ctx[] = {260}, seq[] = {0, 0, 0, 0, 0, 0, 0}, anc[] = {0, 1, 66, 127, 128, 191, 260};
         return dflash_anchored(ctx, 1, seq, anc, 7, 16, 4, 1, 128);
     }
-    default: {
+    case 5: {
         const int32_t ctx[] = {170, 40}, seq[] = {0, 0, 0, 0, 1, 1}, anc[] = {0, 30, 100, 170, 5, 40};
         return dflash_anchored(ctx, 2, seq, anc, 6, 16, 6, 1, 64);
+    }
+    default: {
+        const int32_t ctx[] = {75, 140}, seq[] = {0, 0, 0, 1, 1, 1}, anc[] = {0, 30, 75, 10, 100, 140};
+        return dflash_anchored(ctx, 2, seq, anc, 6, 3, 6, 1, 256);
     }
     }
 }
 static const char *const WIN_NAMES[WIN_SHAPES] = {"dflash-swa D64 G2 B16", "dflash-swa D40 G3 B4",
                                                   "dflash-swa D128 G1 B16", "dflash-swa D64 G4 B4",
-                                                  "dflash-swa D128 G4 B16", "dflash-swa D64 G6 B16"};
+                                                  "dflash-swa D128 G4 B16", "dflash-swa D64 G6 B16",
+                                                  "dflash-swa D256 G6 B3"};
 static const int64_t WINDOWS[] = {1, 3, 20, 63, 64, 65, 100, 200};
 /* the windows shape `which` takes: the first three for the simple kernels */
 static int win_count(int which) { return which == 1 ? 3 : (int)(sizeof WINDOWS / sizeof *WINDOWS); }
