@@ -157,8 +157,8 @@ static int check_moe(const dfl_model_config *c, const json_t *tj, const char *pa
     return 0;
 }
 
-/* Is decoder layer i a "sliding_attention" layer by the file? Mistral:
- * every layer. Else from "layer_types", or else (transformers'
+/* Is decoder layer i a "sliding_attention" layer by the file? Mistral and
+ * Qwen3-MoE with a window: every layer. Else from "layer_types", or else (transformers'
  * Qwen3Config) every layer from max_window_layers on when a window is set;
  * gpt-oss: the even layers. */
 static int sliding_layer(const dfl_model_config *c, int64_t i) {
@@ -199,15 +199,18 @@ static int parse_qwen_window(dfl_model_config *c, const json_t *j, const char *p
     return 0;
 }
 
-/* Mistral has no use_sliding_window and no per-layer types: a non-null
- * "sliding_window" applies to every layer (transformers' MistralAttention
- * ignores "layer_types"), and an absent key is MistralConfig's default of
- * 4096 (Mistral-7B-v0.1's); v0.2 on, Nemo and Small write null. */
-static int parse_mistral_window(dfl_model_config *c, const json_t *j, const char *path) {
+/* A window on every layer, as transformers' MistralAttention and
+ * Qwen3MoeAttention apply it (both ignore "layer_types" and
+ * "max_window_layers"). Mistral has no use_sliding_window: a non-null
+ * "sliding_window" is the window, and an absent key MistralConfig's default
+ * of 4096 (Mistral-7B-v0.1's); v0.2 on, Nemo and Small write null.
+ * Qwen3MoeConfig keeps its window (absent: 4096) only with
+ * "use_sliding_window": true. */
+static int parse_every_layer_window(dfl_model_config *c, const json_t *j, const char *path, int gated) {
+    int on = 1, rc = gated ? get_bool(j, "use_sliding_window", &on, path) : 0;
     const json_t *sw = json_object_get(j, "sliding_window");
-    if (json_is_null(sw)) return 0;
-    int rc = get_int(j, "sliding_window", 4096, &c->sliding_window, path);
-    if (rc) return rc;
+    if (rc || !on || json_is_null(sw)) return rc;
+    if ((rc = get_int(j, "sliding_window", 4096, &c->sliding_window, path))) return rc;
     if (c->sliding_window < 1)
         return dfl_err(DFL_EX_DATA, "%s: \"sliding_window\" %lld must be at least 1 (null: no window)", path,
                        (long long)c->sliding_window);
@@ -215,16 +218,22 @@ static int parse_mistral_window(dfl_model_config *c, const json_t *j, const char
     return 0;
 }
 
+/* Does the file's "use_sliding_window" mean something to dflash (a
+ * drafter's and a Qwen3, Qwen2 or Qwen3-MoE target's), or is true refused? */
+static int reads_use_sliding_window(const dfl_model_config *c, int drafter) {
+    return drafter || is_qwen_dense(c->architecture) || !strcmp(c->architecture, "Qwen3MoeForCausalLM");
+}
+
 /* Refuse what the model code would silently get wrong. */
 static int check_supported(const dfl_model_config *c, const json_t *tj, const char *path, int drafter) {
     const json_t *j = tj;
     int rc;
     static const char *off[] = {"mlp_bias", "use_sliding_window", "attention_bias"};
-    /* gpt-oss reads attention_bias (parse_gpt_oss); a drafter and a Qwen3
-     * or Qwen2 target may have sliding layers (parse_qwen_window) */
+    /* gpt-oss reads attention_bias (parse_gpt_oss); a drafter and a Qwen3,
+     * Qwen2 or Qwen3-MoE target may have sliding layers */
     for (size_t i = 0; i < sizeof off / sizeof off[0] - (size_t)c->gpt_oss; i++) {
         int on;
-        if ((drafter || is_qwen_dense(c->architecture)) && !strcmp(off[i], "use_sliding_window")) continue;
+        if (reads_use_sliding_window(c, drafter) && !strcmp(off[i], "use_sliding_window")) continue;
         if ((rc = get_bool(j, off[i], &on, path))) return rc;
         if (on) return dfl_err(DFL_EX_DATA, "%s: \"%s\": true is not supported", path, off[i]);
     }
@@ -552,7 +561,8 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     if (!rc && c->gpt_oss) rc = parse_gpt_oss(c, tj, path);
     const int drafter = !strcmp(role, "drafter");
     if (!rc && (drafter || is_qwen_dense(c->architecture)) && !c->gpt_oss && !c->hybrid) rc = parse_qwen_window(c, tj, path);
-    if (!rc && !strcmp(c->architecture, "MistralForCausalLM")) rc = parse_mistral_window(c, tj, path);
+    if (!rc && !strcmp(c->architecture, "MistralForCausalLM")) rc = parse_every_layer_window(c, tj, path, 0);
+    if (!rc && !strcmp(c->architecture, "Qwen3MoeForCausalLM")) rc = parse_every_layer_window(c, tj, path, 1);
     int tie = 0;
     /* The VLM's LM head is tied by its top-level key alone (absent: false),
      * as transformers' Qwen3_5Config; text_config's copy is not read. */

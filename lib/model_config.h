@@ -67,7 +67,7 @@ typedef struct {
     int     o_bias;
     int64_t sliding_window;     /* a sliding layer's query sees this many keys, itself included; 0: none */
     int64_t max_window_layers;  /* Qwen3/Qwen2 or a drafter without layer_types: its sliding layers start here */
-    int     window_every_layer; /* Mistral: the window applies to every layer */
+    int     window_every_layer; /* Mistral, Qwen3-MoE: the window applies to every layer */
     double  swiglu_alpha, swiglu_limit;
     /* RoPE */
     dfl_rope_type rope_type;

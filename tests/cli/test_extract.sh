@@ -13,7 +13,7 @@ ids_upto() { seq -s, 0 $(($1 - 1)); }
 nlayers() { sed -n 's/.*"num_hidden_layers": *\([0-9]*\).*/\1/p' "$TG/$1/config.json"; }
 
 # Every layer of every model, with target ids and the pre-norm last state.
-for m in qwen3-tied qwen3-untied llama3 qwen3-yarn qwen2 mistral qwen3-swa mistral-swa qwen3-sharded qwen35 qwen35-vlm qwen35-yarn gpt-oss gpt-oss-mxfp4 qwen3-next; do
+for m in qwen3-tied qwen3-untied llama3 qwen3-yarn qwen2 mistral qwen3-swa mistral-swa qwen3-moe-swa qwen3-sharded qwen35 qwen35-vlm qwen35-yarn gpt-oss gpt-oss-mxfp4 qwen3-next; do
     L=$(nlayers $m)
     all=$(ids_upto "$L")
     check "$m: extract all layers" dflash-extract --model "$TG/$m" --layers "$all" --with target-ids \

@@ -238,13 +238,13 @@ def record(model_dir, samples, ref_dir, extra_check=None, load_kwargs=None,
           f"min gap {gaps.min():.2e}, {int((gaps < 1e-3).sum())} gaps < 1e-3")
 
 
-def window_matters(d, no_window):
+def window_matters(d, no_window, load_kwargs=None):
     """An extra_check for a sliding-window fixture: the same weights without
     the window (config.json with the no_window edits, in a scratch copy of
     the directory: from_pretrained's overrides come after the config's
     derived layer_types) must give states far from these on the samples
     longer than the window, and the same ones on the others, or the fixture
-    would not test the window."""
+    would not test the window. load_kwargs go to from_pretrained, as record's."""
     def check(model, samples, hs_all):
         with tempfile.TemporaryDirectory() as tmp:
             for f in os.listdir(d):
@@ -256,7 +256,7 @@ def window_matters(d, no_window):
             with open(os.path.join(tmp, "config.json"), "w") as f:
                 json.dump(c, f)
             full = transformers.AutoModelForCausalLM.from_pretrained(
-                tmp, dtype=torch.float32, attn_implementation="eager")
+                tmp, dtype=torch.float32, attn_implementation="eager", **(load_kwargs or {}))
         full.eval()
         assert "sliding_attention" not in (getattr(full.config, "layer_types", None) or [])
         W = model.config.sliding_window

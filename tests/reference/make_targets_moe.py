@@ -43,6 +43,12 @@ Fixtures (tests/fixtures/targets/):
                    exactly as that writes it (5.x spelling: num_local_experts,
                    rope_parameters, dtype). reference/ is a copy of qwen3-moe's;
                    transformers reproduces it exactly from this directory.
+  qwen3-moe-swa    qwen3-moe's shapes (other weights) with use_sliding_window,
+                   window 6 on every layer, as Qwen3MoeAttention applies it
+                   (max_window_layers 3 in the file, ignored); samples of
+                   17, 1, 9, 40, 6 tokens; mt.window_matters checks that the
+                   window moves the states of the samples longer than it,
+                   and only those
   qwen35-moe       Qwen3_5MoeForCausalLM (text only, model_type
                    qwen3_5_moe_text), saved by save_pretrained as it writes
                    it: per-expert tensors as above, layer_types written.
@@ -483,11 +489,13 @@ def q3m_check_layout(d, cfg, fused):
     return hdr
 
 
-def build_qwen3_moe(name, seed):
+def build_qwen3_moe(name, seed, overrides=None, lengths=Q3M_LENGTHS, no_window=None):
+    """overrides: config keys over q3m_config's; no_window: the config edits
+    that turn a sliding-window fixture's window off (mt.window_matters)."""
     m = q3m_module()
     d = os.path.join(OUT, name)
     shutil.rmtree(d, ignore_errors=True)
-    cfg = transformers.Qwen3MoeConfig(**q3m_config())
+    cfg = transformers.Qwen3MoeConfig(**dict(q3m_config(), **(overrides or {})))
     model = m.Qwen3MoeForCausalLM(cfg)
     sparse = [q3m_is_sparse(cfg, i) for i in range(cfg.num_hidden_layers)]
     assert sparse == [True, False, True, True], sparse
@@ -519,6 +527,8 @@ def build_qwen3_moe(name, seed):
     assert back.num_experts == 6 and back.num_experts_per_tok == 2 and back.norm_topk_prob is True
     assert back.mlp_only_layers == [1] and back.decoder_sparse_step == 1
     assert back.rope_parameters == cfg.rope_parameters, back.rope_parameters
+    assert back.sliding_window == cfg.sliding_window, (back.sliding_window, cfg.sliding_window)
+    window = mt.window_matters(d, no_window, EAGER) if no_window else None
 
     def extra(model_fp32, samples, hs_all):
         lt = model_fp32.model.layers
@@ -528,8 +538,10 @@ def build_qwen3_moe(name, seed):
                   cfg.num_experts_per_tok, I, True, False, lambda i: f"model.layers.{i}.mlp",
                   dense_inter=cfg.intermediate_size)
         check_grouped_mm(name, d, samples, torch.cat(hs_all, dim=1))
+        if window:
+            window(model_fp32, samples, hs_all)
 
-    mt.record(d, mt.make_inputs(cfg.vocab_size, seed + 1, Q3M_LENGTHS), os.path.join(d, "reference"), extra,
+    mt.record(d, mt.make_inputs(cfg.vocab_size, seed + 1, lengths), os.path.join(d, "reference"), extra,
               load_kwargs=EAGER, made_by=ME, note=NOTE)
     print(f"    {name}: every tensor BF16, experts per expert; {mt.dir_size(d)} bytes")
 
@@ -802,6 +814,11 @@ def main():
     builders = {
         "qwen3-moe": lambda: build_qwen3_moe("qwen3-moe", seed=77),
         "qwen3-moe-fused": lambda: build_qwen3_moe_fused("qwen3-moe-fused", "qwen3-moe"),
+        # Qwen3MoeAttention slides every layer; max_window_layers 3 is
+        # there to be ignored (Qwen3's rule would slide layer 3 alone)
+        "qwen3-moe-swa": lambda: build_qwen3_moe(
+            "qwen3-moe-swa", seed=133, overrides=dict(use_sliding_window=True, sliding_window=6, max_window_layers=3),
+            lengths=[17, 1, 9, 40, 6], no_window={"use_sliding_window": False}),
         "qwen35-moe": lambda: build_qwen35_moe("qwen35-moe", seed=88),
         "qwen35-moe-vlm": lambda: build_qwen35_moe_vlm("qwen35-moe-vlm", "qwen35-moe", seed=99),
     }

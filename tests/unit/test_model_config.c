@@ -118,14 +118,51 @@ static void test_qwen2(void) {
             T_CHECKF(dfl_model_config_window(&c, i) == (i % 3 ? 0 : 64), "%s layer %d", arch[a], i);
         dfl_model_config_free(&c);
     }
-    /* a window not positive is refused; Qwen3-MoE's windows stay refused */
+    /* a window not positive is refused */
     T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE ",\"use_sliding_window\":true,"
                       "\"sliding_window\":0}") == DFL_EX_DATA);
     T_CHECK(strstr(dfl_errmsg(), "sliding_window") != NULL);
     dfl_model_config_free(&c);
-    T_CHECK(parse(&c, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE ",\"use_sliding_window\":true}") == DFL_EX_DATA);
-    T_CHECK(strstr(dfl_errmsg(), "use_sliding_window") != NULL);
-    dfl_model_config_free(&c);
+}
+
+/* Qwen3-MoE (Qwen3MoeConfig, Qwen3MoeAttention): a window only with
+ * use_sliding_window, then on every layer, max_window_layers and
+ * layer_types notwithstanding; the hybrids' windows stay refused. */
+static void test_qwen3_moe_window(void) {
+    static const struct {
+        const char *keys;
+        int64_t window;
+    } cases[] = {
+        {",\"use_sliding_window\":true,\"sliding_window\":64,\"max_window_layers\":2", 64},
+        {",\"use_sliding_window\":true,\"max_window_layers\":2", 4096}, /* absent: 4096 */
+        {",\"use_sliding_window\":true,\"sliding_window\":null", 0},
+        {",\"use_sliding_window\":false,\"sliding_window\":64", 0},
+        {",\"sliding_window\":64", 0}, /* use_sliding_window absent: false */
+        {",\"use_sliding_window\":true,\"sliding_window\":7,\"layer_types\":[\"full_attention\",\"full_attention\","
+         "\"full_attention\",\"full_attention\"]", 7},
+    };
+    dfl_model_config c;
+    char json[512];
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        snprintf(json, sizeof json, "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE "%s}", cases[k].keys);
+        T_CHECKF(parse(&c, json) == 0, "case %zu: %s", k, dfl_errmsg());
+        for (int i = 0; i < 4; i++)
+            T_CHECKF(dfl_model_config_window(&c, i) == cases[k].window, "case %zu layer %d: %lld", k, i,
+                     (long long)dfl_model_config_window(&c, i));
+        dfl_model_config_free(&c);
+    }
+    const char *bad[] = {
+        "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE ",\"use_sliding_window\":true,\"sliding_window\":0}",
+        "{\"architectures\":[\"Qwen3MoeForCausalLM\"]," BASE ",\"use_sliding_window\":true,\"sliding_window\":8,"
+        "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"full_attention\",\"full_attention\"]}",
+        "{\"architectures\":[\"Qwen3NextForCausalLM\"]," BASE ",\"use_sliding_window\":true}",
+    };
+    const char *field[] = {"sliding_window", "layer_types", "use_sliding_window"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        T_CHECKF(parse(&c, bad[k]) == DFL_EX_DATA, "refused %zu", k);
+        T_CHECKF(strstr(dfl_errmsg(), field[k]) != NULL, "refused %zu: %s", k, dfl_errmsg());
+        dfl_model_config_free(&c);
+    }
 }
 
 /* Mistral: Llama's layer; any non-null sliding window (it has no
@@ -580,6 +617,7 @@ int main(void) {
     T_RUN(test_llama3_rope);
     T_RUN(test_yarn_keys);
     T_RUN(test_qwen2);
+    T_RUN(test_qwen3_moe_window);
     T_RUN(test_mistral);
     T_RUN(test_gpt_oss);
     T_RUN(test_qwen3_next);

@@ -195,10 +195,11 @@ static void test_kv_gpt_oss_mxfp4(void) { check_kv("gpt-oss-mxfp4"); }
 static void test_kv_qwen3_next(void) { check_kv("qwen3-next"); }
 static void test_kv_mistral(void) { check_kv("mistral"); }
 static void test_kv_qwen3_yarn(void) { check_kv("qwen3-yarn"); }
-/* sliding windows (5 and 7 of 41 rows): from the first verify step on, the
+/* sliding windows (5, 7 and 6 of 41 rows): from the first verify step on, the
  * cache is longer than the window */
 static void test_kv_qwen3_swa(void) { check_kv("qwen3-swa"); }
 static void test_kv_mistral_swa(void) { check_kv("mistral-swa"); }
+static void test_kv_qwen3_moe_swa(void) { check_kv("qwen3-moe-swa"); }
 static void test_kv_qwen35(void) { check_kv("qwen35"); }
 static void test_kv_qwen35_yarn(void) { check_kv("qwen35-yarn"); }
 
@@ -634,6 +635,7 @@ int main(void) {
     T_RUN(test_kv_qwen3_yarn);
     T_RUN(test_kv_qwen3_swa);
     T_RUN(test_kv_mistral_swa);
+    T_RUN(test_kv_qwen3_moe_swa);
     T_RUN(test_kv_qwen35);
     T_RUN(test_kv_qwen35_yarn);
     T_RUN(test_drafter_cache);

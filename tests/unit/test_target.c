@@ -210,7 +210,8 @@ static void test_mistral(void) { check_model("mistral"); }
 static void test_qwen3_yarn(void) { check_model("qwen3-yarn"); }
 
 /* Sliding windows (Qwen3: layers 1-3, window 5, derived from
- * max_window_layers; Mistral: every layer, window 7). Packed together, the
+ * max_window_layers; Mistral: every layer, window 7; Qwen3-MoE: every
+ * layer, window 6). Packed together, the
  * samples longer than the window make the sliding layers run each row's
  * window (attn_dflash on blocks of one row); each sample alone checks the
  * other path too: a batch no longer than the window runs attn_causal,
@@ -252,6 +253,8 @@ static void check_window_samples(const char *name) {
 }
 static void test_qwen3_swa(void) { check_window_samples("qwen3-swa"); }
 static void test_mistral_swa(void) { check_window_samples("mistral-swa"); }
+/* Qwen3-MoE: window 6 on every layer, max_window_layers (3) ignored */
+static void test_qwen3_moe_swa(void) { check_window_samples("qwen3-moe-swa"); }
 /* Qwen3.5: Gated DeltaNet and gated attention layers, (1 + w) norms,
  * partial RoPE; as Qwen3_5ForCausalLM and in the released VLM layout
  * (text_config, model.language_model.*, sharded, no layer_types). */
@@ -927,6 +930,7 @@ int main(void) {
     T_RUN(test_qwen3_yarn);
     T_RUN(test_qwen3_swa);
     T_RUN(test_mistral_swa);
+    T_RUN(test_qwen3_moe_swa);
     T_RUN(test_qwen3_sharded);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_yarn);
