@@ -926,8 +926,8 @@ void launch_delta(float *delta, const bf16 *dout, const bf16 *out, int64_t n, in
 // ---------------------------------------------------------------------------
 // the simple kernels (attn_simple.cu): any D <= 256, any alignment
 
-void simple_attn_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
-                        int64_t T, int Hq, int Hkv, int D);
+void simple_attn_causal(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
+                        int64_t nseq, int64_t T, int Hq, int Hkv, int D, int64_t window);
 // (window: the op's sliding window, 0 for none; the tensor-core kernels
 // take one too, see the top of attn_dflash.cu)
 void simple_attn_dflash(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const dfl_block *blocks,

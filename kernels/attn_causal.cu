@@ -91,20 +91,24 @@ static void launch_causal_wg(int wgs, bool pipe, bf16 *out, const bf16 *q, const
     else launch_causal<D, 2>(out, q, k, v, cu, nseq, T, Hq, Hkv);
 }
 
-void cuda_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu, int64_t nseq,
-                      int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
-    CU_ASSERT(out && q && k && v && cu && nseq >= 0 && T >= 0);
+void cuda_attn_causal(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *cu,
+                      int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t window) {
+    CU_ASSERT(out && q && k && v && cu && nseq >= 0 && T >= 0 && window >= 0);
     CU_ASSERT(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && Hq <= 65535 && Hkv <= 65535);
     CU_ASSERT(T * Hq <= INT32_MAX && nseq < INT32_MAX);
     if (T == 0 || nseq == 0) return;
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
+    if (lse || window) { // not yet on the tensor cores
+        simple_attn_causal(o, lse, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv, (int)D, window);
+        return;
+    }
     const int wgs = aligned && !g_cuda.simple ? use_wgmma(D) : 0;
     if (wgs && D == 128) launch_causal_wg<128>(wgs, wgmma_pipe(), o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (wgs) launch_causal_wg<64>(wgs, wgmma_pipe(), o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 128) launch_causal<128>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 256) launch_causal<256>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
     else if (!g_cuda.simple && aligned && D == 64) launch_causal<64>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else simple_attn_causal(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv, (int)D);
+    else simple_attn_causal(o, NULL, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv, (int)D, 0);
 }

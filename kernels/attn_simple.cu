@@ -82,8 +82,9 @@ struct Online {
 // ---------------------------------------------------------------------------
 // CUDA kernels
 
-__global__ void simple_causal_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
-                                     int nseq, int64_t T, int Hq, int Hkv, int D, float scale) {
+__global__ void simple_causal_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                     const int32_t *cu, int nseq, int64_t T, int Hq, int Hkv, int D, int64_t W,
+                                     float scale) {
     int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
     if (w >= T * Hq) return;
@@ -100,10 +101,12 @@ __global__ void simple_causal_kernel(bf16 *out, const bf16 *q, const bf16 *k, co
     load_vec(x, q + w * D, D, lane);
     Online st;
     st.init();
-    for (int64_t key = cu[lo]; key <= t; key++) {
+    const int64_t first = W > 0 && t - (W - 1) > cu[lo] ? t - (W - 1) : cu[lo]; // a sliding window's first key
+    for (int64_t key = first; key <= t; key++) {
         const int64_t kr = (key * Hkv + hkv) * D;
         st.add(dot_vec(x, k + kr, D, lane) * scale, v + kr, D, lane);
     }
+    if (lse && lane == 0) lse[w] = st.m + logf(st.l);
     float inv = 1.0f / st.l;
 #pragma unroll
     for (int i = 0; i < PL; i++) {
@@ -227,11 +230,11 @@ __global__ void simple_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const f
 
 static unsigned warps_grid(int64_t nwarps) { return (unsigned)CEIL_DIV(nwarps * 32, (int64_t)256); }
 
-void attn::simple_attn_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
-                              int64_t T, int Hq, int Hkv, int D) {
-    CU_ASSERT(D <= 32 * PL);
-    KLAUNCH(simple_causal_kernel, warps_grid(T * Hq), 256, 0)(out, q, k, v, cu, (int)nseq, T, Hq, Hkv, D,
-                                                                       1.0f / sqrtf((float)D));
+void attn::simple_attn_causal(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
+                              int64_t nseq, int64_t T, int Hq, int Hkv, int D, int64_t window) {
+    CU_ASSERT(D <= 32 * PL && window >= 0);
+    KLAUNCH(simple_causal_kernel, warps_grid(T * Hq), 256, 0)(out, lse, q, k, v, cu, (int)nseq, T, Hq, Hkv, D,
+                                                                       window, 1.0f / sqrtf((float)D));
     LAUNCH_CHECK();
 }
 

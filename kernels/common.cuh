@@ -340,8 +340,8 @@ void cuda_moe_combine(void *x, const void *y, const int32_t *pos, const float *w
 // embed.cu
 void cuda_embed(void *out, const int32_t *ids, const void *table, int64_t T, int64_t H);
 // attn_causal.cu
-void cuda_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu, int64_t nseq,
-                      int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
+void cuda_attn_causal(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *cu,
+                      int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t window);
 // attn_dflash.cu
 void cuda_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v, const dfl_block *blocks,
                       int64_t nblk, int64_t B, int64_t NK, int64_t Hq, int64_t Hkv, int64_t D, int64_t window);

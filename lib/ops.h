@@ -219,9 +219,14 @@ struct dfl_ops {
     /* ---- attention (scale 1/sqrt(D); q head h uses kv head h / (Hq/Hkv)) ---- */
     /* Causal self-attention over packed sequences: sequence s holds rows
      * [cu[s], cu[s+1]) of q[T,Hq,D], k,v[T,Hkv,D]; no row sees another
-     * sequence. cu: i32 [nseq+1]. Forward only (the target). */
-    void (*attn_causal)(void *out, const void *q, const void *k, const void *v, const int32_t *cu,
-                        int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
+     * sequence. cu: i32 [nseq+1]. Forward only (the target). window W > 0:
+     * a sliding-window layer, row t sees only the keys t - W + 1 .. t of
+     * its sequence (itself and the W - 1 before it); 0: every key up to
+     * itself. lse [T, Hq] (f32, natural log of the scaled scores' sum of
+     * exponentials, as attn_dflash's) is written unless NULL: attn_sinks
+     * needs it. */
+    void (*attn_causal)(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *cu,
+                        int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t window);
     /* DFlash block attention: q[nblk*B, Hq, D], k,v[NK, Hkv, D], out like q.
      * Block j sees exactly the keys of blocks[j] (dfl_block, i32 triples).
      * window W > 0 makes it a drafter's sliding-window layer (spec 2.5, as

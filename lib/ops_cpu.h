@@ -96,8 +96,8 @@ void dfl_cpu_moe_combine(void *x, const void *y, const int32_t *pos, const float
                          const void *sgate, int64_t T, int64_t k, int64_t H);
 
 /* ---- attention (ops_cpu_attn.c) ---- */
-void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu,
-                         int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
+void dfl_cpu_attn_causal(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *cu,
+                         int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t window);
 void dfl_cpu_attn_dflash(void *out, float *lse, const void *q, const void *k, const void *v,
                          const dfl_block *blocks, int64_t nblk, int64_t B, int64_t NK,
                          int64_t Hq, int64_t Hkv, int64_t D, int64_t window);

@@ -133,6 +133,10 @@ typedef struct {
     /* a drafter's sliding-window block (ops.h attn_dflash): row i sees the
      * context keys from ctx_off + ctx_len + i + 1 - window on; 0: all */
     int64_t window;
+    /* a target's sliding window (ops.h attn_causal): row i, itself key
+     * own_off + i, sees the keys from own_off + i + 1 - row_window on, in
+     * either range; 0: all */
+    int64_t row_window;
 } attn_tile;
 
 /* Per-thread scratch. Line l is query head g = l / nq, row i = l % nq.
@@ -196,10 +200,12 @@ static void load_kv_tile(attn_scratch *sc, const attn_dims *a, int64_t kvh, int6
 
 /* The rows [*lo, *hi) of a tile that see key row r, index idx of range
  * `own` (row_blk aside): in a causal own range rows from idx on; in a
- * sliding window's context the rows up to r - ctx_end + window. */
+ * sliding window's context the rows up to r - ctx_end + window; in a
+ * target's window the rows up to r - own_off + row_window. */
 static inline void rows_seeing(const attn_tile *t, int own, int64_t idx, int64_t r, int64_t *lo, int64_t *hi) {
     int64_t a = own && t->causal ? idx : 0;
     int64_t b = !own && t->window ? r - (t->ctx_off + t->ctx_len) + t->window : t->nq;
+    if (t->row_window && r - t->own_off + t->row_window < b) b = r - t->own_off + t->row_window;
     *lo = a < t->nq ? a : t->nq;
     *hi = b < *lo ? *lo : b < t->nq ? b : t->nq;
 }
@@ -300,12 +306,13 @@ static attn_dims dims_of(const void *q, const void *k, const void *v, int64_t Hq
     return a;
 }
 
-void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v, const int32_t *cu,
-                         int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+void dfl_cpu_attn_causal(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *cu,
+                         int64_t nseq, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t window) {
     attn_dims a = dims_of(q, k, v, Hq, Hkv, D);
-    /* One tile per QT rows of each sequence. */
+    /* One tile per QT rows of each sequence; in a window its context starts
+     * at its first row's first key. */
     int64_t ntile = 0;
-    DFL_ASSERT(cu[0] == 0 && cu[nseq] == T);
+    DFL_ASSERT(cu[0] == 0 && cu[nseq] == T && window >= 0);
     for (int64_t s = 0; s < nseq; s++) {
         DFL_ASSERT(cu[s + 1] >= cu[s]);
         ntile += (cu[s + 1] - cu[s] + QT - 1) / QT;
@@ -315,16 +322,17 @@ void dfl_cpu_attn_causal(void *out, const void *q, const void *k, const void *v,
     for (int64_t s = 0; s < nseq; s++)
         for (int64_t t0 = cu[s]; t0 < cu[s + 1]; t0 += QT) {
             int64_t nq = cu[s + 1] - t0 < QT ? cu[s + 1] - t0 : QT;
-            tiles[n++] = (attn_tile){t0, nq, cu[s], t0 - cu[s], t0, nq, 1, NULL, 0};
+            int64_t lo = window && t0 - (window - 1) > cu[s] ? t0 - (window - 1) : cu[s];
+            tiles[n++] = (attn_tile){t0, nq, lo, t0 - lo, t0, nq, 1, NULL, 0, window};
         }
-    int64_t work = 0; /* query-key pairs */
+    int64_t work = 0; /* query-key pairs, at most */
     for (int64_t s = 0; s < nseq; s++) work += (cu[s + 1] - cu[s]) * (cu[s + 1] - cu[s] + 1) / 2;
 #pragma omp parallel if (work * Hq * D > DFL_CPU_PAR_MIN)
     {
         attn_scratch sc = scratch_alloc(a.G * QT, D);
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < ntile * Hkv; task++)
-            tile_fwd(out, NULL, &a, &tiles[task / Hkv], task % Hkv, &sc);
+            tile_fwd(out, lse, &a, &tiles[task / Hkv], task % Hkv, &sc);
         scratch_free(&sc);
     }
     free(tiles);
@@ -338,7 +346,7 @@ static attn_tile block_tile(const dfl_block *b, int64_t j, int64_t B, int64_t NK
     DFL_ASSERT(b->blk_off >= 0 && (int64_t)b->blk_off + B <= NK && window >= 0);
     int64_t end = (int64_t)b->ctx_off + b->ctx_len, lo = b->ctx_off;
     if (window && end - (window - 1) > lo) lo = end - (window - 1);
-    return (attn_tile){j * B, B, lo, end - lo, b->blk_off, B, window > 0, NULL, window};
+    return (attn_tile){j * B, B, lo, end - lo, b->blk_off, B, window > 0, NULL, window, 0};
 }
 
 /* One-query blocks (B = 1: a target's causal rows, plain or in a sliding
@@ -364,7 +372,7 @@ static int64_t group_rows(attn_tile *tiles, const dfl_block *blocks, int64_t nbl
             continue;
         }
         DFL_ASSERT(b0->ctx_off >= 0 && b0->ctx_len >= 0 && (int64_t)b0->blk_off + len <= NK);
-        tiles[n++] = (attn_tile){j0, len, b0->ctx_off, b0->ctx_len, b0->blk_off, len, 1, b0, 0};
+        tiles[n++] = (attn_tile){j0, len, b0->ctx_off, b0->ctx_len, b0->blk_off, len, 1, b0, 0, 0};
         j0 += len;
     }
     return n;

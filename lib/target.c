@@ -848,7 +848,7 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
         else if (lw->window && w->window_cuts) /* each row its window, as a block of one row */
             ops->attn_dflash(w->ao, NULL, w->q, w->k, w->v, w->blk_win, T, 1, T, Hq, Hkv, D, 0);
         else
-            ops->attn_causal(w->ao, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D);
+            ops->attn_causal(w->ao, NULL, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D, 0);
         if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
             ops->matmul(w->lin.agate, w->h, lw->attn_gate, T, H, Hq * D, 0);
             ops->sigmoid_mul(w->ao, w->ao, w->lin.agate, T * Hq * D);

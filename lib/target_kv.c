@@ -311,7 +311,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     else if (lw->window && NK > lw->window) /* the window cuts: each row its window */
         ops->attn_dflash(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->blk_win, n, 1, NK, Hq, Hkv, D, 0);
     else if (len == 0)
-        ops->attn_causal(kv->ao, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D);
+        ops->attn_causal(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D, 0);
     else
         ops->attn_dflash(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D, 0); /* no backward */
     if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */

@@ -451,7 +451,9 @@ static void embed_agrees(void) {
 
 /* ---- attention --------------------------------------------------------------- */
 
-static void causal_case(const int32_t *lens, int64_t nseq, int64_t Hq, int64_t Hkv, int64_t D) {
+/* W: a sliding window (0: none); with_lse: the lse too (attn_sinks's input) */
+static void causal_case_w(const int32_t *lens, int64_t nseq, int64_t Hq, int64_t Hkv, int64_t D, int64_t W,
+                          int with_lse) {
     int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
     cu[0] = 0;
     for (int64_t s = 0; s < nseq; s++) cu[s + 1] = cu[s] + lens[s];
@@ -459,13 +461,23 @@ static void causal_case(const int32_t *lens, int64_t nseq, int64_t Hq, int64_t H
     float *hq = ag_randn(T * Hq * D, 1), *hk = ag_randn(T * Hkv * D, 1), *hv = ag_randn(T * Hkv * D, 1);
     ag_pair q = ag_new(hq, T * Hq * D, AG_ACT), k = ag_new(hk, T * Hkv * D, AG_ACT), v = ag_new(hv, T * Hkv * D, AG_ACT);
     ag_pair c = ag_new(cu, nseq + 1, AG_I32), out = ag_new(NULL, T * Hq * D, AG_ACT);
-    REF->attn_causal(out.r, q.r, k.r, v.r, c.r, nseq, T, Hq, Hkv, D);
-    DEV->attn_causal(out.d, q.d, k.d, v.d, c.d, nseq, T, Hq, Hkv, D);
+    ag_pair lse = ag_new(NULL, T * Hq, AG_F32);
+    REF->attn_causal(out.r, with_lse ? lse.r : NULL, q.r, k.r, v.r, c.r, nseq, T, Hq, Hkv, D, W);
+    DEV->attn_causal(out.d, with_lse ? lse.d : NULL, q.d, k.d, v.d, c.d, nseq, T, Hq, Hkv, D, W);
     char what[64];
-    snprintf(what, sizeof what, "attn_causal D%d G%d", (int)D, (int)(Hq / Hkv));
+    snprintf(what, sizeof what, "attn_causal D%d G%d W%lld%s", (int)D, (int)(Hq / Hkv), (long long)W,
+             with_lse ? " +lse" : "");
     ag_check(what, &out, NMSE_INNER);
-    ag_free(&q), ag_free(&k), ag_free(&v), ag_free(&c), ag_free(&out);
+    if (with_lse) {
+        snprintf(what, sizeof what, "attn_causal D%d G%d W%lld lse", (int)D, (int)(Hq / Hkv), (long long)W);
+        ag_check(what, &lse, NMSE_F32);
+    }
+    ag_free(&q), ag_free(&k), ag_free(&v), ag_free(&c), ag_free(&out), ag_free(&lse);
     free(cu), free(hq), free(hk), free(hv);
+}
+
+static void causal_case(const int32_t *lens, int64_t nseq, int64_t Hq, int64_t Hkv, int64_t D) {
+    causal_case_w(lens, nseq, Hq, Hkv, D, 0, 0);
 }
 
 static void attn_causal_agrees(void) {
@@ -480,6 +492,30 @@ static void attn_causal_agrees(void) {
         const int32_t e[] = {2048, 1000, 1}, f[] = {2048, 517};
         causal_case(e, 3, 32, 8, 128);
         causal_case(f, 2, 24, 4, 256); /* Qwen3.5-27B attention heads */
+    }
+}
+
+/* A target's sliding window (gpt-oss, Qwen3, Mistral) and the lse that
+ * gpt-oss's sinks need: windows of one key, shorter than a key tile, a
+ * tile, just past one and longer than the rows, on the tensor-core shapes
+ * (D 64 G 4 and G 3, D 128 G 1, D 256 G 6) and the simple kernel's (D 24);
+ * the lse alone without a window too. */
+static void attn_causal_window_agrees(void) {
+    const int32_t a[] = {1, 70, 133}, b[] = {5, 40}, d[] = {17, 3, 64, 129}, d256[] = {1, 33, 97, 64};
+    const int64_t windows[] = {1, 5, 64, 65, 130};
+    causal_case_w(a, 3, 8, 2, 64, 0, 1);
+    causal_case_w(d256, 4, 6, 1, 256, 0, 1);
+    for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+        causal_case_w(a, 3, 8, 2, 64, windows[w], 1);
+        causal_case_w(d, 4, 6, 2, 64, windows[w], w % 2);
+        causal_case_w(a, 3, 4, 4, 128, windows[w], 1);
+        causal_case_w(d256, 4, 6, 1, 256, windows[w], 1);
+        causal_case_w(b, 2, 3, 3, 24, windows[w], 1);
+    }
+    if (AG_BIG) {
+        const int32_t e[] = {2048, 1000, 1};
+        causal_case_w(e, 3, 64, 8, 64, 128, 1); /* gpt-oss's heads and window */
+        causal_case_w(e, 3, 32, 8, 128, 4096, 1);
     }
 }
 
@@ -1278,10 +1314,10 @@ static void views_agree(void) {
     ag_pair q = ag_new(hq, T * Hq * D + vo, AG_ACT), k = ag_new(hk, T * Hkv * D + vo, AG_ACT);
     ag_pair v = ag_new(hv, T * Hkv * D + vo, AG_ACT), c = ag_new(cu, 3, AG_I32);
     ag_pair out = ag_new(NULL, T * Hq * D + vo, AG_ACT);
-    REF->attn_causal(AG_VIEW(REF, out.r, vo), AG_VIEW(REF, q.r, vo), AG_VIEW(REF, k.r, vo), AG_VIEW(REF, v.r, vo),
-                     c.r, 2, T, Hq, Hkv, D);
-    DEV->attn_causal(AG_VIEW(DEV, out.d, vo), AG_VIEW(DEV, q.d, vo), AG_VIEW(DEV, k.d, vo), AG_VIEW(DEV, v.d, vo),
-                     c.d, 2, T, Hq, Hkv, D);
+    REF->attn_causal(AG_VIEW(REF, out.r, vo), NULL, AG_VIEW(REF, q.r, vo), AG_VIEW(REF, k.r, vo), AG_VIEW(REF, v.r, vo),
+                     c.r, 2, T, Hq, Hkv, D, 0);
+    DEV->attn_causal(AG_VIEW(DEV, out.d, vo), NULL, AG_VIEW(DEV, q.d, vo), AG_VIEW(DEV, k.d, vo), AG_VIEW(DEV, v.d, vo),
+                     c.d, 2, T, Hq, Hkv, D, 0);
     ag_check("attn_causal on views at +4", &out, NMSE_INNER);
     ag_free(&q), ag_free(&k), ag_free(&v), ag_free(&c), ag_free(&out);
     free(hq), free(hk), free(hv);
@@ -1653,6 +1689,7 @@ static void ops_agree_all(uint64_t seed) {
     AG_RUN(elementwise_agrees);
     AG_RUN(embed_agrees);
     AG_RUN(attn_causal_agrees);
+    AG_RUN(attn_causal_window_agrees);
     AG_RUN(attn_dflash_agrees);
     AG_RUN(attn_dflash_window_oracle);
     AG_RUN(attn_dflash_window_agrees);

@@ -96,7 +96,7 @@ int main(int argc, char **argv) {
             MM(v, h, wv[l], T, H, KD, 0);
             OPS->qk_norm_rope(qn, NULL, q, n_q, 0, d_pos, inv_freq, 1.0f, T, HQ, D, eps);
             OPS->qk_norm_rope(kn, NULL, k, n_k, 0, d_pos, inv_freq, 1.0f, T, HKV, D, eps);
-            OPS->attn_causal(att, qn, kn, v, d_cu, nsamp, T, HQ, HKV, D);
+            OPS->attn_causal(att, NULL, qn, kn, v, d_cu, nsamp, T, HQ, HKV, D, 0);
             FLOPS += 4.0 * keys * (double)D * (double)HQ;
             MM(x, att, wo[l], T, QD, H, 1); /* the residual add fused: accumulate into x */
             OPS->rmsnorm(h, NULL, x, n_post, T, H, eps);

@@ -100,7 +100,7 @@ typedef struct {
 
 static void run_attn(void *p) {
     attn_layer *a = p;
-    OPS->attn_causal(a->out, a->q, a->k, a->v, a->cu, a->nseq, a->T, a->Hq, a->Hkv, a->D);
+    OPS->attn_causal(a->out, NULL, a->q, a->k, a->v, a->cu, a->nseq, a->T, a->Hq, a->Hkv, a->D, 0);
 }
 
 /* model FLOPs of causal attention: 4 D Hq per (row, key it sees) */

@@ -95,7 +95,7 @@ static void bench_causal(int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int reps
     double best = 1e30;
     for (int i = 0; i < reps + 1; i++) {
         double t0 = cpu_now();
-        ops->attn_causal(out, q, k, v, cu, 1, T, Hq, Hkv, D);
+        ops->attn_causal(out, NULL, q, k, v, cu, 1, T, Hq, Hkv, D, 0);
         double dt = cpu_now() - t0;
         if (i > 0 && dt < best) best = dt;
     }

@@ -776,6 +776,31 @@ static double nmse_fd(const float *a, const double *b, int64_t n) {
     return den > 0 ? num / den : num;
 }
 
+/* The largest |lse - the log-sum-exp of the visible scaled scores|, the
+ * latter in double. */
+static double lse_error(const float *lse, const float *q, const float *k, const uint8_t *mask, int64_t nq, int64_t nk,
+                        int64_t Hq, int64_t Hkv, int64_t D) {
+    double worst = 0, *sc = calloc((size_t)nk, sizeof *sc);
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t h = 0; h < Hq; h++) {
+            int64_t kh = h / (Hq / Hkv);
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < nk; j++) {
+                if (!mask[i * nk + j]) continue;
+                double d = 0;
+                for (int64_t x = 0; x < D; x++) d += (double)q[(i * Hq + h) * D + x] * k[(j * Hkv + kh) * D + x];
+                sc[j] = d / sqrt((double)D);
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int64_t j = 0; j < nk; j++)
+                if (mask[i * nk + j]) sum += exp(sc[j] - mx);
+            double err = fabs(lse[i * Hq + h] - (mx + log(sum)));
+            if (err > worst) worst = err;
+        }
+    free(sc);
+    return worst;
+}
+
 static void test_attn_causal_fixture(void) {
     const int64_t T = 90, Hq = 6, Hkv = 2, D = 12;
     int64_t ncu;
@@ -783,7 +808,7 @@ static void test_attn_causal_fixture(void) {
           *ref = fx(fx_attn, "causal.out", NULL);
     int32_t *cu = fxi(fx_attn, "causal.cu", &ncu);
     float *out = fbuf(T * Hq * D);
-    ops->attn_causal(out, q, k, v, cu, ncu - 1, T, Hq, Hkv, D);
+    ops->attn_causal(out, NULL, q, k, v, cu, ncu - 1, T, Hq, Hkv, D, 0);
     CHECK_NMSE("attn_causal out", out, ref, T * Hq * D, NMSE_F32);
     ops->free(q), ops->free(k), ops->free(v), ops->free(ref), ops->free(cu), ops->free(out);
 }
@@ -830,7 +855,7 @@ typedef struct {
 
 static void run_causal(void *p, float *out) {
     attn_ctx *c = p;
-    ops->attn_causal(out, c->q, c->k, c->v, c->cu, c->nseq, c->T, c->Hq, c->Hkv, c->D);
+    ops->attn_causal(out, c->lse, c->q, c->k, c->v, c->cu, c->nseq, c->T, c->Hq, c->Hkv, c->D, c->window);
 }
 
 static void test_attn_causal_mask(void) {
@@ -856,6 +881,46 @@ static void test_attn_causal_mask(void) {
     int64_t bad = mask_by_perturbation(run_causal, &c, c.k, c.v, mask, c.T, c.T, c.Hq, c.Hkv, c.D);
     T_CHECKF(bad == 0, "%lld (query, key) entries disagree with the causal mask", (long long)bad);
     ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(out);
+    free(mask), free(want);
+}
+
+/* A target's sliding window (attn_causal's window): row t sees the keys
+ * max(its sequence's first, t - W + 1) .. t; windows shorter than a tile
+ * of rows (1, 3), about one (16, 17), across tiles (40) and longer than
+ * every sequence (1000, the same as none); out and lse against the dense
+ * mask in double, and every (query, key) entry by perturbation. */
+static void test_attn_causal_window(void) {
+    int32_t cu[5] = {0, 37, 38, 118, 123};
+    const int64_t windows[] = {1, 3, 16, 17, 40, 1000, 0};
+    attn_ctx c = {0};
+    c.cu = cu, c.nseq = 4, c.T = 123, c.Hq = 6, c.Hkv = 2, c.D = 8;
+    dfl_rng r;
+    dfl_rng_seed(&r, 16);
+    c.q = fbuf(c.T * c.Hq * c.D), c.k = fbuf(c.T * c.Hkv * c.D), c.v = fbuf(c.T * c.Hkv * c.D);
+    c.lse = fbuf(c.T * c.Hq);
+    frand(c.q, c.T * c.Hq * c.D, &r, 1), frand(c.k, c.T * c.Hkv * c.D, &r, 1), frand(c.v, c.T * c.Hkv * c.D, &r, 1);
+    uint8_t *mask = calloc((size_t)(c.T * c.T), 1);
+    float *out = fbuf(c.T * c.Hq * c.D);
+    double *want = calloc((size_t)(c.T * c.Hq * c.D), sizeof(double));
+    for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+        c.window = windows[w];
+        memset(mask, 0, (size_t)(c.T * c.T));
+        for (int s = 0; s < 4; s++)
+            for (int64_t i = cu[s]; i < cu[s + 1]; i++)
+                for (int64_t j = cu[s]; j <= i; j++) mask[i * c.T + j] = !c.window || j > i - c.window;
+        run_causal(&c, out);
+        dense_attn_d(want, c.q, c.k, c.v, mask, c.T, c.T, c.Hq, c.Hkv, c.D);
+        double e = nmse_fd(out, want, c.T * c.Hq * c.D);
+        double le = lse_error(c.lse, c.q, c.k, mask, c.T, c.T, c.Hq, c.Hkv, c.D);
+        printf("  attn_causal window %-4lld nmse %.2e (<= %.0e), lse off by %.1e\n", (long long)c.window, e,
+               NMSE_F32, le);
+        T_CHECKF(e <= NMSE_F32, "window %lld: nmse %.3e", (long long)c.window, e);
+        T_CHECKF(le < 1e-5, "window %lld: lse off by %.3g", (long long)c.window, le);
+        int64_t bad = mask_by_perturbation(run_causal, &c, c.k, c.v, mask, c.T, c.T, c.Hq, c.Hkv, c.D);
+        T_CHECKF(bad == 0, "window %lld: %lld (query, key) entries disagree with the mask", (long long)c.window,
+                 (long long)bad);
+    }
+    ops->free(c.q), ops->free(c.k), ops->free(c.v), ops->free(c.lse), ops->free(out);
     free(mask), free(want);
 }
 
@@ -1019,25 +1084,7 @@ static void test_attn_dflash_rows(void) {
     double e = nmse_fd(out, want, NQ * c.Hq * c.D);
     printf("  %-28s nmse %.2e (<= %.0e)\n", "attn_dflash B=1 vs dense", e, NMSE_F32);
     T_CHECKF(e <= NMSE_F32, "nmse %.3e", e);
-    /* lse: the log-sum-exp of the visible scaled scores, in double */
-    double worst = 0;
-    for (int i = 0; i < NQ; i++)
-        for (int h = 0; h < c.Hq; h++) {
-            int kh = h / (c.Hq / c.Hkv);
-            double mx = -INFINITY, sum = 0, sc[NK];
-            for (int j = 0; j < NK; j++) {
-                if (!mask[i * NK + j]) continue;
-                double d = 0;
-                for (int x = 0; x < c.D; x++)
-                    d += (double)c.q[(i * c.Hq + h) * c.D + x] * c.k[(j * c.Hkv + kh) * c.D + x];
-                sc[j] = d / sqrt((double)c.D);
-                if (sc[j] > mx) mx = sc[j];
-            }
-            for (int j = 0; j < NK; j++)
-                if (mask[i * NK + j]) sum += exp(sc[j] - mx);
-            double err = fabs(c.lse[i * c.Hq + h] - (mx + log(sum)));
-            if (err > worst) worst = err;
-        }
+    double worst = lse_error(c.lse, c.q, c.k, mask, NQ, NK, c.Hq, c.Hkv, c.D);
     T_CHECKF(worst < 1e-5, "lse off by %.3g", worst);
     int64_t bad = mask_by_perturbation(run_dflash, &c, c.k, c.v, mask, NQ, NK, c.Hq, c.Hkv, c.D);
     T_CHECKF(bad == 0, "%lld (query, key) entries disagree with the blocks", (long long)bad);
@@ -1901,6 +1948,7 @@ int main(void) {
     T_RUN(test_add_embed_sumsq);
     T_RUN(test_attn_causal_fixture);
     T_RUN(test_attn_causal_mask);
+    T_RUN(test_attn_causal_window);
     T_RUN(test_attn_dflash_fixture);
     T_RUN(test_attn_dflash_mask);
     T_RUN(test_attn_dflash_window);

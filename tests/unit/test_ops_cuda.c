@@ -317,7 +317,7 @@ static bytes schedule_run(void) {
         float *hq = ag_randn(T * Hq * D, 1), *hk = ag_randn(T * Hkv * D, 1), *hv = ag_randn(T * Hkv * D, 1);
         void *q = dput(hq, T * Hq * D, AG_ACT), *k = dput(hk, T * Hkv * D, AG_ACT), *v = dput(hv, T * Hkv * D, AG_ACT);
         void *c = dput(cu, 5, AG_I32), *out = dput(NULL, T * Hq * D, AG_ACT);
-        DEV->attn_causal(out, q, k, v, c, 4, T, Hq, Hkv, D);
+        DEV->attn_causal(out, NULL, q, k, v, c, 4, T, Hq, Hkv, D, 0);
         take(&b, out, T * Hq * D, AG_ACT);
         DEV->free(q), DEV->free(k), DEV->free(v), DEV->free(c), DEV->free(out);
         free(hq), free(hk), free(hv);
