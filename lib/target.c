@@ -577,14 +577,13 @@ int dfl_target_load(dfl_target **out, const char *dir, const dfl_ops *ops, const
 }
 
 static void ws_free(const dfl_ops *ops, workspace *w) {
-    void *bufs[] = {w->x, w->h, w->q, w->k, w->v, w->ao, w->taps, w->ids, w->pos, w->cu, w->blk_full, w->blk_win, w->lse};
+    void *bufs[] = {w->x, w->h, w->q, w->k, w->v, w->ao, w->taps, w->ids, w->pos, w->cu, w->lse};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->free(bufs[i]);
     dfl_target_head_free(ops, &w->head);
     dfl_target_lin_free(ops, &w->lin);
     dfl_target_mlp_free(ops, &w->mlp);
     free(w->host_pos);
-    free(w->host_blk);
     memset(w, 0, sizeof *w);
 }
 
@@ -670,12 +669,6 @@ static void ws_reserve(dfl_target *t, int64_t T, int64_t ntap_elems, int64_t nro
         w->pos = dfl_target_regrow(ops, w->pos, (size_t)T * sizeof(int32_t));
         free(w->host_pos);
         w->host_pos = dfl_malloc((size_t)T * sizeof(int32_t));
-        if (c->gpt_oss || c->sliding_window) {
-            w->blk_full = dfl_target_regrow(ops, w->blk_full, (size_t)T * sizeof(dfl_block));
-            w->blk_win = dfl_target_regrow(ops, w->blk_win, (size_t)T * sizeof(dfl_block));
-            free(w->host_blk);
-            w->host_blk = dfl_malloc((size_t)(2 * T) * sizeof(dfl_block)); /* full, then sliding */
-        }
         if (c->gpt_oss) w->lse = dfl_target_regrow(ops, w->lse, (size_t)(T * c->num_attention_heads) * sizeof(float));
         w->cap_T = T;
     }
@@ -790,41 +783,6 @@ void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, 
     ops->matmul(x, ws->y, lw->lin_out, n, VD, H, 1);         /* x += o Wout^T */
 }
 
-void dfl_target_row_blocks(dfl_block *blk, int64_t base, int64_t r0, int64_t n, int64_t window) {
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t r = r0 + i, lo = window > 0 && r - window + 1 > 0 ? r - window + 1 : 0;
-        blk[i] = (dfl_block){.ctx_off = (int32_t)(base + lo), .ctx_len = (int32_t)(r - lo), .blk_off = (int32_t)(base + r)};
-    }
-}
-
-void dfl_target_attn_sinks(const dfl_target *t, const layer_w *lw, void *out, float *lse, const void *q, const void *k,
-                           const void *v, const dfl_block *blk, int64_t T, int64_t nk) {
-    const dfl_model_config *c = &t->cfg;
-    const int64_t Hq = c->num_attention_heads, D = c->head_dim;
-    t->ops->attn_dflash(out, lse, q, k, v, blk, T, 1, nk, Hq, c->num_key_value_heads, D, 0);
-    t->ops->attn_sinks(out, lse, lw->sinks, T, Hq, D);
-}
-
-/* Every row's keys for the full and the sliding layers, for the layers
- * that run attn_dflash on blocks of one row: gpt-oss's (its sinks need the
- * log-sum-exp), and the sliding layers of the others when the window cuts
- * a sequence of the batch (ws->window_cuts; else they run attn_causal,
- * exactly the same keys). */
-static void upload_row_blocks(dfl_target *t, const dfl_target_batch *b, int64_t T) {
-    workspace *ws = &t->ws;
-    const int64_t W = t->cfg.sliding_window;
-    ws->window_cuts = 0;
-    for (int64_t s = 0; s < b->nseq; s++) ws->window_cuts |= W > 0 && b->cu[s + 1] - b->cu[s] > W;
-    if (!t->cfg.gpt_oss && !ws->window_cuts) return;
-    for (int64_t s = 0; s < b->nseq; s++) {
-        const int64_t c0 = b->cu[s], n = b->cu[s + 1] - c0;
-        dfl_target_row_blocks(ws->host_blk + c0, c0, 0, n, 0);
-        dfl_target_row_blocks(ws->host_blk + T + c0, c0, 0, n, W);
-    }
-    t->ops->upload(ws->blk_full, ws->host_blk, (size_t)T * sizeof(dfl_block));
-    t->ops->upload(ws->blk_win, ws->host_blk + T, (size_t)T * sizeof(dfl_block));
-}
-
 static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t nseq) {
     const dfl_ops *ops = t->ops;
     const dfl_model_config *c = &t->cfg;
@@ -843,12 +801,9 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
         dfl_target_proj(t, ksrc, w->h, lw->k, lw->k_bias, T, H, Hkv * D);
         dfl_target_qk_rope(t, w->k, ksrc, lw->k_norm, w->pos, T, Hkv);
         dfl_target_proj(t, w->v, w->h, lw->v, lw->v_bias, T, H, Hkv * D);
-        if (lw->sinks)
-            dfl_target_attn_sinks(t, lw, w->ao, w->lse, w->q, w->k, w->v, lw->window ? w->blk_win : w->blk_full, T, T);
-        else if (lw->window && w->window_cuts) /* each row its window, as a block of one row */
-            ops->attn_dflash(w->ao, NULL, w->q, w->k, w->v, w->blk_win, T, 1, T, Hq, Hkv, D, 0);
-        else
-            ops->attn_causal(w->ao, NULL, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D, 0);
+        /* a sliding layer's window (0: none); gpt-oss: the lse for its sinks */
+        ops->attn_causal(w->ao, lw->sinks ? w->lse : NULL, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D, lw->window);
+        if (lw->sinks) ops->attn_sinks(w->ao, w->lse, lw->sinks, T, Hq, D);
         if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
             ops->matmul(w->lin.agate, w->h, lw->attn_gate, T, H, Hq * D, 0);
             ops->sigmoid_mul(w->ao, w->ao, w->lin.agate, T * Hq * D);
@@ -1053,7 +1008,6 @@ int dfl_target_forward(dfl_target *t, dfl_target_out *out, const dfl_target_batc
     ops->upload(ws->ids, b->ids, (size_t)T * sizeof(int32_t));
     ops->upload(ws->pos, ws->host_pos, (size_t)T * sizeof(int32_t));
     ops->upload(ws->cu, b->cu, (size_t)(b->nseq + 1) * sizeof(int32_t));
-    if (c->gpt_oss || c->sliding_window) upload_row_blocks(t, b, T);
 
     ops->embed(ws->x, ws->ids, t->embed, T, H);
     for (int l = 0; l < need; l++) {

@@ -86,15 +86,7 @@ typedef struct {
     int32_t *ids, *pos;                       /* i32 [cap_T] */
     int32_t *cu;                              /* i32 [cap_seq + 1] */
     int32_t *host_pos;                        /* host [cap_T] */
-    /* gpt-oss, and the sliding layers of a target with a window: each
-     * row's keys as attn_dflash blocks of one query, for the full and the
-     * sliding layers (dfl_target_row_blocks; filled for the others only
-     * when the window cuts a sequence of the batch: window_cuts); gpt-oss:
-     * the attention's log-sum-exp for the sinks */
-    dfl_block *blk_full, *blk_win;            /* [cap_T] */
-    int window_cuts;
-    dfl_block *host_blk;                      /* host [cap_T] */
-    float *lse;                               /* f32 [cap_T * Hq] */
+    float *lse; /* gpt-oss: the attention's log-sum-exp for its sinks, f32 [cap_T * Hq] */
 } workspace;
 
 struct dfl_target {
@@ -140,16 +132,6 @@ void dfl_target_lin_free(const dfl_ops *ops, lin_ws *lw);
  * inputs in ws->conv and ws->ba. */
 void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, void *x, const void *h,
                             const int32_t *cu, int64_t nseq, int64_t n, const void *hist, float *state, float *steps);
-/* The keys of rows [r0, r0 + n) of one sequence whose row 0 is key row
- * base, as attn_dflash blocks of one query (B = 1): row r sees keys
- * [max(0, r - window + 1), r] of its sequence (window 0: [0, r]); its own
- * key is its "block". */
-void dfl_target_row_blocks(dfl_block *blk, int64_t base, int64_t r0, int64_t n, int64_t window);
-/* gpt-oss attention on T rows (the queries' blocks in blk, nk keys): out =
- * attn_dflash of q over k, v, then its sinks (ops attn_sinks). lse: f32
- * [T * Hq] scratch. */
-void dfl_target_attn_sinks(const dfl_target *t, const layer_w *lw, void *out, float *lse, const void *q, const void *k,
-                           const void *v, const dfl_block *blk, int64_t T, int64_t nk);
 /* Tokens per chunk of a sparse MLP: MOE_PAIRS / k. */
 int64_t dfl_target_moe_rows(const dfl_model_config *c);
 /* Grow mw for forwards of n rows (it holds min(n, a chunk)); free it. */

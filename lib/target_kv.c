@@ -8,15 +8,14 @@
  *   x += a Wo^T; x += MLP(RMSNorm_post(x)).
  *
  * Attention. From an empty cache (prefill) the new rows are the whole
- * sequence: attn_causal with one sequence, exactly the packed forward's
- * call. Otherwise (verification of a block, one decode step) query row i
- * sees cache rows [0, len+i]; that is attn_dflash with blocks of size 1:
- * block i has context rows [0, len+i) and its own row len+i. The op table
- * needs no cache-specific op, and the CUDA table serves both as it is.
- * gpt-oss runs every forward so (with a sliding layer's row i seeing
- * [len+i-W+1, len+i]), then its sinks, as target.c's packed forward does.
- * The sliding layers of the others (Qwen3, Qwen2, Mistral) take those
- * blocks once the cache holds more rows than the window (len + n > W).
+ * sequence: attn_causal with one sequence (and a sliding layer's window),
+ * exactly the packed forward's call. Otherwise (verification of a block,
+ * one decode step) query row i sees cache rows [0, len+i]; that is
+ * attn_dflash with blocks of size 1: block i has context rows [0, len+i)
+ * and its own row len+i; a sliding layer's row i, once the cache holds
+ * more rows than its window W (len + n > W), [len+i-W+1, len+i]. The op
+ * table needs no cache-specific op, and the CUDA table serves both as it
+ * is. gpt-oss's sinks then take the lse either op wrote, as in target.c.
  *
  * Gated DeltaNet layers (Qwen3.5) keep no keys: their cache is the
  * recurrent state S (f32 [Hv, dk, dv]) and the last K-1 raw projections
@@ -195,7 +194,7 @@ static void reserve(dfl_target_kv *kv, int64_t n, int64_t tap_elems, int64_t nro
         kv->ids = dfl_target_regrow(ops, kv->ids, (size_t)n * sizeof(int32_t));
         kv->pos = dfl_target_regrow(ops, kv->pos, (size_t)n * sizeof(int32_t));
         kv->blocks = dfl_target_regrow(ops, kv->blocks, (size_t)n * sizeof(dfl_block));
-        if (c->gpt_oss || c->sliding_window) kv->blk_win = dfl_target_regrow(ops, kv->blk_win, (size_t)n * sizeof(dfl_block));
+        if (c->sliding_window) kv->blk_win = dfl_target_regrow(ops, kv->blk_win, (size_t)n * sizeof(dfl_block));
         if (c->gpt_oss) kv->lse = dfl_target_regrow(ops, kv->lse, (size_t)(n * c->num_attention_heads) * sizeof(float));
         kv->host_pos = dfl_realloc(kv->host_pos, (size_t)n * sizeof(int32_t));
         kv->host_blocks = dfl_realloc(kv->host_blocks, (size_t)(2 * n) * sizeof(dfl_block));
@@ -287,6 +286,34 @@ static void linear_step(dfl_target_kv *kv, int l, int64_t n, int keep) {
     }
 }
 
+/* The keys of new rows i < n (at positions len + i) as attn_dflash blocks
+ * of one query (B = 1): row len + i sees cache rows [max(0, len + i - W +
+ * 1), len + i] (window W; 0: [0, len + i]); its own key is its "block". */
+static void row_blocks(dfl_block *blk, int64_t len, int64_t n, int64_t window) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t r = len + i, lo = window > 0 && r - window + 1 > 0 ? r - window + 1 : 0;
+        blk[i] = (dfl_block){.ctx_off = (int32_t)lo, .ctx_len = (int32_t)(r - lo), .blk_off = (int32_t)r};
+    }
+}
+
+/* The attention of n new rows over the cache's NK = len + n rows into
+ * kv->ao. */
+static void attention_step(dfl_target_kv *kv, const layer_w *lw, int l, int64_t n) {
+    const dfl_target *t = kv->t;
+    const dfl_ops *ops = t->ops;
+    const dfl_model_config *c = &t->cfg;
+    const int64_t D = c->head_dim, Hq = c->num_attention_heads, Hkv = c->num_key_value_heads;
+    const int64_t len = kv->len, NK = len + n;
+    float *lse = lw->sinks ? kv->lse : NULL; /* gpt-oss: its sinks need the lse */
+    if (len == 0) /* prefill: the packed forward's call */
+        ops->attn_causal(kv->ao, lse, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D, lw->window);
+    else if (lw->window && NK > lw->window) /* the window cuts: each row its window */
+        ops->attn_dflash(kv->ao, lse, kv->q, kv->k[l], kv->v[l], kv->blk_win, n, 1, NK, Hq, Hkv, D, 0);
+    else
+        ops->attn_dflash(kv->ao, lse, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D, 0);
+    if (lse) ops->attn_sinks(kv->ao, lse, lw->sinks, n, Hq, D);
+}
+
 static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     dfl_target *t = kv->t;
     const dfl_ops *ops = t->ops;
@@ -294,7 +321,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     const layer_w *lw = &t->layers[l];
     const int64_t H = c->hidden_size, D = c->head_dim;
     const int64_t Hq = c->num_attention_heads, Hkv = c->num_key_value_heads, KD = Hkv * D;
-    const int64_t len = kv->len, NK = len + n;
+    const int64_t len = kv->len;
     void *kdst = DFL_AT(ops, kv->k[l], len * KD), *vdst = DFL_AT(ops, kv->v[l], len * KD);
 
     dfl_target_norm(t, kv->h, kv->x, lw->in_norm, n, H);
@@ -305,15 +332,7 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     dfl_target_proj(t, ksrc, kv->h, lw->k, lw->k_bias, n, H, KD);
     dfl_target_qk_rope(t, kdst, ksrc, lw->k_norm, kv->pos, n, Hkv);
     dfl_target_proj(t, vdst, kv->h, lw->v, lw->v_bias, n, H, KD);
-    if (lw->sinks)
-        dfl_target_attn_sinks(t, lw, kv->ao, kv->lse, kv->q, kv->k[l], kv->v[l], lw->window ? kv->blk_win : kv->blocks,
-                              n, NK);
-    else if (lw->window && NK > lw->window) /* the window cuts: each row its window */
-        ops->attn_dflash(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->blk_win, n, 1, NK, Hq, Hkv, D, 0);
-    else if (len == 0)
-        ops->attn_causal(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->cu, 1, n, Hq, Hkv, D, 0);
-    else
-        ops->attn_dflash(kv->ao, NULL, kv->q, kv->k[l], kv->v[l], kv->blocks, n, 1, NK, Hq, Hkv, D, 0); /* no backward */
+    attention_step(kv, lw, l, n);
     if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
         ops->matmul(kv->lin.agate, kv->h, lw->attn_gate, n, H, Hq * D, 0);
         ops->sigmoid_mul(kv->ao, kv->ao, kv->lin.agate, n * Hq * D);
@@ -338,14 +357,16 @@ int dfl_target_kv_forward(dfl_target_kv *kv, dfl_target_out *out, const int32_t 
     reserve(kv, n, (int64_t)w->ntaps * n * H, nrows);
 
     for (int64_t i = 0; i < n; i++) kv->host_pos[i] = (int32_t)(kv->len + i);
-    dfl_target_row_blocks(kv->host_blocks, 0, kv->len, n, 0);
     const int32_t cu[2] = {0, (int32_t)n};
     ops->upload(kv->ids, ids, (size_t)n * sizeof(int32_t));
     ops->upload(kv->pos, kv->host_pos, (size_t)n * sizeof(int32_t));
-    ops->upload(kv->blocks, kv->host_blocks, (size_t)n * sizeof(dfl_block));
-    if (c->gpt_oss || (c->sliding_window && kv->len + n > c->sliding_window)) {
-        dfl_target_row_blocks(kv->host_blocks + n, 0, kv->len, n, c->sliding_window);
-        ops->upload(kv->blk_win, kv->host_blocks + n, (size_t)n * sizeof(dfl_block));
+    if (kv->len > 0) { /* past the prefill (attn_causal): each row's keys as a block of one query */
+        row_blocks(kv->host_blocks, kv->len, n, 0);
+        ops->upload(kv->blocks, kv->host_blocks, (size_t)n * sizeof(dfl_block));
+        if (c->sliding_window && kv->len + n > c->sliding_window) {
+            row_blocks(kv->host_blocks + n, kv->len, n, c->sliding_window);
+            ops->upload(kv->blk_win, kv->host_blocks + n, (size_t)n * sizeof(dfl_block));
+        }
     }
     ops->upload(kv->cu, cu, sizeof cu);
 

@@ -329,7 +329,8 @@ fi
 
 # ---- a Qwen3 target with sliding windows (mktarget --window 20: layers 3-5
 # of 6 see the last 20 keys): over 48-token samples those layers run
-# attn_dflash on blocks of one row, over the online loop's prompts too ----
+# attn_causal with the window; the online loop's verify steps attn_dflash
+# on blocks of one row ----
 if "$MKT" -o "$T/swa" --vocab 301 --hidden 128 --intermediate 192 --layers 6 --heads 4 --kv-heads 2 \
     --head-dim 64 --tie no --seed 9 --window 20 >/dev/null; then
     extract_check "sliding-window Qwen3" "$T/swa" "$T/swa-" 1e-3
@@ -340,7 +341,8 @@ fi
 
 moe_check qwen3-moe --experts 8 --experts-per-tok 2 --moe-intermediate 48
 # gpt-oss (mktarget --arch gpt-oss): attention biases (o_proj's too),
-# sinks (attn_dflash with one-query blocks, then attn_sinks), sliding
+# sinks (the lse of attn_causal, and of attn_dflash's one-query blocks in
+# the verify steps, then attn_sinks), sliding
 # layers of 16 keys over 48-token samples, experts with biases and the
 # clamped SwiGLU (swiglu_oss), a biased router
 moe_check gpt-oss -a gpt-oss --experts 8 --experts-per-tok 2 --moe-intermediate 48 --window 16

@@ -211,12 +211,9 @@ static void test_qwen3_yarn(void) { check_model("qwen3-yarn"); }
 
 /* Sliding windows (Qwen3: layers 1-3, window 5, derived from
  * max_window_layers; Mistral: every layer, window 7; Qwen3-MoE: every
- * layer, window 6). Packed together, the
- * samples longer than the window make the sliding layers run each row's
- * window (attn_dflash on blocks of one row); each sample alone checks the
- * other path too: a batch no longer than the window runs attn_causal,
- * which must give the same states (HF's, the sample of exactly W tokens
- * included). */
+ * layer, window 6): packed together, and each sample alone, whose first
+ * row is then row 0 of the batch (HF's states, the samples shorter than
+ * the window and the one of exactly W tokens included). */
 static void check_window_samples(const char *name) {
     check_model(name);
     expected e;
