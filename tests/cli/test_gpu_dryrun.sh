@@ -32,6 +32,7 @@ for r in "build" "model: extraction cpu vs cpu" "model: Qwen3.5 extraction cpu v
     "model: gpt-oss extraction cpu vs cpu" "model: gpt-oss online loop on cpu" \
     "model: sliding-window Qwen3 extraction cpu vs cpu" "model: sliding-window Qwen3 online loop on cpu" \
     "dflash-extract --device cpu: Qwen3-30B-A3B layer shapes" "the same, one cuBLAS call per expert" \
+    "dflash-extract --device cpu: gpt-oss-20b layer shapes" \
     "records decoded on the host: lz4 + byte shuffle"; do
     check "row: $r" grep -qF "| $r" "$R"
 done

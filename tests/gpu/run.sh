@@ -520,6 +520,33 @@ with open('$model-in.jsonl', 'w') as f:
         rm -rf "$W"
     fi
 
+    # gpt-oss: gpt-oss-20b's layer shapes (hidden 2880, 64/8 heads of 64,
+    # 32 experts of width 2880, 4 a token, sinks), 2 layers: layer 0 slides
+    # (window 128), layer 1 is full; vocabulary cut to 32000 (mktarget's host
+    # RNG); 16 x 2048 tokens. Both layers run attn_causal (the window, the
+    # lse for the sinks). The 24-layer model runs at more than 2/24 of this.
+    if [ -x "$B/bin/dflash-extract" ] && [ -x "$B/tests/mktarget" ] && [ "$(left)" -gt 60 ]; then
+        section "dflash-extract, gpt-oss-20b layer shapes" "$BENCH_LOG"
+        mkdir -p "$W"
+        if [ "$DRY" = 1 ]; then
+            oss=(--hidden 64 --heads 4 --kv-heads 2 --head-dim 16 --experts 8 --experts-per-tok 2
+                 --moe-intermediate 24 --window 16 --vocab 300) no=4 leno=64 do=cpu
+        else
+            oss=(--hidden 2880 --heads 64 --kv-heads 8 --head-dim 64 --experts 32 --experts-per-tok 4
+                 --moe-intermediate 2880 --window 128 --vocab 32000) no=16 leno=2048 do=cuda
+        fi
+        "$B/tests/mktarget" -a gpt-oss -o "$W/to" --layers 2 --tie no --seed 11 "${oss[@]}" >>"$BENCH_LOG" 2>&1
+        mem_watch "gpt-oss extract"
+        if extract_rate "$W/to" "$do" 0,1 "$no" "$leno"; then
+            row "dflash-extract --device $do: gpt-oss-20b layer shapes (sinks, window 128, 32 experts, 4 a token), 2 layers, $ntok tokens" \
+                "$rate" "$whole, batches of $((8 * leno)) tokens, GPU memory peak $(mem_peak); the 24-layer model: more than 1/12 of this"
+        else
+            mem_peak >/dev/null
+            row "dflash-extract --device $do, gpt-oss-20b layer shapes" "FAIL" "see bench.log"
+        fi
+        rm -rf "$W"
+    fi
+
     # ---- 5. the attention kernels under compute-sanitizer, as time allows ----------------
     if [ "$DRY" != 1 ]; then
         if command -v compute-sanitizer >/dev/null; then
