@@ -581,10 +581,10 @@ __device__ __forceinline__ void row_ranges(const dfl_block &b, int B, int64_t NK
 // visits) that is row_ranges' answer. NoWindow (W = 0) has no test: a
 // kernel given it compiles to its code without a window.
 struct NoWindow {
-    static constexpr bool on = false;
+    static constexpr bool on = false, lower = false;
 };
 struct DflWindow {
-    static constexpr bool on = true;
+    static constexpr bool on = true, lower = false;
     int64_t ctx_off, ctx_end, lo, blk_off; // lo: slot 0's first context key before the cut at ctx_off
     __device__ void init(const dfl_block &b, int64_t W) {
         ctx_off = b.ctx_off, ctx_end = (int64_t)b.ctx_off + b.ctx_len, lo = ctx_end + 1 - W, blk_off = b.blk_off;
@@ -596,11 +596,19 @@ struct DflWindow {
     // ctx_end): a tile of the context segment starting here needs no test
     __device__ int64_t full_from(int o_max) const { return lo + o_max > ctx_off ? lo + o_max : ctx_off; }
 };
+// A target's sliding window on the causal path (attn_causal, window W > 0):
+// the row at position p sees keys kbase + p - W + 1 .. kbase + p, a lower
+// bound beside the causal mask's upper one. Not DFlash's (on = false).
+struct CausalWindow {
+    static constexpr bool on = false, lower = true;
+    int W;
+};
 
 // ---------------------------------------------------------------------------
 // forward CTA: 64 flattened rows [r0, r0+64) of one KV head, all keys of
-// `segs`; CAUSAL masks key > kbase + row position; a DflWindow `win` masks
-// the keys its row's slot (row position) does not see (DFlash's sliding
+// `segs`; CAUSAL masks key > kbase + row position, and with a CausalWindow
+// `win` key < kbase + row position - W + 1 too; a DflWindow `win` masks the
+// keys its row's slot (row position) does not see (DFlash's sliding
 // window). Writes out (and lse, the natural-log logsumexp of the scaled
 // scores, when lse != NULL).
 //
@@ -680,8 +688,13 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
     // of the context segment from win_full on are seen whole by every row
     // of the CTA (up to its last slot): no per-key test there
     static_assert(!(WIN::on && CAUSAL), "a window is DFlash's");
+    static_assert(!WIN::lower || CAUSAL, "a lower key bound is the causal window's");
     int64_t win_full = 0;
     if constexpr (WIN::on) win_full = win.full_from(((r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1) / G);
+    // a causal window: every row of the CTA sees a key from here on (up to
+    // its own): its last row's first key, relative to kbase
+    int64_t low_full = 0;
+    if constexpr (WIN::lower) low_full = ((r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1) / G - win.W + 1;
 
     const int nt = segs.ntiles();
     if constexpr (WG) load_qrows_cm<D>(sQ, ROWS, q, tok0, r0, rows_total, G, hkv, Hq);
@@ -796,8 +809,12 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
                     }
         };
         if (segs.full(it) && (!CAUSAL || k0 + TN - 1 - kbase <= pos_min) &&
-            (!WIN::on || (it < segs.n0 && k0 >= win_full))) {
+            (!WIN::on || (it < segs.n0 && k0 >= win_full)) && (!WIN::lower || k0 - kbase >= low_full)) {
             mask_max([](int, int, int) { return true; });
+        } else if constexpr (CAUSAL && WIN::lower) { // the window's lower edge too
+            const int64_t left = segs.end(it) - k0;
+            const int lim = left < TN ? (int)left : TN, cb = (int)(k0 - kbase), W = win.W;
+            mask_max([&](int m, int kr, int h) { return kr < lim && cb + kr <= pos[m][h] && cb + kr + W > pos[m][h]; });
         } else if constexpr (CAUSAL) { // one segment: keys relative to k0 in int
             const int64_t left = segs.end(it) - k0;
             const int lim = left < TN ? (int)left : TN, cb = (int)(k0 - kbase);

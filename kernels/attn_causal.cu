@@ -6,7 +6,11 @@
 // mma.sync tensor cores (attention.cuh, flash_fwd_cta). Each CTA takes 128
 // rows (64 for D = 256) of one sequence and one KV head, in the (position, head-in-group)
 // order, and visits only the keys up to its last row's position; a row's
-// keys past its own position are masked. The sequence lengths stay on the
+// keys past its own position are masked. A sliding window W (a target's
+// sliding layer: gpt-oss, Qwen3, Mistral) starts the CTA's keys at its
+// first row's first key, position - W + 1, and masks each row's keys below
+// its own first (a template mode, CausalWindow: W = 0 compiles to the code
+// without it). The lse (gpt-oss's sinks) is written when asked for. The sequence lengths stay on the
 // device: a small kernel turns cu into per-sequence tile offsets and each CTA
 // finds its sequence by binary search, so no host synchronisation is needed.
 // Otherwise (other D, DFLASH_CUDA_SIMPLE=1): the simple kernel.
@@ -32,10 +36,10 @@ constexpr int CAUSAL_MB = D <= 128 ? 2 : 1;
 // 192 rows, 256 or 384 threads), one CTA a multiprocessor (~150 registers a
 // thread at D = 128), 96 or 112 KiB of shared memory (PIPE: the overlapped
 // loop with three K/V stages, 128 or 144 KiB).
-template <int D, int MB = CAUSAL_MB<D>, int WGS = 0, bool PIPE = false>
+template <int D, int MB = CAUSAL_MB<D>, int WGS = 0, bool PIPE = false, class WIN = NoWindow>
 __global__ void __launch_bounds__(WGS ? 128 * WGS : NTHREADS, WGS ? 1 : 2)
-    attn_causal_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, const int *tile_off,
-                       int nseq, int Hq, int Hkv, int G, float scale_log2) {
+    attn_causal_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
+                       const int *tile_off, int nseq, int Hq, int Hkv, int G, float scale_log2, WIN win) {
     constexpr int ROWS = WGS ? 64 * WGS : BM * MB;
     int tile = blockIdx.x;
     if (tile >= tile_off[nseq]) return;
@@ -51,44 +55,57 @@ __global__ void __launch_bounds__(WGS ? 128 * WGS : NTHREADS, WGS ? 1 : 2)
     int rows_total = (cu[s + 1] - cu[s]) * G;
     int r0 = x * ROWS;
     int rlast = (r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1;
+    int first = 0; // the CTA's first key (relative to start): its first row's, in a window
+    if constexpr (WIN::lower) first = r0 / G - win.W + 1 > 0 ? r0 / G - win.W + 1 : 0;
     FwdSegs<D> segs;
-    segs.init(start, start + rlast / G + 1, 0, 0);
-    flash_fwd_cta<D, true, WGS ? 1 : MB, WGS, PIPE>(out, NULL, q, k, v, Hq, Hkv, G, start, rows_total, r0,
-                                                    blockIdx.y, segs, start, scale_log2);
+    segs.init(start + first, start + rlast / G + 1, 0, 0);
+    flash_fwd_cta<D, true, WGS ? 1 : MB, WGS, PIPE, WIN>(out, lse, q, k, v, Hq, Hkv, G, start, rows_total, r0,
+                                                         blockIdx.y, segs, start, scale_log2, win);
 }
 
 // ---------------------------------------------------------------------------
 // kernel launchers
 
-template <int D, int WGS = 0, bool PIPE = false>
-static void launch_causal(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int64_t nseq,
-                          int64_t T, int Hq, int Hkv) {
+template <int D, int WGS, bool PIPE, class WIN>
+static void launch_causal_in(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
+                             int64_t nseq, int64_t T, int Hq, int Hkv, WIN win) {
     constexpr int MB = CAUSAL_MB<D>, ROWS = WGS ? 64 * WGS : BM * MB, THREADS = WGS ? 128 * WGS : NTHREADS;
     int G = Hq / Hkv;
     int *tile_off = (int *)cuda_scratch(SCRATCH_OP, (size_t)(nseq + 1) * sizeof(int));
     KLAUNCH(causal_tiles_kernel, 1, 1024, 0)(tile_off, cu, (int)nseq, G, ROWS);
     LAUNCH_CHECK();
     size_t smem = WGS ? fwd_wg_smem_bytes<D, ROWS, PIPE>() : fwd_smem_bytes<D, ROWS>();
-    auto kernel = attn_causal_kernel<D, MB, WGS, PIPE>;
+    auto kernel = attn_causal_kernel<D, MB, WGS, PIPE, WIN>;
     static int once = 0;
     if (!once) allow_smem(kernel, smem), once = 1;
     dim3 grid((unsigned)(CEIL_DIV(T * G, (int64_t)ROWS) + nseq), (unsigned)Hkv);
     float scale_log2 = LOG2E / sqrtf((float)D);
-    cuda_prof_scope ps(PIPE ? "k attn_causal: kernel (wgmma, overlapped)"
-                       : WGS ? "k attn_causal: kernel (wgmma)"
-                             : "k attn_causal: kernel");
-    KLAUNCH(kernel, grid, THREADS, smem)(out, q, k, v, cu, tile_off, (int)nseq, Hq, Hkv, G, scale_log2);
+    cuda_prof_scope ps(WIN::lower ? (PIPE  ? "k attn_causal: kernel (window, wgmma, overlapped)"
+                                     : WGS ? "k attn_causal: kernel (window, wgmma)"
+                                           : "k attn_causal: kernel (window)")
+                       : PIPE ? "k attn_causal: kernel (wgmma, overlapped)"
+                       : WGS  ? "k attn_causal: kernel (wgmma)"
+                              : "k attn_causal: kernel");
+    KLAUNCH(kernel, grid, THREADS, smem)(out, lse, q, k, v, cu, tile_off, (int)nseq, Hq, Hkv, G, scale_log2, win);
     LAUNCH_CHECK();
+}
+
+// window W > 0: the CausalWindow mode (W < T here: a longer window is none)
+template <int D, int WGS = 0, bool PIPE = false>
+static void launch_causal(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
+                          int64_t nseq, int64_t T, int Hq, int Hkv, int W) {
+    if (W > 0) launch_causal_in<D, WGS, PIPE>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, CausalWindow{W});
+    else launch_causal_in<D, WGS, PIPE>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, NoWindow());
 }
 
 // the wgmma kernels: wgs warpgroups a CTA, overlapped (PIPE) or not
 template <int D>
-static void launch_causal_wg(int wgs, bool pipe, bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
-                             const int32_t *cu, int64_t nseq, int64_t T, int Hq, int Hkv) {
-    if (wgs == 3 && pipe) launch_causal<D, 3, true>(out, q, k, v, cu, nseq, T, Hq, Hkv);
-    else if (wgs == 3) launch_causal<D, 3>(out, q, k, v, cu, nseq, T, Hq, Hkv);
-    else if (pipe) launch_causal<D, 2, true>(out, q, k, v, cu, nseq, T, Hq, Hkv);
-    else launch_causal<D, 2>(out, q, k, v, cu, nseq, T, Hq, Hkv);
+static void launch_causal_wg(int wgs, bool pipe, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                             const int32_t *cu, int64_t nseq, int64_t T, int Hq, int Hkv, int W) {
+    if (wgs == 3 && pipe) launch_causal<D, 3, true>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, W);
+    else if (wgs == 3) launch_causal<D, 3>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, W);
+    else if (pipe) launch_causal<D, 2, true>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, W);
+    else launch_causal<D, 2>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, W);
 }
 
 void cuda_attn_causal(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *cu,
@@ -100,15 +117,13 @@ void cuda_attn_causal(void *out, float *lse, const void *q, const void *k, const
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kk = (const bf16 *)k, *vv = (const bf16 *)v;
     int aligned = is_aligned(o, 16) && is_aligned(qq, 16) && is_aligned(kk, 16) && is_aligned(vv, 16);
-    if (lse || window) { // not yet on the tensor cores
-        simple_attn_causal(o, lse, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv, (int)D, window);
-        return;
-    }
+    const int W = window < T ? (int)window : 0; // no sequence is longer than T: a longer window is none
     const int wgs = aligned && !g_cuda.simple ? use_wgmma(D) : 0;
-    if (wgs && D == 128) launch_causal_wg<128>(wgs, wgmma_pipe(), o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else if (wgs) launch_causal_wg<64>(wgs, wgmma_pipe(), o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else if (!g_cuda.simple && aligned && D == 128) launch_causal<128>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else if (!g_cuda.simple && aligned && D == 256) launch_causal<256>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else if (!g_cuda.simple && aligned && D == 64) launch_causal<64>(o, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv);
-    else simple_attn_causal(o, NULL, qq, kk, vv, cu, nseq, T, (int)Hq, (int)Hkv, (int)D, 0);
+    const int hq = (int)Hq, hkv = (int)Hkv;
+    if (wgs && D == 128) launch_causal_wg<128>(wgs, wgmma_pipe(), o, lse, qq, kk, vv, cu, nseq, T, hq, hkv, W);
+    else if (wgs) launch_causal_wg<64>(wgs, wgmma_pipe(), o, lse, qq, kk, vv, cu, nseq, T, hq, hkv, W);
+    else if (!g_cuda.simple && aligned && D == 128) launch_causal<128>(o, lse, qq, kk, vv, cu, nseq, T, hq, hkv, W);
+    else if (!g_cuda.simple && aligned && D == 256) launch_causal<256>(o, lse, qq, kk, vv, cu, nseq, T, hq, hkv, W);
+    else if (!g_cuda.simple && aligned && D == 64) launch_causal<64>(o, lse, qq, kk, vv, cu, nseq, T, hq, hkv, W);
+    else simple_attn_causal(o, lse, qq, kk, vv, cu, nseq, T, hq, hkv, (int)D, W);
 }

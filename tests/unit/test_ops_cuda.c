@@ -308,18 +308,22 @@ static bytes schedule_run(void) {
         unsetenv("DFLASH_CUDA_WGMMA"), unsetenv("DFLASH_CUDA_WGMMA_PIPE");
     }
     /* causal attention, tensor cores, G = 3 (D 64, also on wgmma with two
-     * and three warpgroups, overlapped and not) and G = 6 (D 256) */
-    for (int pass = 0; pass < 6; pass++) {
+     * and three warpgroups, overlapped and not) and G = 6 (D 256); then a
+     * window of 20 with the lse (D 64 on mma.sync, on wgmma; D 256) */
+    for (int pass = 0; pass < 9; pass++) {
         const int32_t cu[] = {0, 17, 20, 84, 150};
-        const int64_t T = 150, Hq = 6, Hkv = pass == 1 ? 1 : 2, D = pass == 1 ? 256 : 64;
-        if (pass >= 2) setenv("DFLASH_CUDA_WGMMA", pass % 2 ? "3" : "1", 1);
-        if (pass >= 4) setenv("DFLASH_CUDA_WGMMA_PIPE", "0", 1);
+        const int64_t T = 150, Hq = 6, Hkv = pass == 1 || pass == 8 ? 1 : 2, D = pass == 1 || pass == 8 ? 256 : 64;
+        const int64_t W = pass >= 6 ? 20 : 0;
+        if (pass >= 2 && pass < 6) setenv("DFLASH_CUDA_WGMMA", pass % 2 ? "3" : "1", 1);
+        if (pass >= 4 && pass < 6) setenv("DFLASH_CUDA_WGMMA_PIPE", "0", 1);
+        if (pass == 7) setenv("DFLASH_CUDA_WGMMA", "1", 1);
         float *hq = ag_randn(T * Hq * D, 1), *hk = ag_randn(T * Hkv * D, 1), *hv = ag_randn(T * Hkv * D, 1);
         void *q = dput(hq, T * Hq * D, AG_ACT), *k = dput(hk, T * Hkv * D, AG_ACT), *v = dput(hv, T * Hkv * D, AG_ACT);
-        void *c = dput(cu, 5, AG_I32), *out = dput(NULL, T * Hq * D, AG_ACT);
-        DEV->attn_causal(out, NULL, q, k, v, c, 4, T, Hq, Hkv, D, 0);
+        void *c = dput(cu, 5, AG_I32), *out = dput(NULL, T * Hq * D, AG_ACT), *lse = dput(NULL, T * Hq, AG_F32);
+        DEV->attn_causal(out, W ? lse : NULL, q, k, v, c, 4, T, Hq, Hkv, D, W);
         take(&b, out, T * Hq * D, AG_ACT);
-        DEV->free(q), DEV->free(k), DEV->free(v), DEV->free(c), DEV->free(out);
+        if (W) take(&b, lse, T * Hq, AG_F32);
+        DEV->free(q), DEV->free(k), DEV->free(v), DEV->free(c), DEV->free(out), DEV->free(lse);
         free(hq), free(hk), free(hv);
         unsetenv("DFLASH_CUDA_WGMMA"), unsetenv("DFLASH_CUDA_WGMMA_PIPE");
     }
@@ -725,6 +729,10 @@ static void attn_dflash_agrees_wgmma(void) { with_wgmma("1", "1", attn_dflash_ag
 static void attn_causal_agrees_wgmma2_serial(void) { with_wgmma("1", "0", attn_causal_agrees); }
 static void attn_causal_agrees_wgmma3_serial(void) { with_wgmma("3", "0", attn_causal_agrees); }
 static void attn_dflash_agrees_wgmma_serial(void) { with_wgmma("1", "0", attn_dflash_agrees); }
+/* a target's sliding window and lse on the causal wgmma kernels */
+static void attn_causal_window_agrees_wgmma2(void) { with_wgmma("1", "1", attn_causal_window_agrees); }
+static void attn_causal_window_agrees_wgmma3(void) { with_wgmma("3", "1", attn_causal_window_agrees); }
+static void attn_causal_window_agrees_wgmma2_serial(void) { with_wgmma("1", "0", attn_causal_window_agrees); }
 /* the sliding window's tensor-core kernels on wgmma too, against the oracle */
 static void attn_dflash_window_oracle_wgmma(void) { with_wgmma("1", "1", attn_dflash_window_oracle); }
 static void attn_dflash_window_oracle_wgmma_serial(void) { with_wgmma("1", "0", attn_dflash_window_oracle); }
@@ -761,6 +769,9 @@ int main(void) {
     AG_RUN(attn_dflash_agrees_wgmma_serial);
     AG_RUN(attn_dflash_window_oracle_wgmma);
     AG_RUN(attn_dflash_window_oracle_wgmma_serial);
+    AG_RUN(attn_causal_window_agrees_wgmma2);
+    AG_RUN(attn_causal_window_agrees_wgmma3);
+    AG_RUN(attn_causal_window_agrees_wgmma2_serial);
     if (dfl_emu_set_schedule && dfl_emu_toy && !getenv("DFLASH_TEST_ONLY")) {
         T_RUN(emu_kernels_race_free);
         T_RUN(emu_schedules_give_identical_bits);
