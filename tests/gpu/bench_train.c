@@ -20,7 +20,11 @@
  * With --grad-out it is a whole-step agreement check instead: one step,
  * its gradient written, to compare --device cpu with cuda (compare.py).
  *
- *   bench_train [--device cuda] [--steps 3] [--tiny | --small] [--grad-out FILE] */
+ * --window W: the layers but the last slide (spec 2.5, Qwen3.6-27B's
+ * drafter: sliding x4 then full, W 2048): attn_dflash's window, and the
+ * attention FLOPs counted over the keys each row then sees.
+ *
+ *   bench_train [--device cuda] [--steps 3] [--tiny | --small] [--window W] [--grad-out FILE] */
 #include "bench_util.h"
 #include "cli.h"
 
@@ -40,6 +44,7 @@ typedef struct {
 } layer_a;
 
 static dims dm;
+static int64_t window; /* --window: layers 0 .. L-2 slide */
 static layer_w LW[8];
 static int64_t OFF_FC, OFF_HN, OFF_NORM, NPARAM;
 static float *master, *grad, *mom1, *mom2;
@@ -54,6 +59,9 @@ static int64_t param(int64_t n) {
     NPARAM += n;
     return o;
 }
+
+/* layer l's sliding window: --window on every layer but the last */
+static int64_t layer_window(int l) { return l < dm.L - 1 ? window : 0; }
 
 static void layout(void) {
     const int64_t H = dm.H, QD = dm.HQ * dm.D, KD = dm.HKV * dm.D, I = dm.I;
@@ -76,6 +84,8 @@ int main(int argc, char **argv) {
         {"steps", 0, DFL_OPT_INT, &steps, "N", "timed steps (after one warm-up step)", NULL},
         {"tiny", 0, DFL_OPT_FLAG, &tiny, NULL, "tiny shapes: a smoke test of this program", NULL},
         {"small", 0, DFL_OPT_FLAG, &small, NULL, "small shapes with head dim 64 (the tensor-core attention)", NULL},
+        {"window", 0, DFL_OPT_INT, &window, "W",
+         "a sliding window of W keys on every layer but the last (Qwen3.6-27B's drafter: 2048); 0: none", "0"},
         {"grad-out", 0, DFL_OPT_STR, &grad_out, "FILE",
          "make one step only and write its gradient (f32, the flat parameter layout; tensors listed in "
          "FILE.json) to FILE, to compare devices",
@@ -86,6 +96,7 @@ int main(int argc, char **argv) {
     char **pos;
     if (dfl_cli_parse(&cli, argc, argv, &pos) != 0) dfl_cli_usage_error(&cli, "no arguments expected");
     if (steps < 1) dfl_cli_usage_error(&cli, "--steps must be at least 1");
+    if (window < 0) dfl_cli_usage_error(&cli, "--window must be at least 0");
     if (dfl_ops_get(device, &OPS) != 0) dfl_die_last("bench_train");
 
     if (tiny) dm = (dims){64, 4, 4, 0, 0, 64, 4, 2, 16, 96, 500, 2, 2};
@@ -148,10 +159,17 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < Q; i++) gs[i] = (float)(gs[i] / wsum); /* the weighted mean */
     for (int64_t t = 0; t < S; t++) kpos[t] = (int32_t)t;
     for (int64_t i = 0; i < Q; i++) kpos[S + i] = qpos[i];
-    double attn_keys = 0; /* sum over query rows of the keys each sees */
+    /* sum over query rows of the keys each sees: in a full layer the whole
+     * context and block; in a sliding one (ops.h attn_dflash) slot o sees
+     * the context keys from anchor + o + 1 - W on and its block's 0 .. o */
+    double attn_keys = 0, attn_keys_win = 0;
     for (int64_t j = 0; j < dm.NA; j++) {
         blk[j].ctx_off = 0, blk[j].ctx_len = anchor[j], blk[j].blk_off = (int32_t)(S + j * dm.B);
         attn_keys += (double)dm.B * (double)(anchor[j] + dm.B);
+        for (int64_t o = 0; o < dm.B && window; o++) {
+            const int64_t first = anchor[j] + o + 1 - window > 0 ? anchor[j] + o + 1 - window : 0;
+            attn_keys_win += (double)(anchor[j] > first ? anchor[j] - first : 0) + (double)(o + 1);
+        }
     }
     void *d_ids = i32_put(ids, Q), *d_lab = i32_put(lab, Q), *d_qpos = i32_put(qpos, Q), *d_kpos = i32_put(kpos, NK);
     void *d_blk = i32_put((const int32_t *)blk, dm.NA * 3);
@@ -202,7 +220,7 @@ int main(int argc, char **argv) {
         OPS->embed(hres[0], d_ids, embed_w, Q, H);
         for (int l = 0; l < dm.L; l++) {
             layer_a *a = &A[l];
-            const int64_t *o = LW[l].off;
+            const int64_t *o = LW[l].off, W = layer_window(l);
             OPS->rmsnorm(a->x, a->rstd_in, hres[l], WT(o[N_IN]), Q, H, eps);
             MM(a->q_pre, a->x, WT(o[W_Q]), Q, H, QD, 0);
             OPS->qk_norm_rope(a->q, a->rstd_q, a->q_pre, WT(o[N_QN]), 0, d_qpos, inv_freq, 1.0f, Q, HQ, D, eps);
@@ -211,8 +229,8 @@ int main(int argc, char **argv) {
             MM(a->v, ctx, WT(o[W_V]), S, H, KD, 0);
             MM(AAT(a->v, S, KD), a->x, WT(o[W_V]), Q, H, KD, 0);
             OPS->qk_norm_rope(a->k, a->rstd_k, a->k_pre, WT(o[N_KN]), 0, d_kpos, inv_freq, 1.0f, NK, HKV, D, eps);
-            OPS->attn_dflash(a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ, HKV, D, 0);
-            FLOPS += 4.0 * attn_keys * (double)D * (double)HQ;
+            OPS->attn_dflash(a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ, HKV, D, W);
+            FLOPS += 4.0 * (W ? attn_keys_win : attn_keys) * (double)D * (double)HQ;
             MM(tmp, a->att, WT(o[W_O]), Q, QD, H, 0);
             OPS->add(a->h_mid, hres[l], tmp, Q * H);
             OPS->rmsnorm(a->x2, a->rstd_post, a->h_mid, WT(o[N_POST]), Q, H, eps);
@@ -235,7 +253,7 @@ int main(int argc, char **argv) {
         zero_act(dctx, S * H);
         for (int l = dm.L - 1; l >= 0; l--) {
             layer_a *a = &A[l];
-            const int64_t *o = LW[l].off;
+            const int64_t *o = LW[l].off, W = layer_window(l);
             /* hres[l+1] = h_mid + down(act): dh is also d h_mid's residual part */
             /* the first product into each gradient, input or weight, overwrites it (as lib/drafter.c
              * after dfl_drafter_start_grad) */
@@ -247,8 +265,8 @@ int main(int argc, char **argv) {
             /* h_mid = hres[l] + o(att) */
             MM_BWD(datt, GR(o[W_O]), dh, a->att, WT(o[W_O]), Q, QD, H, 0);
             OPS->attn_dflash_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d_blk, dm.NA, dm.B, NK, HQ,
-                                 HKV, D, 0);
-            FLOPS += 8.0 * attn_keys * (double)D * (double)HQ;
+                                 HKV, D, W);
+            FLOPS += 8.0 * (W ? attn_keys_win : attn_keys) * (double)D * (double)HQ;
             OPS->qk_norm_rope_bwd(dq_pre, GR(o[N_QN]), dq, a->q_pre, a->rstd_q, WT(o[N_QN]), d_qpos, inv_freq, 1.0f, Q, HQ,
                                   D);
             OPS->qk_norm_rope_bwd(dk_pre, GR(o[N_KN]), dk, a->k_pre, a->rstd_k, WT(o[N_KN]), d_kpos, inv_freq, 1.0f, NK,
@@ -321,9 +339,13 @@ int main(int argc, char **argv) {
             print_kv("samples/s", "%.2f", (double)steps / el);
         }
     }
-    printf("bench_train: %s, S=%lld anchors=%lld B=%lld H=%lld layers=%lld V=%lld params=%lld\n", OPS->name,
-           (long long)S, (long long)dm.NA, (long long)dm.B, (long long)H, (long long)dm.L, (long long)V,
-           (long long)NPARAM);
+    printf("bench_train: %s, S=%lld anchors=%lld B=%lld H=%lld layers=%lld V=%lld params=%lld, attention keys a row %.1f",
+           OPS->name, (long long)S, (long long)dm.NA, (long long)dm.B, (long long)H, (long long)dm.L, (long long)V,
+           (long long)NPARAM, attn_keys / (double)Q);
+    if (window)
+        printf(", window=%lld on layers 0..%lld (%.1f keys a row there)", (long long)window, (long long)(dm.L - 2),
+               attn_keys_win / (double)Q);
+    printf("\n");
     free(anchor), free(ids), free(lab), free(qpos), free(kpos), free(gs), free(blk), free(A), free(hres);
     (void)loss0;
     return 0;

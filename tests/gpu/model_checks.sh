@@ -64,6 +64,18 @@ for cfg in tiny small; do
     fi
     cat "$T/cmp"
 done
+# the small step with a sliding window of 40 on layer 0 (bench_train --window)
+ok=1
+for d in cpu "$DEV"; do
+    "$BENCH" --device "$d" --small --window 40 --grad-out "$T/g-$d-win.bin" || ok=0
+done
+: >"$T/cmp"
+if [ $ok = 1 ] && $CMP grads "$T/g-cpu-win.bin" "$T/g-$DEV-win.bin" 2e-3 >"$T/cmp" 2>&1; then
+    result "model: drafter step gradients, bench_train --small --window 40" "ok" "$(cat "$T/cmp")"
+else
+    result "model: drafter step gradients, bench_train --small --window 40" "FAIL" "$(cat "$T/cmp")"
+fi
+cat "$T/cmp"
 # the same small step with the attention on wgmma (DFLASH_CUDA_WGMMA=1, experimental)
 if [ "$DEV" = cuda ]; then
     : >"$T/cmp"

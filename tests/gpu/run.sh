@@ -271,6 +271,12 @@ if [ "$built" = 1 ]; then
         row "train step, Qwen3-8B drafter, 512 anchors x 16, 3072 tokens" "MFU $(value "$X" 'MFU') %" \
             "$(value "$X" 'step time s') s/step, $(value "$X" 'achieved TFLOP/s') TFLOP/s of $(value "$X" 'model TFLOP per step') TFLOP/step; goal 55 %; phases: fwd $(value "$X" 'phase forward') s, head $(value "$X" 'phase LM head') s, bwd $(value "$X" 'phase backward') s, opt $(value "$X" 'phase optimizer') s; GPU memory peak $peak (predicted ~29 GiB)"
     else row "train-step benchmark" "FAIL" "exit $rc; see bench.log"; fi
+    if [ "$(left)" -gt 140 ]; then # a sliding-window drafter (Qwen3.6-27B's pattern: 4 sliding layers, then full)
+        bench bench_train 150 --window 2048
+        [ $rc -eq 0 ] && row "the same step, a sliding window of 2048 on layers 0-3 (bench_train --window 2048)" \
+            "MFU $(value "$X" 'MFU') %" "$(value "$X" 'step time s') s/step, $(value "$X" 'achieved TFLOP/s') TFLOP/s of $(value "$X" 'model TFLOP per step') TFLOP/step (attention over the keys the window leaves); phases fwd $(value "$X" 'phase forward') s, bwd $(value "$X" 'phase backward') s"
+        [ $rc -eq 0 ] || row "train-step benchmark, --window 2048" "FAIL" "exit $rc; see bench.log"
+    fi
     if [ "$(left)" -gt 130 ]; then # the DFlash forward on wgmma
         DFLASH_CUDA_WGMMA=1 bench bench_train 150
         [ $rc -eq 0 ] && row "the same step, DFlash attention forward and dk/dv on wgmma (DFLASH_CUDA_WGMMA=1)" \
