@@ -51,31 +51,26 @@ CMP="python3 tests/gpu/compare.py"
 Q35_HIDDEN=1e-3
 
 # ---- one whole training step of the drafter (bench_train --grad-out) ----
-for cfg in tiny small; do
-    ok=1
+# grad_check LABEL TAG ARGS...: the step's gradients on cpu and on $DEV
+# (into $T/g-DEVICE-TAG.bin), compared
+grad_check() {
+    local label=$1 tag=$2 ok=1 d
+    shift 2
     for d in cpu "$DEV"; do
-        "$BENCH" --device "$d" --$cfg --grad-out "$T/g-$d-$cfg.bin" || ok=0
+        "$BENCH" --device "$d" "$@" --grad-out "$T/g-$d-$tag.bin" || ok=0
     done
     : >"$T/cmp"
-    if [ $ok = 1 ] && $CMP grads "$T/g-cpu-$cfg.bin" "$T/g-$DEV-$cfg.bin" 2e-3 >"$T/cmp" 2>&1; then
-        result "model: drafter step gradients, bench_train --$cfg" "ok" "$(cat "$T/cmp")"
+    if [ $ok = 1 ] && $CMP grads "$T/g-cpu-$tag.bin" "$T/g-$DEV-$tag.bin" 2e-3 >"$T/cmp" 2>&1; then
+        result "model: drafter step gradients, bench_train $label" "ok" "$(cat "$T/cmp")"
     else
-        result "model: drafter step gradients, bench_train --$cfg" "FAIL" "$(cat "$T/cmp")"
+        result "model: drafter step gradients, bench_train $label" "FAIL" "$(cat "$T/cmp")"
     fi
     cat "$T/cmp"
-done
-# the small step with a sliding window of 40 on layer 0 (bench_train --window)
-ok=1
-for d in cpu "$DEV"; do
-    "$BENCH" --device "$d" --small --window 40 --grad-out "$T/g-$d-win.bin" || ok=0
-done
-: >"$T/cmp"
-if [ $ok = 1 ] && $CMP grads "$T/g-cpu-win.bin" "$T/g-$DEV-win.bin" 2e-3 >"$T/cmp" 2>&1; then
-    result "model: drafter step gradients, bench_train --small --window 40" "ok" "$(cat "$T/cmp")"
-else
-    result "model: drafter step gradients, bench_train --small --window 40" "FAIL" "$(cat "$T/cmp")"
-fi
-cat "$T/cmp"
+}
+grad_check --tiny tiny --tiny
+grad_check --small small --small
+# a sliding window of 40 on layer 0 (bench_train --window)
+grad_check "--small --window 40" win --small --window 40
 # the same small step with the attention on wgmma (DFLASH_CUDA_WGMMA=1, experimental)
 if [ "$DEV" = cuda ]; then
     : >"$T/cmp"
