@@ -91,7 +91,8 @@ EMU_CXXFLAGS := -std=c++17 -O2 -g -DDFLASH_EMU -DDFLASH_HAVE_CUDA -Ilib -Ikernel
 EMU_SRC    := $(sort $(wildcard kernels/*.cu)) $(sort $(wildcard tests/emu/*.cpp))
 EMU_OBJ    := $(EMU_SRC:%=$(BUILD)/emu/%.o) $(BUILD)/emu/lib/ops.c.o
 EMU_TOOLS  := $(TOOL_SRC:tools/%.c=$(BUILD)/emu/bin/%)
-EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu $(BUILD)/gpu/bench_train_emu \
+EMU_BENCH  := $(BUILD)/gpu/bench_train_emu $(BUILD)/gpu/bench_attn_emu
+EMU_TEST   := $(if $(filter 1,$(SAN)),,$(BUILD)/tests/test_ops_cuda_emu $(EMU_BENCH) \
                 $(BUILD)/gpu/wgmma_probe_emu $(EMU_TOOLS))
 
 .PHONY: all check check-build test deps demo bench fuzz fixtures man install clean status gpu-check
@@ -149,7 +150,7 @@ $(BUILD)/tests/test_ops_cuda_emu: tests/unit/test_ops_cuda.c tests/test.h tests/
 $(BUILD)/emu/bin/%: tools/%.c $(EMU_OBJ) $(LIB_OBJ)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
-$(BUILD)/gpu/bench_train_emu: tests/gpu/bench_train.c tests/gpu/bench_util.h $(EMU_OBJ) $(LIB_OBJ)
+$(EMU_BENCH): $(BUILD)/gpu/%_emu: tests/gpu/%.c tests/gpu/bench_util.h $(EMU_OBJ) $(LIB_OBJ)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests $< $(EMU_OBJ) $(filter-out $(BUILD)/lib/ops.o,$(LIB_OBJ)) -lstdc++ $(LDLIBS) -o $@
 # the GPU run's wgmma layout probe against the emulation (its own main and

@@ -23,6 +23,37 @@ assert abs(loss - lnv) < 0.05 * lnv, (loss, lnv)
 for k in ("step time s", "model TFLOP per step", "MFU vs 989", "phase backward s"):
     assert k in t, k
 PY
+# --window: the layers but the last slide; their attention counts only the
+# keys the window leaves (slot o: min(anchor, W - o - 1) + o + 1 <= W)
+check "bench_train --tiny --window 5 on the CPU" sh -c "'$G/bench_train' --device cpu --tiny --steps 1 --window 5 >'$T/trainw.txt'"
+check "bench_train --window: keys a row cut to the window, layers 0 .. L-2" python3 - "$T/trainw.txt" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+m = re.search(r"attention keys a row ([0-9.]+), window=5 on layers 0\.\.0 \(([0-9.]+) keys a row there\)", t)
+assert m, t
+full, win = float(m.group(1)), float(m.group(2))
+assert 0 < win <= 5 < full, (full, win)
+PY
+expect_exit 2 "bench_train --window -1: usage error" "$G/bench_train" --device cpu --tiny --window -1
+
+# bench_attn: attn_causal with a window and the lse against the one-row
+# attn_dflash blocks it replaced (the same keys: the run fails if they differ)
+for w in 0 5; do
+    check "bench_attn --tiny --window $w on the CPU" sh -c "'$G/bench_attn' --device cpu --tiny --iters 1 --window $w >'$T/attn$w.txt'"
+    check "bench_attn --window $w: the two ways agree" python3 - "$T/attn$w.txt" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+for k in ("attn_causal ms", "attn_causal TFLOP/s", "one-row blocks ms", "one-row blocks TFLOP/s", "speed-up"):
+    assert re.search(re.escape(k) + r"\s+[0-9.e+-]+\n", t), (k, t)
+assert float(re.search(r"outputs nmse\s+(\S+)", t).group(1)) < 1e-10, t
+PY
+done
+if [ -x "$G/bench_attn_emu" ]; then # the tensor-core window kernel (emulated) against the one-row blocks
+    check "bench_attn --window 5, CUDA kernels emulated: the two ways agree" \
+        "$G/bench_attn_emu" --device cuda --tiny --iters 1 --window 5
+fi
+expect_exit 2 "bench_attn: --heads not a multiple of --kv-heads" "$G/bench_attn" --device cpu --heads 6 --kv-heads 4
+
 check "bench_extract --tiny --download on the CPU" \
     sh -c "'$G/bench_extract' --device cpu --tiny --download --iters 1 >'$T/extract.txt'"
 check "bench_extract: taps finite" grep -q "non-finite sampled tap values *0$" "$T/extract.txt"
@@ -49,6 +80,15 @@ if [ -x "$E" ]; then
             python3 "$here/tests/gpu/compare.py" grads "$T/g-cpu-$cfg.bin" "$T/g-cuda-$cfg.bin" 2e-3
         sed 's/^/    /' "$T/.out"
     done
+    # a sliding window of 5 on layer 0: the window kernels' gradients
+    check "bench_train --tiny --window 5: one step on the CPU" "$E" --device cpu --tiny --window 5 --grad-out "$T/g-cpu-w.bin"
+    check "bench_train --tiny --window 5: one step, CUDA kernels emulated" \
+        "$E" --device cuda --tiny --window 5 --grad-out "$T/g-cuda-w.bin"
+    check "bench_train --tiny --window 5: gradients agree" \
+        python3 "$here/tests/gpu/compare.py" grads "$T/g-cpu-w.bin" "$T/g-cuda-w.bin" 2e-3
+    sed 's/^/    /' "$T/.out"
+    check "bench_train --tiny: the window changes the gradients" sh -c \
+        "! python3 '$here/tests/gpu/compare.py' grads '$T/g-cpu-tiny.bin' '$T/g-cpu-w.bin' 1e-3"
 fi
 
 for s in tests/gpu/run.sh tests/gpu/model_checks.sh tests/gpu/pack-deps.sh tests/gpu/score_trained.sh \

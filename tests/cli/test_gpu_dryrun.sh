@@ -27,6 +27,7 @@ PY
 for r in "build" "model: extraction cpu vs cpu" "model: Qwen3.5 extraction cpu vs cpu" "model: Qwen3.5 online loop on cpu" \
     "extraction, Qwen3-8B shape" "train step, Qwen3-8B drafter" "dflash-score cpu online, untrained drafter" \
     "the same step, a sliding window of 2048" "model: drafter step gradients, bench_train --small --window 40" \
+    "gpt-oss-20b attention, full layer" "gpt-oss-20b attention, sliding layer (window 128)" \
     "Gated DeltaNet, one Qwen3.5-27B layer" "Qwen3.5-27B attention layer" \
     "dflash-extract --device cpu: Qwen3.5-27B layer shapes" "model: qwen3-moe extraction cpu vs cpu" \
     "model: qwen3-moe online loop on cpu" "model: qwen35-moe extraction cpu vs cpu" "model: qwen35-moe online loop on cpu" \

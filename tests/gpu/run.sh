@@ -155,7 +155,7 @@ fi
 [ "$DRY" = 1 ] && MAKEARGS+=(NO_CUDA=1)
 if [ -n "$deps" ]; then
     section "make ${MAKEARGS[*]}" "$BUILD_LOG"
-    targets=("$B/tests/test_ops_cuda" "$B/gpu/bench_extract" "$B/gpu/bench_train" "$B/gpu/bench_gdn" all)
+    targets=("$B/tests/test_ops_cuda" "$B/gpu/bench_extract" "$B/gpu/bench_train" "$B/gpu/bench_gdn" "$B/gpu/bench_attn" all)
     [ -f tests/helpers/mktarget.c ] && targets+=("$B/tests/mktarget")
     [ -f tests/helpers/dfs_bench.c ] && targets+=("$B/tests/dfs_bench" "$B/tests/dfs_datagen")
     if make "${MAKEARGS[@]}" "${targets[@]}" >>"$BUILD_LOG" 2>&1; then
@@ -265,6 +265,18 @@ if [ "$built" = 1 ]; then
         DFLASH_CUDA_WGMMA=${wg%p0} DFLASH_CUDA_WGMMA_PIPE=$([ $wg = 1p0 ] && echo 0 || echo 1) bench bench_extract 120
         [ $rc -eq 0 ] && row "the same extraction, causal attention on wgmma (DFLASH_CUDA_WGMMA=${wg%p0}$([ $wg = 1p0 ] && echo ', DFLASH_CUDA_WGMMA_PIPE=0'))" \
             "$(value "$X" 'tokens/s') tok/s" "MFU $(value "$X" 'MFU') %; $([ $wg = 3 ] && echo three || echo two) warpgroups a CTA, $([ $wg = 1p0 ] && echo 'softmax not overlapped' || echo 'softmax overlapped with P V')"
+    done
+    # gpt-oss-20b's attention (64/8 heads of 64, 16 x 2048 tokens, the lse
+    # for its sinks): attn_causal with the layer's window against the
+    # attn_dflash one-row blocks it replaced; a full layer and a sliding one
+    for w in 0 128; do
+        [ "$(left)" -gt 150 ] || break
+        what="gpt-oss-20b attention, $([ $w = 0 ] && echo 'full layer' || echo "sliding layer (window $w)"), 16 x 2048 tokens"
+        bench bench_attn 60 --window $w
+        if [ $rc -eq 0 ]; then
+            row "$what: attn_causal against one-row blocks" "$(value "$X" 'speed-up')x" \
+                "attn_causal $(value "$X" 'attn_causal ms') ms ($(value "$X" 'attn_causal TFLOP/s') TFLOP/s), one-row attn_dflash blocks $(value "$X" 'one-row blocks ms') ms ($(value "$X" 'one-row blocks TFLOP/s') TFLOP/s); outputs nmse $(value "$X" 'outputs nmse')"
+        else row "$what" "FAIL" "exit $rc; see bench.log"; fi
     done
     bench bench_train 150
     if [ $rc -eq 0 ]; then
