@@ -266,18 +266,6 @@ if [ "$built" = 1 ]; then
         [ $rc -eq 0 ] && row "the same extraction, causal attention on wgmma (DFLASH_CUDA_WGMMA=${wg%p0}$([ $wg = 1p0 ] && echo ', DFLASH_CUDA_WGMMA_PIPE=0'))" \
             "$(value "$X" 'tokens/s') tok/s" "MFU $(value "$X" 'MFU') %; $([ $wg = 3 ] && echo three || echo two) warpgroups a CTA, $([ $wg = 1p0 ] && echo 'softmax not overlapped' || echo 'softmax overlapped with P V')"
     done
-    # gpt-oss-20b's attention (64/8 heads of 64, 16 x 2048 tokens, the lse
-    # for its sinks): attn_causal with the layer's window against the
-    # attn_dflash one-row blocks it replaced; a full layer and a sliding one
-    for w in 0 128; do
-        [ "$(left)" -gt 150 ] || break
-        what="gpt-oss-20b attention, $([ $w = 0 ] && echo 'full layer' || echo "sliding layer (window $w)"), 16 x 2048 tokens"
-        bench bench_attn 60 --window $w
-        if [ $rc -eq 0 ]; then
-            row "$what: attn_causal against one-row blocks" "$(value "$X" 'speed-up')x" \
-                "attn_causal $(value "$X" 'attn_causal ms') ms ($(value "$X" 'attn_causal TFLOP/s') TFLOP/s), one-row attn_dflash blocks $(value "$X" 'one-row blocks ms') ms ($(value "$X" 'one-row blocks TFLOP/s') TFLOP/s); outputs nmse $(value "$X" 'outputs nmse')"
-        else row "$what" "FAIL" "exit $rc; see bench.log"; fi
-    done
     bench bench_train 150
     if [ $rc -eq 0 ]; then
         row "train step, Qwen3-8B drafter, 512 anchors x 16, 3072 tokens" "MFU $(value "$X" 'MFU') %" \
@@ -304,6 +292,18 @@ if [ "$built" = 1 ]; then
         [ $rc -eq 0 ] && row "the same step, dq recomputing S and dP (DFLASH_CUDA_DS_MAX_MB=0)" \
             "MFU $(value "$X" 'MFU') %" "$(value "$X" 'step time s') s/step; phase bwd $(value "$X" 'phase backward') s; GPU memory peak $peak"
     fi
+    # gpt-oss-20b's attention (64/8 heads of 64, 16 x 2048 tokens, the lse
+    # for its sinks): attn_causal with the layer's window against the
+    # attn_dflash one-row blocks it replaced; a full layer and a sliding one
+    for w in 0 128; do
+        [ "$(left)" -gt 110 ] || break
+        what="gpt-oss-20b attention, $([ $w = 0 ] && echo 'full layer' || echo "sliding layer (window $w)"), 16 x 2048 tokens"
+        bench bench_attn 60 --window $w
+        if [ $rc -eq 0 ]; then
+            row "$what: attn_causal against one-row blocks" "$(value "$X" 'speed-up')x" \
+                "attn_causal $(value "$X" 'attn_causal ms') ms ($(value "$X" 'attn_causal TFLOP/s') TFLOP/s), one-row attn_dflash blocks $(value "$X" 'one-row blocks ms') ms ($(value "$X" 'one-row blocks TFLOP/s') TFLOP/s); outputs nmse $(value "$X" 'outputs nmse')"
+        else row "$what" "FAIL" "exit $rc; see bench.log"; fi
+    done
     # where the time goes: device time per op, product shape and attention
     # stage (DFLASH_CUDA_PROFILE=1, kernels/profile.cu), in bench.log
     if [ "$DRY" != 1 ] && [ "$(left)" -gt 100 ]; then
