@@ -691,10 +691,18 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
     static_assert(!WIN::lower || CAUSAL, "a lower key bound is the causal window's");
     int64_t win_full = 0;
     if constexpr (WIN::on) win_full = win.full_from(((r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1) / G);
-    // a causal window: every row of the CTA sees a key from here on (up to
-    // its own): its last row's first key, relative to kbase
-    int64_t low_full = 0;
-    if constexpr (WIN::lower) low_full = ((r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1) / G - win.W + 1;
+    // a causal window (one segment from kbase + kfirst): keys relative to
+    // kbase in int, tile it's first at kfirst + it * TN. Every row of the CTA
+    // sees every key from its last row's first key (position - W + 1) to its
+    // first row's position (pos_min): the tiles [t_lo, t_hi) lie there and
+    // need no test, the others (the window's lower edge, the diagonal) do.
+    int kfirst = 0, t_lo = 0, t_hi = 0;
+    if constexpr (WIN::lower) {
+        kfirst = (int)(segs.s0 - kbase);
+        const int low_full = ((r0 + ROWS < rows_total ? r0 + ROWS : rows_total) - 1) / G - win.W + 1;
+        t_lo = low_full > kfirst ? (low_full - kfirst + TN - 1) / TN : 0;
+        t_hi = ((int)pos_min - kfirst + 1) / TN; // (kfirst <= pos_min)
+    }
 
     const int nt = segs.ntiles();
     if constexpr (WG) load_qrows_cm<D>(sQ, ROWS, q, tok0, r0, rows_total, G, hkv, Hq);
@@ -808,13 +816,16 @@ __device__ __forceinline__ void flash_fwd_cta(bf16 *out, float *lse, const bf16 
                         mx[m][e >> 1] = fmaxf(mx[m][e >> 1], s[m][nb][e]);
                     }
         };
-        if (segs.full(it) && (!CAUSAL || k0 + TN - 1 - kbase <= pos_min) &&
-            (!WIN::on || (it < segs.n0 && k0 >= win_full)) && (!WIN::lower || k0 - kbase >= low_full)) {
+        bool unmasked;
+        if constexpr (WIN::lower) unmasked = it >= t_lo && it < t_hi;
+        else
+            unmasked = segs.full(it) && (!CAUSAL || k0 + TN - 1 - kbase <= pos_min) &&
+                       (!WIN::on || (it < segs.n0 && k0 >= win_full));
+        if (unmasked) {
             mask_max([](int, int, int) { return true; });
-        } else if constexpr (CAUSAL && WIN::lower) { // the window's lower edge too
-            const int64_t left = segs.end(it) - k0;
-            const int lim = left < TN ? (int)left : TN, cb = (int)(k0 - kbase), W = win.W;
-            mask_max([&](int m, int kr, int h) { return kr < lim && cb + kr <= pos[m][h] && cb + kr + W > pos[m][h]; });
+        } else if constexpr (WIN::lower) { // the causal mask and the window's lower edge
+            const int cb = kfirst + it * TN, W = win.W; // keys past the segment's end are past every row's own
+            mask_max([&](int m, int kr, int h) { return cb + kr <= pos[m][h] && cb + kr + W > pos[m][h]; });
         } else if constexpr (CAUSAL) { // one segment: keys relative to k0 in int
             const int64_t left = segs.end(it) - k0;
             const int lim = left < TN ? (int)left : TN, cb = (int)(k0 - kbase);

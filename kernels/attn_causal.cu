@@ -1,19 +1,32 @@
 // attn_causal.cu: causal self-attention over packed sequences (the target's
-// prefill), GQA, forward only.
+// prefill), GQA, forward only, with an optional sliding window and lse.
 // defines: cuda_attn_causal
 //
 // Fast path (D = 64, 128 or 256, 16-byte aligned rows): flash attention with
-// mma.sync tensor cores (attention.cuh, flash_fwd_cta). Each CTA takes 128
-// rows (64 for D = 256) of one sequence and one KV head, in the (position, head-in-group)
+// mma.sync tensor cores, or wgmma (DFLASH_CUDA_WGMMA; attention.cuh,
+// flash_fwd_cta). Each CTA takes 128 rows (64 for D = 256; 128 or 192 on
+// wgmma) of one sequence and one KV head, in the (position, head-in-group)
 // order, and visits only the keys up to its last row's position; a row's
-// keys past its own position are masked. A sliding window W (a target's
-// sliding layer: gpt-oss, Qwen3, Mistral) starts the CTA's keys at its
-// first row's first key, position - W + 1, and masks each row's keys below
-// its own first (a template mode, CausalWindow: W = 0 compiles to the code
-// without it). The lse (gpt-oss's sinks) is written when asked for. The sequence lengths stay on the
-// device: a small kernel turns cu into per-sequence tile offsets and each CTA
-// finds its sequence by binary search, so no host synchronisation is needed.
-// Otherwise (other D, DFLASH_CUDA_SIMPLE=1): the simple kernel.
+// keys past its own position are masked.
+//
+// A sliding window W > 0 (a target's sliding layer: gpt-oss, Qwen3,
+// Mistral; row t sees keys max(seq start, t - W + 1) .. t) is a template
+// mode, CausalWindow: the CTA's keys start at its first row's first key
+// (position - W + 1, not before the sequence's start), so its work is
+// proportional to the window, and each row's keys below its own first are
+// masked beside the causal mask. Only the tiles that can hold a masked key
+// are tested: those before its last row's first key (the window's lower
+// edge) and those past its first row's position (the diagonal); the tiles
+// in between are every row's whole. The lse (natural-log logsumexp of the
+// scaled scores, [T, Hq]; gpt-oss's sinks) is written when asked for, with
+// or without a window. W = 0 without an lse compiles to the kernel's code
+// from before either (the same PTX, entry by entry); the window's kernels
+// use fewer registers than it (their tile tests are in int on the tile
+// index). A window of T or more is none. The sequence lengths stay on the
+// device: a small kernel turns cu into per-sequence tile offsets and each
+// CTA finds its sequence by binary search, so no host synchronisation is
+// needed. Otherwise (other D, unaligned, DFLASH_CUDA_SIMPLE=1): the simple
+// kernel, which takes the window and lse too.
 #include "attention.cuh"
 
 using namespace attn;
@@ -36,7 +49,9 @@ constexpr int CAUSAL_MB = D <= 128 ? 2 : 1;
 // 192 rows, 256 or 384 threads), one CTA a multiprocessor (~150 registers a
 // thread at D = 128), 96 or 112 KiB of shared memory (PIPE: the overlapped
 // loop with three K/V stages, 128 or 144 KiB).
-template <int D, int MB = CAUSAL_MB<D>, int WGS = 0, bool PIPE = false, class WIN = NoWindow>
+// LSE: the lse pointer is passed on (false: NULL, so that the plain causal
+// kernel without an lse, W = 0, compiles to the code it had before either).
+template <int D, int MB = CAUSAL_MB<D>, int WGS = 0, bool PIPE = false, class WIN = NoWindow, bool LSE = false>
 __global__ void __launch_bounds__(WGS ? 128 * WGS : NTHREADS, WGS ? 1 : 2)
     attn_causal_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
                        const int *tile_off, int nseq, int Hq, int Hkv, int G, float scale_log2, WIN win) {
@@ -59,14 +74,14 @@ __global__ void __launch_bounds__(WGS ? 128 * WGS : NTHREADS, WGS ? 1 : 2)
     if constexpr (WIN::lower) first = r0 / G - win.W + 1 > 0 ? r0 / G - win.W + 1 : 0;
     FwdSegs<D> segs;
     segs.init(start + first, start + rlast / G + 1, 0, 0);
-    flash_fwd_cta<D, true, WGS ? 1 : MB, WGS, PIPE, WIN>(out, lse, q, k, v, Hq, Hkv, G, start, rows_total, r0,
-                                                         blockIdx.y, segs, start, scale_log2, win);
+    flash_fwd_cta<D, true, WGS ? 1 : MB, WGS, PIPE, WIN>(out, LSE ? lse : NULL, q, k, v, Hq, Hkv, G, start,
+                                                         rows_total, r0, blockIdx.y, segs, start, scale_log2, win);
 }
 
 // ---------------------------------------------------------------------------
 // kernel launchers
 
-template <int D, int WGS, bool PIPE, class WIN>
+template <int D, int WGS, bool PIPE, class WIN, bool LSE>
 static void launch_causal_in(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
                              int64_t nseq, int64_t T, int Hq, int Hkv, WIN win) {
     constexpr int MB = CAUSAL_MB<D>, ROWS = WGS ? 64 * WGS : BM * MB, THREADS = WGS ? 128 * WGS : NTHREADS;
@@ -75,7 +90,7 @@ static void launch_causal_in(bf16 *out, float *lse, const bf16 *q, const bf16 *k
     KLAUNCH(causal_tiles_kernel, 1, 1024, 0)(tile_off, cu, (int)nseq, G, ROWS);
     LAUNCH_CHECK();
     size_t smem = WGS ? fwd_wg_smem_bytes<D, ROWS, PIPE>() : fwd_smem_bytes<D, ROWS>();
-    auto kernel = attn_causal_kernel<D, MB, WGS, PIPE, WIN>;
+    auto kernel = attn_causal_kernel<D, MB, WGS, PIPE, WIN, LSE>;
     static int once = 0;
     if (!once) allow_smem(kernel, smem), once = 1;
     dim3 grid((unsigned)(CEIL_DIV(T * G, (int64_t)ROWS) + nseq), (unsigned)Hkv);
@@ -90,12 +105,15 @@ static void launch_causal_in(bf16 *out, float *lse, const bf16 *q, const bf16 *k
     LAUNCH_CHECK();
 }
 
-// window W > 0: the CausalWindow mode (W < T here: a longer window is none)
+// window W > 0: the CausalWindow mode (W < T here: a longer window is none),
+// its lse asked for or not at run time; W = 0: the plain kernel, with the
+// lse (gpt-oss's full layers) or without (the code it had before windows)
 template <int D, int WGS = 0, bool PIPE = false>
 static void launch_causal(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
                           int64_t nseq, int64_t T, int Hq, int Hkv, int W) {
-    if (W > 0) launch_causal_in<D, WGS, PIPE>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, CausalWindow{W});
-    else launch_causal_in<D, WGS, PIPE>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, NoWindow());
+    if (W > 0) launch_causal_in<D, WGS, PIPE, CausalWindow, true>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, {W});
+    else if (lse) launch_causal_in<D, WGS, PIPE, NoWindow, true>(out, lse, q, k, v, cu, nseq, T, Hq, Hkv, {});
+    else launch_causal_in<D, WGS, PIPE, NoWindow, false>(out, NULL, q, k, v, cu, nseq, T, Hq, Hkv, {});
 }
 
 // the wgmma kernels: wgs warpgroups a CTA, overlapped (PIPE) or not

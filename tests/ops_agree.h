@@ -521,11 +521,14 @@ static void attn_causal_agrees(void) {
  * gpt-oss's sinks need: windows of one key, shorter than a key tile, a
  * tile, just past one and longer than the rows, on the tensor-core shapes
  * (D 64 G 4 and G 3, D 128 G 1, D 256 G 6) and the simple kernel's (D 24);
- * the lse alone without a window too. */
+ * the lse alone without a window too. A window of 63 puts the key one past
+ * a CTA's first row at the end of a tile (64 or 32 keys) counted from the
+ * CTA's first key: the last tile that may skip the causal test. */
 static void attn_causal_window_agrees(void) {
     const int32_t a[] = {1, 70, 133}, b[] = {5, 40}, d[] = {17, 3, 64, 129}, d256[] = {1, 33, 97, 64};
-    const int64_t windows[] = {1, 5, 64, 65, 130};
+    const int64_t windows[] = {1, 5, 63, 64, 65, 130};
     causal_case_w(a, 3, 8, 2, 64, 0, 1);
+    causal_case_w(a, 3, 4, 4, 128, 0, 1);
     causal_case_w(d256, 4, 6, 1, 256, 0, 1);
     for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
         causal_case_w(a, 3, 8, 2, 64, windows[w], 1);

@@ -309,20 +309,24 @@ static bytes schedule_run(void) {
     }
     /* causal attention, tensor cores, G = 3 (D 64, also on wgmma with two
      * and three warpgroups, overlapped and not) and G = 6 (D 256); then a
-     * window of 20 with the lse (D 64 on mma.sync, on wgmma; D 256) */
-    for (int pass = 0; pass < 9; pass++) {
+     * window of 20 with the lse (D 64 on mma.sync, on wgmma with two
+     * warpgroups overlapped and three not; D 256), and the lse without a
+     * window (D 64) */
+    for (int pass = 0; pass < 11; pass++) {
         const int32_t cu[] = {0, 17, 20, 84, 150};
         const int64_t T = 150, Hq = 6, Hkv = pass == 1 || pass == 8 ? 1 : 2, D = pass == 1 || pass == 8 ? 256 : 64;
-        const int64_t W = pass >= 6 ? 20 : 0;
+        const int64_t W = pass >= 6 && pass < 10 ? 20 : 0;
         if (pass >= 2 && pass < 6) setenv("DFLASH_CUDA_WGMMA", pass % 2 ? "3" : "1", 1);
         if (pass >= 4 && pass < 6) setenv("DFLASH_CUDA_WGMMA_PIPE", "0", 1);
         if (pass == 7) setenv("DFLASH_CUDA_WGMMA", "1", 1);
+        if (pass == 9) setenv("DFLASH_CUDA_WGMMA", "3", 1), setenv("DFLASH_CUDA_WGMMA_PIPE", "0", 1);
         float *hq = ag_randn(T * Hq * D, 1), *hk = ag_randn(T * Hkv * D, 1), *hv = ag_randn(T * Hkv * D, 1);
         void *q = dput(hq, T * Hq * D, AG_ACT), *k = dput(hk, T * Hkv * D, AG_ACT), *v = dput(hv, T * Hkv * D, AG_ACT);
         void *c = dput(cu, 5, AG_I32), *out = dput(NULL, T * Hq * D, AG_ACT), *lse = dput(NULL, T * Hq, AG_F32);
-        DEV->attn_causal(out, W ? lse : NULL, q, k, v, c, 4, T, Hq, Hkv, D, W);
+        const int with_lse = pass >= 6;
+        DEV->attn_causal(out, with_lse ? lse : NULL, q, k, v, c, 4, T, Hq, Hkv, D, W);
         take(&b, out, T * Hq * D, AG_ACT);
-        if (W) take(&b, lse, T * Hq, AG_F32);
+        if (with_lse) take(&b, lse, T * Hq, AG_F32);
         DEV->free(q), DEV->free(k), DEV->free(v), DEV->free(c), DEV->free(out), DEV->free(lse);
         free(hq), free(hk), free(hv);
         unsetenv("DFLASH_CUDA_WGMMA"), unsetenv("DFLASH_CUDA_WGMMA_PIPE");
