@@ -34,14 +34,6 @@ static void run_rows(void *p) {
     OPS->attn_dflash(a->out, a->lse, a->q, a->k, a->v, a->blk, a->T, 1, a->T, a->Hq, a->Hkv, a->D, 0);
 }
 
-/* mean wall seconds of `iters` calls of fn after one warm-up call */
-static double time_calls(void (*fn)(void *), void *ctx, int64_t iters) {
-    fn(ctx);
-    double t0 = now_synced();
-    for (int64_t i = 0; i < iters; i++) fn(ctx);
-    return (now_synced() - t0) / (double)iters;
-}
-
 /* Row r of a sequence starting at key c0 sees keys max(c0, c0 + r - W + 1)
  * .. c0 + r (W = 0: from c0): as blocks of one query, the upload of
  * lib/target.c's former row blocks; returns the keys all rows see. */
@@ -102,10 +94,7 @@ int main(int argc, char **argv) {
     pool_init(45);
 
     attn_layer a = {.nseq = nseq, .seq = seq, .T = nseq * seq, .Hq = Hq, .Hkv = Hkv, .D = D, .W = W};
-    int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
-    for (int64_t s = 0; s <= nseq; s++) cu[s] = (int32_t)(s * seq);
-    a.cu = i32_put(cu, nseq + 1);
-    free(cu);
+    a.cu = cu_even(nseq, seq);
     const int64_t nq = a.T * Hq * D;
     a.q = act_rand(nq, POOL_ACT), a.out = act_new(nq);
     a.k = act_rand(a.T * Hkv * D, POOL_ACT), a.v = act_rand(a.T * Hkv * D, POOL_ACT);

@@ -22,15 +22,6 @@
 #include "cli.h"
 #include "outfile.h"
 
-/* mean wall seconds of `iters` calls of fn after one warm-up call */
-typedef void (*bench_fn)(void *ctx);
-static double time_calls(bench_fn fn, void *ctx, int64_t iters) {
-    fn(ctx);
-    double t0 = now_synced();
-    for (int64_t i = 0; i < iters; i++) fn(ctx);
-    return (now_synced() - t0) / (double)iters;
-}
-
 typedef struct {
     int64_t nseq, T, Hk, Hv, dk, dv, C, K;
     void *x, *qkv, *ba, *w, *hist, *out;
@@ -46,15 +37,6 @@ static void run_delta(void *p) {
     gdn_layer *g = p;
     OPS->gated_delta(g->out, g->state, g->steps, g->qkv, g->ba, g->A_log, g->dt_bias, g->cu, g->nseq, g->T, g->Hk,
                      g->Hv, g->dk, g->dv);
-}
-
-/* device cu of nseq packed sequences of len rows each */
-static int32_t *cu_even(int64_t nseq, int64_t len) {
-    int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
-    for (int64_t s = 0; s <= nseq; s++) cu[s] = (int32_t)(s * len);
-    int32_t *d = i32_put(cu, nseq + 1);
-    free(cu);
-    return d;
 }
 
 /* buffers for nseq sequences of `len` rows; verify: one sequence with a

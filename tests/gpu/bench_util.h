@@ -113,6 +113,23 @@ static inline double now_synced(void) {
     return dfl_now();
 }
 
+/* mean wall seconds of `iters` calls of fn after one warm-up call */
+static inline double time_calls(void (*fn)(void *), void *ctx, int64_t iters) {
+    fn(ctx);
+    double t0 = now_synced();
+    for (int64_t i = 0; i < iters; i++) fn(ctx);
+    return (now_synced() - t0) / (double)iters;
+}
+
+/* device cu of nseq packed sequences of len rows each */
+static inline int32_t *cu_even(int64_t nseq, int64_t len) {
+    int32_t *cu = dfl_malloc((size_t)(nseq + 1) * 4);
+    for (int64_t s = 0; s <= nseq; s++) cu[s] = (int32_t)(s * len);
+    int32_t *d = i32_put(cu, nseq + 1);
+    free(cu);
+    return d;
+}
+
 static inline void print_kv(const char *key, const char *fmt, double v) {
     printf("%-34s ", key);
     printf(fmt, v);
