@@ -300,8 +300,8 @@ void cuda_master_to_wt(void *dst, const float *master, int64_t n);
 void cuda_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
 void cuda_matmul_bwd(void *din, float *dw, const void *dout, const void *in, const void *w, int64_t M,
                      int64_t K, int64_t N, int acc);
-void cuda_matmul_grouped(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
-                         int64_t w_stride, int64_t K, int64_t N, int accumulate);
+void cuda_matmul_grouped(void *out, const void *in, const void *w, dfl_dtype wdt, const int64_t *offsets,
+                         int64_t G, int64_t w_stride, int64_t K, int64_t N, int accumulate);
 // rmsnorm.cu
 void cuda_rmsnorm(void *out, float *rstd, const void *in, const void *w, int64_t rows, int64_t dim, float eps);
 void cuda_rmsnorm1p(void *out, const void *in, const void *w, int64_t rows, int64_t dim, float eps);

@@ -143,10 +143,11 @@ static void grouped_by_gemm(void *out, const void *in, const void *w, const int6
     }
 }
 
-// out[r] (+)= in[r] · w_e^T for rows r of group e (ops.h)
-void cuda_matmul_grouped(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
-                         int64_t w_stride, int64_t K, int64_t N, int accumulate) {
-    CU_ASSERT(out && in && w && offsets && G >= 0 && G <= INT_MAX && w_stride >= 0 && fits_int(K) && fits_int(N));
+// out[r] (+)= in[r] · w_e^T for rows r of group e (ops.h); w is wt (bf16)
+void cuda_matmul_grouped(void *out, const void *in, const void *w, dfl_dtype wdt, const int64_t *offsets,
+                         int64_t G, int64_t w_stride, int64_t K, int64_t N, int accumulate) {
+    CU_ASSERT(out && in && w && wdt == DFL_BF16 && offsets && G >= 0 && G <= INT_MAX && w_stride >= 0 &&
+              fits_int(K) && fits_int(N));
     CU_ASSERT(G == 0 || offsets[0] == 0);
     const float beta = accumulate ? 1.0f : 0.0f;
     const size_t a_in = grouped_align(K), a_out = std::max(grouped_align(K), grouped_align(N));

@@ -200,12 +200,17 @@ struct dfl_ops {
                       int64_t E, int64_t k, int norm);
     /* The experts' products, one call for all of them: for each group
      * e < G, rows r in [offsets[e], offsets[e+1]) (host i64, offsets[0] =
-     * 0): out[r] (+)= in[r] · w_e^T, w_e = the wt [N, K] matrix at element
+     * 0): out[r] (+)= in[r] · w_e^T, w_e = the [N, K] matrix at element
      * e * w_stride of w. in: act [offsets[G], K]; out: act [offsets[G], N].
      * Groups without rows are skipped. Each group is the matmul op on its
-     * rows (same roundings). */
-    void (*matmul_grouped)(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
-                           int64_t w_stride, int64_t K, int64_t N, int accumulate);
+     * rows (same roundings), except that on the CPU a group of one row
+     * takes the kernel of a few rows rather than sgemv. w's elements are
+     * wdt: the backend's wt (DFL_BF16 on CUDA, DFL_F32 on the CPU), or, on
+     * the CPU, DFL_BF16 too: a MoE target's experts, most of its weights,
+     * then take half the memory, and are widened to f32 (exactly) as they
+     * are read, so the bits are those of f32 weights of the same values. */
+    void (*matmul_grouped)(void *out, const void *in, const void *w, dfl_dtype wdt, const int64_t *offsets,
+                           int64_t G, int64_t w_stride, int64_t K, int64_t N, int accumulate);
     /* out[i] = in[rows[i]] for i < n: rows of H elements (act). */
     void (*gather_rows)(void *out, const void *in, const int32_t *rows, int64_t n, int64_t H);
     /* x[t] += sum_j wts[t*k+j] * y[pos[t*k+j]]  (j = 0 .. k-1), plus, when

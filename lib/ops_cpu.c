@@ -94,13 +94,33 @@ static inline __attribute__((always_inline)) float lanes_sum(const v8f *v) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+/* Weights k .. k+7 of a row of w: f32, or bf16 widened (exactly: the bf16
+ * bits are the f32's top half). bf16 is a constant where it is inlined. */
+static inline __attribute__((always_inline)) void load_w8(v8f *v, const void *wr, int64_t k, int bf16) {
+    if (bf16) {
+        v8h h;
+        memcpy(&h, (const uint16_t *)wr + k, sizeof h);
+        const v8u u = __builtin_convertvector(h, v8u) << 16;
+        memcpy(v, &u, sizeof *v);
+    } else {
+        memcpy(v, (const float *)wr + k, sizeof *v);
+    }
+}
+
+static inline __attribute__((always_inline)) float w_at(const void *wr, int64_t k, int bf16) {
+    return bf16 ? dfl_bf16_to_f32(((const uint16_t *)wr)[k]) : ((const float *)wr)[k];
+}
+
 /* o[i * ldo] (=|+=) x[i * K, :] . wr for i < 4 */
-static inline __attribute__((always_inline)) void dot4(float *o, int64_t ldo, const float *x, const float *wr,
+static inline __attribute__((always_inline)) void dot4(float *o, int64_t ldo, const float *x, const void *wr, int bf16,
                                                        int64_t K, int acc) {
     v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, wv, a;
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
-        V8_LOAD(wv, wr + k);
+        load_w8(&wv, wr, k, bf16);
         V8_LOAD(a, x + k), s0 += a * wv;
         V8_LOAD(a, x + K + k), s1 += a * wv;
         V8_LOAD(a, x + 2 * K + k), s2 += a * wv;
@@ -108,33 +128,52 @@ static inline __attribute__((always_inline)) void dot4(float *o, int64_t ldo, co
     }
     float r[4] = {lanes_sum(&s0), lanes_sum(&s1), lanes_sum(&s2), lanes_sum(&s3)};
     for (int i = 0; i < 4; i++) {
-        for (int64_t t = k; t < K; t++) r[i] += x[i * K + t] * wr[t];
+        for (int64_t t = k; t < K; t++) r[i] += x[i * K + t] * w_at(wr, t, bf16);
         o[i * ldo] = acc ? o[i * ldo] + r[i] : r[i];
     }
 }
 
-static inline __attribute__((always_inline)) void dot1(float *o, const float *x, const float *wr, int64_t K,
+static inline __attribute__((always_inline)) void dot1(float *o, const float *x, const void *wr, int bf16, int64_t K,
                                                        int acc) {
     v8f s = {0}, wv, a;
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
-        V8_LOAD(wv, wr + k);
+        load_w8(&wv, wr, k, bf16);
         V8_LOAD(a, x + k), s += a * wv;
     }
     float r = lanes_sum(&s);
-    for (int64_t t = k; t < K; t++) r += x[t] * wr[t];
+    for (int64_t t = k; t < K; t++) r += x[t] * w_at(wr, t, bf16);
     *o = acc ? *o + r : r;
 }
 
+/* Column n of the output, out[m, n] for m < M, from row wr of w. */
+static inline __attribute__((always_inline)) void few_rows_column(float *out, const float *in, const void *wr,
+                                                                  int bf16, int64_t M, int64_t K, int64_t N,
+                                                                  int64_t n, int acc) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) dot4(out + m * N + n, N, in + m * K, wr, bf16, K, acc);
+    for (; m < M; m++) dot1(out + m * N + n, in + m * K, wr, bf16, K, acc);
+}
+
+/* The parallel loops stay in the SIMD_CLONES functions themselves, so
+ * that each target's clone gets its own outlined loop body. */
 SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const float *w, int64_t M, int64_t K,
                                          int64_t N, int acc) {
 #pragma omp parallel for schedule(static) if (M * N * K > 16 * DFL_CPU_PAR_MIN)
-    for (int64_t n = 0; n < N; n++) {
-        const float *wr = w + n * K;
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) dot4(out + m * N + n, N, in + m * K, wr, K, acc);
-        for (; m < M; m++) dot1(out + m * N + n, in + m * K, wr, K, acc);
-    }
+    for (int64_t n = 0; n < N; n++) few_rows_column(out, in, w + n * K, 0, M, K, N, n, acc);
+}
+
+SIMD_CLONES static void gemm_nt_few_rows_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K,
+                                              int64_t N, int acc) {
+#pragma omp parallel for schedule(static) if (M * N * K > 16 * DFL_CPU_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) few_rows_column(out, in, w + n * K, 1, M, K, N, n, acc);
+}
+
+void dfl_cpu_gemm_nt_few_rows(float *out, const float *in, const void *w, dfl_dtype wdt, int64_t M, int64_t K,
+                              int64_t N, int acc) {
+    DFL_ASSERT(wdt == DFL_F32 || wdt == DFL_BF16);
+    if (wdt == DFL_BF16) gemm_nt_few_rows_bf16(out, in, w, M, K, N, acc);
+    else gemm_nt_few_rows(out, in, w, M, K, N, acc);
 }
 
 /* OpenBLAS gives an element different bits for different shapes of a call

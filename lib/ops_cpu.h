@@ -25,6 +25,12 @@
 void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta);
+/* dfl_cpu_gemm_nt's few-rows kernel (what it runs for 1 < M <=
+ * DFL_CPU_FEW_ROWS; any M works), on f32 weights or on bf16 ones, each
+ * widened as it is read: the same sums in the same order, so bf16 weights
+ * give the bits of f32 weights of the same values. acc: beta 1. */
+void dfl_cpu_gemm_nt_few_rows(float *out, const float *in, const void *w, dfl_dtype wdt, int64_t M, int64_t K,
+                              int64_t N, int acc);
 /* The matmul op (ops.h): dfl_cpu_gemm_nt, and the empty cases. */
 void dfl_cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
 
@@ -89,8 +95,8 @@ void dfl_cpu_gated_delta(void *out, float *state, float *steps, const void *qkv,
 /* ---- mixture of experts (ops_cpu_moe.c) ---- */
 void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts, const void *logits, int64_t T,
                        int64_t E, int64_t k, int norm);
-void dfl_cpu_matmul_grouped(void *out, const void *in, const void *w, const int64_t *offsets, int64_t G,
-                            int64_t w_stride, int64_t K, int64_t N, int accumulate);
+void dfl_cpu_matmul_grouped(void *out, const void *in, const void *w, dfl_dtype wdt, const int64_t *offsets,
+                            int64_t G, int64_t w_stride, int64_t K, int64_t N, int accumulate);
 void dfl_cpu_gather_rows(void *out, const void *in, const int32_t *rows, int64_t n, int64_t H);
 void dfl_cpu_moe_combine(void *x, const void *y, const int32_t *pos, const float *wts, const void *shared,
                          const void *sgate, int64_t T, int64_t k, int64_t H);

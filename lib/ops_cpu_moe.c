@@ -63,22 +63,48 @@ void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts
     free(ids);
 }
 
-/* One matmul per expert with rows, the very calls (same M, same sgemm /
- * sgemv / few-rows path) that the model would make one expert at a time,
- * so the results are those bit for bit. No parallel loop over experts here:
- * each product parallelises itself where it is big enough. */
-void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, const int64_t *offsets, int64_t G,
-                            int64_t w_stride, int64_t K, int64_t N, int accumulate) {
+/* n bf16 values widened into f32 (exact). */
+static void widen_bf16(float *dst, const uint16_t *src, int64_t n) {
+#pragma omp parallel for if (n > DFL_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) dst[i] = dfl_bf16_to_f32(src[i]);
+}
+
+/* One product per expert with rows: up to DFL_CPU_FEW_ROWS rows, the
+ * few-rows kernel, on the weights as they are (bf16 read as it is: an
+ * expert of a verify step or a decode step has a row or a few, and its
+ * weights are read once); more rows, the matmul op (sgemm), bf16 weights
+ * widened into one f32 buffer first (N*K values against rows*N*K
+ * multiply-adds). So the bits do not depend on the weights' dtype. One
+ * row goes through the few-rows kernel too, not sgemv (the matmul op's
+ * path): no bf16 sgemv exists, and widening a whole matrix for one row
+ * costs more than the product. No parallel loop over experts here: each
+ * product parallelises itself where it is big enough. */
+void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, dfl_dtype wdt, const int64_t *offsets,
+                            int64_t G, int64_t w_stride, int64_t K, int64_t N, int accumulate) {
     float *out = out_;
-    const float *in = in_, *w = w_;
+    const float *in = in_;
     DFL_ASSERT(G >= 0 && K >= 0 && N >= 0 && w_stride >= 0);
     DFL_ASSERT(G == 0 || offsets[0] == 0);
+    DFL_ASSERT(wdt == DFL_F32 || wdt == DFL_BF16);
+    const size_t esz = dfl_dtype_size(wdt);
+    float *wide = NULL;
     for (int64_t e = 0; e < G; e++) {
         const int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
         DFL_ASSERT(rows >= 0);
         if (rows == 0) continue;
-        dfl_cpu_matmul(out + r0 * N, in + r0 * K, w + e * w_stride, rows, K, N, accumulate);
+        const void *we = (const char *)w_ + (size_t)(e * w_stride) * esz;
+        if (rows <= DFL_CPU_FEW_ROWS && K > 0 && N > 0) {
+            dfl_cpu_gemm_nt_few_rows(out + r0 * N, in + r0 * K, we, wdt, rows, K, N, accumulate);
+            continue;
+        }
+        if (wdt == DFL_BF16) {
+            if (!wide) wide = dfl_aligned_alloc((size_t)(N * K) * sizeof *wide);
+            widen_bf16(wide, we, N * K);
+            we = wide;
+        }
+        dfl_cpu_matmul(out + r0 * N, in + r0 * K, we, rows, K, N, accumulate);
     }
+    free(wide);
 }
 
 void dfl_cpu_gather_rows(void *out_, const void *in_, const int32_t *rows, int64_t n, int64_t H) {

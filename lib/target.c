@@ -74,6 +74,7 @@ typedef struct {
     int64_t rows, cols;                /* XF_EXPERTS (heads: the experts) */
     int mxfp4, transposed, interleave; /* XF_EXPERTS */
     int part;                          /* XF_QKVZ */
+    int expert;                        /* an expert matrix (exp_gate_up, exp_down): in t->experts */
     int64_t out_numel; /* elements written (the source's unless XF_HEAD_ROWS) */
     const dfl_st_tensor *src, *scales; /* scales: MXFP4's */
 } wspec;
@@ -228,18 +229,21 @@ static void plan_moe(dfl_target *t, wlist *l, layer_w *w, int i) {
     want_layer(l, t, &w->router, 2, E, H, 0, i, "mlp.gate.weight");
     snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", c->weight_prefix, i);
     if (dfl_st_find(l->st, name)) {
-        want_layer(l, t, &w->exp_gate_up, 3, E, 2 * Im, H, i, "mlp.experts.gate_up_proj");
-        want_layer(l, t, &w->exp_down, 3, E, H, Im, i, "mlp.experts.down_proj");
+        want_layer(l, t, &w->exp_gate_up, 3, E, 2 * Im, H, i, "mlp.experts.gate_up_proj")->expert = 1;
+        want_layer(l, t, &w->exp_down, 3, E, H, Im, i, "mlp.experts.down_proj")->expert = 1;
     } else {
         for (int64_t e = 0; e < E && !l->rc; e++) {
             snprintf(suffix, sizeof suffix, "mlp.experts.%lld.gate_proj.weight", (long long)e);
-            want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix)->dst_off = e * 2 * Im * H;
+            wspec *g = want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix);
+            g->dst_off = e * 2 * Im * H, g->expert = 1;
             snprintf(suffix, sizeof suffix, "mlp.experts.%lld.up_proj.weight", (long long)e);
-            want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix)->dst_off = (e * 2 + 1) * Im * H;
+            wspec *u = want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix);
+            u->dst_off = (e * 2 + 1) * Im * H, u->expert = 1;
         }
         for (int64_t e = 0; e < E && !l->rc; e++) {
             snprintf(suffix, sizeof suffix, "mlp.experts.%lld.down_proj.weight", (long long)e);
-            want_layer(l, t, &w->exp_down, 2, H, Im, 0, i, suffix)->dst_off = e * H * Im;
+            wspec *d = want_layer(l, t, &w->exp_down, 2, H, Im, 0, i, suffix);
+            d->dst_off = e * H * Im, d->expert = 1;
         }
     }
     if (Is) {
@@ -293,6 +297,7 @@ static void want_experts(wlist *l, const dfl_target *t, void **dst, int64_t rows
         w->transposed = 1;
     }
     set_experts(w, E, rows, cols, interleave);
+    w->expert = 1;
 }
 
 /* gpt-oss's sparse MLP: a router with a bias, experts with biases, gate
@@ -439,16 +444,38 @@ static float *transform(const dfl_target *t, const wspec *w) {
     return out;
 }
 
+/* Experts kept in bf16 by a backend computing in f32 (the CPU: see
+ * expert_dtype): their bf16 values as they are. */
+static int raw_bf16(const dfl_target *t, const wspec *w) {
+    return w->expert && t->expert_dt == DFL_BF16 && t->ops->wt_bytes != 2;
+}
+
+/* n f32 values that are bf16 values (raw_bf16's), stored as bf16: exact. */
+static void upload_as_bf16(const dfl_ops *ops, void *dst, const float *f, int64_t n) {
+    uint16_t *h = dfl_malloc((size_t)n * sizeof *h);
+    for (int64_t i = 0; i < n; i++) h[i] = dfl_f32_to_bf16(f[i]);
+    ops->upload(dst, h, (size_t)n * sizeof *h);
+    ops->sync();
+    free(h);
+}
+
 static void load_one(dfl_target *t, const wspec *w, void *dst) {
     const dfl_st_tensor *s = w->src;
     if (w->xf != XF_NONE) {
         float *f = transform(t, w);
         if (w->xf == XF_F32) t->ops->upload(dst, f, (size_t)w->out_numel * sizeof *f);
+        else if (raw_bf16(t, w)) upload_as_bf16(t->ops, dst, f, w->out_numel);
         else t->ops->load_wt(dst, f, DFL_F32, w->out_numel);
         t->ops->sync(); /* f is freed next */
         free(f);
         release_pages(s->data, s->nbytes);
         if (w->scales) release_pages(w->scales->data, w->scales->nbytes);
+        return;
+    }
+    if (raw_bf16(t, w)) { /* bf16 in the file (expert_dtype) */
+        t->ops->upload(dst, s->data, s->nbytes);
+        t->ops->sync();
+        release_pages(s->data, s->nbytes);
         return;
     }
     size_t esz = dfl_dtype_size((dfl_dtype)s->dtype);
@@ -492,33 +519,54 @@ static int check_layer_count(const dfl_st *st, const dfl_model_config *c, const 
     return 0;
 }
 
-/* Place every tensor: compute weights in one backend allocation, the f32
- * parameters in another; then convert each into place. */
+/* The experts' dtype: the backend's wt, except where that is f32 (the CPU)
+ * and every expert tensor holds bf16 values (bf16 or MXFP4 in the file, as
+ * released MoE checkpoints are): then bf16, which is exact and halves the
+ * memory of a MoE target (Qwen3-30B-A3B: 58 of its 61 GB are experts);
+ * matmul_grouped widens them for each product. */
+static dfl_dtype expert_dtype(const dfl_ops *ops, const wlist *l) {
+    if (ops->wt_bytes == 2) return DFL_BF16;
+    for (int i = 0; i < l->n; i++)
+        if (l->v[i].expert && !l->v[i].mxfp4 && l->v[i].src->dtype != DFL_BF16) return DFL_F32;
+    return DFL_BF16;
+}
+
+/* Place every tensor: compute weights in one backend allocation, the
+ * experts in another, the f32 parameters in a third; then convert each
+ * into place. */
 static void load_all(dfl_target *t, wlist *l) {
     const dfl_ops *ops = t->ops;
-    uint64_t nwt = 0, nf32 = 0;
+    uint64_t nwt = 0, nexp = 0, nf32 = 0;
     for (int i = 0; i < l->n; i++) {
         wspec *w = &l->v[i];
         if (!w->out_numel) w->out_numel = w->src->numel;
         if (w->xf == XF_F32) nf32 += (uint64_t)w->out_numel;
+        else if (w->expert) nexp += (uint64_t)w->out_numel;
         else nwt += (uint64_t)w->out_numel;
     }
-    t->weight_bytes = nwt * (uint64_t)ops->wt_bytes + nf32 * sizeof(float);
+    t->expert_dt = expert_dtype(ops, l);
+    const uint64_t xb = dfl_dtype_size(t->expert_dt);
+    t->weight_bytes = nwt * (uint64_t)ops->wt_bytes + nexp * xb + nf32 * sizeof(float);
     t->weights = ops->alloc(nwt * (uint64_t)ops->wt_bytes);
+    t->experts = nexp ? ops->alloc(nexp * xb) : NULL;
     t->params_f32 = nf32 ? ops->alloc(nf32 * sizeof(float)) : NULL;
-    uint64_t off = 0, off32 = 0;
+    uint64_t off = 0, offx = 0, off32 = 0;
     for (int i = 0; i < l->n; i++) {
         wspec *w = &l->v[i];
         void *at;
+        const uint64_t esz = w->xf == XF_F32 ? sizeof(float) : w->expert ? xb : (uint64_t)ops->wt_bytes;
         if (w->xf == XF_F32) {
             at = (float *)t->params_f32 + off32;
             off32 += (uint64_t)w->out_numel;
+        } else if (w->expert) {
+            at = (char *)t->experts + offx * xb;
+            offx += (uint64_t)w->out_numel;
         } else {
             at = DFL_WAT(ops, t->weights, off);
             off += (uint64_t)w->out_numel;
         }
         if (!w->dst_off) *w->dst = at; /* a concatenation's later parts follow its first in memory */
-        else DFL_ASSERT(at == DFL_WAT(ops, *w->dst, w->dst_off));
+        else DFL_ASSERT(at == (char *)*w->dst + (uint64_t)w->dst_off * esz);
         load_one(t, w, at);
     }
 }
@@ -592,6 +640,7 @@ void dfl_target_free(dfl_target *t) {
     if (t->ops) {
         ws_free(t->ops, &t->ws);
         if (t->weights) t->ops->free(t->weights);
+        if (t->experts) t->ops->free(t->experts);
         if (t->params_f32) t->ops->free(t->params_f32);
         if (t->inv_freq) t->ops->free(t->inv_freq);
     }
@@ -902,8 +951,10 @@ static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x,
     ops->moe_route(mw->offsets, mw->rows, mw->pos, mw->wts, mw->logits, m, E, k, c->norm_topk_prob);
     ops->gather_rows(mw->xs, h, mw->rows, m * k, H);
     const int64_t n = m * k, gu = 2 * Im * H; /* listed pairs; an expert's gate and up rows in exp_gate_up */
-    ops->matmul_grouped(mw->gate, mw->xs, lw->exp_gate_up, mw->offsets, E, gu, H, Im, 0);
-    ops->matmul_grouped(mw->up, mw->xs, DFL_WAT(ops, lw->exp_gate_up, Im * H), mw->offsets, E, gu, H, Im, 0);
+    const dfl_dtype xdt = t->expert_dt;
+    const void *up = (const char *)lw->exp_gate_up + (size_t)(Im * H) * dfl_dtype_size(xdt);
+    ops->matmul_grouped(mw->gate, mw->xs, lw->exp_gate_up, xdt, mw->offsets, E, gu, H, Im, 0);
+    ops->matmul_grouped(mw->up, mw->xs, up, xdt, mw->offsets, E, gu, H, Im, 0);
     if (c->gpt_oss) {
         expert_bias(ops, mw->gate, lw->exp_gate_up_bias, mw->offsets, E, 2 * Im, Im);
         expert_bias(ops, mw->up, DFL_WAT(ops, lw->exp_gate_up_bias, Im), mw->offsets, E, 2 * Im, Im);
@@ -911,7 +962,7 @@ static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x,
     } else {
         ops->swiglu(mw->gate, mw->gate, mw->up, n * Im);
     }
-    ops->matmul_grouped(mw->ys, mw->gate, lw->exp_down, mw->offsets, E, H * Im, Im, H, 0);
+    ops->matmul_grouped(mw->ys, mw->gate, lw->exp_down, xdt, mw->offsets, E, H * Im, Im, H, 0);
     if (c->gpt_oss) expert_bias(ops, mw->ys, lw->exp_down_bias, mw->offsets, E, H, H);
     if (Is) {
         swiglu_mlp(ops, mw->shared, 0, h, lw->sh_gate, lw->sh_up, lw->sh_down, mw->gate, mw->up, m, H, Is);

@@ -95,6 +95,8 @@ struct dfl_target {
     int              nlayers;     /* loaded */
     int              head;        /* model.norm and LM head loaded */
     void            *weights;     /* one backend allocation */
+    void            *experts;     /* the MoE experts' matrices, or NULL */
+    dfl_dtype        expert_dt;   /* their elements: wt, or bf16 on the CPU (target.c expert_dtype) */
     void            *params_f32;  /* the f32 parameters (A_log, dt_bias), or NULL */
     uint64_t         weight_bytes;
     void            *embed, *final_norm, *lm_head; /* lm_head may alias embed */

@@ -1632,10 +1632,10 @@ static void grouped_case(const grouped_shape *s) {
         ag_pair o = ag_new(ho, no, AG_ACT); /* random start values: overwritten, or added to */
         unsigned long g0 = 0, q0 = 0, g1 = 0, q1 = 0;
         if (dfl_emu_blas_calls) dfl_emu_blas_calls(&g0, &q0);
-        REF->matmul_grouped(AG_VIEW(REF, o.r, v), AG_VIEW(REF, x.r, v), AG_VIEW(REF, w.r, s->w_off), off, s->G,
-                            s->w_stride, K, N, acc);
-        DEV->matmul_grouped(AG_VIEW(DEV, o.d, v), AG_VIEW(DEV, x.d, v), AG_VIEW(DEV, w.d, s->w_off), off, s->G,
-                            s->w_stride, K, N, acc);
+        REF->matmul_grouped(AG_VIEW(REF, o.r, v), AG_VIEW(REF, x.r, v), AG_VIEW(REF, w.r, s->w_off),
+                            REF->wt_bytes == 2 ? DFL_BF16 : DFL_F32, off, s->G, s->w_stride, K, N, acc);
+        DEV->matmul_grouped(AG_VIEW(DEV, o.d, v), AG_VIEW(DEV, x.d, v), AG_VIEW(DEV, w.d, s->w_off),
+                            DEV->wt_bytes == 2 ? DFL_BF16 : DFL_F32, off, s->G, s->w_stride, K, N, acc);
         char what[96];
         snprintf(what, sizeof what, "grouped %s%s", s->name, acc ? " (acc)" : "");
         ag_check(what, &o, NMSE_ROUND);

@@ -9,6 +9,9 @@
 #                   no flex backward). Set BENCH_FLEX=0 to skip its ~1 min compile.
 #   attn_causal     vs scaled_dot_product_attention(is_causal=True)
 #   lmhead_ce       loss + dh (chunked) vs logits = h w^T, cross_entropy, backward
+#   matmul_grouped  a MoE layer's expert products, the weights f32 and bf16
+#                   (the CPU keeps bf16 experts as bf16) vs a loop of F.linear
+#                   over the experts in f32 (transformers' eager experts)
 #
 # Times are process CPU time (all threads) of the best of REPS calls: the
 # machine is shared, and CPU time is steadier there than wall time. Each line
@@ -28,6 +31,7 @@ if ! python3 -c 'import torch' 2>/dev/null; then
     "$bench" dflash 512 32 16 32 8 128 3
     "$bench" causal 2048 32 8 128 2
     "$bench" lmhead 128 1024 32000 2
+    "$bench" grouped 128 4 2048 768 3
     exit 0
 fi
 
@@ -96,6 +100,15 @@ elif op == "lmhead":
         h.grad = None
         (F.cross_entropy(h @ w.T, labels, reduction="none") / N).sum().backward()
     print("lmhead_ce_grad", best(ce, reps))
+elif op == "grouped":
+    E, rows, K, N, reps = args
+    x, w = torch.randn(E, rows, K), torch.randn(E, N, K)
+    def experts():
+        for e in range(E):
+            F.linear(x[e], w[e])
+    t = best(experts, reps)
+    print("grouped_f32", t)
+    print("grouped_bf16", t)
 EOF
 }
 
@@ -126,3 +139,8 @@ compare "S512 nblk32 B16 32/8x128" dflash 512 32 16 32 8 128 3
 compare "S2048 nblk128 B16 32/8x128" dflash 2048 128 16 32 8 128 1
 compare "T2048 32/8x128" causal 2048 32 8 128 2
 compare "N128 H1024 V32000" lmhead 128 1024 32000 2
+# Qwen3-30B-A3B's experts (H 2048, width 768): a verify step's row or so
+# per expert, and an extraction batch's hundreds
+compare "E128 rows1 K2048 N768" grouped 128 1 2048 768 3
+compare "E128 rows4 K2048 N768" grouped 128 4 2048 768 3
+compare "E16 rows256 K2048 N768" grouped 16 256 2048 768 2

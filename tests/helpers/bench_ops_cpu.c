@@ -7,6 +7,9 @@
  *       its keys at S + j*B
  *   bench_ops_cpu causal T HQ HKV D REPS      attn_causal, one sequence of T
  *   bench_ops_cpu lmhead N H V REPS           lmhead_ce with gradient
+ *   bench_ops_cpu grouped E ROWS K N REPS
+ *       matmul_grouped: E experts of ROWS rows each, w [E, N, K] in f32,
+ *       then in bf16 (a MoE target's experts on the CPU)
  *
  * Prints "name seconds gflop_per_s" lines, the best of REPS calls, in CPU
  * time of the whole process (all threads): on a shared machine that is
@@ -119,6 +122,27 @@ static void bench_lmhead(int64_t N, int64_t H, int64_t V, int reps, dfl_rng *r) 
     ops->free(h), ops->free(w), ops->free(dh), ops->free(loss), ops->free(gs), ops->free(labels), ops->free(pred);
 }
 
+static void bench_grouped(int64_t E, int64_t rows, int64_t K, int64_t N, int reps, dfl_rng *r) {
+    const int64_t R = E * rows;
+    float *x = rand_buf(R * K, r), *w = rand_buf(E * N * K, r), *out = ops->alloc((size_t)(R * N) * 4);
+    uint16_t *wb = ops->alloc((size_t)(E * N * K) * 2);
+    for (int64_t i = 0; i < E * N * K; i++) wb[i] = dfl_f32_to_bf16(w[i]);
+    int64_t *off = dfl_malloc((size_t)(E + 1) * sizeof *off);
+    for (int64_t e = 0; e <= E; e++) off[e] = e * rows;
+    for (int bf = 0; bf < 2; bf++) {
+        double best = 1e30;
+        for (int i = 0; i < reps + 1; i++) {
+            double t0 = cpu_now();
+            ops->matmul_grouped(out, x, bf ? (const void *)wb : w, bf ? DFL_BF16 : DFL_F32, off, E, N * K, K, N, 0);
+            double dt = cpu_now() - t0;
+            if (i > 0 && dt < best) best = dt;
+        }
+        report(bf ? "grouped_bf16" : "grouped_f32", best, 2.0 * (double)R * (double)K * (double)N);
+    }
+    ops->free(x), ops->free(w), ops->free(out), ops->free(wb);
+    free(off);
+}
+
 int main(int argc, char **argv) {
     ops = dfl_ops_cpu();
     dfl_rng r;
@@ -132,9 +156,11 @@ int main(int argc, char **argv) {
         bench_causal(arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5), (int)arg(argv, 6), &r);
     else if (argc == 6 && !strcmp(argv[1], "lmhead"))
         bench_lmhead(arg(argv, 2), arg(argv, 3), arg(argv, 4), (int)arg(argv, 5), &r);
+    else if (argc == 7 && !strcmp(argv[1], "grouped"))
+        bench_grouped(arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5), (int)arg(argv, 6), &r);
     else {
         fprintf(stderr, "usage: bench_ops_cpu matmul M K N REPS | dflash S NBLK B HQ HKV D REPS | "
-                        "causal T HQ HKV D REPS | lmhead N H V REPS\n");
+                        "causal T HQ HKV D REPS | lmhead N H V REPS | grouped E ROWS K N REPS\n");
         return 2;
     }
     return 0;

@@ -1860,12 +1860,14 @@ static void test_moe_gather_combine(void) {
 
 /* matmul_grouped is the matmul op on each group's rows: bit for bit
  * against one matmul call per group (test_matmul and test_gemm_nt_paths
- * check that op against its oracles), with groups of 0 rows (first, middle,
- * last), 1 row (sgemv), a few (the few-rows kernel) and more than
- * DFL_CPU_FEW_ROWS (sgemm), odd K and N, the weights inside a stacked
+ * check that op against its oracles), but for a group of one row, which
+ * takes the few-rows kernel (that op's path for 2..16 rows) instead of
+ * sgemv. Groups of 0 rows (first, middle, last), 1 row, a few (the
+ * few-rows kernel) and more than DFL_CPU_FEW_ROWS (sgemm), odd K and N, the weights inside a stacked
  * [G, 2N, K] tensor (w_stride 2NK: the gate half, then the up half at +NK),
- * overwrite and accumulate onto random values. Nothing outside the listed
- * rows is written, and no group at all writes nothing. */
+ * overwrite and accumulate onto random values; the weights in f32 and in
+ * bf16 (the same values: widened exactly, the same bits). Nothing outside
+ * the listed rows is written, and no group at all writes nothing. */
 static void test_matmul_grouped(void) {
     enum { G = 8 };
     static const int64_t rows[G] = {0, 1, 5, 0, 23, 16, 4, 0};
@@ -1878,14 +1880,21 @@ static void test_matmul_grouped(void) {
     float *x = fbuf(R * K), *w = fbuf(G * stride), *start = fbuf(R * N + 1);
     float *got = fbuf(R * N + 1), *want = fbuf(R * N + 1);
     frand(x, R * K, &r, 1), frand(w, G * stride, &r, 0.3f), frand(start, R * N + 1, &r, 1);
+    uint16_t *wb = dfl_malloc((size_t)(G * stride) * sizeof *wb);
+    for (int64_t i = 0; i < G * stride; i++) w[i] = dfl_bf16_to_f32(wb[i] = dfl_f32_to_bf16(w[i]));
+    for (int bf = 0; bf < 2; bf++)
     for (int half = 0; half < 2; half++)
         for (int acc = 0; acc < 2; acc++) {
             const float *wh = w + half * N * K;
             memcpy(got, start, (size_t)(R * N + 1) * 4), memcpy(want, start, (size_t)(R * N + 1) * 4);
-            ops->matmul_grouped(got, x, wh, off, G, stride, K, N, acc);
+            if (bf) ops->matmul_grouped(got, x, wb + half * N * K, DFL_BF16, off, G, stride, K, N, acc);
+            else ops->matmul_grouped(got, x, wh, DFL_F32, off, G, stride, K, N, acc);
             for (int e = 0; e < G; e++)
-                if (rows[e]) ops->matmul(want + off[e] * N, x + off[e] * K, wh + e * stride, rows[e], K, N, acc);
-            T_CHECKF(memcmp(got, want, (size_t)(R * N + 1) * 4) == 0, "%s half, accumulate %d: not the per-group matmul",
+                if (rows[e] == 1)
+                    dfl_cpu_gemm_nt_few_rows(want + off[e] * N, x + off[e] * K, wh + e * stride, DFL_F32, 1, K, N, acc);
+                else if (rows[e]) ops->matmul(want + off[e] * N, x + off[e] * K, wh + e * stride, rows[e], K, N, acc);
+            T_CHECKF(memcmp(got, want, (size_t)(R * N + 1) * 4) == 0,
+                     "%s weights, %s half, accumulate %d: not the per-group matmul", bf ? "bf16" : "f32",
                      half ? "up" : "gate", acc);
             T_CHECK(memcmp(&got[R * N], &start[R * N], 4) == 0);
             float d = 0; /* and the outputs did change: the comparison above is not of two no-ops */
@@ -1895,17 +1904,19 @@ static void test_matmul_grouped(void) {
     /* no groups, and groups without rows: nothing written */
     memcpy(got, start, (size_t)(R * N + 1) * 4);
     const int64_t none[4] = {0, 0, 0, 0};
-    ops->matmul_grouped(got, x, w, none, 0, stride, K, N, 0);
-    ops->matmul_grouped(got, x, w, none, 3, stride, K, N, 0);
+    ops->matmul_grouped(got, x, w, DFL_F32, none, 0, stride, K, N, 0);
+    ops->matmul_grouped(got, x, w, DFL_F32, none, 3, stride, K, N, 0);
+    ops->matmul_grouped(got, x, wb, DFL_BF16, none, 3, stride, K, N, 0);
     T_CHECK(memcmp(got, start, (size_t)(R * N + 1) * 4) == 0);
     /* K = 0: an empty sum, so 0 (overwrite) or the start values (accumulate) */
-    ops->matmul_grouped(got, x, w, off, G, stride, 0, N, 1);
+    ops->matmul_grouped(got, x, w, DFL_F32, off, G, stride, 0, N, 1);
     T_CHECK(memcmp(got, start, (size_t)(R * N + 1) * 4) == 0);
-    ops->matmul_grouped(got, x, w, off, G, stride, 0, N, 0);
+    ops->matmul_grouped(got, x, wb, DFL_BF16, off, G, stride, 0, N, 0);
     int zero = 1;
     for (int64_t i = 0; i < R * N; i++) zero &= got[i] == 0.0f;
     T_CHECK(zero && memcmp(&got[R * N], &start[R * N], 4) == 0);
     ops->free(x), ops->free(w), ops->free(start), ops->free(got), ops->free(want);
+    free(wb);
 }
 
 int main(void) {

@@ -779,14 +779,16 @@ static void test_moe_plan_bounded_by_weights(void) {
 
 /* ---- weight encodings ---------------------------------------------------- */
 
-/* All taps of fixture FROM's inputs for the model in `dir`, f32. */
-static float *all_taps_of(const char *from, const char *dir, int64_t *n) {
+/* All taps of fixture FROM's inputs for the model in `dir`, f32; and,
+ * unless NULL, the bytes its weights take in *wbytes. */
+static float *all_taps_of(const char *from, const char *dir, int64_t *n, uint64_t *wbytes) {
     expected e;
     float *got = NULL;
     if (load_expected(&e, from)) return NULL;
     dfl_target *t = NULL;
     dfl_target_opts o = {0, 0};
     if (dfl_target_load(&t, dir, dfl_ops_cpu(), &o) == 0) {
+        if (wbytes) *wbytes = dfl_target_weight_bytes(t);
         int taps[64], L = (int)e.L;
         for (int k = 0; k < L; k++) taps[k] = k;
         dfl_target_batch b = {e.ids, e.cu, e.nseq};
@@ -805,7 +807,7 @@ static float *all_taps_of(const char *from, const char *dir, int64_t *n) {
     return got;
 }
 
-static float *all_taps(const char *dir, int64_t *n) { return all_taps_of("qwen3-tied", dir, n); }
+static float *all_taps(const char *dir, int64_t *n) { return all_taps_of("qwen3-tied", dir, n, NULL); }
 
 /* Fixture FROM rewritten with every tensor in `dtype` (f32, f16) in tmp/NAME. */
 static void make_converted_of(const char *from, const char *name, dfl_dtype dtype) {
@@ -900,10 +902,10 @@ static void test_weight_encodings(void) {
     char q35[512];
     snprintf(q35, sizeof q35, "%s/qwen35", FIX);
     int64_t n35 = 0, m35 = 0;
-    float *ref35 = all_taps_of("qwen35", q35, &n35);
+    float *ref35 = all_taps_of("qwen35", q35, &n35, NULL);
     make_converted_of("qwen35", "q35-f32", DFL_F32);
     snprintf(d, sizeof d, "%s/q35-f32", tmp);
-    got = all_taps_of("qwen35", d, &m35);
+    got = all_taps_of("qwen35", d, &m35, NULL);
     T_CHECK(ref35 && got && n35 == m35 && !memcmp(got, ref35, (size_t)n35 * sizeof *got));
     free(got);
     free(ref35);
@@ -913,6 +915,50 @@ static void test_weight_encodings(void) {
     T_CHECK(got && !memcmp(got, ref, (size_t)n * sizeof *got));
     free(got);
     free(ref);
+}
+
+/* The elements of the expert matrices in the files of `dir` (biases not
+ * counted). */
+static uint64_t expert_elements(const char *dir) {
+    dfl_st *st = NULL;
+    if (dfl_st_open_dir(&st, dir)) return 0;
+    uint64_t n = 0;
+    for (int i = 0; i < dfl_st_count(st); i++) {
+        const dfl_st_tensor *t = dfl_st_at(st, i);
+        if (strstr(t->name, ".mlp.experts.") && !strstr(t->name, "_bias")) n += (uint64_t)t->numel;
+    }
+    dfl_st_close(st);
+    return n;
+}
+
+/* The CPU keeps a MoE target's experts in bf16 when the file's are bf16
+ * (half the memory) and in f32 when they are f32. The values are the same,
+ * so the states are bitwise the same, and the f32 file's model takes
+ * exactly 2 more bytes per expert weight. For each way the experts are
+ * stored: one tensor per expert, stacked, gpt-oss's transposed stack. (The
+ * MXFP4 experts take the bf16 path too: test_gpt_oss_mxfp4.) */
+static void test_expert_storage(void) {
+    static const char *const moe[] = {"qwen3-moe", "qwen3-moe-fused", "gpt-oss"};
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+        char ref_dir[512], d[600], name[64];
+        snprintf(ref_dir, sizeof ref_dir, "%s/%s", FIX, moe[i]);
+        snprintf(name, sizeof name, "%s-f32", moe[i]);
+        int64_t n = 0, m = 0;
+        uint64_t bytes_bf16 = 0, bytes_f32 = 0, nexp = expert_elements(ref_dir);
+        float *ref = all_taps_of(moe[i], ref_dir, &n, &bytes_bf16);
+        make_converted_of(moe[i], name, DFL_F32);
+        snprintf(d, sizeof d, "%s/%s", tmp, name);
+        float *got = all_taps_of(moe[i], d, &m, &bytes_f32);
+        T_CHECKF(ref && got && n == m && !memcmp(got, ref, (size_t)n * sizeof *got), "%s: f32 experts give other states",
+                 moe[i]);
+        T_CHECKF(nexp > 0 && bytes_f32 == bytes_bf16 + 2 * nexp,
+                 "%s: weights %llu bytes from bf16, %llu from f32, %llu expert weights", moe[i],
+                 (unsigned long long)bytes_bf16, (unsigned long long)bytes_f32, (unsigned long long)nexp);
+        fprintf(stderr, "  %s: %llu expert weights; %.2f MiB from bf16 files, %.2f MiB from f32, same states\n", moe[i],
+                (unsigned long long)nexp, bytes_bf16 / 1048576.0, bytes_f32 / 1048576.0);
+        free(ref);
+        free(got);
+    }
 }
 
 int main(void) {
@@ -951,6 +997,7 @@ int main(void) {
     T_RUN(test_moe_workspace_growth);
     T_RUN(test_moe_plan_bounded_by_weights);
     T_RUN(test_weight_encodings);
+    T_RUN(test_expert_storage);
     if (t_rm_rf(tmp) != 0) return 1;
     return t_exit();
 }
