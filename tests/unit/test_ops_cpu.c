@@ -1863,44 +1863,43 @@ static void test_moe_gather_combine(void) {
  * check that op against its oracles), but for a group of one row, which
  * takes the few-rows kernel (that op's path for 2..16 rows) instead of
  * sgemv. Groups of 0 rows (first, middle, last), 1 row, a few (the
- * few-rows kernel) and more than DFL_CPU_FEW_ROWS (sgemm), odd K and N, the weights inside a stacked
+ * few-rows kernel) and more than DFL_CPU_FEW_ROWS (sgemm: one tile, and
+ * 2 x 3 tiles of 256), odd K and N, the weights inside a stacked
  * [G, 2N, K] tensor (w_stride 2NK: the gate half, then the up half at +NK),
  * overwrite and accumulate onto random values; the weights in f32 and in
  * bf16 (the same values: widened exactly, the same bits). Nothing outside
  * the listed rows is written, and no group at all writes nothing. */
-static void test_matmul_grouped(void) {
-    enum { G = 8 };
-    static const int64_t rows[G] = {0, 1, 5, 0, 23, 16, 4, 0};
-    const int64_t K = 19, N = 13, stride = 2 * N * K;
-    int64_t off[G + 1] = {0};
+static void grouped_shape_bits(const int64_t *rows, int G, int64_t K, int64_t N, uint64_t seed) {
+    const int64_t stride = 2 * N * K;
+    int64_t *off = dfl_calloc((size_t)G + 1, sizeof *off);
     for (int e = 0; e < G; e++) off[e + 1] = off[e] + rows[e];
     const int64_t R = off[G];
     dfl_rng r;
-    dfl_rng_seed(&r, 33);
+    dfl_rng_seed(&r, seed);
     float *x = fbuf(R * K), *w = fbuf(G * stride), *start = fbuf(R * N + 1);
     float *got = fbuf(R * N + 1), *want = fbuf(R * N + 1);
     frand(x, R * K, &r, 1), frand(w, G * stride, &r, 0.3f), frand(start, R * N + 1, &r, 1);
     uint16_t *wb = dfl_malloc((size_t)(G * stride) * sizeof *wb);
     for (int64_t i = 0; i < G * stride; i++) w[i] = dfl_bf16_to_f32(wb[i] = dfl_f32_to_bf16(w[i]));
-    for (int bf = 0; bf < 2; bf++)
-    for (int half = 0; half < 2; half++)
-        for (int acc = 0; acc < 2; acc++) {
-            const float *wh = w + half * N * K;
-            memcpy(got, start, (size_t)(R * N + 1) * 4), memcpy(want, start, (size_t)(R * N + 1) * 4);
-            if (bf) ops->matmul_grouped(got, x, wb + half * N * K, DFL_BF16, off, G, stride, K, N, acc);
-            else ops->matmul_grouped(got, x, wh, DFL_F32, off, G, stride, K, N, acc);
-            for (int e = 0; e < G; e++)
-                if (rows[e] == 1)
-                    dfl_cpu_gemm_nt_few_rows(want + off[e] * N, x + off[e] * K, wh + e * stride, DFL_F32, 1, K, N, acc);
-                else if (rows[e]) ops->matmul(want + off[e] * N, x + off[e] * K, wh + e * stride, rows[e], K, N, acc);
-            T_CHECKF(memcmp(got, want, (size_t)(R * N + 1) * 4) == 0,
-                     "%s weights, %s half, accumulate %d: not the per-group matmul", bf ? "bf16" : "f32",
-                     half ? "up" : "gate", acc);
-            T_CHECK(memcmp(&got[R * N], &start[R * N], 4) == 0);
-            float d = 0; /* and the outputs did change: the comparison above is not of two no-ops */
-            for (int64_t i = 0; i < R * N; i++) d = fmaxf(d, fabsf(got[i] - start[i]));
-            T_CHECK(d > 0.1f);
-        }
+    for (int c = 0; c < 8; c++) {
+        const int bf = c & 1, half = c >> 1 & 1, acc = c >> 2;
+        const float *wh = w + half * N * K;
+        memcpy(got, start, (size_t)(R * N + 1) * 4), memcpy(want, start, (size_t)(R * N + 1) * 4);
+        if (bf) ops->matmul_grouped(got, x, wb + half * N * K, DFL_BF16, off, G, stride, K, N, acc);
+        else ops->matmul_grouped(got, x, wh, DFL_F32, off, G, stride, K, N, acc);
+        for (int e = 0; e < G; e++)
+            if (rows[e] == 1)
+                dfl_cpu_gemm_nt_few_rows(want + off[e] * N, x + off[e] * K, wh + e * stride, DFL_F32, 1, K, N, acc);
+            else if (rows[e])
+                ops->matmul(want + off[e] * N, x + off[e] * K, wh + e * stride, rows[e], K, N, acc);
+        T_CHECKF(memcmp(got, want, (size_t)(R * N + 1) * 4) == 0,
+                 "K %lld N %lld, %s weights, %s half, accumulate %d: not the per-group matmul", (long long)K,
+                 (long long)N, bf ? "bf16" : "f32", half ? "up" : "gate", acc);
+        T_CHECK(memcmp(&got[R * N], &start[R * N], 4) == 0);
+        float d = 0; /* and the outputs did change: the comparison above is not of two no-ops */
+        for (int64_t i = 0; i < R * N; i++) d = fmaxf(d, fabsf(got[i] - start[i]));
+        T_CHECK(d > 0.1f);
+    }
     /* no groups, and groups without rows: nothing written */
     memcpy(got, start, (size_t)(R * N + 1) * 4);
     const int64_t none[4] = {0, 0, 0, 0};
@@ -1917,6 +1916,13 @@ static void test_matmul_grouped(void) {
     T_CHECK(zero && memcmp(&got[R * N], &start[R * N], 4) == 0);
     ops->free(x), ops->free(w), ops->free(start), ops->free(got), ops->free(want);
     free(wb);
+    free(off);
+}
+
+static void test_matmul_grouped(void) {
+    static const int64_t small[] = {0, 1, 5, 0, 23, 16, 4, 0}, tiled[] = {300, 2, 0, 17};
+    grouped_shape_bits(small, 8, 19, 13, 33);
+    grouped_shape_bits(tiled, 4, 37, 520, 34);
 }
 
 int main(void) {
