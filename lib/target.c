@@ -371,26 +371,6 @@ static int64_t rotary_src_dim(int64_t n, int64_t D, int64_t R) {
     return R + (h2 - r2) + (n - h2 - r2);               /* passed through, second half */
 }
 
-/* Row r of an expert once loaded: its source row (see XF_EXPERTS). */
-static int64_t expert_src_row(const wspec *w, int64_t r) {
-    const int64_t R = w->rows;
-    return !w->interleave ? r : r < R / 2 ? 2 * r : 2 * (r - R / 2) + 1;
-}
-
-/* o [R, C] from src [C, R] (transformers' save), rows in expert_src_row's
- * order, in 32 x 32 tiles: element by element, every read of the source
- * would be a cache line of its own (gpt-oss-20b: 19 billion of them). */
-static void transpose_expert(float *o, const float *src, const wspec *w) {
-    enum { TILE = 32 };
-    const int64_t R = w->rows, C = w->cols;
-    for (int64_t r0 = 0; r0 < R; r0 += TILE)
-        for (int64_t k0 = 0; k0 < C; k0 += TILE)
-            for (int64_t r = r0; r < R && r < r0 + TILE; r++) {
-                const int64_t sr = expert_src_row(w, r);
-                for (int64_t k = k0; k < C && k < k0 + TILE; k++) o[r * C + k] = src[k * R + sr];
-            }
-}
-
 /* XF_EXPERTS: expert by expert (one expert's source in f32 at a time). */
 static float *experts_f32(const wspec *w) {
     const int64_t E = w->heads, R = w->rows, C = w->cols, n = R * C;
@@ -403,10 +383,13 @@ static float *experts_f32(const wspec *w) {
             dfl_st_range_to_f32(w->src, e * n, n, src);
         }
         float *o = out + e * n;
-        if (w->transposed)
-            transpose_expert(o, src, w);
-        else
-            for (int64_t r = 0; r < R; r++) memcpy(o + r * C, src + expert_src_row(w, r) * C, (size_t)C * sizeof *o);
+        for (int64_t r = 0; r < R; r++) {
+            int64_t sr = !w->interleave ? r : r < R / 2 ? 2 * r : 2 * (r - R / 2) + 1;
+            if (w->transposed)
+                for (int64_t k = 0; k < C; k++) o[r * C + k] = src[k * R + sr];
+            else
+                memcpy(o + r * C, src + sr * C, (size_t)C * sizeof *o);
+        }
     }
     free(src);
     return out;
