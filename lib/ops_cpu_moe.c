@@ -63,12 +63,6 @@ void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts
     free(ids);
 }
 
-/* n bf16 values widened into f32 (exact). */
-static void widen_bf16(float *dst, const uint16_t *src, int64_t n) {
-#pragma omp parallel for if (n > DFL_CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) dst[i] = dfl_bf16_to_f32(src[i]);
-}
-
 /* One product per expert with rows: up to DFL_CPU_FEW_ROWS rows, the
  * few-rows kernel, on the weights as they are (bf16 read as it is: an
  * expert of a verify step or a decode step has a row or a few, and its
@@ -99,7 +93,7 @@ void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, dfl_dty
         }
         if (wdt == DFL_BF16) {
             if (!wide) wide = dfl_aligned_alloc((size_t)(N * K) * sizeof *wide);
-            widen_bf16(wide, we, N * K);
+            dfl_ops_cpu()->load_wt(wide, we, DFL_BF16, N * K); /* the CPU's own bf16 -> f32 (exact) */
             we = wide;
         }
         dfl_cpu_matmul(out + r0 * N, in + r0 * K, we, rows, K, N, accumulate);
