@@ -203,6 +203,57 @@ void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, co
     }
 }
 
+/* dst[i] = src[i] widened (exact), eight at a time as load_w8 does. */
+SIMD_CLONES static void widen_bf16(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f v;
+        load_w8(&v, src, i, 1);
+        memcpy(dst + i, &v, sizeof v);
+    }
+    for (; i < n; i++) dst[i] = dfl_bf16_to_f32(src[i]);
+}
+
+/* out[M,N] = in[M,K] . w[N,K]^T + beta * out with w bf16, for more rows
+ * than the few-rows kernel takes. The work is cut into panels of GEMM_TILE
+ * rows of w, each panel's row tiles into `slices` runs, enough runs for
+ * every thread (a target's k and v projections are one or two panels); a
+ * thread widens its run's panel into its own f32 buffer (exact: bf16 is the
+ * top half of an f32), unless it holds that panel already, then runs the
+ * run's tiles. The tiles are dfl_cpu_sgemm's, each one single-threaded
+ * OpenBLAS call on the same values, so the bits are those of f32 weights.
+ * The widened copy is GEMM_TILE x K floats a thread, not the whole matrix;
+ * a panel is widened at most once a run, against the run's >= 2 * GEMM_TILE
+ * multiply-adds per weight (one row tile: 2 * M). */
+void dfl_cpu_gemm_nt_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K, int64_t N,
+                          float beta) {
+    if (M <= 0 || N <= 0) return;
+    const int64_t tm = (M + GEMM_TILE - 1) / GEMM_TILE, tn = (N + GEMM_TILE - 1) / GEMM_TILE;
+    const int64_t want = 8 * (int64_t)omp_get_max_threads(); /* runs, for an even finish */
+    const int64_t slices = min64(tm, (want + tn - 1) / tn);
+#pragma omp parallel if (tm * tn > 1 && M * N * K > DFL_CPU_PAR_MIN)
+    {
+        float *panel = NULL;
+        int64_t held = -1; /* the panel in `panel` */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r = 0; r < tn * slices; r++) {
+            const int64_t p = r / slices, s = r % slices;
+            const int64_t j0 = p * GEMM_TILE, n = min64(GEMM_TILE, N - j0);
+            if (!panel) panel = dfl_aligned_alloc((size_t)(GEMM_TILE * K) * sizeof *panel);
+            if (held != p) widen_bf16(panel, w + j0 * K, n * K);
+            held = p;
+            omp_set_num_threads(1); /* as in dfl_cpu_sgemm: OpenBLAS runs serially */
+            for (int64_t t = s * tm / slices; t < (s + 1) * tm / slices; t++) {
+                const int64_t i0 = t * GEMM_TILE;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(min64(GEMM_TILE, M - i0)), blas_int(n),
+                            blas_int(K), 1.0f, in + i0 * K, blas_int(K), panel, blas_int(K), beta,
+                            out + i0 * N + j0, blas_int(N));
+            }
+        }
+        free(panel);
+    }
+}
+
 /* One row: sgemv over fixed tiles of w's rows, as dfl_cpu_sgemm does. */
 static void gemv_tiled(float *out, const float *in, const float *w, int64_t K, int64_t N, float beta) {
     const int64_t tn = (N + GEMM_TILE - 1) / GEMM_TILE;

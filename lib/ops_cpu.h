@@ -31,6 +31,11 @@ void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int
  * give the bits of f32 weights of the same values. acc: beta 1. */
 void dfl_cpu_gemm_nt_few_rows(float *out, const float *in, const void *w, dfl_dtype wdt, int64_t M, int64_t K,
                               int64_t N, int acc);
+/* dfl_cpu_gemm_nt for bf16 weights and more than DFL_CPU_FEW_ROWS rows:
+ * the bits of dfl_cpu_sgemm on the same values in f32, widening GEMM_TILE
+ * rows of w at a time. */
+void dfl_cpu_gemm_nt_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K, int64_t N,
+                          float beta);
 /* The matmul op (ops.h): dfl_cpu_gemm_nt, and the empty cases. */
 void dfl_cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N, int accumulate);
 

@@ -66,13 +66,15 @@ void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts
 /* One product per expert with rows: up to DFL_CPU_FEW_ROWS rows, the
  * few-rows kernel, on the weights as they are (bf16 read as it is: an
  * expert of a verify step or a decode step has a row or a few, and its
- * weights are read once); more rows, the matmul op (sgemm), bf16 weights
- * widened into one f32 buffer first (N*K values against rows*N*K
- * multiply-adds). So the bits do not depend on the weights' dtype. One
- * row goes through the few-rows kernel too, not sgemv (the matmul op's
- * path): no bf16 sgemv exists, and widening a whole matrix for one row
- * costs more than the product. No parallel loop over experts here: each
- * product parallelises itself where it is big enough. */
+ * weights are read once); more rows, the tiled sgemm, bf16 weights widened
+ * a panel of rows at a time (dfl_cpu_gemm_nt_bf16: N*K conversions against
+ * rows*N*K multiply-adds). So the bits do not depend on the weights'
+ * dtype. One row goes through the few-rows kernel too, not sgemv (the
+ * matmul op's path): no bf16 sgemv exists, and widening a whole matrix for
+ * one row costs more than the product. No parallel loop over experts here:
+ * each product parallelises itself where it is big enough. A target's
+ * dense bf16 matrices come here too, as one group (target.c
+ * dfl_target_matmul). */
 void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, dfl_dtype wdt, const int64_t *offsets,
                             int64_t G, int64_t w_stride, int64_t K, int64_t N, int accumulate) {
     float *out = out_;
@@ -81,7 +83,6 @@ void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, dfl_dty
     DFL_ASSERT(G == 0 || offsets[0] == 0);
     DFL_ASSERT(wdt == DFL_F32 || wdt == DFL_BF16);
     const size_t esz = dfl_dtype_size(wdt);
-    float *wide = NULL;
     for (int64_t e = 0; e < G; e++) {
         const int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
         DFL_ASSERT(rows >= 0);
@@ -91,14 +92,9 @@ void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, dfl_dty
             dfl_cpu_gemm_nt_few_rows(out + r0 * N, in + r0 * K, we, wdt, rows, K, N, accumulate);
             continue;
         }
-        if (wdt == DFL_BF16) {
-            if (!wide) wide = dfl_aligned_alloc((size_t)(N * K) * sizeof *wide);
-            dfl_ops_cpu()->load_wt(wide, we, DFL_BF16, N * K); /* the CPU's own bf16 -> f32 (exact) */
-            we = wide;
-        }
-        dfl_cpu_matmul(out + r0 * N, in + r0 * K, we, rows, K, N, accumulate);
+        if (wdt == DFL_BF16 && K > 0) dfl_cpu_gemm_nt_bf16(out + r0 * N, in + r0 * K, we, rows, K, N, accumulate ? 1.0f : 0.0f);
+        else dfl_cpu_matmul(out + r0 * N, in + r0 * K, we, rows, K, N, accumulate);
     }
-    free(wide);
 }
 
 void dfl_cpu_gather_rows(void *out_, const void *in_, const int32_t *rows, int64_t n, int64_t H) {

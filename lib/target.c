@@ -74,7 +74,7 @@ typedef struct {
     int64_t rows, cols;                /* XF_EXPERTS (heads: the experts) */
     int mxfp4, transposed, interleave; /* XF_EXPERTS */
     int part;                          /* XF_QKVZ */
-    int expert;                        /* an expert matrix (exp_gate_up, exp_down): in t->experts */
+    int mat;                           /* a layer's projection matrix or experts: in t->mats (mat_dtype) */
     int64_t out_numel; /* elements written (the source's unless XF_HEAD_ROWS) */
     const dfl_st_tensor *src, *scales; /* scales: MXFP4's */
 } wspec;
@@ -126,8 +126,8 @@ static wspec *want_layer(wlist *l, const dfl_target *t, void **dst, int ndim, in
 }
 
 /* Rows of head h from [h*stride + off, +D) of a [heads*stride, H] projection. */
-static void want_head_rows(wlist *l, const dfl_target *t, void **dst, int64_t heads, int64_t stride, int64_t off,
-                           int perm, int i, const char *suffix) {
+static wspec *want_head_rows(wlist *l, const dfl_target *t, void **dst, int64_t heads, int64_t stride, int64_t off,
+                             int perm, int i, const char *suffix) {
     const int64_t H = t->cfg.hidden_size, D = t->cfg.head_dim;
     wspec *w = want_layer(l, t, dst, 2, heads * stride, H, 0, i, suffix);
     w->xf = XF_HEAD_ROWS;
@@ -136,6 +136,7 @@ static void want_head_rows(wlist *l, const dfl_target *t, void **dst, int64_t he
     w->off = off;
     w->perm = perm;
     w->out_numel = heads * D * H;
+    return w;
 }
 
 /* q_norm / k_norm: in the rotary order when perm. (The spec is set up
@@ -152,17 +153,17 @@ static void plan_attention(dfl_target *t, wlist *l, layer_w *w, int i) {
     const int64_t QD = Hq * D, KD = Hkv * D;
     const int perm = c->rotary_dim != D;
     if (c->attn_output_gate) { /* q_proj: per head, D query rows then D gate rows */
-        want_head_rows(l, t, &w->q, Hq, 2 * D, 0, perm, i, "self_attn.q_proj.weight");
-        want_head_rows(l, t, &w->attn_gate, Hq, 2 * D, D, 0, i, "self_attn.q_proj.weight");
+        want_head_rows(l, t, &w->q, Hq, 2 * D, 0, perm, i, "self_attn.q_proj.weight")->mat = 1;
+        want_head_rows(l, t, &w->attn_gate, Hq, 2 * D, D, 0, i, "self_attn.q_proj.weight")->mat = 1;
     } else if (perm) {
-        want_head_rows(l, t, &w->q, Hq, D, 0, 1, i, "self_attn.q_proj.weight");
+        want_head_rows(l, t, &w->q, Hq, D, 0, 1, i, "self_attn.q_proj.weight")->mat = 1;
     } else {
-        want_layer(l, t, &w->q, 2, QD, H, 0, i, "self_attn.q_proj.weight");
+        want_layer(l, t, &w->q, 2, QD, H, 0, i, "self_attn.q_proj.weight")->mat = 1;
     }
-    if (perm) want_head_rows(l, t, &w->k, Hkv, D, 0, 1, i, "self_attn.k_proj.weight");
-    else want_layer(l, t, &w->k, 2, KD, H, 0, i, "self_attn.k_proj.weight");
-    want_layer(l, t, &w->v, 2, KD, H, 0, i, "self_attn.v_proj.weight");
-    want_layer(l, t, &w->o, 2, H, QD, 0, i, "self_attn.o_proj.weight");
+    if (perm) want_head_rows(l, t, &w->k, Hkv, D, 0, 1, i, "self_attn.k_proj.weight")->mat = 1;
+    else want_layer(l, t, &w->k, 2, KD, H, 0, i, "self_attn.k_proj.weight")->mat = 1;
+    want_layer(l, t, &w->v, 2, KD, H, 0, i, "self_attn.v_proj.weight")->mat = 1;
+    want_layer(l, t, &w->o, 2, H, QD, 0, i, "self_attn.o_proj.weight")->mat = 1;
     if (c->qkv_bias) {
         want_layer(l, t, &w->q_bias, 1, QD, 0, 0, i, "self_attn.q_proj.bias");
         want_layer(l, t, &w->k_bias, 1, KD, 0, 0, i, "self_attn.k_proj.bias");
@@ -192,6 +193,7 @@ static void want_fused_linear(wlist *l, const dfl_target *t, void **dst, int par
                           part < 2 ? "linear_attn.in_proj_qkvz.weight" : "linear_attn.in_proj_ba.weight");
     w->xf = XF_QKVZ;
     w->part = part;
+    w->mat = part < 2; /* in_proj_ba's few rows stay wt, with in_proj_b and in_proj_a's */
     w->out_numel = rows * H;
 }
 
@@ -204,8 +206,8 @@ static void plan_linear(dfl_target *t, wlist *l, layer_w *w, int i) {
         want_fused_linear(l, t, &w->lin_z, 1, VD, i);
         want_fused_linear(l, t, &w->lin_ba, 2, 2 * Hv, i);
     } else {
-        want_layer(l, t, &w->lin_qkv, 2, C, H, 0, i, "linear_attn.in_proj_qkv.weight");
-        want_layer(l, t, &w->lin_z, 2, VD, H, 0, i, "linear_attn.in_proj_z.weight");
+        want_layer(l, t, &w->lin_qkv, 2, C, H, 0, i, "linear_attn.in_proj_qkv.weight")->mat = 1;
+        want_layer(l, t, &w->lin_z, 2, VD, H, 0, i, "linear_attn.in_proj_z.weight")->mat = 1;
         want_layer(l, t, &w->lin_ba, 2, Hv, H, 0, i, "linear_attn.in_proj_b.weight");
         want_layer(l, t, &w->lin_ba, 2, Hv, H, 0, i, "linear_attn.in_proj_a.weight")->dst_off = Hv * H;
     }
@@ -213,7 +215,7 @@ static void plan_linear(dfl_target *t, wlist *l, layer_w *w, int i) {
     want_layer(l, t, (void **)&w->dt_bias, 1, Hv, 0, 0, i, "linear_attn.dt_bias")->xf = XF_F32;
     want_layer(l, t, (void **)&w->A_log, 1, Hv, 0, 0, i, "linear_attn.A_log")->xf = XF_F32;
     want_layer(l, t, &w->lin_norm, 1, c->lin_v_dim, 0, 0, i, "linear_attn.norm.weight"); /* plain w */
-    want_layer(l, t, &w->lin_out, 2, H, VD, 0, i, "linear_attn.out_proj.weight");
+    want_layer(l, t, &w->lin_out, 2, H, VD, 0, i, "linear_attn.out_proj.weight")->mat = 1;
 }
 
 /* A sparse MLP (targets-extraction: Qwen3-MoE, Qwen3.5-MoE). The experts
@@ -229,27 +231,27 @@ static void plan_moe(dfl_target *t, wlist *l, layer_w *w, int i) {
     want_layer(l, t, &w->router, 2, E, H, 0, i, "mlp.gate.weight");
     snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", c->weight_prefix, i);
     if (dfl_st_find(l->st, name)) {
-        want_layer(l, t, &w->exp_gate_up, 3, E, 2 * Im, H, i, "mlp.experts.gate_up_proj")->expert = 1;
-        want_layer(l, t, &w->exp_down, 3, E, H, Im, i, "mlp.experts.down_proj")->expert = 1;
+        want_layer(l, t, &w->exp_gate_up, 3, E, 2 * Im, H, i, "mlp.experts.gate_up_proj")->mat = 1;
+        want_layer(l, t, &w->exp_down, 3, E, H, Im, i, "mlp.experts.down_proj")->mat = 1;
     } else {
         for (int64_t e = 0; e < E && !l->rc; e++) {
             snprintf(suffix, sizeof suffix, "mlp.experts.%lld.gate_proj.weight", (long long)e);
             wspec *g = want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix);
-            g->dst_off = e * 2 * Im * H, g->expert = 1;
+            g->dst_off = e * 2 * Im * H, g->mat = 1;
             snprintf(suffix, sizeof suffix, "mlp.experts.%lld.up_proj.weight", (long long)e);
             wspec *u = want_layer(l, t, &w->exp_gate_up, 2, Im, H, 0, i, suffix);
-            u->dst_off = (e * 2 + 1) * Im * H, u->expert = 1;
+            u->dst_off = (e * 2 + 1) * Im * H, u->mat = 1;
         }
         for (int64_t e = 0; e < E && !l->rc; e++) {
             snprintf(suffix, sizeof suffix, "mlp.experts.%lld.down_proj.weight", (long long)e);
             wspec *d = want_layer(l, t, &w->exp_down, 2, H, Im, 0, i, suffix);
-            d->dst_off = e * H * Im, d->expert = 1;
+            d->dst_off = e * H * Im, d->mat = 1;
         }
     }
     if (Is) {
-        want_layer(l, t, &w->sh_gate, 2, Is, H, 0, i, "mlp.shared_expert.gate_proj.weight");
-        want_layer(l, t, &w->sh_up, 2, Is, H, 0, i, "mlp.shared_expert.up_proj.weight");
-        want_layer(l, t, &w->sh_down, 2, H, Is, 0, i, "mlp.shared_expert.down_proj.weight");
+        want_layer(l, t, &w->sh_gate, 2, Is, H, 0, i, "mlp.shared_expert.gate_proj.weight")->mat = 1;
+        want_layer(l, t, &w->sh_up, 2, Is, H, 0, i, "mlp.shared_expert.up_proj.weight")->mat = 1;
+        want_layer(l, t, &w->sh_down, 2, H, Is, 0, i, "mlp.shared_expert.down_proj.weight")->mat = 1;
         want_layer(l, t, &w->sh_mix, 2, 1, H, 0, i, "mlp.shared_expert_gate.weight");
     }
 }
@@ -297,7 +299,7 @@ static void want_experts(wlist *l, const dfl_target *t, void **dst, int64_t rows
         w->transposed = 1;
     }
     set_experts(w, E, rows, cols, interleave);
-    w->expert = 1;
+    w->mat = 1;
 }
 
 /* gpt-oss's sparse MLP: a router with a bias, experts with biases, gate
@@ -337,9 +339,9 @@ static void plan_weights(dfl_target *t, wlist *l) {
             else plan_moe(t, l, w, i);
             continue;
         }
-        want_layer(l, t, &w->gate, 2, I, H, 0, i, "mlp.gate_proj.weight");
-        want_layer(l, t, &w->up, 2, I, H, 0, i, "mlp.up_proj.weight");
-        want_layer(l, t, &w->down, 2, H, I, 0, i, "mlp.down_proj.weight");
+        want_layer(l, t, &w->gate, 2, I, H, 0, i, "mlp.gate_proj.weight")->mat = 1;
+        want_layer(l, t, &w->up, 2, I, H, 0, i, "mlp.up_proj.weight")->mat = 1;
+        want_layer(l, t, &w->down, 2, H, I, 0, i, "mlp.down_proj.weight")->mat = 1;
     }
     free(sparse);
     if (t->head) {
@@ -444,10 +446,10 @@ static float *transform(const dfl_target *t, const wspec *w) {
     return out;
 }
 
-/* Experts kept in bf16 by a backend computing in f32 (the CPU: see
- * expert_dtype): their bf16 values as they are. */
+/* Matrices kept in bf16 by a backend computing in f32 (the CPU: see
+ * mat_dtype): their bf16 values as they are. */
 static int raw_bf16(const dfl_target *t, const wspec *w) {
-    return w->expert && t->expert_dt == DFL_BF16 && t->ops->wt_bytes != 2;
+    return w->mat && t->mat_dt == DFL_BF16 && t->ops->wt_bytes != 2;
 }
 
 /* n f32 values that are bf16 values (raw_bf16's), stored as bf16: exact. */
@@ -472,7 +474,7 @@ static void load_one(dfl_target *t, const wspec *w, void *dst) {
         if (w->scales) release_pages(w->scales->data, w->scales->nbytes);
         return;
     }
-    if (raw_bf16(t, w)) { /* bf16 in the file (expert_dtype) */
+    if (raw_bf16(t, w)) { /* bf16 in the file (mat_dtype) */
         t->ops->upload(dst, s->data, s->nbytes);
         t->ops->sync();
         release_pages(s->data, s->nbytes);
@@ -519,47 +521,50 @@ static int check_layer_count(const dfl_st *st, const dfl_model_config *c, const 
     return 0;
 }
 
-/* The experts' dtype: the backend's wt, except where that is f32 (the CPU)
- * and every expert tensor holds bf16 values (bf16 or MXFP4 in the file, as
- * released MoE checkpoints are): then bf16, which is exact and halves the
- * memory of a MoE target (Qwen3-30B-A3B: 58 of its 61 GB are experts);
- * matmul_grouped widens them for each product. */
-static dfl_dtype expert_dtype(const dfl_ops *ops, const wlist *l) {
+/* The dtype of the layers' projection matrices and experts (wspec mat):
+ * the backend's wt, except where that is f32 (the CPU) and every one of
+ * them holds bf16 values (bf16 or MXFP4 in the file, as released
+ * checkpoints are): then bf16, which is exact and halves what they take.
+ * They are nearly all of a model: Qwen3-8B 6.9 of its 8.2 G weights (the
+ * rest: the embedding and the LM head, shared with a drafter, which stay
+ * wt), Qwen3-30B-A3B 29.9 of 30.5 G. dfl_target_matmul widens them for each
+ * product. */
+static dfl_dtype mat_dtype(const dfl_ops *ops, const wlist *l) {
     if (ops->wt_bytes == 2) return DFL_BF16;
     for (int i = 0; i < l->n; i++)
-        if (l->v[i].expert && !l->v[i].mxfp4 && l->v[i].src->dtype != DFL_BF16) return DFL_F32;
+        if (l->v[i].mat && !l->v[i].mxfp4 && l->v[i].src->dtype != DFL_BF16) return DFL_F32;
     return DFL_BF16;
 }
 
 /* Place every tensor: compute weights in one backend allocation, the
- * experts in another, the f32 parameters in a third; then convert each
+ * matrices in another, the f32 parameters in a third; then convert each
  * into place. */
 static void load_all(dfl_target *t, wlist *l) {
     const dfl_ops *ops = t->ops;
-    uint64_t nwt = 0, nexp = 0, nf32 = 0;
+    uint64_t nwt = 0, nmat = 0, nf32 = 0;
     for (int i = 0; i < l->n; i++) {
         wspec *w = &l->v[i];
         if (!w->out_numel) w->out_numel = w->src->numel;
         if (w->xf == XF_F32) nf32 += (uint64_t)w->out_numel;
-        else if (w->expert) nexp += (uint64_t)w->out_numel;
+        else if (w->mat) nmat += (uint64_t)w->out_numel;
         else nwt += (uint64_t)w->out_numel;
     }
-    t->expert_dt = expert_dtype(ops, l);
-    const uint64_t xb = dfl_dtype_size(t->expert_dt);
-    t->weight_bytes = nwt * (uint64_t)ops->wt_bytes + nexp * xb + nf32 * sizeof(float);
+    t->mat_dt = mat_dtype(ops, l);
+    const uint64_t xb = dfl_dtype_size(t->mat_dt);
+    t->weight_bytes = nwt * (uint64_t)ops->wt_bytes + nmat * xb + nf32 * sizeof(float);
     t->weights = ops->alloc(nwt * (uint64_t)ops->wt_bytes);
-    t->experts = nexp ? ops->alloc(nexp * xb) : NULL;
+    t->mats = nmat ? ops->alloc(nmat * xb) : NULL;
     t->params_f32 = nf32 ? ops->alloc(nf32 * sizeof(float)) : NULL;
     uint64_t off = 0, offx = 0, off32 = 0;
     for (int i = 0; i < l->n; i++) {
         wspec *w = &l->v[i];
         void *at;
-        const uint64_t esz = w->xf == XF_F32 ? sizeof(float) : w->expert ? xb : (uint64_t)ops->wt_bytes;
+        const uint64_t esz = w->xf == XF_F32 ? sizeof(float) : w->mat ? xb : (uint64_t)ops->wt_bytes;
         if (w->xf == XF_F32) {
             at = (float *)t->params_f32 + off32;
             off32 += (uint64_t)w->out_numel;
-        } else if (w->expert) {
-            at = (char *)t->experts + offx * xb;
+        } else if (w->mat) {
+            at = (char *)t->mats + offx * xb;
             offx += (uint64_t)w->out_numel;
         } else {
             at = DFL_WAT(ops, t->weights, off);
@@ -640,7 +645,7 @@ void dfl_target_free(dfl_target *t) {
     if (t->ops) {
         ws_free(t->ops, &t->ws);
         if (t->weights) t->ops->free(t->weights);
-        if (t->experts) t->ops->free(t->experts);
+        if (t->mats) t->ops->free(t->mats);
         if (t->params_f32) t->ops->free(t->params_f32);
         if (t->inv_freq) t->ops->free(t->inv_freq);
     }
@@ -791,9 +796,23 @@ void dfl_target_norm(const dfl_target *t, void *out, const void *in, const void 
     else t->ops->rmsnorm(out, NULL, in, w, rows, dim, eps);
 }
 
+/* On the CPU the matrices may be bf16 (mat_dtype): then a one-group
+ * matmul_grouped, which takes their dtype, with the bits of the matmul op
+ * on f32 weights of the same values (but at one row: no bf16 sgemv). */
+void dfl_target_matmul(const dfl_target *t, void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N,
+                       int accumulate) {
+    const dfl_ops *ops = t->ops;
+    if (dfl_dtype_size(t->mat_dt) == (size_t)ops->wt_bytes) {
+        ops->matmul(out, in, w, M, K, N, accumulate);
+    } else {
+        const int64_t rows[2] = {0, M};
+        ops->matmul_grouped(out, in, w, t->mat_dt, rows, 1, 0, K, N, accumulate);
+    }
+}
+
 void dfl_target_proj(const dfl_target *t, void *out, const void *in, const void *w, const void *bias, int64_t T,
                      int64_t K, int64_t N) {
-    t->ops->matmul(out, in, w, T, K, N, 0);
+    dfl_target_matmul(t, out, in, w, T, K, N, 0);
     if (bias) t->ops->add_bias(out, bias, T, N);
 }
 
@@ -822,14 +841,14 @@ void dfl_target_linear_attn(const dfl_target *t, const layer_w *lw, lin_ws *ws, 
     const dfl_model_config *c = &t->cfg;
     const int64_t H = c->hidden_size, Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
     const int64_t VD = Hv * dv, C = 2 * Hk * dk + VD;
-    ops->matmul(ws->raw, h, lw->lin_qkv, n, H, C, 0);
+    dfl_target_matmul(t, ws->raw, h, lw->lin_qkv, n, H, C, 0);
     ops->conv1d_silu(ws->conv, ws->raw, hist, lw->lin_conv, cu, nseq, n, C, c->lin_conv);
-    ops->matmul(ws->z, h, lw->lin_z, n, H, VD, 0);
+    dfl_target_matmul(t, ws->z, h, lw->lin_z, n, H, VD, 0);
     ops->matmul(ws->ba, h, lw->lin_ba, n, H, 2 * Hv, 0);
     ops->gated_delta(ws->o, state, steps, ws->conv, ws->ba, lw->A_log, lw->dt_bias, cu, nseq, n, Hk, Hv, dk, dv);
     ops->rmsnorm(ws->y, NULL, ws->o, lw->lin_norm, n * Hv, dv, (float)c->rms_norm_eps);
     ops->swiglu(ws->y, ws->z, ws->y, n * VD);                /* silu(z) * normed */
-    ops->matmul(x, ws->y, lw->lin_out, n, VD, H, 1);         /* x += o Wout^T */
+    dfl_target_matmul(t, x, ws->y, lw->lin_out, n, VD, H, 1); /* x += o Wout^T */
 }
 
 static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t nseq) {
@@ -854,10 +873,10 @@ static void layer_forward(dfl_target *t, const layer_w *lw, int64_t T, int64_t n
         ops->attn_causal(w->ao, lw->sinks ? w->lse : NULL, w->q, w->k, w->v, w->cu, nseq, T, Hq, Hkv, D, lw->window);
         if (lw->sinks) ops->attn_sinks(w->ao, w->lse, lw->sinks, T, Hq, D);
         if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
-            ops->matmul(w->lin.agate, w->h, lw->attn_gate, T, H, Hq * D, 0);
+            dfl_target_matmul(t, w->lin.agate, w->h, lw->attn_gate, T, H, Hq * D, 0);
             ops->sigmoid_mul(w->ao, w->ao, w->lin.agate, T * Hq * D);
         }
-        ops->matmul(w->x, w->ao, lw->o, T, Hq * D, H, 1);         /* x += attn Wo^T */
+        dfl_target_matmul(t, w->x, w->ao, lw->o, T, Hq * D, H, 1); /* x += attn Wo^T */
         if (lw->o_bias) ops->add_bias(w->x, lw->o_bias, T, H);
     }
 
@@ -918,12 +937,12 @@ void dfl_target_mlp_free(const dfl_ops *ops, mlp_ws *mw) {
 
 /* out[m, H] (+)= down · (silu(h gate^T) * (h up^T)): a SwiGLU MLP of width
  * I on m rows (gate, up: act [m, I] scratch). */
-static void swiglu_mlp(const dfl_ops *ops, void *out, int accumulate, const void *h, const void *wg, const void *wu,
+static void swiglu_mlp(const dfl_target *t, void *out, int accumulate, const void *h, const void *wg, const void *wu,
                        const void *wd, void *gate, void *up, int64_t m, int64_t H, int64_t I) {
-    ops->matmul(gate, h, wg, m, H, I, 0);
-    ops->matmul(up, h, wu, m, H, I, 0);
-    ops->swiglu(gate, gate, up, m * I); /* elementwise, in place */
-    ops->matmul(out, gate, wd, m, I, H, accumulate);
+    dfl_target_matmul(t, gate, h, wg, m, H, I, 0);
+    dfl_target_matmul(t, up, h, wu, m, H, I, 0);
+    t->ops->swiglu(gate, gate, up, m * I); /* elementwise, in place */
+    dfl_target_matmul(t, out, gate, wd, m, I, H, accumulate);
 }
 
 /* y[r, :N] += bias_e for the rows r of each expert e (listed by expert,
@@ -951,7 +970,7 @@ static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x,
     ops->moe_route(mw->offsets, mw->rows, mw->pos, mw->wts, mw->logits, m, E, k, c->norm_topk_prob);
     ops->gather_rows(mw->xs, h, mw->rows, m * k, H);
     const int64_t n = m * k, gu = 2 * Im * H; /* listed pairs; an expert's gate and up rows in exp_gate_up */
-    const dfl_dtype xdt = t->expert_dt;
+    const dfl_dtype xdt = t->mat_dt;
     const void *up = (const char *)lw->exp_gate_up + (size_t)(Im * H) * dfl_dtype_size(xdt);
     ops->matmul_grouped(mw->gate, mw->xs, lw->exp_gate_up, xdt, mw->offsets, E, gu, H, Im, 0);
     ops->matmul_grouped(mw->up, mw->xs, up, xdt, mw->offsets, E, gu, H, Im, 0);
@@ -965,7 +984,7 @@ static void moe_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x,
     ops->matmul_grouped(mw->ys, mw->gate, lw->exp_down, xdt, mw->offsets, E, H * Im, Im, H, 0);
     if (c->gpt_oss) expert_bias(ops, mw->ys, lw->exp_down_bias, mw->offsets, E, H, H);
     if (Is) {
-        swiglu_mlp(ops, mw->shared, 0, h, lw->sh_gate, lw->sh_up, lw->sh_down, mw->gate, mw->up, m, H, Is);
+        swiglu_mlp(t, mw->shared, 0, h, lw->sh_gate, lw->sh_up, lw->sh_down, mw->gate, mw->up, m, H, Is);
         ops->matmul(mw->mix, h, lw->sh_mix, m, H, 1, 0);
     }
     ops->moe_combine(x, mw->ys, mw->pos, mw->wts, Is ? mw->shared : NULL, Is ? mw->mix : NULL, m, k, H);
@@ -982,7 +1001,7 @@ void dfl_target_mlp(const dfl_target *t, const layer_w *lw, mlp_ws *mw, void *x,
         void *xr = DFL_AT(ops, x, r0 * H);
         const void *hr = DFL_AT(ops, h, r0 * H);
         if (lw->moe) moe_mlp(t, lw, mw, xr, hr, m);
-        else swiglu_mlp(ops, xr, 1, hr, lw->gate, lw->up, lw->down, mw->gate, mw->up, m, H, I); /* x += mlp */
+        else swiglu_mlp(t, xr, 1, hr, lw->gate, lw->up, lw->down, mw->gate, mw->up, m, H, I); /* x += mlp */
     }
 }
 

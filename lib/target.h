@@ -29,7 +29,8 @@
  * HF's bf16 inference: the states written are the f32 model's, rounded once
  * to bf16 on output.
  *
- * Memory: the weights (as compute weights: f32 on the CPU) plus a workspace
+ * Memory: the weights (as compute weights: f32 on the CPU, but for the
+ * layers' matrices, which stay bf16 there when the file's are) plus a workspace
  * that grows to the largest batch seen: a few [T, H]-sized buffers (q, k, v
  * and the attention output included), the taps [T, K, H], and two MLP
  * buffers of at most [4096, I] (the MLP runs in row chunks). Nothing grows

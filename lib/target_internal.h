@@ -17,18 +17,20 @@
 
 typedef struct {
     int linear; /* a Gated DeltaNet layer (Qwen3.5 "linear_attention"); else attention */
-    void *in_norm, *q, *k, *v, *o, *q_norm, *k_norm, *post_norm, *gate, *up, *down;
-    void *attn_gate;                  /* gated attention: q_proj's gate rows, wt [Hq*D, H] */
+    /* "mat": in t->mats, of t->mat_dt (dfl_target_matmul); the rest wt */
+    void *q, *k, *v, *o, *gate, *up, *down;  /* mat */
+    void *in_norm, *q_norm, *k_norm, *post_norm;
+    void *attn_gate;                  /* gated attention: q_proj's gate rows, mat [Hq*D, H] */
     void *q_bias, *k_bias, *v_bias;   /* Qwen2: wt [Hq*D], [Hkv*D], [Hkv*D]; else NULL */
-    /* Gated DeltaNet: wt in_proj_qkv [C, H], in_proj_z [Hv*dv, H], in_proj_b
-     * and in_proj_a as one [2*Hv, H], conv1d [C, K], norm [dv], out_proj
-     * [H, Hv*dv]; f32 A_log, dt_bias [Hv]. C = 2*Hk*dk + Hv*dv. */
+    /* Gated DeltaNet: mat in_proj_qkv [C, H], in_proj_z [Hv*dv, H] and
+     * out_proj [H, Hv*dv]; wt in_proj_b and in_proj_a as one [2*Hv, H],
+     * conv1d [C, K], norm [dv]; f32 A_log, dt_bias [Hv]. C = 2*Hk*dk + Hv*dv. */
     void *lin_qkv, *lin_z, *lin_ba, *lin_conv, *lin_norm, *lin_out;
     float *A_log, *dt_bias;
     /* A sparse MLP (mixture of experts; then gate, up, down are unused):
-     * router wt [E, H]; experts' gate and up rows wt [E, 2*Im, H] (expert
-     * e: its Im gate rows, then its Im up rows); their down wt [E, H, Im].
-     * Qwen3.5-MoE's shared expert: sh_gate, sh_up wt [Is, H], sh_down
+     * router wt [E, H]; experts' gate and up rows mat [E, 2*Im, H] (expert
+     * e: its Im gate rows, then its Im up rows); their down mat [E, H, Im].
+     * Qwen3.5-MoE's shared expert: sh_gate, sh_up mat [Is, H], sh_down mat
      * [H, Is], and sh_mix wt [1, H], whose sigmoid scales it per token. */
     int moe;
     void *router, *exp_gate_up, *exp_down, *sh_gate, *sh_up, *sh_down, *sh_mix;
@@ -95,8 +97,8 @@ struct dfl_target {
     int              nlayers;     /* loaded */
     int              head;        /* model.norm and LM head loaded */
     void            *weights;     /* one backend allocation */
-    void            *experts;     /* the MoE experts' matrices, or NULL */
-    dfl_dtype        expert_dt;   /* their elements: wt, or bf16 on the CPU (target.c expert_dtype) */
+    void            *mats;        /* the layers' projection matrices and experts (target.c mat_dtype) */
+    dfl_dtype        mat_dt;      /* their elements: wt, or bf16 on the CPU (target.c mat_dtype) */
     void            *params_f32;  /* the f32 parameters (A_log, dt_bias), or NULL */
     uint64_t         weight_bytes;
     void            *embed, *final_norm, *lm_head; /* lm_head may alias embed */
@@ -115,8 +117,13 @@ void dfl_target_head_free(const dfl_ops *ops, head_ws *hw);
 /* out = the model's RMSNorm of in [rows, dim] with weight w: w, or (1 + w)
  * for Qwen3.5 (ops rmsnorm1p), eps rms_norm_eps. */
 void dfl_target_norm(const dfl_target *t, void *out, const void *in, const void *w, int64_t rows, int64_t dim);
-/* out[T, N] = in[T, K] w^T (w: wt [N, K]), plus bias[N] on every row when
- * bias is not NULL (Qwen2's q, k and v projections). */
+/* out[M, N] (+)= in[M, K] w^T for w one of the layers' matrices (in
+ * t->mats, of t->mat_dt: bf16 on the CPU for bf16 files). */
+void dfl_target_matmul(const dfl_target *t, void *out, const void *in, const void *w, int64_t M, int64_t K, int64_t N,
+                       int accumulate);
+/* out[T, N] = in[T, K] w^T (w: a layer's matrix, as dfl_target_matmul's),
+ * plus bias[N] on every row when bias is not NULL (Qwen2's q, k and v
+ * projections). */
 void dfl_target_proj(const dfl_target *t, void *out, const void *in, const void *w, const void *bias, int64_t T,
                      int64_t K, int64_t N);
 /* q or k of an attention layer from its projection `in` (T rows of nh

@@ -334,10 +334,10 @@ static void layer_step(dfl_target_kv *kv, int l, int64_t n) {
     dfl_target_proj(t, vdst, kv->h, lw->v, lw->v_bias, n, H, KD);
     attention_step(kv, lw, l, n);
     if (lw->attn_gate) { /* Qwen3.5: attn * sigmoid(h Wgate^T) */
-        ops->matmul(kv->lin.agate, kv->h, lw->attn_gate, n, H, Hq * D, 0);
+        dfl_target_matmul(t, kv->lin.agate, kv->h, lw->attn_gate, n, H, Hq * D, 0);
         ops->sigmoid_mul(kv->ao, kv->ao, kv->lin.agate, n * Hq * D);
     }
-    ops->matmul(kv->x, kv->ao, lw->o, n, Hq * D, H, 1);
+    dfl_target_matmul(t, kv->x, kv->ao, lw->o, n, Hq * D, H, 1);
     if (lw->o_bias) ops->add_bias(kv->x, lw->o_bias, n, H);
 
     dfl_target_norm(t, kv->h, kv->x, lw->post_norm, n, H);

@@ -11,7 +11,9 @@
 #   lmhead_ce       loss + dh (chunked) vs logits = h w^T, cross_entropy, backward
 #   matmul_grouped  a MoE layer's expert products, the weights f32 and bf16
 #                   (the CPU keeps bf16 experts as bf16) vs a loop of F.linear
-#                   over the experts in f32 (transformers' eager experts)
+#                   over the experts in f32 (transformers' eager experts); with
+#                   one expert, a dense layer's product (the CPU keeps every
+#                   bf16 matrix of a target as bf16) vs F.linear in f32
 #
 # Times are process CPU time (all threads) of the best of REPS calls: the
 # machine is shared, and CPU time is steadier there than wall time. Each line
@@ -32,6 +34,7 @@ if ! python3 -c 'import torch' 2>/dev/null; then
     "$bench" causal 2048 32 8 128 2
     "$bench" lmhead 128 1024 32000 2
     "$bench" grouped 128 4 2048 768 3
+    "$bench" grouped 1 17 4096 4096 3
     exit 0
 fi
 
@@ -144,3 +147,8 @@ compare "N128 H1024 V32000" lmhead 128 1024 32000 2
 compare "E128 rows1 K2048 N768" grouped 128 1 2048 768 3
 compare "E128 rows4 K2048 N768" grouped 128 4 2048 768 3
 compare "E16 rows256 K2048 N768" grouped 16 256 2048 768 2
+# a dense target's matrix (Qwen3-8B's q_proj): a decode step's row, a
+# verify step's 17 rows, an extraction batch's 2048
+compare "E1 rows1 K4096 N4096" grouped 1 1 4096 4096 5
+compare "E1 rows17 K4096 N4096" grouped 1 17 4096 4096 5
+compare "E1 rows2048 K4096 N4096" grouped 1 2048 4096 4096 2

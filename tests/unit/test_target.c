@@ -917,45 +917,61 @@ static void test_weight_encodings(void) {
     free(ref);
 }
 
-/* The elements of the expert matrices in the files of `dir` (biases not
- * counted). */
-static uint64_t expert_elements(const char *dir) {
+/* Whether tensor `name` is one the CPU keeps as bf16 (target.c mat_dtype):
+ * a layer's projection matrices (q, k, v, o; gate, up, down, the shared
+ * expert's too; Gated DeltaNet's in_proj_qkv(z), in_proj_z, out_proj) and
+ * the experts (biases not). Not: the router, in_proj_a/b/ba, the shared
+ * expert's gate, norms, biases, the embedding and the LM head. */
+static int is_matrix(const char *name) {
+    if (strstr(name, ".mlp.experts.")) return !strstr(name, "_bias");
+    size_t n = strlen(name);
+    if (n < 7 || strcmp(name + n - 7, ".weight") || !strstr(name, "_proj")) return 0;
+    return !strstr(name, "in_proj_a.") && !strstr(name, "in_proj_b.") && !strstr(name, "in_proj_ba.");
+}
+
+/* The elements of those matrices in the files of `dir`. */
+static uint64_t matrix_elements(const char *dir) {
     dfl_st *st = NULL;
     if (dfl_st_open_dir(&st, dir)) return 0;
     uint64_t n = 0;
     for (int i = 0; i < dfl_st_count(st); i++) {
         const dfl_st_tensor *t = dfl_st_at(st, i);
-        if (strstr(t->name, ".mlp.experts.") && !strstr(t->name, "_bias")) n += (uint64_t)t->numel;
+        if (is_matrix(t->name)) n += (uint64_t)t->numel;
     }
     dfl_st_close(st);
     return n;
 }
 
-/* The CPU keeps a MoE target's experts in bf16 when the file's are bf16
- * (half the memory) and in f32 when they are f32. The values are the same,
- * so the states are bitwise the same, and the f32 file's model takes
- * exactly 2 more bytes per expert weight. For each way the experts are
- * stored: one tensor per expert, stacked, gpt-oss's transposed stack. (The
- * MXFP4 experts take the bf16 path too: test_gpt_oss_mxfp4.) */
-static void test_expert_storage(void) {
-    static const char *const moe[] = {"qwen3-moe", "qwen3-moe-fused", "gpt-oss"};
-    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+/* The CPU keeps a target's layer matrices in bf16 when the file's are
+ * bf16 (half the memory) and in f32 when they are f32. The values are the
+ * same and the products the same sums (dfl_cpu_gemm_nt_bf16, the few-rows
+ * kernel), so the states are bitwise the same, and the f32 file's model
+ * takes exactly 2 more bytes per matrix weight: so every matrix is kept
+ * in bf16, and nothing else is. Dense (with and without a rotary
+ * permutation of q and k), hybrid (q_proj split into q and its gate; Qwen3-
+ * Next's fused projections regrouped), and each way experts are stored:
+ * one tensor per expert, stacked, gpt-oss's transposed stack. (The MXFP4
+ * experts take the bf16 path too: test_gpt_oss_mxfp4.) */
+static void test_matrix_storage(void) {
+    static const char *const fix[] = {"qwen3-untied", "llama3",    "qwen35",          "qwen3-next",
+                                      "qwen35-moe",   "qwen3-moe", "qwen3-moe-fused", "gpt-oss"};
+    for (size_t i = 0; i < sizeof fix / sizeof fix[0]; i++) {
         char ref_dir[512], d[600], name[64];
-        snprintf(ref_dir, sizeof ref_dir, "%s/%s", FIX, moe[i]);
-        snprintf(name, sizeof name, "%s-f32", moe[i]);
+        snprintf(ref_dir, sizeof ref_dir, "%s/%s", FIX, fix[i]);
+        snprintf(name, sizeof name, "%s-f32", fix[i]);
         int64_t n = 0, m = 0;
-        uint64_t bytes_bf16 = 0, bytes_f32 = 0, nexp = expert_elements(ref_dir);
-        float *ref = all_taps_of(moe[i], ref_dir, &n, &bytes_bf16);
-        make_converted_of(moe[i], name, DFL_F32);
+        uint64_t bytes_bf16 = 0, bytes_f32 = 0, nmat = matrix_elements(ref_dir);
+        float *ref = all_taps_of(fix[i], ref_dir, &n, &bytes_bf16);
+        make_converted_of(fix[i], name, DFL_F32);
         snprintf(d, sizeof d, "%s/%s", tmp, name);
-        float *got = all_taps_of(moe[i], d, &m, &bytes_f32);
-        T_CHECKF(ref && got && n == m && !memcmp(got, ref, (size_t)n * sizeof *got), "%s: f32 experts give other states",
-                 moe[i]);
-        T_CHECKF(nexp > 0 && bytes_f32 == bytes_bf16 + 2 * nexp,
-                 "%s: weights %llu bytes from bf16, %llu from f32, %llu expert weights", moe[i],
-                 (unsigned long long)bytes_bf16, (unsigned long long)bytes_f32, (unsigned long long)nexp);
-        fprintf(stderr, "  %s: %llu expert weights; %.2f MiB from bf16 files, %.2f MiB from f32, same states\n", moe[i],
-                (unsigned long long)nexp, bytes_bf16 / 1048576.0, bytes_f32 / 1048576.0);
+        float *got = all_taps_of(fix[i], d, &m, &bytes_f32);
+        T_CHECKF(ref && got && n == m && !memcmp(got, ref, (size_t)n * sizeof *got), "%s: f32 matrices give other states",
+                 fix[i]);
+        T_CHECKF(nmat > 0 && bytes_f32 == bytes_bf16 + 2 * nmat,
+                 "%s: weights %llu bytes from bf16, %llu from f32, %llu matrix weights", fix[i],
+                 (unsigned long long)bytes_bf16, (unsigned long long)bytes_f32, (unsigned long long)nmat);
+        fprintf(stderr, "  %s: %llu matrix weights; %.3f MiB from bf16 files, %.3f MiB from f32, same states\n", fix[i],
+                (unsigned long long)nmat, bytes_bf16 / 1048576.0, bytes_f32 / 1048576.0);
         free(ref);
         free(got);
     }
@@ -997,7 +1013,7 @@ int main(void) {
     T_RUN(test_moe_workspace_growth);
     T_RUN(test_moe_plan_bounded_by_weights);
     T_RUN(test_weight_encodings);
-    T_RUN(test_expert_storage);
+    T_RUN(test_matrix_storage);
     if (t_rm_rf(tmp) != 0) return 1;
     return t_exit();
 }
