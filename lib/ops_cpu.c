@@ -114,36 +114,27 @@ static inline __attribute__((always_inline)) float w_at(const void *wr, int64_t 
     return bf16 ? dfl_bf16_to_f32(((const uint16_t *)wr)[k]) : ((const float *)wr)[k];
 }
 
-/* o[i * ldo] (=|+=) x[i * K, :] . wr for i < 4 */
-static inline __attribute__((always_inline)) void dot4(float *o, int64_t ldo, const float *x, const void *wr, int bf16,
-                                                       int64_t K, int acc) {
-    v8f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, wv, a;
+/* o[i * ldo] (=|+=) x[i * K, :] . wr for i < R (R 1, 4 or 8, a constant
+ * where it is inlined: the loops unroll and s stays in registers). Each
+ * row's sum is the same whatever R: eight lanes over k, their sum, then
+ * the tail, so a row's bits do not depend on its group. */
+static inline __attribute__((always_inline)) void dot_rows(float *o, int64_t ldo, const float *x, const void *wr,
+                                                           int bf16, int64_t K, int acc, int R) {
+    v8f s[8], wv, a;
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) s[i] = (v8f){0};
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
         load_w8(&wv, wr, k, bf16);
-        V8_LOAD(a, x + k), s0 += a * wv;
-        V8_LOAD(a, x + K + k), s1 += a * wv;
-        V8_LOAD(a, x + 2 * K + k), s2 += a * wv;
-        V8_LOAD(a, x + 3 * K + k), s3 += a * wv;
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) V8_LOAD(a, x + i * K + k), s[i] += a * wv;
     }
-    float r[4] = {lanes_sum(&s0), lanes_sum(&s1), lanes_sum(&s2), lanes_sum(&s3)};
-    for (int i = 0; i < 4; i++) {
-        for (int64_t t = k; t < K; t++) r[i] += x[i * K + t] * w_at(wr, t, bf16);
-        o[i * ldo] = acc ? o[i * ldo] + r[i] : r[i];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        float r = lanes_sum(&s[i]);
+        for (int64_t t = k; t < K; t++) r += x[i * K + t] * w_at(wr, t, bf16);
+        o[i * ldo] = acc ? o[i * ldo] + r : r;
     }
-}
-
-static inline __attribute__((always_inline)) void dot1(float *o, const float *x, const void *wr, int bf16, int64_t K,
-                                                       int acc) {
-    v8f s = {0}, wv, a;
-    int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
-        load_w8(&wv, wr, k, bf16);
-        V8_LOAD(a, x + k), s += a * wv;
-    }
-    float r = lanes_sum(&s);
-    for (int64_t t = k; t < K; t++) r += x[t] * w_at(wr, t, bf16);
-    *o = acc ? *o + r : r;
 }
 
 /* Column n of the output, out[m, n] for m < M, from row wr of w. */
@@ -151,8 +142,9 @@ static inline __attribute__((always_inline)) void few_rows_column(float *out, co
                                                                   int bf16, int64_t M, int64_t K, int64_t N,
                                                                   int64_t n, int acc) {
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4) dot4(out + m * N + n, N, in + m * K, wr, bf16, K, acc);
-    for (; m < M; m++) dot1(out + m * N + n, in + m * K, wr, bf16, K, acc);
+    for (; m + 8 <= M; m += 8) dot_rows(out + m * N + n, N, in + m * K, wr, bf16, K, acc, 8);
+    for (; m + 4 <= M; m += 4) dot_rows(out + m * N + n, N, in + m * K, wr, bf16, K, acc, 4);
+    for (; m < M; m++) dot_rows(out + m * N + n, N, in + m * K, wr, bf16, K, acc, 1);
 }
 
 /* The parallel loops stay in the SIMD_CLONES functions themselves, so

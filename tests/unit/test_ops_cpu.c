@@ -297,6 +297,44 @@ static void test_gemm_nt_paths(void) {
     T_CHECKF(e <= NMSE_F32, "gemm_nt 16 x 1024 x 1024: error %.3e", e);
 }
 
+/* The few-rows kernel takes rows 8, 4, then 1 at a time; each row's sums
+ * are the same whatever its group, so every row of an M-row product is
+ * bitwise that row alone (f32 and bf16 weights, overwrite and accumulate):
+ * what keeps a verify block's rows equal to decoding them one by one, up to
+ * the matmul op's sgemv for one row. */
+static void test_few_rows_grouping(void) {
+    const int64_t K = 259, N = 37; /* a tail of 3 after the 8-wide steps */
+    dfl_rng r;
+    dfl_rng_seed(&r, 43);
+    float *w = fbuf(N * K);
+    frand(w, N * K, &r, 1.0f);
+    uint16_t *wb = malloc((size_t)(N * K) * sizeof *wb);
+    for (int64_t i = 0; i < N * K; i++) wb[i] = dfl_f32_to_bf16(w[i]);
+    int bad = 0, cases = 0;
+    for (int64_t M = 1; M <= DFL_CPU_FEW_ROWS; M++)
+        for (int bf = 0; bf < 2; bf++)
+            for (int acc = 0; acc < 2; acc++) {
+                float *x = fbuf(M * K), *init = fbuf(M * N), *all = fbuf(M * N), *one = fbuf(M * N);
+                frand(x, M * K, &r, 1.0f), frand(init, M * N, &r, 1.0f);
+                memcpy(all, init, (size_t)(M * N) * sizeof *all), memcpy(one, init, (size_t)(M * N) * sizeof *one);
+                const void *wt = bf ? (const void *)wb : w;
+                dfl_cpu_gemm_nt_few_rows(all, x, wt, bf ? DFL_BF16 : DFL_F32, M, K, N, acc);
+                for (int64_t m = 0; m < M; m++)
+                    dfl_cpu_gemm_nt_few_rows(one + m * N, x + m * K, wt, bf ? DFL_BF16 : DFL_F32, 1, K, N, acc);
+                if (memcmp(all, one, (size_t)(M * N) * sizeof *all)) {
+                    bad++;
+                    fprintf(stderr, "  few rows: M %lld %s acc %d differs from row by row\n", (long long)M,
+                            bf ? "bf16" : "f32", acc);
+                }
+                cases++;
+                ops->free(x), ops->free(init), ops->free(all), ops->free(one);
+            }
+    T_CHECKF(bad == 0, "%d of %d few-rows products differ from their rows alone", bad, cases);
+    printf("  few rows, M 1..%d x f32/bf16 x acc: %d cases, each row bitwise alone\n", DFL_CPU_FEW_ROWS, cases);
+    ops->free(w);
+    free(wb);
+}
+
 /* matmul FD: L = sum dout * (x w^T) */
 typedef struct {
     float *x, *w, *dout, *out;
@@ -1938,6 +1976,7 @@ int main(void) {
     T_RUN(test_matmul);
     T_RUN(test_matmul_fd);
     T_RUN(test_gemm_nt_paths);
+    T_RUN(test_few_rows_grouping);
     T_RUN(test_rmsnorm);
     T_RUN(test_rmsnorm_fd);
     T_RUN(test_rope);
