@@ -40,6 +40,36 @@ static void cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch
 static void cpu_sync(void) {}
 
 /* ------------------------------------------------------------------------ */
+/* bf16 widening, shared by loading and by the products on bf16 weights     */
+
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+/* Weights k .. k+7 of a row of w: f32, or bf16 widened (exactly: the bf16
+ * bits are the f32's top half). bf16 is a constant where it is inlined. */
+static inline __attribute__((always_inline)) void load_w8(v8f *v, const void *wr, int64_t k, int bf16) {
+    if (bf16) {
+        v8h h;
+        memcpy(&h, (const uint16_t *)wr + k, sizeof h);
+        const v8u u = __builtin_convertvector(h, v8u) << 16;
+        memcpy(v, &u, sizeof *v);
+    } else {
+        memcpy(v, (const float *)wr + k, sizeof *v);
+    }
+}
+
+/* dst[i] = src[i] widened (exact), eight at a time as load_w8 does. */
+SIMD_CLONES static void widen_bf16(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f v;
+        load_w8(&v, src, i, 1);
+        memcpy(dst + i, &v, sizeof v);
+    }
+    for (; i < n; i++) dst[i] = dfl_bf16_to_f32(src[i]);
+}
+
+/* ------------------------------------------------------------------------ */
 /* conversions                                                               */
 
 /* host bf16/f16/f32 -> f32 buffer */
@@ -51,8 +81,9 @@ static void cpu_load(void *dst, const void *host_src, dfl_dtype dtype, int64_t n
         break;
     case DFL_BF16: {
         const uint16_t *in = host_src;
-#pragma omp parallel for if (n > 65536)
-        for (int64_t i = 0; i < n; i++) out[i] = dfl_bf16_to_f32(in[i]);
+        const int64_t chunk = 65536;
+#pragma omp parallel for if (n > chunk)
+        for (int64_t i = 0; i < n; i += chunk) widen_bf16(out + i, in + i, n - i < chunk ? n - i : chunk);
         break;
     }
     case DFL_F16: {
@@ -88,26 +119,10 @@ static int blas_int(int64_t n) {
 }
 
 /* The sum of one product row: eight lanes over K in steps of 8, the lanes
- * added in a fixed order, then the tail. dot4 and dot1 do exactly this. */
+ * added in a fixed order, then the tail. dot_rows does exactly this. */
 static inline __attribute__((always_inline)) float lanes_sum(const v8f *v) {
     const v8f s = *v; /* by address: a vector argument would change the ABI without AVX */
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-typedef uint16_t v8h __attribute__((vector_size(16)));
-typedef uint32_t v8u __attribute__((vector_size(32)));
-
-/* Weights k .. k+7 of a row of w: f32, or bf16 widened (exactly: the bf16
- * bits are the f32's top half). bf16 is a constant where it is inlined. */
-static inline __attribute__((always_inline)) void load_w8(v8f *v, const void *wr, int64_t k, int bf16) {
-    if (bf16) {
-        v8h h;
-        memcpy(&h, (const uint16_t *)wr + k, sizeof h);
-        const v8u u = __builtin_convertvector(h, v8u) << 16;
-        memcpy(v, &u, sizeof *v);
-    } else {
-        memcpy(v, (const float *)wr + k, sizeof *v);
-    }
 }
 
 static inline __attribute__((always_inline)) float w_at(const void *wr, int64_t k, int bf16) {
@@ -193,17 +208,6 @@ void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, co
         cblas_sgemm(CblasRowMajor, ta, tb, blas_int(min64(GEMM_TILE, M - i0)), blas_int(min64(GEMM_TILE, N - j0)),
                     blas_int(K), 1.0f, a, blas_int(lda), b, blas_int(ldb), beta, C + i0 * ldc + j0, blas_int(ldc));
     }
-}
-
-/* dst[i] = src[i] widened (exact), eight at a time as load_w8 does. */
-SIMD_CLONES static void widen_bf16(float *dst, const uint16_t *src, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        v8f v;
-        load_w8(&v, src, i, 1);
-        memcpy(dst + i, &v, sizeof v);
-    }
-    for (; i < n; i++) dst[i] = dfl_bf16_to_f32(src[i]);
 }
 
 /* out[M,N] = in[M,K] . w[N,K]^T + beta * out with w bf16, for more rows

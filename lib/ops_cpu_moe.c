@@ -92,8 +92,10 @@ void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, dfl_dty
             dfl_cpu_gemm_nt_few_rows(out + r0 * N, in + r0 * K, we, wdt, rows, K, N, accumulate);
             continue;
         }
-        if (wdt == DFL_BF16 && K > 0) dfl_cpu_gemm_nt_bf16(out + r0 * N, in + r0 * K, we, rows, K, N, accumulate ? 1.0f : 0.0f);
-        else dfl_cpu_matmul(out + r0 * N, in + r0 * K, we, rows, K, N, accumulate);
+        if (wdt == DFL_BF16 && K > 0)
+            dfl_cpu_gemm_nt_bf16(out + r0 * N, in + r0 * K, we, rows, K, N, accumulate ? 1.0f : 0.0f);
+        else
+            dfl_cpu_matmul(out + r0 * N, in + r0 * K, we, rows, K, N, accumulate);
     }
 }
 
