@@ -17,7 +17,7 @@
  * sgemm first copies (packs) the whole weight matrix, which costs more than
  * the products at a few rows: one row (decoding a token) goes through
  * sgemv, up to DFL_CPU_FEW_ROWS (verifying a block) through a kernel that
- * reads each row of w once for all of them, more through sgemm. */
+ * brings w from memory once for all of them, more through sgemm. */
 #define DFL_CPU_FEW_ROWS 16
 /* C[M,N] = op(A)[M,K] . op(B)[K,N] + beta * C, row-major; op transposes
  * when trans_* is set. Every product goes through it (see ops_cpu.c: the

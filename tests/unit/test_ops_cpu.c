@@ -297,11 +297,13 @@ static void test_gemm_nt_paths(void) {
     T_CHECKF(e <= NMSE_F32, "gemm_nt 16 x 1024 x 1024: error %.3e", e);
 }
 
-/* The few-rows kernel takes rows 8, 4, then 1 at a time; each row's sums
- * are the same whatever its group, so every row of an M-row product is
- * bitwise that row alone (f32 and bf16 weights, overwrite and accumulate):
- * what keeps a verify block's rows equal to decoding them one by one, up to
- * the matmul op's sgemv for one row. */
+/* The few-rows kernel takes tiles of rows and columns (f32: 4 rows x 3
+ * columns, then single rows and columns; bf16: rows 8, 4, then 1 to a
+ * column); each sum is the same whatever its tile, so every row of an
+ * M-row product is bitwise that row alone, and every element that element
+ * alone (f32 and bf16 weights, overwrite and accumulate): what keeps a
+ * verify block's rows equal to decoding them one by one, up to the matmul
+ * op's sgemv for one row. N 37 leaves one column after the threes. */
 static void test_few_rows_grouping(void) {
     const int64_t K = 259, N = 37; /* a tail of 3 after the 8-wide steps */
     dfl_rng r;
@@ -326,11 +328,26 @@ static void test_few_rows_grouping(void) {
                     fprintf(stderr, "  few rows: M %lld %s acc %d differs from row by row\n", (long long)M,
                             bf ? "bf16" : "f32", acc);
                 }
+                /* and each element alone: one row, one column of w */
+                int64_t odd = 0;
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t n = 0; n < N; n++) {
+                        const void *wn = bf ? (const void *)(wb + n * K) : (const void *)(w + n * K);
+                        float e = init[m * N + n];
+                        dfl_cpu_gemm_nt_few_rows(&e, x + m * K, wn, bf ? DFL_BF16 : DFL_F32, 1, K, 1, acc);
+                        odd += memcmp(&e, &all[m * N + n], sizeof e) != 0;
+                    }
+                if (odd) {
+                    bad++;
+                    fprintf(stderr, "  few rows: M %lld %s acc %d: %lld elements differ from the element alone\n",
+                            (long long)M, bf ? "bf16" : "f32", acc, (long long)odd);
+                }
                 cases++;
                 ops->free(x), ops->free(init), ops->free(all), ops->free(one);
             }
     T_CHECKF(bad == 0, "%d of %d few-rows products differ from their rows alone", bad, cases);
-    printf("  few rows, M 1..%d x f32/bf16 x acc: %d cases, each row bitwise alone\n", DFL_CPU_FEW_ROWS, cases);
+    printf("  few rows, M 1..%d x f32/bf16 x acc: %d cases, each row and each element bitwise alone\n",
+           DFL_CPU_FEW_ROWS, cases);
     ops->free(w);
     free(wb);
 }
