@@ -26,9 +26,10 @@ void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, co
                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta);
 /* dfl_cpu_gemm_nt's few-rows kernel (what it runs for 1 < M <=
- * DFL_CPU_FEW_ROWS; any M works), on f32 weights or on bf16 ones, each
- * widened as it is read: the same sums in the same order, so bf16 weights
- * give the bits of f32 weights of the same values. acc: beta 1. */
+ * DFL_CPU_FEW_ROWS; any M works), on f32 weights or on bf16 ones, widened
+ * exactly (3 rows of w at a time into a buffer; for one row, as they are
+ * read): the same sums in the same order, so bf16 weights give the bits of
+ * f32 weights of the same values. acc: beta 1. */
 void dfl_cpu_gemm_nt_few_rows(float *out, const float *in, const void *w, dfl_dtype wdt, int64_t M, int64_t K,
                               int64_t N, int acc);
 /* dfl_cpu_gemm_nt for bf16 weights and more than DFL_CPU_FEW_ROWS rows:

@@ -64,9 +64,9 @@ void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts
 }
 
 /* One product per expert with rows: up to DFL_CPU_FEW_ROWS rows, the
- * few-rows kernel, on the weights as they are (bf16 read as it is: an
- * expert of a verify step or a decode step has a row or a few, and its
- * weights are read once); more rows, the tiled sgemm, bf16 weights widened
+ * few-rows kernel, on the weights as they are (bf16 widened 3 rows of w at
+ * a time, or read as it is for one row: an expert of a verify step or a
+ * decode step has a row or a few, and its weights are read once); more rows, the tiled sgemm, bf16 weights widened
  * a panel of rows at a time (dfl_cpu_gemm_nt_bf16: N*K conversions against
  * rows*N*K multiply-adds). So the bits do not depend on the weights'
  * dtype. One row goes through the few-rows kernel too, not sgemv (the

@@ -297,10 +297,12 @@ static void test_gemm_nt_paths(void) {
     T_CHECKF(e <= NMSE_F32, "gemm_nt 16 x 1024 x 1024: error %.3e", e);
 }
 
-/* The few-rows kernel takes tiles of rows and columns (f32: 4 rows x 3
- * columns, then single rows and columns; bf16: rows 8, 4, then 1 to a
- * column); each sum is the same whatever its tile, so every row of an
- * M-row product is bitwise that row alone, and every element that element
+/* The few-rows kernel takes tiles of rows and columns: 4 rows x 3 columns,
+ * then single rows and columns, bf16 weights widened 3 rows of w at a time;
+ * but bf16 weights for one row, and for the last N % 3 columns, are read as
+ * they are, 8, 4, then 1 row to a column. Each sum is the same whatever its
+ * tile and path, so every row of an M-row product is bitwise that row
+ * alone, and every element that element
  * alone (f32 and bf16 weights, overwrite and accumulate): what keeps a
  * verify block's rows equal to decoding them one by one, up to the matmul
  * op's sgemv for one row. N 37 leaves one column after the threes. */
@@ -1975,9 +1977,12 @@ static void grouped_shape_bits(const int64_t *rows, int G, int64_t K, int64_t N,
 }
 
 static void test_matmul_grouped(void) {
-    static const int64_t small[] = {0, 1, 5, 0, 23, 16, 4, 0}, tiled[] = {300, 2, 0, 17};
+    static const int64_t small[] = {0, 1, 5, 0, 23, 16, 4, 0}, tiled[] = {300, 2, 0, 17}, wide[] = {16, 3, 0, 9};
     grouped_shape_bits(small, 8, 19, 13, 33);
     grouped_shape_bits(tiled, 4, 37, 520, 34);
+    /* few rows on big enough products for the threads to share them (the
+     * bf16 weights widened into each thread's buffer), N % 3 = 1 */
+    grouped_shape_bits(wide, 4, 520, 301, 35);
 }
 
 int main(void) {
