@@ -176,41 +176,50 @@ static inline __attribute__((always_inline)) void few_rows_columns(float *out, c
     for (; m < M; m++) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, 1, C);
 }
 
+/* Tiles of 4 rows x 3 columns: 12 sums, 3 weight vectors and an input one
+ * (AVX2's 16 vector registers). A weight load serves 4 rows and an input
+ * load 3 columns, where 8 rows to a column loaded 9 vectors for 8
+ * products: 16 rows at K 4096, N 4096 take 9.4 ms rather than 18 (f32,
+ * 1 thread). Shorter rows do not gain: three short rows of w read side by
+ * side stream from memory slower than one row after the other (8 rows at
+ * K 256, N 65536: 10.3 ms against 5.7; K 512 10 % slower, K 768 10 %
+ * faster), so below K 1024, and for the last N % 3 columns, 8 rows go to a
+ * column. */
+#define FEW_ROWS_TILE_K 1024
+
 /* The parallel loops stay in the SIMD_CLONES functions themselves, so
- * that each target's clone gets its own outlined loop body.
- *
- * f32 weights: tiles of 4 rows x 3 columns, 12 sums, 3 weight vectors and
- * an input one (AVX2's 16 vector registers), then the last N % 3 columns
- * one at a time. A weight load serves 4 rows and an input load 3 columns:
- * 16 rows at K 4096, N 4096 take 9.4 ms rather than 18 (1 thread), where
- * 8 rows to one column loaded 9 vectors for 8 products. */
+ * that each target's clone gets its own outlined loop body. */
 SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const float *w, int64_t M, int64_t K,
                                          int64_t N, int acc) {
-#pragma omp parallel for schedule(static) if (M * N * K > 16 * DFL_CPU_PAR_MIN)
-    for (int64_t g = 0; g < N / 3; g++) few_rows_columns(out, in, w + 3 * g * K, 0, M, K, N, 3 * g, acc, 4, 3);
-    for (int64_t n = N / 3 * 3; n < N; n++) few_rows_columns(out, in, w + n * K, 0, M, K, N, n, acc, 4, 1);
+    const int64_t tiled = K >= FEW_ROWS_TILE_K ? N / 3 : 0; /* column groups of 3 */
+#pragma omp parallel if (M * N * K > 16 * DFL_CPU_PAR_MIN)
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t g = 0; g < tiled; g++) few_rows_columns(out, in, w + 3 * g * K, 0, M, K, N, 3 * g, acc, 4, 3);
+#pragma omp for schedule(static) nowait /* the region's end waits */
+        for (int64_t n = 3 * tiled; n < N; n++) few_rows_columns(out, in, w + n * K, 0, M, K, N, n, acc, 8, 1);
+    }
 }
 
 /* bf16 weights, two rows or more: each thread widens 3 rows of w at a time
  * into its own buffer (exact) and runs the f32 tiles on it; widening once
- * for all M rows costs less than widening a vector for every 8 rows, and
- * the f32 tiles do the rest. 1 thread, K 4096, N 4096: 16 rows 9.2 ms
- * rather than 11.6, 3 rows 5.4 rather than 6.9, 2 and 4 rows the same. One
- * row (a decode step) reads w as it is: widening would double its time.
- * The last N % 3 columns, too, are read as they are. */
+ * for all M rows costs less than widening a vector for every 8 rows. 1
+ * thread, K 4096, N 4096: 16 rows 9.2 ms rather than 11.6, 3 rows 5.4
+ * rather than 6.9, 2 and 4 rows the same. One row (a decode step) reads w
+ * as it is, 8 rows to a column: widening would double its time. */
 SIMD_CLONES static void gemm_nt_few_rows_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K,
                                               int64_t N, int acc) {
-    const int64_t widened = M > 1 ? N / 3 : 0; /* column groups of 3 through the buffer */
+    const int64_t tiled = M > 1 && K >= FEW_ROWS_TILE_K ? N / 3 : 0; /* column groups of 3, widened */
 #pragma omp parallel if (M * N * K > 16 * DFL_CPU_PAR_MIN)
     {
-        float *buf = widened ? dfl_aligned_alloc((size_t)(3 * K) * sizeof *buf) : NULL;
+        float *buf = tiled ? dfl_aligned_alloc((size_t)(3 * K) * sizeof *buf) : NULL;
 #pragma omp for schedule(static) nowait
-        for (int64_t g = 0; g < widened; g++) {
+        for (int64_t g = 0; g < tiled; g++) {
             widen_bf16(buf, w + 3 * g * K, 3 * K);
             few_rows_columns(out, in, buf, 0, M, K, N, 3 * g, acc, 4, 3);
         }
-#pragma omp for schedule(static)
-        for (int64_t n = 3 * widened; n < N; n++) few_rows_columns(out, in, w + n * K, 1, M, K, N, n, acc, 8, 1);
+#pragma omp for schedule(static) nowait
+        for (int64_t n = 3 * tiled; n < N; n++) few_rows_columns(out, in, w + n * K, 1, M, K, N, n, acc, 8, 1);
         free(buf);
     }
 }

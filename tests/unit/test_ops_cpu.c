@@ -297,61 +297,70 @@ static void test_gemm_nt_paths(void) {
     T_CHECKF(e <= NMSE_F32, "gemm_nt 16 x 1024 x 1024: error %.3e", e);
 }
 
-/* The few-rows kernel takes tiles of rows and columns: 4 rows x 3 columns,
- * then single rows and columns, bf16 weights widened 3 rows of w at a time;
- * but bf16 weights for one row, and for the last N % 3 columns, are read as
- * they are, 8, 4, then 1 row to a column. Each sum is the same whatever its
- * tile and path, so every row of an M-row product is bitwise that row
- * alone, and every element that element
- * alone (f32 and bf16 weights, overwrite and accumulate): what keeps a
- * verify block's rows equal to decoding them one by one, up to the matmul
- * op's sgemv for one row. N 37 leaves one column after the threes. */
+/* The few-rows kernel takes tiles of 4 rows x 3 columns where K >=
+ * FEW_ROWS_TILE_K (bf16 weights widened 3 rows of w at a time, but for one
+ * row), else and for the last N % 3 columns 8, 4, then 1 row to a column
+ * (bf16 read as it is). Each sum is the same whatever its tile and path,
+ * so every row of an M-row product is bitwise that row alone, and every
+ * element that element alone (f32 and bf16 weights, overwrite and
+ * accumulate): what keeps a verify block's rows equal to decoding them one
+ * by one, up to the matmul op's sgemv for one row. K 259 and 1031 (both
+ * paths, a tail of 3 and of 7 after the 8-wide steps); N 37 leaves one
+ * column after the threes. */
+static int few_rows_case(const float *w, const uint16_t *wb, int64_t M, int64_t K, int64_t N, int bf, int acc,
+                         dfl_rng *r) {
+    float *x = fbuf(M * K), *init = fbuf(M * N), *all = fbuf(M * N), *one = fbuf(M * N);
+    frand(x, M * K, r, 1.0f), frand(init, M * N, r, 1.0f);
+    memcpy(all, init, (size_t)(M * N) * sizeof *all), memcpy(one, init, (size_t)(M * N) * sizeof *one);
+    const dfl_dtype dt = bf ? DFL_BF16 : DFL_F32;
+    const void *wt = bf ? (const void *)wb : w;
+    dfl_cpu_gemm_nt_few_rows(all, x, wt, dt, M, K, N, acc);
+    for (int64_t m = 0; m < M; m++) dfl_cpu_gemm_nt_few_rows(one + m * N, x + m * K, wt, dt, 1, K, N, acc);
+    int bad = 0;
+    if (memcmp(all, one, (size_t)(M * N) * sizeof *all)) {
+        bad = 1;
+        fprintf(stderr, "  few rows: M %lld K %lld %s acc %d differs from row by row\n", (long long)M,
+                (long long)K, bf ? "bf16" : "f32", acc);
+    }
+    /* and each element alone: one row, one column of w */
+    int64_t odd = 0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            const void *wn = bf ? (const void *)(wb + n * K) : (const void *)(w + n * K);
+            float e = init[m * N + n];
+            dfl_cpu_gemm_nt_few_rows(&e, x + m * K, wn, dt, 1, K, 1, acc);
+            odd += memcmp(&e, &all[m * N + n], sizeof e) != 0;
+        }
+    if (odd) {
+        bad = 1;
+        fprintf(stderr, "  few rows: M %lld K %lld %s acc %d: %lld elements differ from the element alone\n",
+                (long long)M, (long long)K, bf ? "bf16" : "f32", acc, (long long)odd);
+    }
+    ops->free(x), ops->free(init), ops->free(all), ops->free(one);
+    return bad;
+}
+
 static void test_few_rows_grouping(void) {
-    const int64_t K = 259, N = 37; /* a tail of 3 after the 8-wide steps */
+    static const int64_t Ks[] = {259, 1031};
+    const int64_t N = 37;
     dfl_rng r;
     dfl_rng_seed(&r, 43);
-    float *w = fbuf(N * K);
-    frand(w, N * K, &r, 1.0f);
-    uint16_t *wb = malloc((size_t)(N * K) * sizeof *wb);
-    for (int64_t i = 0; i < N * K; i++) wb[i] = dfl_f32_to_bf16(w[i]);
     int bad = 0, cases = 0;
-    for (int64_t M = 1; M <= DFL_CPU_FEW_ROWS; M++)
-        for (int bf = 0; bf < 2; bf++)
-            for (int acc = 0; acc < 2; acc++) {
-                float *x = fbuf(M * K), *init = fbuf(M * N), *all = fbuf(M * N), *one = fbuf(M * N);
-                frand(x, M * K, &r, 1.0f), frand(init, M * N, &r, 1.0f);
-                memcpy(all, init, (size_t)(M * N) * sizeof *all), memcpy(one, init, (size_t)(M * N) * sizeof *one);
-                const void *wt = bf ? (const void *)wb : w;
-                dfl_cpu_gemm_nt_few_rows(all, x, wt, bf ? DFL_BF16 : DFL_F32, M, K, N, acc);
-                for (int64_t m = 0; m < M; m++)
-                    dfl_cpu_gemm_nt_few_rows(one + m * N, x + m * K, wt, bf ? DFL_BF16 : DFL_F32, 1, K, N, acc);
-                if (memcmp(all, one, (size_t)(M * N) * sizeof *all)) {
-                    bad++;
-                    fprintf(stderr, "  few rows: M %lld %s acc %d differs from row by row\n", (long long)M,
-                            bf ? "bf16" : "f32", acc);
-                }
-                /* and each element alone: one row, one column of w */
-                int64_t odd = 0;
-                for (int64_t m = 0; m < M; m++)
-                    for (int64_t n = 0; n < N; n++) {
-                        const void *wn = bf ? (const void *)(wb + n * K) : (const void *)(w + n * K);
-                        float e = init[m * N + n];
-                        dfl_cpu_gemm_nt_few_rows(&e, x + m * K, wn, bf ? DFL_BF16 : DFL_F32, 1, K, 1, acc);
-                        odd += memcmp(&e, &all[m * N + n], sizeof e) != 0;
-                    }
-                if (odd) {
-                    bad++;
-                    fprintf(stderr, "  few rows: M %lld %s acc %d: %lld elements differ from the element alone\n",
-                            (long long)M, bf ? "bf16" : "f32", acc, (long long)odd);
-                }
-                cases++;
-                ops->free(x), ops->free(init), ops->free(all), ops->free(one);
-            }
-    T_CHECKF(bad == 0, "%d of %d few-rows products differ from their rows alone", bad, cases);
-    printf("  few rows, M 1..%d x f32/bf16 x acc: %d cases, each row and each element bitwise alone\n",
-           DFL_CPU_FEW_ROWS, cases);
-    ops->free(w);
-    free(wb);
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+        const int64_t K = Ks[ki];
+        float *w = fbuf(N * K);
+        frand(w, N * K, &r, 1.0f);
+        uint16_t *wb = malloc((size_t)(N * K) * sizeof *wb);
+        for (int64_t i = 0; i < N * K; i++) wb[i] = dfl_f32_to_bf16(w[i]);
+        for (int64_t M = 1; M <= DFL_CPU_FEW_ROWS; M++)
+            for (int bf = 0; bf < 2; bf++)
+                for (int acc = 0; acc < 2; acc++) bad += few_rows_case(w, wb, M, K, N, bf, acc, &r), cases++;
+        ops->free(w);
+        free(wb);
+    }
+    T_CHECKF(bad == 0, "%d of %d few-rows products differ from their rows or elements alone", bad, cases);
+    printf("  few rows, K 259 and 1031 x M 1..%d x f32/bf16 x acc: %d cases, each row and each element bitwise "
+           "alone\n", DFL_CPU_FEW_ROWS, cases);
 }
 
 /* matmul FD: L = sum dout * (x w^T) */
