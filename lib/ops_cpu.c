@@ -201,12 +201,13 @@ SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const floa
     }
 }
 
-/* bf16 weights, two rows or more: each thread widens 3 rows of w at a time
- * into its own buffer (exact) and runs the f32 tiles on it; widening once
- * for all M rows costs less than widening a vector for every 8 rows. 1
- * thread, K 4096, N 4096: 16 rows 9.2 ms rather than 11.6, 3 rows 5.4
- * rather than 6.9, 2 and 4 rows the same. One row (a decode step) reads w
- * as it is, 8 rows to a column: widening would double its time. */
+/* bf16 weights, two rows or more and K >= FEW_ROWS_TILE_K: each thread
+ * widens 3 rows of w at a time into its own buffer (exact) and runs the
+ * f32 tiles on it; widening once for all M rows costs less than widening a
+ * vector for every 8 rows. 1 thread, K 4096, N 4096: 16 rows 9.2 ms rather
+ * than 11.6, 3 rows 5.4 rather than 6.9, 2 and 4 rows the same. One row (a
+ * decode step) reads w as it is, 8 rows to a column: widening would double
+ * its time. */
 SIMD_CLONES static void gemm_nt_few_rows_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K,
                                               int64_t N, int acc) {
     const int64_t tiled = M > 1 && K >= FEW_ROWS_TILE_K ? N / 3 : 0; /* column groups of 3, widened */
