@@ -1990,8 +1990,8 @@ static void test_matmul_grouped(void) {
     grouped_shape_bits(small, 8, 19, 13, 33);
     grouped_shape_bits(tiled, 4, 37, 520, 34);
     /* few rows on big enough products for the threads to share them (the
-     * bf16 weights widened into each thread's buffer), N % 3 = 1 */
-    grouped_shape_bits(wide, 4, 520, 301, 35);
+     * bf16 weights widened into each thread's buffer: K >= 1024), N % 3 = 1 */
+    grouped_shape_bits(wide, 4, 1030, 301, 35);
 }
 
 int main(void) {
