@@ -129,29 +129,48 @@ static inline __attribute__((always_inline)) float w_at(const void *wr, int64_t 
     return bf16 ? dfl_bf16_to_f32(((const uint16_t *)wr)[k]) : ((const float *)wr)[k];
 }
 
+/* One step of dot_tile: k .. k+7 of every sum. */
+static inline __attribute__((always_inline)) void tile_step(v8f s[8][3], const float *x, const void *w, int bf16,
+                                                            int64_t K, int64_t k, int R, int C) {
+    const size_t wsz = bf16 ? 2 : 4;
+    v8f wv[3], a;
+#pragma GCC unroll 3
+    for (int j = 0; j < C; j++) load_w8(&wv[j], (const char *)w + (size_t)(j * K) * wsz, k, bf16);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        V8_LOAD(a, x + i * K + k);
+#pragma GCC unroll 3
+        for (int j = 0; j < C; j++) s[i][j] += a * wv[j];
+    }
+}
+
 /* o[i * ldo + j] (=|+=) x[i * K, :] . w[j * K, :] for i < R, j < C (R and
  * C constants where it is inlined: the loops unroll and the R * C sums stay
  * in registers). Each sum is the same whatever R and C: eight lanes over k,
- * their sum, then the tail, so an element's bits do not depend on its tile. */
+ * their sum, then the tail, so an element's bits do not depend on its tile.
+ * pf, where not NULL: C rows of K elements of pfsz bytes (the weights that
+ * come next), prefetched a cache line each per line of k. The order of the
+ * steps is the same with and without it, so are the bits. */
 static inline __attribute__((always_inline)) void dot_tile(float *o, int64_t ldo, const float *x, const void *w,
-                                                           int bf16, int64_t K, int acc, int R, int C) {
+                                                           int bf16, int64_t K, int acc, int R, int C,
+                                                           const char *pf, int64_t pfsz) {
     const size_t wsz = bf16 ? 2 : 4;
-    v8f s[8][3], wv[3], a;
+    v8f s[8][3];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 3
         for (int j = 0; j < C; j++) s[i][j] = (v8f){0};
     int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
+    if (pf) {
+        const int64_t line = 64 / pfsz; /* elements of pf to a cache line */
+        for (; k + line <= K; k += line) {
 #pragma GCC unroll 3
-        for (int j = 0; j < C; j++) load_w8(&wv[j], (const char *)w + (size_t)(j * K) * wsz, k, bf16);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            V8_LOAD(a, x + i * K + k);
-#pragma GCC unroll 3
-            for (int j = 0; j < C; j++) s[i][j] += a * wv[j];
+            for (int j = 0; j < C; j++) __builtin_prefetch(pf + (j * K + k) * pfsz, 0, 2);
+#pragma GCC unroll 4
+            for (int64_t t = k; t < k + line; t += 8) tile_step(s, x, w, bf16, K, t, R, C);
         }
     }
+    for (; k + 8 <= K; k += 8) tile_step(s, x, w, bf16, K, k, R, C);
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 3
@@ -165,43 +184,72 @@ static inline __attribute__((always_inline)) void dot_tile(float *o, int64_t ldo
 
 /* Columns n .. n+C-1 of the output, all M rows, from w's rows n .. n+C-1
  * (wn points at row n): rows R at a time, then 4 at a time where R is 8,
- * then one at a time. */
+ * then one at a time. The first tile of 4 rows or more prefetches pf (see
+ * dot_tile); one-row tiles do not: with 1 to 3 rows the loop streams w
+ * about as fast as memory gives it, and the prefetches only cost (bf16, 1
+ * row, K 1024: 1.73 -> 2.18 ms; f32, 3 rows, K 768: 2.7 -> 3.3 ms). */
 static inline __attribute__((always_inline)) void few_rows_columns(float *out, const float *in, const void *wn,
                                                                    int bf16, int64_t M, int64_t K, int64_t N,
-                                                                   int64_t n, int acc, int R, int C) {
+                                                                   int64_t n, int acc, int R, int C,
+                                                                   const char *pf, int64_t pfsz) {
     int64_t m = 0;
-    for (; m + R <= M; m += R) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, R, C);
+    for (; m + R <= M; m += R) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, R, C, m ? NULL : pf, pfsz);
     if (R == 8)
-        for (; m + 4 <= M; m += 4) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, 4, C);
-    for (; m < M; m++) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, 1, C);
+        for (; m + 4 <= M; m += 4) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, 4, C, m ? NULL : pf, pfsz);
+    for (; m < M; m++) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, 1, C, NULL, 0);
 }
 
 /* Tiles of 4 rows x 3 columns: 12 sums, 3 weight vectors and an input one
  * (AVX2's 16 vector registers). A weight load serves 4 rows and an input
  * load 3 columns, where 8 rows to a column loaded 9 vectors for 8
  * products: 16 rows at K 4096, N 4096 take 9.4 ms rather than 18 (f32,
- * 1 thread). Shorter rows do not gain: three short rows of w read side by
- * side stream from memory slower than one row after the other (8 rows at
- * K 256, N 65536: 10.3 ms against 5.7; K 512 10 % slower, K 768 10 %
- * faster), so below K 1024, and for the last N % 3 columns, 8 rows go to a
- * column. */
+ * 1 thread). Shorter rows gain only with many rows: three short rows of w
+ * read side by side stream from memory slower than one row after the other
+ * (8 rows at K 256, N 65536: 10.3 ms against 5.7 before the prefetches
+ * below, 5.4 against 5.2 with them; 4 rows at K 512 10 % slower), while
+ * 12 and 16 rows at K 256 to 768 gain 1.0 to 1.6x (16 x 768 x 16384, f32:
+ * 8.5 -> 5.2 ms; K 128 6 % slower). So tiles where K >= FEW_ROWS_TILE_K,
+ * or M >= FEW_ROWS_TILE_M and K >= FEW_ROWS_TILE_K_MANY; else, and for the
+ * last N % 3 columns, 8 rows go to a column. */
 #define FEW_ROWS_TILE_K 1024
+#define FEW_ROWS_TILE_M 12
+#define FEW_ROWS_TILE_K_MANY 256
+
+static int few_rows_tiled(int64_t M, int64_t K) {
+    return K >= FEW_ROWS_TILE_K || (M >= FEW_ROWS_TILE_M && K >= FEW_ROWS_TILE_K_MANY);
+}
+
+/* Where the few-rows kernel prefetches (dot_tile's pf): tiles of 3 columns
+ * prefetch the next 3 rows of w while they read theirs; three rows read side
+ * by side are three short streams, each crossing a page every 4 KiB, where
+ * the hardware's prefetcher starts over. One column at a time prefetches
+ * the row FEW_ROWS_PF_BYTES or more ahead: nearer, a prefetch finds its line
+ * already on the way (8 rows, f32, K 256: 6.6 -> 8.4 ms one row ahead, 5.1
+ * at 8 KiB). 1 thread, f32: 16 rows at K 4096, N 4096 9.1 -> 7.1 ms, 4 rows
+ * 4.4 -> 2.4; 8 rows at K 512, N 32768 9.3 -> 4.7. */
+#define FEW_ROWS_PF_BYTES 8192
+
+/* Rows of w ahead that one column at a time prefetches (rows of rowbytes). */
+static int64_t few_rows_pf_ahead(int64_t rowbytes) { return (FEW_ROWS_PF_BYTES + rowbytes - 1) / rowbytes; }
 
 /* The parallel loops stay in the SIMD_CLONES functions themselves, so
  * that each target's clone gets its own outlined loop body. */
 SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const float *w, int64_t M, int64_t K,
                                          int64_t N, int acc) {
-    const int64_t tiled = K >= FEW_ROWS_TILE_K ? N / 3 : 0; /* column groups of 3 */
+    const int64_t tiled = few_rows_tiled(M, K) ? N / 3 : 0; /* column groups of 3 */
 #pragma omp parallel if (M * N * K > 16 * DFL_CPU_PAR_MIN)
     {
+        const int64_t d = few_rows_pf_ahead(4 * K);
 #pragma omp for schedule(static) nowait
-        for (int64_t g = 0; g < tiled; g++) few_rows_columns(out, in, w + 3 * g * K, 0, M, K, N, 3 * g, acc, 4, 3);
+        for (int64_t g = 0; g < tiled; g++) few_rows_columns(out, in, w + 3 * g * K, 0, M, K, N, 3 * g, acc, 4, 3,
+                                                           g + 1 < tiled ? (const char *)(w + 3 * (g + 1) * K) : NULL, 4);
 #pragma omp for schedule(static) nowait /* the region's end waits */
-        for (int64_t n = 3 * tiled; n < N; n++) few_rows_columns(out, in, w + n * K, 0, M, K, N, n, acc, 8, 1);
+        for (int64_t n = 3 * tiled; n < N; n++) few_rows_columns(out, in, w + n * K, 0, M, K, N, n, acc, 8, 1,
+                                                                      n + d < N ? (const char *)(w + (n + d) * K) : NULL, 4);
     }
 }
 
-/* bf16 weights, two rows or more and K >= FEW_ROWS_TILE_K: each thread
+/* bf16 weights, two rows or more where few_rows_tiled: each thread
  * widens 3 rows of w at a time into its own buffer (exact) and runs the
  * f32 tiles on it; widening once for all M rows costs less than widening a
  * vector for every 8 rows. 1 thread, K 4096, N 4096: 16 rows 9.2 ms rather
@@ -210,17 +258,20 @@ SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const floa
  * its time. */
 SIMD_CLONES static void gemm_nt_few_rows_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K,
                                               int64_t N, int acc) {
-    const int64_t tiled = M > 1 && K >= FEW_ROWS_TILE_K ? N / 3 : 0; /* column groups of 3, widened */
+    const int64_t tiled = M > 1 && few_rows_tiled(M, K) ? N / 3 : 0; /* column groups of 3, widened */
 #pragma omp parallel if (M * N * K > 16 * DFL_CPU_PAR_MIN)
     {
+        const int64_t d = few_rows_pf_ahead(2 * K);
         float *buf = tiled ? dfl_aligned_alloc((size_t)(3 * K) * sizeof *buf) : NULL;
 #pragma omp for schedule(static) nowait
         for (int64_t g = 0; g < tiled; g++) {
             widen_bf16(buf, w + 3 * g * K, 3 * K);
-            few_rows_columns(out, in, buf, 0, M, K, N, 3 * g, acc, 4, 3);
+            few_rows_columns(out, in, buf, 0, M, K, N, 3 * g, acc, 4, 3,
+                             g + 1 < tiled ? (const char *)(w + 3 * (g + 1) * K) : NULL, 2);
         }
 #pragma omp for schedule(static) nowait
-        for (int64_t n = 3 * tiled; n < N; n++) few_rows_columns(out, in, w + n * K, 1, M, K, N, n, acc, 8, 1);
+        for (int64_t n = 3 * tiled; n < N; n++) few_rows_columns(out, in, w + n * K, 1, M, K, N, n, acc, 8, 1,
+                                                                      n + d < N ? (const char *)(w + (n + d) * K) : NULL, 2);
         free(buf);
     }
 }

@@ -297,16 +297,20 @@ static void test_gemm_nt_paths(void) {
     T_CHECKF(e <= NMSE_F32, "gemm_nt 16 x 1024 x 1024: error %.3e", e);
 }
 
-/* The few-rows kernel takes tiles of 4 rows x 3 columns where K >=
- * FEW_ROWS_TILE_K (bf16 weights widened 3 rows of w at a time, but for one
- * row), else and for the last N % 3 columns 8, 4, then 1 row to a column
- * (bf16 read as it is). Each sum is the same whatever its tile and path,
- * so every row of an M-row product is bitwise that row alone, and every
- * element that element alone (f32 and bf16 weights, overwrite and
- * accumulate): what keeps a verify block's rows equal to decoding them one
- * by one, up to the matmul op's sgemv for one row. K 259 and 1031 (both
- * paths, a tail of 3 and of 7 after the 8-wide steps); N 37 leaves one
- * column after the threes. */
+/* The few-rows kernel takes tiles of 4 rows x 3 columns where K >= 1024,
+ * or M >= 12 and K >= 256 (few_rows_tiled; bf16 weights widened 3 rows of
+ * w at a time, but for one row), else and for the last N % 3 columns 8, 4,
+ * then 1 row to a column (bf16 read as it is). Each sum is the same
+ * whatever its tile and path, so every row of an M-row product is bitwise
+ * that row alone, and every element that element alone (f32 and bf16
+ * weights, overwrite and accumulate): what keeps a verify block's rows
+ * equal to decoding them one by one, up to the matmul op's sgemv for one
+ * row. K 259, 267, 1031 and 1050, M 1 to 16: both paths at every K below
+ * 1024, a tail of 3, 7 or 2 after the 8-wide steps, and tiles of 4 rows
+ * or more that prefetch (dot_tile's pf) ending their k with whole cache
+ * lines of w (259, 1031) or with one to three 8-wide steps more (267,
+ * 1050); N 37 leaves one column after the threes, and rows that prefetch
+ * (8 or 16 rows ahead at K 259) and rows that do not. */
 static int few_rows_case(const float *w, const uint16_t *wb, int64_t M, int64_t K, int64_t N, int bf, int acc,
                          dfl_rng *r) {
     float *x = fbuf(M * K), *init = fbuf(M * N), *all = fbuf(M * N), *one = fbuf(M * N);
@@ -341,7 +345,7 @@ static int few_rows_case(const float *w, const uint16_t *wb, int64_t M, int64_t 
 }
 
 static void test_few_rows_grouping(void) {
-    static const int64_t Ks[] = {259, 1031};
+    static const int64_t Ks[] = {259, 267, 1031, 1050};
     const int64_t N = 37;
     dfl_rng r;
     dfl_rng_seed(&r, 43);
@@ -359,7 +363,7 @@ static void test_few_rows_grouping(void) {
         free(wb);
     }
     T_CHECKF(bad == 0, "%d of %d few-rows products differ from their rows or elements alone", bad, cases);
-    printf("  few rows, K 259 and 1031 x M 1..%d x f32/bf16 x acc: %d cases, each row and each element bitwise "
+    printf("  few rows, K 259, 267, 1031 and 1050 x M 1..%d x f32/bf16 x acc: %d cases, each row and each element bitwise "
            "alone\n", DFL_CPU_FEW_ROWS, cases);
 }
 
