@@ -365,7 +365,7 @@ static void gemv_tiled(float *out, const float *in, const float *w, int64_t K, i
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta) {
     DFL_ASSERT(beta == 0.0f || beta == 1.0f);
     if (M == 1) gemv_tiled(out, in, w, K, N, beta);
-    else if (M <= DFL_CPU_FEW_ROWS) gemm_nt_few_rows(out, in, w, M, K, N, beta != 0.0f);
+    else if (dfl_cpu_takes_few_rows(M, K)) gemm_nt_few_rows(out, in, w, M, K, N, beta != 0.0f);
     else dfl_cpu_sgemm(0, 1, M, N, K, in, K, w, K, beta, out, N);
 }
 

@@ -63,18 +63,18 @@ void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts
     free(ids);
 }
 
-/* One product per expert with rows: up to DFL_CPU_FEW_ROWS rows, the
- * few-rows kernel, on the weights as they are (bf16 widened a few rows of w
- * at a time, or read as it is: an expert of a verify step or a decode step
- * has a row or a few, and its weights are read once); more rows, the tiled
- * sgemm, bf16 weights widened a panel of rows at a time
- * (dfl_cpu_gemm_nt_bf16: N*K conversions against rows*N*K multiply-adds).
- * So the bits do not depend on the weights' dtype. One row goes through
- * the few-rows kernel too, not sgemv (the matmul op's path): no bf16 sgemv
- * exists, and widening a whole matrix for one row costs more than the
- * product. No parallel loop over experts here: each product parallelises
- * itself where it is big enough. A target's dense bf16 matrices come here
- * too, as one group (target.c dfl_target_matmul). */
+/* One product per expert with rows: up to DFL_CPU_FEW_ROWS rows (48 where K
+ * >= 1024: dfl_cpu_takes_few_rows), the few-rows kernel, on the weights as
+ * they are (bf16 widened a few rows of w at a time, or read as it is: an
+ * expert of a verify step or a decode step has a row or a few, and its
+ * weights are read once); more rows, the tiled sgemm, bf16 weights widened a
+ * panel of rows at a time (dfl_cpu_gemm_nt_bf16: N*K conversions against
+ * rows*N*K multiply-adds). So the bits do not depend on the weights' dtype.
+ * One row goes through the few-rows kernel too, not sgemv (the matmul op's
+ * path): no bf16 sgemv exists, and widening a whole matrix for one row costs
+ * more than the product. No parallel loop over experts here: each product
+ * parallelises itself where it is big enough. A target's dense bf16 matrices
+ * come here too, as one group (target.c dfl_target_matmul). */
 void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, dfl_dtype wdt, const int64_t *offsets,
                             int64_t G, int64_t w_stride, int64_t K, int64_t N, int accumulate) {
     float *out = out_;
@@ -88,7 +88,7 @@ void dfl_cpu_matmul_grouped(void *out_, const void *in_, const void *w_, dfl_dty
         DFL_ASSERT(rows >= 0);
         if (rows == 0) continue;
         const void *we = (const char *)w_ + (size_t)(e * w_stride) * esz;
-        if (rows <= DFL_CPU_FEW_ROWS && K > 0 && N > 0) {
+        if (dfl_cpu_takes_few_rows(rows, K) && K > 0 && N > 0) {
             dfl_cpu_gemm_nt_few_rows(out + r0 * N, in + r0 * K, we, wdt, rows, K, N, accumulate);
             continue;
         }

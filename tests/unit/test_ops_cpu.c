@@ -249,7 +249,8 @@ static void test_matmul(void) {
 }
 
 /* dfl_cpu_gemm_nt's three paths (sgemv at 1 row, the few-rows kernel up to
- * DFL_CPU_FEW_ROWS, sgemm above) against a double-precision sum, across
+ * DFL_CPU_FEW_ROWS, or DFL_CPU_FEW_ROWS_LONG_K from K DFL_CPU_LONG_K on,
+ * sgemm above) against a double-precision sum, across
  * the kernel's edges: rows in 4s and a remainder, K in 8-lane steps and a
  * tail, overwrite and accumulate, and a size large enough to run threaded.
  * The error is measured against the magnitude of the summed terms
@@ -295,22 +296,32 @@ static void test_gemm_nt_paths(void) {
     double e = gemm_nt_err(16, 1024, 1024, 0, &r); /* threaded */
     printf("  gemm_nt 16 x 1024 x 1024     error %.2e (<= %.0e)\n", e, NMSE_F32);
     T_CHECKF(e <= NMSE_F32, "gemm_nt 16 x 1024 x 1024: error %.3e", e);
+    /* long rows: the few-rows kernel up to DFL_CPU_FEW_ROWS_LONG_K rows,
+     * sgemm past it */
+    static const int64_t long_Ms[] = {17, DFL_CPU_FEW_ROWS_LONG_K, DFL_CPU_FEW_ROWS_LONG_K + 1};
+    for (size_t a = 0; a < sizeof long_Ms / sizeof *long_Ms; a++) {
+        e = gemm_nt_err(long_Ms[a], DFL_CPU_LONG_K + 7, 37, (int)a & 1, &r);
+        printf("  gemm_nt %2lld x %d x 37        error %.2e (<= %.0e)\n", (long long)long_Ms[a], DFL_CPU_LONG_K + 7,
+               e, NMSE_F32);
+        T_CHECKF(e <= NMSE_F32, "gemm_nt %lld x %d x 37: error %.3e", (long long)long_Ms[a], DFL_CPU_LONG_K + 7, e);
+    }
 }
 
-/* The few-rows kernel takes tiles of 4 rows x 3 columns where K >= 1024,
- * or M >= 12 and K >= 256 (few_rows_tiled; bf16 weights widened 3 rows of
- * w at a time, but for one row), else and for the last N % 3 columns 8, 4,
- * then 1 row to a column (bf16 read as it is). Each sum is the same
- * whatever its tile and path, so every row of an M-row product is bitwise
- * that row alone, and every element that element alone (f32 and bf16
- * weights, overwrite and accumulate): what keeps a verify block's rows
- * equal to decoding them one by one, up to the matmul op's sgemv for one
- * row. K 259, 267, 1031 and 1050, M 1 to 16: both paths at every K below
- * 1024, a tail of 3, 7 or 2 after the 8-wide steps, and tiles of 4 rows
- * or more that prefetch (dot_tile's pf) ending their k with whole cache
- * lines of w (259, 1031) or with one to three 8-wide steps more (267,
- * 1050); N 37 leaves one column after the threes, and rows that prefetch
- * (8 or 16 rows ahead at K 259) and rows that do not. */
+/* The few-rows kernel takes tiles of 4 rows x 3 columns where K >= 1024, or
+ * M >= 12 and K >= 256 (few_rows_tiled; bf16 weights widened 3 rows of w at
+ * a time, but for one row), else and for the last N % 3 columns 8, 4, then 1
+ * row to a column (bf16 read as it is). Each sum is the same whatever its
+ * tile and path, so every row of an M-row product is bitwise that row alone,
+ * and every element that element alone (f32 and bf16 weights, overwrite and
+ * accumulate): what keeps a verify block's rows equal to decoding them one
+ * by one, up to the matmul op's sgemv for one row. K 259, 267, 1031 and
+ * 1050, M 1 to 48 (the most rows it takes, at long K; tiles of 4 rows and 8
+ * rows many times over): both paths at every K below 1024, a tail of 3, 7 or
+ * 2 after the 8-wide steps, and tiles of 4 rows or more that prefetch
+ * (dot_tile's pf) ending their k with whole cache lines of w (259, 1031) or
+ * with one to three 8-wide steps more (267, 1050); N 37 leaves one column
+ * after the threes, and rows that prefetch (8 or 16 rows ahead at K 259) and
+ * rows that do not. */
 static int few_rows_case(const float *w, const uint16_t *wb, int64_t M, int64_t K, int64_t N, int bf, int acc,
                          dfl_rng *r) {
     float *x = fbuf(M * K), *init = fbuf(M * N), *all = fbuf(M * N), *one = fbuf(M * N);
@@ -356,7 +367,7 @@ static void test_few_rows_grouping(void) {
         frand(w, N * K, &r, 1.0f);
         uint16_t *wb = malloc((size_t)(N * K) * sizeof *wb);
         for (int64_t i = 0; i < N * K; i++) wb[i] = dfl_f32_to_bf16(w[i]);
-        for (int64_t M = 1; M <= DFL_CPU_FEW_ROWS; M++)
+        for (int64_t M = 1; M <= DFL_CPU_FEW_ROWS_LONG_K; M++)
             for (int bf = 0; bf < 2; bf++)
                 for (int acc = 0; acc < 2; acc++) bad += few_rows_case(w, wb, M, K, N, bf, acc, &r), cases++;
         ops->free(w);
@@ -364,7 +375,7 @@ static void test_few_rows_grouping(void) {
     }
     T_CHECKF(bad == 0, "%d of %d few-rows products differ from their rows or elements alone", bad, cases);
     printf("  few rows, K 259, 267, 1031 and 1050 x M 1..%d x f32/bf16 x acc: %d cases, each row and each element bitwise "
-           "alone\n", DFL_CPU_FEW_ROWS, cases);
+           "alone\n", DFL_CPU_FEW_ROWS_LONG_K, cases);
 }
 
 /* matmul FD: L = sum dout * (x w^T) */
@@ -1931,7 +1942,8 @@ static void test_moe_gather_combine(void) {
 /* matmul_grouped is the matmul op on each group's rows: bit for bit
  * against one matmul call per group (test_matmul and test_gemm_nt_paths
  * check that op against its oracles), but for a group of one row, which
- * takes the few-rows kernel (that op's path for 2..16 rows) instead of
+ * takes the few-rows kernel (that op's path for 2..16 rows, 2..48 where K
+ * >= 1024) instead of
  * sgemv. Groups of 0 rows (first, middle, last), 1 row, a few (the
  * few-rows kernel) and more than DFL_CPU_FEW_ROWS (sgemm: one tile, and
  * 2 x 3 tiles of 256), odd K and N, the weights inside a stacked
@@ -1990,12 +2002,14 @@ static void grouped_shape_bits(const int64_t *rows, int G, int64_t K, int64_t N,
 }
 
 static void test_matmul_grouped(void) {
-    static const int64_t small[] = {0, 1, 5, 0, 23, 16, 4, 0}, tiled[] = {300, 2, 0, 17}, wide[] = {16, 3, 0, 9};
+    static const int64_t small[] = {0, 1, 5, 0, 23, 16, 4, 0}, tiled[] = {300, 2, 0, 17},
+                         wide[] = {16, 3, 0, 9, 40, 49};
     grouped_shape_bits(small, 8, 19, 13, 33);
     grouped_shape_bits(tiled, 4, 37, 520, 34);
     /* few rows on big enough products for the threads to share them (the
-     * bf16 weights widened into each thread's buffer: K >= 1024), N % 3 = 1 */
-    grouped_shape_bits(wide, 4, 1030, 301, 35);
+     * bf16 weights widened into each thread's buffer: K >= 1024), N % 3 = 1;
+     * at this K, 40 rows take the few-rows kernel and 49 sgemm */
+    grouped_shape_bits(wide, 6, 1030, 301, 35);
 }
 
 int main(void) {
