@@ -183,19 +183,33 @@ static inline __attribute__((always_inline)) void dot_tile(float *o, int64_t ldo
 }
 
 /* Columns n .. n+C-1 of the output, all M rows, from w's rows n .. n+C-1
- * (wn points at row n): rows R at a time, then 4 at a time where R is 8,
- * then one at a time. The first tile of 4 rows or more prefetches pf (see
- * dot_tile); one-row tiles do not: with 1 to 3 rows the loop streams w
- * about as fast as memory gives it, and the prefetches only cost (bf16, 1
- * row, K 1024: 1.73 -> 2.18 ms; f32, 3 rows, K 768: 2.7 -> 3.3 ms). */
+ * (wn points at row n). Where R is 8 (one column): rows 8 at a time, then
+ * 4, then one at a time. Where R is 4 (3 columns): 4 at a time, then the
+ * rest in one tile of 2 or 3 rows rather than one row at a time, each of
+ * which read all of w again: 2 rows, K 4096, N 4096, 3.6 -> 2.3 ms (f32, 1
+ * thread), 3 rows 4.2 -> 2.1. (5 rows as 3 and 2 took 3.4 ms against 2.8
+ * as 4 and 1: a 4-row tile is worth a lone row after it.)
+ * The first tile of 2 rows or more prefetches pf (see dot_tile); one-row
+ * tiles do not: a lone row streams w about as fast as memory gives it, and
+ * the prefetches only cost (bf16, 1 row, K 1024: 1.73 -> 2.18 ms). Nor do
+ * tiles of 2 and 3 rows on one column (f32, 3 rows, K 768: 2.7 -> 3.3 ms),
+ * which stay one-row tiles. */
 static inline __attribute__((always_inline)) void few_rows_columns(float *out, const float *in, const void *wn,
                                                                    int bf16, int64_t M, int64_t K, int64_t N,
                                                                    int64_t n, int acc, int R, int C,
                                                                    const char *pf, int64_t pfsz) {
+#define FEW_ROWS_TILE(rows) \
+    dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, (rows), C, m ? NULL : pf, pfsz), m += (rows)
     int64_t m = 0;
-    for (; m + R <= M; m += R) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, R, C, m ? NULL : pf, pfsz);
-    if (R == 8)
-        for (; m + 4 <= M; m += 4) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, 4, C, m ? NULL : pf, pfsz);
+    while (M - m >= R) FEW_ROWS_TILE(R);
+    if (R == 8) {
+        while (M - m >= 4) FEW_ROWS_TILE(4);
+    } else if (M - m == 3) {
+        FEW_ROWS_TILE(3);
+    } else if (M - m == 2) {
+        FEW_ROWS_TILE(2);
+    }
+#undef FEW_ROWS_TILE
     for (; m < M; m++) dot_tile(out + m * N + n, N, in + m * K, wn, bf16, K, acc, 1, C, NULL, 0);
 }
 
@@ -249,25 +263,32 @@ SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const floa
     }
 }
 
-/* bf16 weights, two rows or more where few_rows_tiled: each thread
- * widens 3 rows of w at a time into its own buffer (exact) and runs the
- * f32 tiles on it; widening once for all M rows costs less than widening a
- * vector for every 8 rows. 1 thread, K 4096, N 4096: 16 rows 9.2 ms rather
- * than 11.6, 3 rows 5.4 rather than 6.9, 2 and 4 rows the same. One row (a
- * decode step) reads w as it is, 8 rows to a column: widening would double
- * its time. */
+/* bf16 weights, two rows or more where few_rows_tiled: from
+ * FEW_ROWS_WIDEN_M rows on, each thread widens 3 rows of w at a time into
+ * its own buffer (exact) and runs the f32 tiles on it; widening once for
+ * all M rows costs less than widening a vector for each tile of 4 rows (1
+ * thread, K 4096, N 4096: 16 rows 7.6 ms against 10.4, 8 rows 4.8 against
+ * 5.2). Fewer rows, fewer tiles: the tiles widen w as they read it (4
+ * rows 3.5 -> 2.5 ms, 7 rows 6.1 -> 5.1), and so does one row (a decode
+ * step, 8 rows to a column), where widening first would double its time. */
+#define FEW_ROWS_WIDEN_M 8
+
 SIMD_CLONES static void gemm_nt_few_rows_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K,
                                               int64_t N, int acc) {
-    const int64_t tiled = M > 1 && few_rows_tiled(M, K) ? N / 3 : 0; /* column groups of 3, widened */
+    const int64_t tiled = M > 1 && few_rows_tiled(M, K) ? N / 3 : 0; /* column groups of 3 */
 #pragma omp parallel if (M * N * K > 16 * DFL_CPU_PAR_MIN)
     {
         const int64_t d = few_rows_pf_ahead(2 * K);
-        float *buf = tiled ? dfl_aligned_alloc((size_t)(3 * K) * sizeof *buf) : NULL;
+        float *buf = tiled && M >= FEW_ROWS_WIDEN_M ? dfl_aligned_alloc((size_t)(3 * K) * sizeof *buf) : NULL;
 #pragma omp for schedule(static) nowait
         for (int64_t g = 0; g < tiled; g++) {
-            widen_bf16(buf, w + 3 * g * K, 3 * K);
-            few_rows_columns(out, in, buf, 0, M, K, N, 3 * g, acc, 4, 3,
-                             g + 1 < tiled ? (const char *)(w + 3 * (g + 1) * K) : NULL, 2);
+            const char *next = g + 1 < tiled ? (const char *)(w + 3 * (g + 1) * K) : NULL;
+            if (buf) {
+                widen_bf16(buf, w + 3 * g * K, 3 * K);
+                few_rows_columns(out, in, buf, 0, M, K, N, 3 * g, acc, 4, 3, next, 2);
+            } else {
+                few_rows_columns(out, in, w + 3 * g * K, 1, M, K, N, 3 * g, acc, 4, 3, next, 2);
+            }
         }
 #pragma omp for schedule(static) nowait
         for (int64_t n = 3 * tiled; n < N; n++) few_rows_columns(out, in, w + n * K, 1, M, K, N, n, acc, 8, 1,
