@@ -308,9 +308,10 @@ static void test_gemm_nt_paths(void) {
 }
 
 /* The few-rows kernel takes tiles of 4 rows x 3 columns where K >= 1024, or
- * M >= 12 and K >= 256 (few_rows_tiled; bf16 weights widened 3 rows of w at
- * a time, but for one row), else and for the last N % 3 columns 8, 4, then 1
- * row to a column (bf16 read as it is). Each sum is the same whatever its
+ * M >= 12 and K >= 256 (few_rows_tiled; the rows left in one tile of 2 or 3
+ * rows, or of 1; bf16 weights widened 3 rows of w at a time from 8 rows on,
+ * by the tiles as they read them below), else and for the last N % 3
+ * columns 8, 4, then 1 row to a column (bf16 read as it is). Each sum is the same whatever its
  * tile and path, so every row of an M-row product is bitwise that row alone,
  * and every element that element alone (f32 and bf16 weights, overwrite and
  * accumulate): what keeps a verify block's rows equal to decoding them one
