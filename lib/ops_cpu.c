@@ -219,8 +219,9 @@ static inline __attribute__((always_inline)) void few_rows_columns(float *out, c
  * products: 16 rows at K 4096, N 4096 take 9.4 ms rather than 18 (f32,
  * 1 thread). Shorter rows gain only with many rows: three short rows of w
  * read side by side stream from memory slower than one row after the other
- * (8 rows at K 256, N 65536: 10.3 ms against 5.7 before the prefetches
- * below, 5.4 against 5.2 with them; 4 rows at K 512 10 % slower), while
+ * (f32, 8 rows at K 256, N 65536: 10.3 ms against 5.7 before the
+ * prefetches below, 4.7 against 4.6 with them; 4 rows at K 512 10 %
+ * slower), while
  * 12 and 16 rows at K 256 to 768 gain 1.0 to 1.6x (16 x 768 x 16384, f32:
  * 8.5 -> 5.2 ms; K 128 6 % slower). So tiles where K >= FEW_ROWS_TILE_K,
  * or M >= FEW_ROWS_TILE_M and K >= FEW_ROWS_TILE_K_MANY; else, and for the
@@ -243,8 +244,11 @@ static int few_rows_tiled(int64_t M, int64_t K) {
  * 4.4 -> 2.4; 8 rows at K 512, N 32768 9.3 -> 4.7. */
 #define FEW_ROWS_PF_BYTES 8192
 
-/* Rows of w ahead that one column at a time prefetches (rows of rowbytes). */
-static int64_t few_rows_pf_ahead(int64_t rowbytes) { return (FEW_ROWS_PF_BYTES + rowbytes - 1) / rowbytes; }
+/* Rows of w ahead that one column at a time prefetches (rows of rowbytes;
+ * K 0 has nothing to prefetch, and no rows to divide by). */
+static int64_t few_rows_pf_ahead(int64_t rowbytes) {
+    return rowbytes > 0 ? (FEW_ROWS_PF_BYTES + rowbytes - 1) / rowbytes : 1;
+}
 
 /* The parallel loops stay in the SIMD_CLONES functions themselves, so
  * that each target's clone gets its own outlined loop body. */

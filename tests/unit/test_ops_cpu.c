@@ -296,6 +296,19 @@ static void test_gemm_nt_paths(void) {
     double e = gemm_nt_err(16, 1024, 1024, 0, &r); /* threaded */
     printf("  gemm_nt 16 x 1024 x 1024     error %.2e (<= %.0e)\n", e, NMSE_F32);
     T_CHECKF(e <= NMSE_F32, "gemm_nt 16 x 1024 x 1024: error %.3e", e);
+    /* K 0: an empty sum, 0 or the output as it was, through the few-rows
+     * kernel on f32 and bf16 weights (which once divided by the row size) */
+    for (int bf = 0; bf < 2; bf++)
+        for (int acc = 0; acc < 2; acc++) {
+            float o[3 * 40], x[1] = {0};
+            const float w32[1] = {0};
+            const uint16_t w16[1] = {0};
+            for (int i = 0; i < 3 * 40; i++) o[i] = (float)i;
+            dfl_cpu_gemm_nt_few_rows(o, x, bf ? (const void *)w16 : w32, bf ? DFL_BF16 : DFL_F32, 3, 0, 40, acc);
+            int ok = 1;
+            for (int i = 0; i < 3 * 40; i++) ok &= o[i] == (acc ? (float)i : 0.0f);
+            T_CHECKF(ok, "few rows, K 0, %s weights, acc %d: not the empty sum", bf ? "bf16" : "f32", acc);
+        }
     /* long rows: the few-rows kernel up to DFL_CPU_FEW_ROWS_LONG_K rows,
      * sgemm past it */
     static const int64_t long_Ms[] = {17, DFL_CPU_FEW_ROWS_LONG_K, DFL_CPU_FEW_ROWS_LONG_K + 1};
