@@ -215,17 +215,16 @@ static inline __attribute__((always_inline)) void few_rows_columns(float *out, c
 
 /* Tiles of 4 rows x 3 columns: 12 sums, 3 weight vectors and an input one
  * (AVX2's 16 vector registers). A weight load serves 4 rows and an input
- * load 3 columns, where 8 rows to a column loaded 9 vectors for 8
- * products: 16 rows at K 4096, N 4096 take 9.4 ms rather than 18 (f32,
- * 1 thread). Shorter rows gain only with many rows: three short rows of w
- * read side by side stream from memory slower than one row after the other
- * (f32, 8 rows at K 256, N 65536: 10.3 ms against 5.7 before the
- * prefetches below, 4.7 against 4.6 with them; 4 rows at K 512 10 %
- * slower), while
- * 12 and 16 rows at K 256 to 768 gain 1.0 to 1.6x (16 x 768 x 16384, f32:
- * 8.5 -> 5.2 ms; K 128 6 % slower). So tiles where K >= FEW_ROWS_TILE_K,
- * or M >= FEW_ROWS_TILE_M and K >= FEW_ROWS_TILE_K_MANY; else, and for the
- * last N % 3 columns, 8 rows go to a column. */
+ * load 3 columns, where 8 rows to a column loaded 9 vectors for 8 products:
+ * 16 rows at K 4096, N 4096 take 9.4 ms rather than 18 (f32, 1 thread).
+ * Shorter rows gain only with many rows: three short rows of w read side by
+ * side stream from memory slower than one row after the other (f32, 8 rows
+ * at K 256, N 65536: 10.3 ms against 5.7 before the prefetches below, 4.7
+ * against 4.6 with them; 4 rows at K 512 10 % slower), while 12 and 16 rows
+ * at K 256 to 768 gain 1.0 to 1.6x (16 x 768 x 16384, f32: 8.5 -> 5.2 ms; K
+ * 128 6 % slower). So tiles where K >= FEW_ROWS_TILE_K, or M >=
+ * FEW_ROWS_TILE_M and K >= FEW_ROWS_TILE_K_MANY; else, and for the last N %
+ * 3 columns, 8 rows go to a column. */
 #define FEW_ROWS_TILE_K 1024
 #define FEW_ROWS_TILE_M 12
 #define FEW_ROWS_TILE_K_MANY 256

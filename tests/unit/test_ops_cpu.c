@@ -250,12 +250,12 @@ static void test_matmul(void) {
 
 /* dfl_cpu_gemm_nt's three paths (sgemv at 1 row, the few-rows kernel up to
  * DFL_CPU_FEW_ROWS, or DFL_CPU_FEW_ROWS_LONG_K from K DFL_CPU_LONG_K on,
- * sgemm above) against a double-precision sum, across
- * the kernel's edges: rows in 4s and a remainder, K in 8-lane steps and a
- * tail, overwrite and accumulate, and a size large enough to run threaded.
- * The error is measured against the magnitude of the summed terms
- * (sum |x w| + |out|), not of the result, which cancellation can make
- * arbitrarily small in a one-element case. */
+ * sgemm above) against a double-precision sum, across the kernel's edges:
+ * rows in 4s and a remainder, K in 8-lane steps and a tail, overwrite and
+ * accumulate, and a size large enough to run threaded. The error is measured
+ * against the magnitude of the summed terms (sum |x w| + |out|), not of the
+ * result, which cancellation can make arbitrarily small in a one-element
+ * case. */
 static double gemm_nt_err(int64_t M, int64_t K, int64_t N, int beta, dfl_rng *r) {
     float *x = fbuf(M * K), *w = fbuf(N * K), *out = fbuf(M * N);
     frand(x, M * K, r, 1.0f), frand(w, N * K, r, 1.0f), frand(out, M * N, r, 1.0f);
@@ -323,19 +323,19 @@ static void test_gemm_nt_paths(void) {
 /* The few-rows kernel takes tiles of 4 rows x 3 columns where K >= 1024, or
  * M >= 12 and K >= 256 (few_rows_tiled; the rows left in one tile of 2 or 3
  * rows, or of 1; bf16 weights widened 3 rows of w at a time from 8 rows on,
- * by the tiles as they read them below), else and for the last N % 3
- * columns 8, 4, then 1 row to a column (bf16 read as it is). Each sum is the same whatever its
- * tile and path, so every row of an M-row product is bitwise that row alone,
- * and every element that element alone (f32 and bf16 weights, overwrite and
- * accumulate): what keeps a verify block's rows equal to decoding them one
- * by one, up to the matmul op's sgemv for one row. K 259, 267, 1031 and
- * 1050, M 1 to 48 (the most rows it takes, at long K; tiles of 4 rows and 8
- * rows many times over): both paths at every K below 1024, a tail of 3, 7 or
- * 2 after the 8-wide steps, and tiles of 4 rows or more that prefetch
- * (dot_tile's pf) ending their k with whole cache lines of w (259, 1031) or
- * with one to three 8-wide steps more (267, 1050); N 37 leaves one column
- * after the threes, and rows that prefetch (8 or 16 rows ahead at K 259) and
- * rows that do not. */
+ * by the tiles as they read them below), else and for the last N % 3 columns
+ * 8, 4, then 1 row to a column (bf16 read as it is). Each sum is the same
+ * whatever its tile and path, so every row of an M-row product is bitwise
+ * that row alone, and every element that element alone (f32 and bf16
+ * weights, overwrite and accumulate): what keeps a verify block's rows equal
+ * to decoding them one by one, up to the matmul op's sgemv for one row. K
+ * 259, 267, 1031 and 1050, M 1 to 48 (the most rows it takes, at long K;
+ * tiles of 4 rows and 8 rows many times over): both paths at every K below
+ * 1024, a tail of 3, 7 or 2 after the 8-wide steps, and tiles of 2 rows or
+ * more that prefetch (dot_tile's pf) ending their k with whole cache lines
+ * of w (259, 1031) or with one to three 8-wide steps more (267, 1050); N 37
+ * leaves one column after the threes, and rows that prefetch (8 or 16 rows
+ * ahead at K 259) and rows that do not. */
 static int few_rows_case(const float *w, const uint16_t *wb, int64_t M, int64_t K, int64_t N, int bf, int acc,
                          dfl_rng *r) {
     float *x = fbuf(M * K), *init = fbuf(M * N), *all = fbuf(M * N), *one = fbuf(M * N);
