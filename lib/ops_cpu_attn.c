@@ -15,20 +15,26 @@
  * length. The backward's two passes are described above
  * dfl_cpu_attn_dflash_bwd.
  *
- * Inside a key tile every product is a small matrix product (attn_mm, a
- * 4x16 register kernel, AVX2 where the CPU has it): the scores, kept
- * transposed, K.Q^T, then P.V, and in the backward V.dO^T, dS.K, dS^T.Q
- * and P^T.dO. exp is dfl_cpu_expf, so that the softmax loops vectorise.
+ * Inside a key tile every product is a small matrix product (attn_mm, 6x16
+ * and 4x16 register kernels, AVX2 and FMA where the CPU has them): the
+ * scores, kept transposed, K.Q^T, then P.V, and in the backward V.dO^T,
+ * dS.K, dS^T.Q and P^T.dO. exp is dfl_cpu_expf, so that the softmax loops vectorise.
  *
  * q[*, Hq, D], k,v[*, Hkv, D], row-major; scale 1/sqrt(D); q head h reads kv
  * head h / G. lse is the natural log-sum-exp of the scaled scores.
  */
 /* GCC keeps a loop's float selects as branches (so the loop stays scalar)
- * while a compare could trap; nothing here enables FP traps. Set before the
- * includes so that the inline dfl_cpu_expf gets it too. Clang ignores
- * traps by default. */
+ * while a compare could trap; nothing here enables FP traps. And in ISO C
+ * mode (-std=c11) GCC does not contract a * b + c into one FMA: the small
+ * products below then issue a multiply and an add per step, and the
+ * attention ran 10-20 % slower (bench_ops_cpu causal and dflash). FMAs
+ * round once where the pair rounds twice, so the AVX2 clone and the
+ * baseline one (which has no FMA) differ in the last bits; nothing relies
+ * on the two agreeing bit for bit. Set before the includes so that the
+ * inline dfl_cpu_expf gets both. Clang ignores traps by default and
+ * contracts within an expression by default. */
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
+#pragma GCC optimize("no-trapping-math", "fp-contract=fast")
 #endif
 
 #include "ops_cpu.h"
@@ -71,6 +77,39 @@ static inline __attribute__((always_inline)) void mk4x16(float *C, int64_t ldc, 
     V8_ADD_STORE(C + 3 * ldc + 8, c31);
 }
 
+/* C[6, 16] += A[6, K] . B[K, 16]: 12 accumulators, so that more products
+ * are in flight than the FMA pipes' latency needs (mk4x16's 8 are just
+ * enough, with nothing to spare for a late load). */
+static inline __attribute__((always_inline)) void mk6x16(float *C, int64_t ldc, const float *A, int64_t ai,
+                                                         int64_t ak, const float *B, int64_t ldb, int64_t K) {
+    v8f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
+    v8f c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0}, b0, b1;
+    for (int64_t k = 0; k < K; k++) {
+        V8_LOAD(b0, B + k * ldb);
+        V8_LOAD(b1, B + k * ldb + 8);
+        const float *a = A + k * ak;
+        float a0 = a[0], a1 = a[ai], a2 = a[2 * ai], a3 = a[3 * ai], a4 = a[4 * ai], a5 = a[5 * ai];
+        c00 += a0 * b0, c01 += a0 * b1;
+        c10 += a1 * b0, c11 += a1 * b1;
+        c20 += a2 * b0, c21 += a2 * b1;
+        c30 += a3 * b0, c31 += a3 * b1;
+        c40 += a4 * b0, c41 += a4 * b1;
+        c50 += a5 * b0, c51 += a5 * b1;
+    }
+    V8_ADD_STORE(C, c00);
+    V8_ADD_STORE(C + 8, c01);
+    V8_ADD_STORE(C + ldc, c10);
+    V8_ADD_STORE(C + ldc + 8, c11);
+    V8_ADD_STORE(C + 2 * ldc, c20);
+    V8_ADD_STORE(C + 2 * ldc + 8, c21);
+    V8_ADD_STORE(C + 3 * ldc, c30);
+    V8_ADD_STORE(C + 3 * ldc + 8, c31);
+    V8_ADD_STORE(C + 4 * ldc, c40);
+    V8_ADD_STORE(C + 4 * ldc + 8, c41);
+    V8_ADD_STORE(C + 5 * ldc, c50);
+    V8_ADD_STORE(C + 5 * ldc + 8, c51);
+}
+
 /* C[1, 16] += A[1, K] . B[K, 16] */
 static inline __attribute__((always_inline)) void mk1x16(float *C, const float *A, int64_t ak, const float *B,
                                                          int64_t ldb, int64_t K) {
@@ -89,6 +128,8 @@ static inline __attribute__((always_inline)) void mk1x16(float *C, const float *
 SIMD_CLONES static void attn_mm(float *C, int64_t ldc, const float *A, int64_t ai, int64_t ak, const float *B,
                                 int64_t ldb, int64_t M, int64_t N, int64_t K) {
     int64_t N16 = N & ~(int64_t)15, i = 0;
+    for (; i + 6 <= M; i += 6)
+        for (int64_t j = 0; j < N16; j += 16) mk6x16(C + i * ldc + j, ldc, A + i * ai, ai, ak, B + j, ldb, K);
     for (; i + 4 <= M; i += 4)
         for (int64_t j = 0; j < N16; j += 16) mk4x16(C + i * ldc + j, ldc, A + i * ai, ai, ak, B + j, ldb, K);
     for (; i < M; i++)
@@ -188,14 +229,20 @@ static void pack_lines(float *dst, float *dstt, const float *src, const attn_dim
         for (int64_t d = 0; d < D; d++) dstt[d * L + l] = dst[l * D + d];
 }
 
-/* K and V rows [r0, r0+n) of kv head kvh into sc->kp, sc->vp [n, D]:
- * contiguous, where the rows of one head lie Hkv*D apart (4 KiB for 8
- * heads of 128, which would map every row to the same L1 set). */
+/* Rows [r0, r0+n) of kv head kvh of src into dst[n, D]: contiguous, where
+ * the rows of one head lie Hkv*D apart (4 KiB for 8 heads of 128, which
+ * maps every row to the same L1 set). A product that walks down the rows
+ * (the B operand of P.V, dS.K) needs this; one that reads a few rows
+ * along D at a time (the A operand of K.Q^T) does not. */
+static void load_rows(float *dst, const float *src, const attn_dims *a, int64_t kvh, int64_t r0, int64_t n) {
+    for (int64_t c = 0; c < n; c++)
+        memcpy(dst + c * a->D, src + at_head(r0 + c, kvh, a->Hkv, a->D), (size_t)a->D * sizeof(float));
+}
+
+/* K and V rows [r0, r0+n) of kv head kvh into sc->kp, sc->vp [n, D]. */
 static void load_kv_tile(attn_scratch *sc, const attn_dims *a, int64_t kvh, int64_t r0, int64_t n) {
-    for (int64_t c = 0; c < n; c++) {
-        memcpy(sc->kp + c * a->D, a->k + at_head(r0 + c, kvh, a->Hkv, a->D), (size_t)a->D * sizeof(float));
-        memcpy(sc->vp + c * a->D, a->v + at_head(r0 + c, kvh, a->Hkv, a->D), (size_t)a->D * sizeof(float));
-    }
+    load_rows(sc->kp, a->k, a, kvh, r0, n);
+    load_rows(sc->vp, a->v, a, kvh, r0, n);
 }
 
 /* The rows [*lo, *hi) of a tile that see key row r, index idx of range
@@ -222,21 +269,23 @@ static inline void hide_rows(float *s, float val, int64_t G, int64_t nq, int64_t
 /* ------------------------------------------------------------------------ */
 /* forward                                                                   */
 
-/* Key rows [r0, r0+n) (index k0 of range `own`): scores St = K.Q^T, then
- * the online softmax update of every line (rescale the accumulated output
- * and sum by exp(m_old - m_new)), then acc += P.V. */
+/* Key rows [r0, r0+n) (index k0 of range `own`): scores St = K.Q^T (K
+ * read in place), then the online softmax update of every line (rescale
+ * the accumulated output and sum by exp(m_old - m_new)), then acc += P.V.
+ * The scale is applied where the exponent is taken: the tile's maximum of
+ * the raw scores times the scale is the maximum of the scaled scores
+ * (scale > 0, and rounding is monotone), so that is the same number. */
 SIMD_CLONES static void attn_fwd_key_tile(const attn_dims *a, const attn_tile *t, int64_t kvh, attn_scratch *sc,
                                           int own, int64_t k0, int64_t r0, int64_t n) {
     int64_t L = a->G * t->nq, D = a->D, nq = t->nq;
     float *restrict tm = sc->tm, *restrict ts = sc->ts, *restrict m = sc->m;
-    load_kv_tile(sc, a, kvh, r0, n);
+    const float scale = a->scale;
+    load_rows(sc->vp, a->v, a, kvh, r0, n);
     memset(sc->st, 0, (size_t)(n * L) * sizeof(float));
-    mm_nn(sc->st, L, sc->kp, D, sc->qt, L, n, L, D);
+    mm_nn(sc->st, L, a->k + at_head(r0, kvh, a->Hkv, D), a->Hkv * D, sc->qt, L, n, L, D);
     for (int64_t l = 0; l < L; l++) tm[l] = -INFINITY, ts[l] = 0;
     for (int64_t c = 0; c < n; c++) {
         float *restrict s = sc->st + c * L;
-#pragma omp simd
-        for (int64_t l = 0; l < L; l++) s[l] *= a->scale;
         int64_t lo, hi;
         rows_seeing(t, own, k0 + c, r0 + c, &lo, &hi);
         hide_rows(s, -INFINITY, a->G, nq, lo, hi);
@@ -248,7 +297,7 @@ SIMD_CLONES static void attn_fwd_key_tile(const attn_dims *a, const attn_tile *t
     }
 #pragma omp simd
     for (int64_t l = 0; l < L; l++) {
-        float mx = tm[l] > m[l] ? tm[l] : m[l];
+        float mx = tm[l] * scale > m[l] ? tm[l] * scale : m[l];
         /* exp(m_old - m_new): 0 on a line's first visible tile (m_old = -inf, acc = 0) */
         float corr = dfl_cpu_expf(m[l] - mx);
         tm[l] = mx == -INFINITY ? 1.0f : corr;
@@ -258,7 +307,7 @@ SIMD_CLONES static void attn_fwd_key_tile(const attn_dims *a, const attn_tile *t
         float *restrict s = sc->st + c * L;
 #pragma omp simd
         for (int64_t l = 0; l < L; l++) {
-            float e = dfl_cpu_expf(s[l] - m[l]);
+            float e = dfl_cpu_expf(s[l] * scale - m[l]);
             s[l] = s[l] == -INFINITY ? 0.0f : e;
             ts[l] += s[l];
         }
@@ -266,8 +315,10 @@ SIMD_CLONES static void attn_fwd_key_tile(const attn_dims *a, const attn_tile *t
     for (int64_t l = 0; l < L; l++) {
         float corr = tm[l], *restrict acc = sc->acc + l * D;
         sc->sum[l] = sc->sum[l] * corr + ts[l];
-        if (corr != 1.0f)
+        if (corr != 1.0f) {
+#pragma omp simd
             for (int64_t d = 0; d < D; d++) acc[d] *= corr;
+        }
     }
     mm_tn(sc->acc, D, sc->st, L, sc->vp, D, L, D, n);
 }
