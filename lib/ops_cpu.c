@@ -316,39 +316,59 @@ void dfl_cpu_gemm_nt_few_rows(float *out, const float *in, const void *w, dfl_dt
  * blas_serial). */
 #define GEMM_TILE 256
 
+/* A small output (a small drafter's weight gradients: 256 x 256 is one
+ * tile of 256) would leave all but a thread or two idle, so its tiles are
+ * halved, down to GEMM_TILE_MIN, while it has fewer than GEMM_TILES_MIN:
+ * 256 x 256 runs as 4 tiles of 128, 128 x 256 as 8 of 64. A tile of 128
+ * runs ~12 % slower than one of 256 on one thread (64: ~28 %), so large
+ * outputs keep 256. The shape alone decides, as the bits require. (On the
+ * bench_train.sh drafter, 2 threads: a step 11 % faster, the checkpoint
+ * the same bits, as OpenBLAS sums each element alike in these tiles.) */
+#define GEMM_TILE_MIN 64
+#define GEMM_TILES_MIN 4
+
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The tile edge of an M x N output. */
+static int64_t gemm_tile(int64_t M, int64_t N) {
+    int64_t e = GEMM_TILE;
+    while (e > GEMM_TILE_MIN && ceil_div(M, e) * ceil_div(N, e) < GEMM_TILES_MIN) e /= 2;
+    return e;
+}
 
 void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
-    const int64_t tm = (M + GEMM_TILE - 1) / GEMM_TILE, tn = (N + GEMM_TILE - 1) / GEMM_TILE;
+    const int64_t e = gemm_tile(M, N), tm = ceil_div(M, e), tn = ceil_div(N, e);
     const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
 #pragma omp parallel for schedule(dynamic, 1) if (tm * tn > 1 && M * N * K > DFL_CPU_PAR_MIN)
     for (int64_t t = 0; t < tm * tn; t++) {
-        const int64_t i0 = t / tn * GEMM_TILE, j0 = t % tn * GEMM_TILE;
+        const int64_t i0 = t / tn * e, j0 = t % tn * e;
         omp_set_num_threads(1); /* this task's: OpenBLAS runs serially even where the region has one thread */
         const float *a = trans_a ? A + i0 : A + i0 * lda;   /* rows i0.. of op(A) */
         const float *b = trans_b ? B + j0 * ldb : B + j0;   /* columns j0.. of op(B) */
-        cblas_sgemm(CblasRowMajor, ta, tb, blas_int(min64(GEMM_TILE, M - i0)), blas_int(min64(GEMM_TILE, N - j0)),
-                    blas_int(K), 1.0f, a, blas_int(lda), b, blas_int(ldb), beta, C + i0 * ldc + j0, blas_int(ldc));
+        cblas_sgemm(CblasRowMajor, ta, tb, blas_int(min64(e, M - i0)), blas_int(min64(e, N - j0)), blas_int(K), 1.0f,
+                    a, blas_int(lda), b, blas_int(ldb), beta, C + i0 * ldc + j0, blas_int(ldc));
     }
 }
 
 /* out[M,N] = in[M,K] . w[N,K]^T + beta * out with w bf16, for more rows
- * than the few-rows kernel takes. The work is cut into panels of GEMM_TILE
- * rows of w, each panel's row tiles into `slices` runs, enough runs for
+ * than the few-rows kernel takes. The work is cut into panels of a tile's
+ * rows of w (gemm_tile), each panel's row tiles into `slices` runs, enough runs for
  * every thread (a target's k and v projections are one or two panels); a
  * thread widens its run's panel into its own f32 buffer (exact: bf16 is the
  * top half of an f32), unless it holds that panel already, then runs the
  * run's tiles. The tiles are dfl_cpu_sgemm's, each one single-threaded
  * OpenBLAS call on the same values, so the bits are those of f32 weights.
- * The widened copy is GEMM_TILE x K floats a thread, not the whole matrix;
- * a panel is widened at most once a run, against the run's >= 2 * GEMM_TILE
- * multiply-adds per weight (one row tile: 2 * M). */
+ * The widened copy is a tile's rows x K floats a thread, not the whole
+ * matrix; a panel is widened at most once a run, against the run's >= 2 x
+ * the tile's rows multiply-adds per weight (one row tile: 2 * M). */
 void dfl_cpu_gemm_nt_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K, int64_t N,
                           float beta) {
     if (M <= 0 || N <= 0) return;
-    const int64_t tm = (M + GEMM_TILE - 1) / GEMM_TILE, tn = (N + GEMM_TILE - 1) / GEMM_TILE;
+    const int64_t e = gemm_tile(M, N), tm = ceil_div(M, e), tn = ceil_div(N, e);
     const int64_t want = 8 * (int64_t)omp_get_max_threads(); /* runs, for an even finish */
     const int64_t slices = min64(tm, (want + tn - 1) / tn);
 #pragma omp parallel if (tm * tn > 1 && M * N * K > DFL_CPU_PAR_MIN)
@@ -358,14 +378,14 @@ void dfl_cpu_gemm_nt_bf16(float *out, const float *in, const uint16_t *w, int64_
 #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < tn * slices; r++) {
             const int64_t p = r / slices, s = r % slices;
-            const int64_t j0 = p * GEMM_TILE, n = min64(GEMM_TILE, N - j0);
-            if (!panel) panel = dfl_aligned_alloc((size_t)(GEMM_TILE * K) * sizeof *panel);
+            const int64_t j0 = p * e, n = min64(e, N - j0);
+            if (!panel) panel = dfl_aligned_alloc((size_t)(e * K) * sizeof *panel);
             if (held != p) widen_bf16(panel, w + j0 * K, n * K);
             held = p;
             omp_set_num_threads(1); /* as in dfl_cpu_sgemm: OpenBLAS runs serially */
             for (int64_t t = s * tm / slices; t < (s + 1) * tm / slices; t++) {
-                const int64_t i0 = t * GEMM_TILE;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(min64(GEMM_TILE, M - i0)), blas_int(n),
+                const int64_t i0 = t * e;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(min64(e, M - i0)), blas_int(n),
                             blas_int(K), 1.0f, in + i0 * K, blas_int(K), panel, blas_int(K), beta,
                             out + i0 * N + j0, blas_int(N));
             }

@@ -49,8 +49,8 @@ void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int
 void dfl_cpu_gemm_nt_few_rows(float *out, const float *in, const void *w, dfl_dtype wdt, int64_t M, int64_t K,
                               int64_t N, int acc);
 /* dfl_cpu_gemm_nt for bf16 weights and rows past dfl_cpu_takes_few_rows:
- * the bits of dfl_cpu_sgemm on the same values in f32, widening GEMM_TILE
- * rows of w at a time. */
+ * the bits of dfl_cpu_sgemm on the same values in f32 (the same tiles),
+ * widening a tile's rows of w at a time. */
 void dfl_cpu_gemm_nt_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K, int64_t N,
                           float beta);
 /* The matmul op (ops.h): dfl_cpu_gemm_nt, and the empty cases. */

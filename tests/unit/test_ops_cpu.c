@@ -320,6 +320,70 @@ static void test_gemm_nt_paths(void) {
     }
 }
 
+/* dfl_cpu_sgemm cuts its output into tiles of 256, halved (to 128, then
+ * 64) while there are fewer than 4 (gemm_tile), so that small outputs, a
+ * small drafter's weight gradients, run on more than one thread. Each
+ * edge, ragged and whole: 700 x 520 (256: 3 x 3), 600 x 32 (128: 5 x 1),
+ * 256 x 256 (128: 2 x 2), 130 x 200 (128, ragged), 72 x 136 (64: 2 x 3),
+ * 1 x 100 (64: 1 x 2); the four transpositions, overwrite and accumulate,
+ * against a double-precision sum (as gemm_nt_err, the error relative to
+ * the summed terms' magnitude); the same bits on 1 and 3 threads; and bf16
+ * weights (dfl_cpu_gemm_nt_bf16, which widens a tile's rows of w at a
+ * time) the bits of the same values in f32. */
+static void test_sgemm_tiles(void) {
+    static const int64_t shapes[][3] = {{700, 40, 520}, {600, 300, 32}, {256, 65, 256},
+                                        {130, 300, 200}, {72, 700, 136}, {1, 333, 100}};
+    dfl_rng r;
+    dfl_rng_seed(&r, 43);
+    double worst = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int64_t M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
+        float *a = fbuf(M * K), *b = fbuf(K * N), *c0 = fbuf(M * N), *c1 = fbuf(M * N), *c3 = fbuf(M * N);
+        double *ref = calloc((size_t)(M * N), sizeof *ref), *mag = calloc((size_t)(M * N), sizeof *mag);
+        frand(a, M * K, &r, 1), frand(b, K * N, &r, 1), frand(c0, M * N, &r, 1);
+        for (int t = 0; t < 8; t++) {
+            const int ta = t & 1, tb = t >> 1 & 1, beta = t >> 2;
+            const int64_t lda = ta ? M : K, ldb = tb ? K : N; /* A [M, K] or [K, M]; B [K, N] or [N, K] */
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    double sum = beta ? c0[i * N + j] : 0, m = beta ? fabs(c0[i * N + j]) : 0;
+                    for (int64_t k = 0; k < K; k++) {
+                        double p = (double)a[ta ? k * lda + i : i * lda + k] * b[tb ? j * ldb + k : k * ldb + j];
+                        sum += p, m += fabs(p);
+                    }
+                    ref[i * N + j] = sum, mag[i * N + j] = m;
+                }
+            memcpy(c1, c0, (size_t)(M * N) * 4), memcpy(c3, c0, (size_t)(M * N) * 4);
+            dfl_ops_cpu_threads(1);
+            dfl_cpu_sgemm(ta, tb, M, N, K, a, lda, b, ldb, (float)beta, c1, N);
+            dfl_ops_cpu_threads(3);
+            dfl_cpu_sgemm(ta, tb, M, N, K, a, lda, b, ldb, (float)beta, c3, N);
+            T_CHECKF(!memcmp(c1, c3, (size_t)(M * N) * 4), "sgemm %lld x %lld x %lld, trans %d %d: 1 and 3 threads differ",
+                     (long long)M, (long long)K, (long long)N, ta, tb);
+            double e2 = 0, m2 = 0;
+            for (int64_t i = 0; i < M * N; i++) e2 += (c1[i] - ref[i]) * (c1[i] - ref[i]), m2 += mag[i] * mag[i];
+            worst = e2 / m2 > worst ? e2 / m2 : worst;
+            T_CHECKF(e2 / m2 <= NMSE_F32, "sgemm %lld x %lld x %lld, trans %d %d, beta %d: error %.3e", (long long)M,
+                     (long long)K, (long long)N, ta, tb, beta, e2 / m2);
+        }
+        /* bf16 weights w [N, K]: the bits of the same values in f32 */
+        uint16_t *wb = dfl_malloc((size_t)(N * K) * sizeof *wb);
+        for (int64_t i = 0; i < N * K; i++) b[i] = dfl_bf16_to_f32(wb[i] = dfl_f32_to_bf16(b[i]));
+        for (int beta = 0; beta <= 1; beta++) {
+            memcpy(c1, c0, (size_t)(M * N) * 4), memcpy(c3, c0, (size_t)(M * N) * 4);
+            dfl_cpu_sgemm(0, 1, M, N, K, a, K, b, K, (float)beta, c1, N);
+            dfl_cpu_gemm_nt_bf16(c3, a, wb, M, K, N, (float)beta);
+            T_CHECKF(!memcmp(c1, c3, (size_t)(M * N) * 4), "gemm_nt_bf16 %lld x %lld x %lld, beta %d: not f32's bits",
+                     (long long)M, (long long)K, (long long)N, beta);
+        }
+        free(wb), free(ref), free(mag);
+        ops->free(a), ops->free(b), ops->free(c0), ops->free(c1), ops->free(c3);
+    }
+    dfl_ops_cpu_threads(omp_get_num_procs());
+    printf("  sgemm tiles, %zu shapes x 8    worst error %.2e (<= %.0e)\n", sizeof shapes / sizeof *shapes, worst,
+           NMSE_F32);
+}
+
 /* The few-rows kernel takes tiles of 4 rows x 3 columns where K >= 1024, or
  * M >= 12 and K >= 256 (few_rows_tiled; the rows left in one tile of 2 or 3
  * rows, or of 1; bf16 weights widened 3 rows of w at a time from 8 rows on,
@@ -2039,6 +2103,7 @@ int main(void) {
     T_RUN(test_matmul);
     T_RUN(test_matmul_fd);
     T_RUN(test_gemm_nt_paths);
+    T_RUN(test_sgemm_tiles);
     T_RUN(test_few_rows_grouping);
     T_RUN(test_rmsnorm);
     T_RUN(test_rmsnorm_fd);
