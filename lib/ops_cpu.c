@@ -322,7 +322,7 @@ void dfl_cpu_gemm_nt_few_rows(float *out, const float *in, const void *w, dfl_dt
  * 256 x 256 runs as 4 tiles of 128, 128 x 256 as 8 of 64. A tile of 128
  * runs ~12 % slower than one of 256 on one thread (64: ~28 %), so large
  * outputs keep 256. The shape alone decides, as the bits require. (On the
- * bench_train.sh drafter, 2 threads: a step 11 % faster, the checkpoint
+ * bench_train.sh drafter, 2 threads: a step 6-10 % faster, the checkpoint
  * the same bits, as OpenBLAS sums each element alike in these tiles.) */
 #define GEMM_TILE_MIN 64
 #define GEMM_TILES_MIN 4
