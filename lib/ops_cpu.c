@@ -316,16 +316,18 @@ void dfl_cpu_gemm_nt_few_rows(float *out, const float *in, const void *w, dfl_dt
  * blas_serial). */
 #define GEMM_TILE 256
 
-/* A small output (a small drafter's weight gradients: 256 x 256 is one
- * tile of 256) would leave all but a thread or two idle, so its tiles are
- * halved, down to GEMM_TILE_MIN, while it has fewer than GEMM_TILES_MIN:
- * 256 x 256 runs as 4 tiles of 128, 128 x 256 as 8 of 64. A tile of 128
- * runs ~12 % slower than one of 256 on one thread (64: ~28 %), so large
- * outputs keep 256. The shape alone decides, as the bits require. (On the
- * bench_train.sh drafter, 2 threads: a step 6-10 % faster, the checkpoint
- * the same bits, as OpenBLAS sums each element alike in these tiles.) */
+/* An output of one tile (a small drafter's weight gradients: 256 x 256)
+ * ran on one thread, so its tiles are halved, down to GEMM_TILE_MIN,
+ * while it has fewer than GEMM_TILES_MIN: 256 x 256 runs as 4 tiles of
+ * 128, 128 x 256 as 2. A tile of 128 runs ~12 % slower than one of 256 on
+ * one thread (64: ~28 %): outputs of 2 tiles or more keep 256 (4, the
+ * bound tried first, cost a one-thread step 5 % and gained no more on
+ * two). The shape alone decides, as the bits require. On the
+ * bench_train.sh drafter, 2 threads: a step ~10 % faster (median ~0.52 ->
+ * ~0.45 s), the checkpoint the same bits, as OpenBLAS sums each element
+ * alike in these tiles; one thread: the same time. */
 #define GEMM_TILE_MIN 64
-#define GEMM_TILES_MIN 4
+#define GEMM_TILES_MIN 2
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 

@@ -321,18 +321,18 @@ static void test_gemm_nt_paths(void) {
 }
 
 /* dfl_cpu_sgemm cuts its output into tiles of 256, halved (to 128, then
- * 64) while there are fewer than 4 (gemm_tile), so that small outputs, a
+ * 64) while there are fewer than 2 (gemm_tile), so that small outputs, a
  * small drafter's weight gradients, run on more than one thread. Each
- * edge, ragged and whole: 700 x 520 (256: 3 x 3), 600 x 32 (128: 5 x 1),
- * 256 x 256 (128: 2 x 2), 130 x 200 (128, ragged), 72 x 136 (64: 2 x 3),
- * 1 x 100 (64: 1 x 2); the four transpositions, overwrite and accumulate,
- * against a double-precision sum (as gemm_nt_err, the error relative to
- * the summed terms' magnitude); the same bits on 1 and 3 threads; and bf16
- * weights (dfl_cpu_gemm_nt_bf16, which widens a tile's rows of w at a
- * time) the bits of the same values in f32. */
+ * edge, ragged and whole: 700 x 520 (256: 3 x 3), 600 x 32 (256: 3 x 1),
+ * 256 x 256 (128: 2 x 2), 130 x 200 (128, ragged), 72 x 136 (128: 1 x 2),
+ * 40 x 100 and 1 x 100 (64: 1 x 2); the four transpositions, overwrite
+ * and accumulate, against a double-precision sum (as gemm_nt_err, the
+ * error relative to the summed terms' magnitude); the same bits on 1 and 3
+ * threads; and bf16 weights (dfl_cpu_gemm_nt_bf16, which widens a tile's
+ * rows of w at a time) the bits of the same values in f32. */
 static void test_sgemm_tiles(void) {
     static const int64_t shapes[][3] = {{700, 40, 520}, {600, 300, 32}, {256, 65, 256},
-                                        {130, 300, 200}, {72, 700, 136}, {1, 333, 100}};
+                                        {130, 300, 200}, {72, 700, 136}, {40, 500, 100}, {1, 333, 100}};
     dfl_rng r;
     dfl_rng_seed(&r, 43);
     double worst = 0;
