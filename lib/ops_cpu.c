@@ -358,21 +358,22 @@ void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, co
 
 /* out[M,N] = in[M,K] . w[N,K]^T + beta * out with w bf16, for more rows
  * than the few-rows kernel takes. The work is cut into panels of a tile's
- * rows of w (gemm_tile), each panel's row tiles into `slices` runs, enough runs for
- * every thread (a target's k and v projections are one or two panels); a
- * thread widens its run's panel into its own f32 buffer (exact: bf16 is the
- * top half of an f32), unless it holds that panel already, then runs the
- * run's tiles. The tiles are dfl_cpu_sgemm's, each one single-threaded
- * OpenBLAS call on the same values, so the bits are those of f32 weights.
- * The widened copy is a tile's rows x K floats a thread, not the whole
- * matrix; a panel is widened at most once a run, against the run's >= 2 x
- * the tile's rows multiply-adds per weight (one row tile: 2 * M). */
+ * rows of w (gemm_tile), each panel's row tiles into `slices` runs, enough
+ * runs for every thread (a target's k and v projections are one or two
+ * panels); a thread widens its run's panel into its own f32 buffer (exact:
+ * bf16 is the top half of an f32), unless it holds that panel already,
+ * then runs the run's tiles. The tiles are dfl_cpu_sgemm's, each one
+ * single-threaded OpenBLAS call on the same values, so the bits are those
+ * of f32 weights. The widened copy is a tile's rows x K floats a thread,
+ * not the whole matrix; a panel is widened at most once a run, against the
+ * run's >= 2 x the tile's rows multiply-adds per weight (one row tile:
+ * 2 * M). */
 void dfl_cpu_gemm_nt_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K, int64_t N,
                           float beta) {
     if (M <= 0 || N <= 0) return;
     const int64_t e = gemm_tile(M, N), tm = ceil_div(M, e), tn = ceil_div(N, e);
     const int64_t want = 8 * (int64_t)omp_get_max_threads(); /* runs, for an even finish */
-    const int64_t slices = min64(tm, (want + tn - 1) / tn);
+    const int64_t slices = min64(tm, ceil_div(want, tn));
 #pragma omp parallel if (tm * tn > 1 && M * N * K > DFL_CPU_PAR_MIN)
     {
         float *panel = NULL;

@@ -18,7 +18,8 @@
  * Inside a key tile every product is a small matrix product (attn_mm, 6x16
  * and 4x16 register kernels, AVX2 and FMA where the CPU has them): the
  * scores, kept transposed, K.Q^T, then P.V, and in the backward V.dO^T,
- * dS.K, dS^T.Q and P^T.dO. exp is dfl_cpu_expf, so that the softmax loops vectorise.
+ * dS.K, dS^T.Q and P^T.dO. exp is dfl_cpu_expf, so that the softmax loops
+ * vectorise.
  *
  * q[*, Hq, D], k,v[*, Hkv, D], row-major; scale 1/sqrt(D); q head h reads kv
  * head h / G. lse is the natural log-sum-exp of the scaled scores.

@@ -358,8 +358,9 @@ static void test_sgemm_tiles(void) {
             dfl_cpu_sgemm(ta, tb, M, N, K, a, lda, b, ldb, (float)beta, c1, N);
             dfl_ops_cpu_threads(3);
             dfl_cpu_sgemm(ta, tb, M, N, K, a, lda, b, ldb, (float)beta, c3, N);
-            T_CHECKF(!memcmp(c1, c3, (size_t)(M * N) * 4), "sgemm %lld x %lld x %lld, trans %d %d: 1 and 3 threads differ",
-                     (long long)M, (long long)K, (long long)N, ta, tb);
+            T_CHECKF(!memcmp(c1, c3, (size_t)(M * N) * 4),
+                     "sgemm %lld x %lld x %lld, trans %d %d: 1 and 3 threads differ", (long long)M, (long long)K,
+                     (long long)N, ta, tb);
             double e2 = 0, m2 = 0;
             for (int64_t i = 0; i < M * N; i++) e2 += (c1[i] - ref[i]) * (c1[i] - ref[i]), m2 += mag[i] * mag[i];
             worst = e2 / m2 > worst ? e2 / m2 : worst;
