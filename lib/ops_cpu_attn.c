@@ -53,75 +53,29 @@
 /* ------------------------------------------------------------------------ */
 /* small matrix products (SIMD_CLONES, v8f: ops_cpu.h)                       */
 
-/* C[4, 16] += A[4, K] . B[K, 16]; A[i, k] at A + i*ai + k*ak, so one
- * kernel serves A and A^T. */
-static inline __attribute__((always_inline)) void mk4x16(float *C, int64_t ldc, const float *A, int64_t ai,
+/* C[R, 16] += A[R, K] . B[K, 16], R <= 6; A[i, k] at A + i*ai + k*ak, so
+ * one kernel serves A and A^T. R is a constant where it is inlined, so the
+ * accumulators unroll into 2R registers: 12 for the 6-row tiles, more
+ * products in flight than the FMA pipes' latency needs (the 8 of 4 rows
+ * are just enough, with nothing to spare for a late load). */
+static inline __attribute__((always_inline)) void mk_x16(int R, float *C, int64_t ldc, const float *A, int64_t ai,
                                                          int64_t ak, const float *B, int64_t ldb, int64_t K) {
-    v8f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0}, b0, b1;
+    v8f c[6][2] = {{{0}}}, b0, b1;
     for (int64_t k = 0; k < K; k++) {
         V8_LOAD(b0, B + k * ldb);
         V8_LOAD(b1, B + k * ldb + 8);
         const float *a = A + k * ak;
-        float a0 = a[0], a1 = a[ai], a2 = a[2 * ai], a3 = a[3 * ai];
-        c00 += a0 * b0, c01 += a0 * b1;
-        c10 += a1 * b0, c11 += a1 * b1;
-        c20 += a2 * b0, c21 += a2 * b1;
-        c30 += a3 * b0, c31 += a3 * b1;
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const float ar = a[r * ai];
+            c[r][0] += ar * b0, c[r][1] += ar * b1;
+        }
     }
-    V8_ADD_STORE(C, c00);
-    V8_ADD_STORE(C + 8, c01);
-    V8_ADD_STORE(C + ldc, c10);
-    V8_ADD_STORE(C + ldc + 8, c11);
-    V8_ADD_STORE(C + 2 * ldc, c20);
-    V8_ADD_STORE(C + 2 * ldc + 8, c21);
-    V8_ADD_STORE(C + 3 * ldc, c30);
-    V8_ADD_STORE(C + 3 * ldc + 8, c31);
-}
-
-/* C[6, 16] += A[6, K] . B[K, 16]: 12 accumulators, so that more products
- * are in flight than the FMA pipes' latency needs (mk4x16's 8 are just
- * enough, with nothing to spare for a late load). */
-static inline __attribute__((always_inline)) void mk6x16(float *C, int64_t ldc, const float *A, int64_t ai,
-                                                         int64_t ak, const float *B, int64_t ldb, int64_t K) {
-    v8f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
-    v8f c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0}, b0, b1;
-    for (int64_t k = 0; k < K; k++) {
-        V8_LOAD(b0, B + k * ldb);
-        V8_LOAD(b1, B + k * ldb + 8);
-        const float *a = A + k * ak;
-        float a0 = a[0], a1 = a[ai], a2 = a[2 * ai], a3 = a[3 * ai], a4 = a[4 * ai], a5 = a[5 * ai];
-        c00 += a0 * b0, c01 += a0 * b1;
-        c10 += a1 * b0, c11 += a1 * b1;
-        c20 += a2 * b0, c21 += a2 * b1;
-        c30 += a3 * b0, c31 += a3 * b1;
-        c40 += a4 * b0, c41 += a4 * b1;
-        c50 += a5 * b0, c51 += a5 * b1;
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        V8_ADD_STORE(C + r * ldc, c[r][0]);
+        V8_ADD_STORE(C + r * ldc + 8, c[r][1]);
     }
-    V8_ADD_STORE(C, c00);
-    V8_ADD_STORE(C + 8, c01);
-    V8_ADD_STORE(C + ldc, c10);
-    V8_ADD_STORE(C + ldc + 8, c11);
-    V8_ADD_STORE(C + 2 * ldc, c20);
-    V8_ADD_STORE(C + 2 * ldc + 8, c21);
-    V8_ADD_STORE(C + 3 * ldc, c30);
-    V8_ADD_STORE(C + 3 * ldc + 8, c31);
-    V8_ADD_STORE(C + 4 * ldc, c40);
-    V8_ADD_STORE(C + 4 * ldc + 8, c41);
-    V8_ADD_STORE(C + 5 * ldc, c50);
-    V8_ADD_STORE(C + 5 * ldc + 8, c51);
-}
-
-/* C[1, 16] += A[1, K] . B[K, 16] */
-static inline __attribute__((always_inline)) void mk1x16(float *C, const float *A, int64_t ak, const float *B,
-                                                         int64_t ldb, int64_t K) {
-    v8f c0 = {0}, c1 = {0}, b0, b1;
-    for (int64_t k = 0; k < K; k++) {
-        V8_LOAD(b0, B + k * ldb);
-        V8_LOAD(b1, B + k * ldb + 8);
-        c0 += A[k * ak] * b0, c1 += A[k * ak] * b1;
-    }
-    V8_ADD_STORE(C, c0);
-    V8_ADD_STORE(C + 8, c1);
 }
 
 /* C[M, N] += op(A) . B[K, N], op(A)[i, k] = A[i*ai + k*ak]: row-major A
@@ -130,11 +84,11 @@ SIMD_CLONES static void attn_mm(float *C, int64_t ldc, const float *A, int64_t a
                                 int64_t ldb, int64_t M, int64_t N, int64_t K) {
     int64_t N16 = N & ~(int64_t)15, i = 0;
     for (; i + 6 <= M; i += 6)
-        for (int64_t j = 0; j < N16; j += 16) mk6x16(C + i * ldc + j, ldc, A + i * ai, ai, ak, B + j, ldb, K);
+        for (int64_t j = 0; j < N16; j += 16) mk_x16(6, C + i * ldc + j, ldc, A + i * ai, ai, ak, B + j, ldb, K);
     for (; i + 4 <= M; i += 4)
-        for (int64_t j = 0; j < N16; j += 16) mk4x16(C + i * ldc + j, ldc, A + i * ai, ai, ak, B + j, ldb, K);
+        for (int64_t j = 0; j < N16; j += 16) mk_x16(4, C + i * ldc + j, ldc, A + i * ai, ai, ak, B + j, ldb, K);
     for (; i < M; i++)
-        for (int64_t j = 0; j < N16; j += 16) mk1x16(C + i * ldc + j, A + i * ai, ak, B + j, ldb, K);
+        for (int64_t j = 0; j < N16; j += 16) mk_x16(1, C + i * ldc + j, ldc, A + i * ai, ai, ak, B + j, ldb, K);
     if (N16 == N) return;
     for (i = 0; i < M; i++)
         for (int64_t k = 0; k < K; k++) {
