@@ -399,7 +399,7 @@ void dfl_cpu_gemm_nt_bf16(float *out, const float *in, const uint16_t *w, int64_
 
 /* One row: sgemv over fixed tiles of w's rows, as dfl_cpu_sgemm does. */
 static void gemv_tiled(float *out, const float *in, const float *w, int64_t K, int64_t N, float beta) {
-    const int64_t tn = (N + GEMM_TILE - 1) / GEMM_TILE;
+    const int64_t tn = ceil_div(N, GEMM_TILE);
 #pragma omp parallel for schedule(dynamic, 1) if (tn > 1 && N * K > DFL_CPU_PAR_MIN)
     for (int64_t t = 0; t < tn; t++) {
         const int64_t j0 = t * GEMM_TILE;

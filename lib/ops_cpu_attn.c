@@ -15,10 +15,10 @@
  * length. The backward's two passes are described above
  * dfl_cpu_attn_dflash_bwd.
  *
- * Inside a key tile every product is a small matrix product (attn_mm, 6x16
- * and 4x16 register kernels, AVX2 and FMA where the CPU has them): the
- * scores, kept transposed, K.Q^T, then P.V, and in the backward V.dO^T,
- * dS.K, dS^T.Q and P^T.dO. exp is dfl_cpu_expf, so that the softmax loops
+ * Inside a key tile every product is a small matrix product (attn_mm:
+ * mk_x16's register tiles of 6, 4 and 1 rows by 16 columns, AVX2 and FMA
+ * where the CPU has them): the scores, kept transposed, K.Q^T, then P.V,
+ * and in the backward V.dO^T, dS.K, dS^T.Q and P^T.dO. exp is dfl_cpu_expf, so that the softmax loops
  * vectorise.
  *
  * q[*, Hq, D], k,v[*, Hkv, D], row-major; scale 1/sqrt(D); q head h reads kv
