@@ -22,11 +22,16 @@
  * too (a short prompt's prefill, an expert's rows in a small batch): long
  * rows make w a stream from memory, which the kernel reads once and sgemm
  * packs first. 1 thread, 32 rows: K 4096, N 4096 21.2 -> 16.1 ms; K 2048,
- * N 768 1.91 -> 1.43; K 1024, N 4096 5.4 -> 3.4; 64 rows even. Shorter
- * rows, whose w stays in cache, are sgemm's past 16 rows (K 256, N 4096,
- * 32 rows: 0.87 ms against 1.15 for the kernel). */
+ * N 768 1.91 -> 1.43; K 1024, N 4096 5.4 -> 3.4. At 64 rows the kernel
+ * still wins on bf16 weights, as a target's are on the CPU (1 thread:
+ * 1.04-1.11x over the three shapes above and K 2048, N 2048; 2 threads:
+ * 1.11-1.48x, the kernel splitting N evenly where sgemm's 3 tiles of N 768
+ * split 2:1), and on f32 weights evens out (1 thread 0.90-1.03x, 2 threads
+ * 1.02-1.41x); by 72 rows bf16 is even too. Shorter rows, whose w stays in
+ * cache, are sgemm's past 16 rows (K 256, N 4096, 32 rows: 0.87 ms against
+ * 1.15 for the kernel). */
 #define DFL_CPU_FEW_ROWS 16
-#define DFL_CPU_FEW_ROWS_LONG_K 48
+#define DFL_CPU_FEW_ROWS_LONG_K 64
 #define DFL_CPU_LONG_K 1024
 
 /* Whether an M-row product with rows of K takes the few-rows kernel (M >= 2

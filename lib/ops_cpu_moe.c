@@ -63,7 +63,7 @@ void dfl_cpu_moe_route(int64_t *offsets, int32_t *rows, int32_t *pos, float *wts
     free(ids);
 }
 
-/* One product per expert with rows: up to DFL_CPU_FEW_ROWS rows (48 where K
+/* One product per expert with rows: up to DFL_CPU_FEW_ROWS rows (64 where K
  * >= 1024: dfl_cpu_takes_few_rows), the few-rows kernel, on the weights as
  * they are (bf16 widened a few rows of w at a time, or read as it is: an
  * expert of a verify step or a decode step has a row or a few, and its

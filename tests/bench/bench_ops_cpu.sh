@@ -35,8 +35,8 @@ if ! python3 -c 'import torch' 2>/dev/null; then
     "$bench" lmhead 128 1024 32000 2
     "$bench" grouped 128 4 2048 768 3
     "$bench" grouped 1 16 4096 4096 3
-    "$bench" grouped 1 48 4096 4096 3
-    "$bench" grouped 1 49 4096 4096 3
+    "$bench" grouped 1 64 4096 4096 3
+    "$bench" grouped 1 65 4096 4096 3
     exit 0
 fi
 
@@ -150,11 +150,11 @@ compare "E128 rows1 K2048 N768" grouped 128 1 2048 768 3
 compare "E128 rows4 K2048 N768" grouped 128 4 2048 768 3
 compare "E16 rows256 K2048 N768" grouped 16 256 2048 768 2
 # a dense target's matrix (Qwen3-8B's q_proj): a decode step's row, a
-# verify step's 16 rows (block 16), a short prefill's 48 rows (the most
-# the few-rows kernel takes at this K), 49 rows (the fewest sgemm takes
+# verify step's 16 rows (block 16), a short prefill's 64 rows (the most
+# the few-rows kernel takes at this K), 65 rows (the fewest sgemm takes
 # here), an extraction batch's 2048
 compare "E1 rows1 K4096 N4096" grouped 1 1 4096 4096 5
 compare "E1 rows16 K4096 N4096" grouped 1 16 4096 4096 5
-compare "E1 rows48 K4096 N4096" grouped 1 48 4096 4096 3
-compare "E1 rows49 K4096 N4096" grouped 1 49 4096 4096 3
+compare "E1 rows64 K4096 N4096" grouped 1 64 4096 4096 3
+compare "E1 rows65 K4096 N4096" grouped 1 65 4096 4096 3
 compare "E1 rows2048 K4096 N4096" grouped 1 2048 4096 4096 2

@@ -394,7 +394,7 @@ static void test_sgemm_tiles(void) {
  * that row alone, and every element that element alone (f32 and bf16
  * weights, overwrite and accumulate): what keeps a verify block's rows equal
  * to decoding them one by one, up to the matmul op's sgemv for one row. K
- * 259, 267, 1031 and 1050, M 1 to 48 (the most rows it takes, at long K;
+ * 259, 267, 1031 and 1050, M 1 to 64 (the most rows it takes, at long K;
  * tiles of 4 rows and 8 rows many times over): both paths at every K below
  * 1024, a tail of 3, 7 or 2 after the 8-wide steps, and tiles of 2 rows or
  * more that prefetch (dot_tile's pf) ending their k with whole cache lines
@@ -455,6 +455,75 @@ static void test_few_rows_grouping(void) {
     T_CHECKF(bad == 0, "%d of %d few-rows products differ from their rows or elements alone", bad, cases);
     printf("  few rows, K 259, 267, 1031 and 1050 x M 1..%d x f32/bf16 x acc: %d cases, each row and each element bitwise "
            "alone\n", DFL_CPU_FEW_ROWS_LONG_K, cases);
+}
+
+/* Which path the matmul op and the grouped product take, bit for bit: the
+ * few-rows kernel up to DFL_CPU_FEW_ROWS rows, and up to
+ * DFL_CPU_FEW_ROWS_LONG_K from K DFL_CPU_LONG_K on; sgemm (bf16 weights:
+ * dfl_cpu_gemm_nt_bf16) one row past each. Both entry points must draw the
+ * line at the same place, or a group's bits would depend on whether it came
+ * through matmul_grouped; and the limits the comments give must be the
+ * ones the code applies. Each case first checks that the two paths differ
+ * on its data somewhere, so that the comparison can tell them apart. */
+static int dispatch_case(int64_t M, int64_t K, int bf, dfl_rng *r) {
+    const int64_t N = 40;
+    float *x = fbuf(M * K), *w = fbuf(N * K), *few = fbuf(M * N), *tiled = fbuf(M * N), *got = fbuf(M * N);
+    uint16_t *wb = malloc((size_t)(N * K) * sizeof *wb);
+    frand(x, M * K, r, 1.0f), frand(w, N * K, r, 1.0f);
+    for (int64_t i = 0; i < N * K; i++) wb[i] = dfl_f32_to_bf16(w[i]), w[i] = dfl_bf16_to_f32(wb[i]);
+    const void *wt = bf ? (const void *)wb : w;
+    const size_t bytes = (size_t)(M * N) * sizeof *got;
+    dfl_cpu_gemm_nt_few_rows(few, x, wt, bf ? DFL_BF16 : DFL_F32, M, K, N, 0);
+    dfl_cpu_sgemm(0, 1, M, N, K, x, K, w, K, 0.0f, tiled, N);
+    const int want_few = M <= DFL_CPU_FEW_ROWS || (M <= DFL_CPU_FEW_ROWS_LONG_K && K >= DFL_CPU_LONG_K);
+    const float *want = want_few ? few : tiled;
+    int bad = 0;
+    if (!memcmp(few, tiled, bytes)) {
+        fprintf(stderr, "  dispatch M %lld K %lld: both paths give the same bits; the case tells nothing\n",
+                (long long)M, (long long)K);
+        bad = 1;
+    }
+    const int64_t off[2] = {0, M};
+    dfl_cpu_matmul_grouped(got, x, wt, bf ? DFL_BF16 : DFL_F32, off, 1, 0, K, N, 0);
+    if (memcmp(got, want, bytes)) {
+        fprintf(stderr, "  dispatch M %lld K %lld %s: matmul_grouped is not the %s path\n", (long long)M,
+                (long long)K, bf ? "bf16" : "f32", want_few ? "few-rows" : "sgemm");
+        bad = 1;
+    }
+    if (!bf) {
+        dfl_cpu_matmul(got, x, w, M, K, N, 0);
+        if (memcmp(got, want, bytes)) {
+            fprintf(stderr, "  dispatch M %lld K %lld: the matmul op is not the %s path\n", (long long)M,
+                    (long long)K, want_few ? "few-rows" : "sgemm");
+            bad = 1;
+        }
+    }
+    ops->free(x), ops->free(w), ops->free(few), ops->free(tiled), ops->free(got);
+    free(wb);
+    return bad;
+}
+
+static void test_gemm_nt_dispatch(void) {
+    static const struct {
+        int64_t M, K;
+    } cases[] = {
+        {DFL_CPU_FEW_ROWS, 259},
+        {DFL_CPU_FEW_ROWS + 1, 259},
+        {DFL_CPU_FEW_ROWS_LONG_K, DFL_CPU_LONG_K - 1},
+        {DFL_CPU_FEW_ROWS + 1, DFL_CPU_LONG_K},
+        {DFL_CPU_FEW_ROWS_LONG_K, DFL_CPU_LONG_K},
+        {DFL_CPU_FEW_ROWS_LONG_K + 1, DFL_CPU_LONG_K},
+        {DFL_CPU_FEW_ROWS_LONG_K, 2 * DFL_CPU_LONG_K + 3},
+        {DFL_CPU_FEW_ROWS_LONG_K + 1, 2 * DFL_CPU_LONG_K + 3},
+    };
+    dfl_rng r;
+    dfl_rng_seed(&r, 44);
+    int bad = 0, n = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (int bf = 0; bf < 2; bf++) bad += dispatch_case(cases[c].M, cases[c].K, bf, &r), n++;
+    T_CHECKF(bad == 0, "%d of %d products took another path than the limits say", bad, n);
+    printf("  few-rows kernel up to %d rows (%d from K %d on), sgemm past: %d cases, matmul and matmul_grouped, "
+           "f32 and bf16, bit for bit\n", DFL_CPU_FEW_ROWS, DFL_CPU_FEW_ROWS_LONG_K, DFL_CPU_LONG_K, n);
 }
 
 /* matmul FD: L = sum dout * (x w^T) */
@@ -2021,7 +2090,7 @@ static void test_moe_gather_combine(void) {
 /* matmul_grouped is the matmul op on each group's rows: bit for bit
  * against one matmul call per group (test_matmul and test_gemm_nt_paths
  * check that op against its oracles), but for a group of one row, which
- * takes the few-rows kernel (that op's path for 2..16 rows, 2..48 where K
+ * takes the few-rows kernel (that op's path for 2..16 rows, 2..64 where K
  * >= 1024) instead of
  * sgemv. Groups of 0 rows (first, middle, last), 1 row, a few (the
  * few-rows kernel) and more than DFL_CPU_FEW_ROWS (sgemm: one tile, and
@@ -2106,6 +2175,7 @@ int main(void) {
     T_RUN(test_gemm_nt_paths);
     T_RUN(test_sgemm_tiles);
     T_RUN(test_few_rows_grouping);
+    T_RUN(test_gemm_nt_dispatch);
     T_RUN(test_rmsnorm);
     T_RUN(test_rmsnorm_fd);
     T_RUN(test_rope);
