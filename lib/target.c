@@ -373,28 +373,40 @@ static int64_t rotary_src_dim(int64_t n, int64_t D, int64_t R) {
     return R + (h2 - r2) + (n - h2 - r2);               /* passed through, second half */
 }
 
-/* XF_EXPERTS: expert by expert (one expert's source in f32 at a time). */
-static float *experts_f32(const wspec *w) {
-    const int64_t E = w->heads, R = w->rows, C = w->cols, n = R * C;
-    float *out = dfl_malloc((size_t)(E * n) * sizeof *out), *src = dfl_malloc((size_t)n * sizeof *src);
-    for (int64_t e = 0; e < E; e++) {
-        if (w->mxfp4) {
-            const uint8_t *bl = (const uint8_t *)w->src->data, *sc = (const uint8_t *)w->scales->data;
-            dfl_mxfp4_to_f32(bl + e * n / 2, sc + e * n / 32, n / 32, src);
-        } else {
-            dfl_st_range_to_f32(w->src, e * n, n, src);
-        }
-        float *o = out + e * n;
-        for (int64_t r = 0; r < R; r++) {
-            int64_t sr = !w->interleave ? r : r < R / 2 ? 2 * r : 2 * (r - R / 2) + 1;
-            if (w->transposed)
-                for (int64_t k = 0; k < C; k++) o[r * C + k] = src[k * R + sr];
-            else
-                memcpy(o + r * C, src + sr * C, (size_t)C * sizeof *o);
+/* The source row of an expert's row r of R: gate and up interleaved in the
+ * file (gpt-oss) become the gate half, then the up half. */
+static int64_t expert_src_row(int64_t r, int64_t R, int interleave) {
+    return !interleave ? r : r < R / 2 ? 2 * r : 2 * (r - R / 2) + 1;
+}
+
+/* Square tiles of the transposing gather: a tile's rows of o and of src stay
+ * in L1 (32 x 32 floats of each, up to twice that of src with interleaving),
+ * where a whole row of o read src a cache line per element, at a stride of
+ * R floats. */
+#define EXPERT_TILE 32
+
+/* One expert's rows [R, C] from its source: rows reordered (interleave),
+ * and with `transposed` read from src [C, R]. The tiles of rows on all
+ * threads: a released MoE's experts are gigabytes, and this is load time. */
+static void expert_rows(float *o, const float *src, int64_t R, int64_t C, int interleave, int transposed) {
+    const int64_t nr = (R + EXPERT_TILE - 1) / EXPERT_TILE;
+    if (!transposed) {
+        #pragma omp parallel for schedule(static) if (R * C > 1 << 16)
+        for (int64_t r = 0; r < R; r++)
+            memcpy(o + r * C, src + expert_src_row(r, R, interleave) * C, (size_t)C * sizeof *o);
+        return;
+    }
+    #pragma omp parallel for schedule(static) if (R * C > 1 << 16)
+    for (int64_t rt = 0; rt < nr; rt++) {
+        const int64_t r0 = rt * EXPERT_TILE, r1 = r0 + EXPERT_TILE < R ? r0 + EXPERT_TILE : R;
+        for (int64_t k0 = 0; k0 < C; k0 += EXPERT_TILE) {
+            const int64_t k1 = k0 + EXPERT_TILE < C ? k0 + EXPERT_TILE : C;
+            for (int64_t r = r0; r < r1; r++) {
+                const float *s = src + expert_src_row(r, R, interleave);
+                for (int64_t k = k0; k < k1; k++) o[r * C + k] = s[k * R];
+            }
         }
     }
-    free(src);
-    return out;
 }
 
 /* XF_QKVZ: the source row of row n of Qwen3.5's layout (see plan_linear). */
@@ -425,7 +437,6 @@ static float *qkvz_f32(const dfl_target *t, const wspec *w) {
 
 /* The rewritten tensor in host f32 (w->out_numel floats). */
 static float *transform(const dfl_target *t, const wspec *w) {
-    if (w->xf == XF_EXPERTS) return experts_f32(w);
     if (w->xf == XF_QKVZ) return qkvz_f32(t, w);
     const int64_t D = t->cfg.head_dim, R = t->cfg.rotary_dim, n = w->src->numel;
     float *src = dfl_malloc((size_t)n * sizeof *src);
@@ -452,17 +463,64 @@ static int raw_bf16(const dfl_target *t, const wspec *w) {
     return w->mat && t->mat_dt == DFL_BF16 && t->ops->wt_bytes != 2;
 }
 
+/* n f32 values that are bf16 values into h, exactly (see raw_bf16). */
+static void narrow_bf16(uint16_t *h, const float *f, int64_t n) {
+    #pragma omp parallel for schedule(static) if (n > 1 << 16)
+    for (int64_t i = 0; i < n; i++) h[i] = dfl_f32_to_bf16(f[i]);
+}
+
 /* n f32 values that are bf16 values (raw_bf16's), stored as bf16: exact. */
 static void upload_as_bf16(const dfl_ops *ops, void *dst, const float *f, int64_t n) {
     uint16_t *h = dfl_malloc((size_t)n * sizeof *h);
-    for (int64_t i = 0; i < n; i++) h[i] = dfl_f32_to_bf16(f[i]);
+    narrow_bf16(h, f, n);
     ops->upload(dst, h, (size_t)n * sizeof *h);
     ops->sync();
     free(h);
 }
 
+/* XF_EXPERTS into place one expert at a time: its source in f32 (MXFP4
+ * decoded, or widened), its rows reordered (expert_rows), then converted
+ * into its slot of dst. What the load holds beside the weights is one
+ * expert, not the whole stack twice over (gpt-oss-120b: a layer's gate_up,
+ * 128 x 5760 x 2880, is 8.5 GB in f32), and the buffers are the same ones
+ * for every expert, so the pages are faulted in once. */
+static void load_experts(dfl_target *t, const wspec *w, void *dst) {
+    const dfl_ops *ops = t->ops;
+    const int64_t E = w->heads, R = w->rows, C = w->cols, n = R * C;
+    const int bf16 = raw_bf16(t, w);
+    const size_t esz = bf16 ? sizeof(uint16_t) : (size_t)ops->wt_bytes;
+    float *src = dfl_malloc((size_t)n * sizeof *src), *o = dfl_malloc((size_t)n * sizeof *o);
+    uint16_t *h = bf16 ? dfl_malloc((size_t)n * sizeof *h) : NULL;
+    for (int64_t e = 0; e < E; e++) {
+        if (w->mxfp4) {
+            const uint8_t *bl = (const uint8_t *)w->src->data, *sc = (const uint8_t *)w->scales->data;
+            dfl_mxfp4_to_f32(bl + e * n / 2, sc + e * n / 32, n / 32, src);
+        } else {
+            dfl_st_range_to_f32(w->src, e * n, n, src);
+        }
+        expert_rows(o, src, R, C, w->interleave, w->transposed);
+        void *at = (char *)dst + (size_t)(e * n) * esz;
+        if (bf16) {
+            narrow_bf16(h, o, n);
+            ops->upload(at, h, (size_t)n * sizeof *h);
+        } else {
+            ops->load_wt(at, o, DFL_F32, n);
+        }
+        ops->sync(); /* o and h are reused next */
+    }
+    free(src);
+    free(o);
+    free(h);
+}
+
 static void load_one(dfl_target *t, const wspec *w, void *dst) {
     const dfl_st_tensor *s = w->src;
+    if (w->xf == XF_EXPERTS) {
+        load_experts(t, w, dst);
+        release_pages(s->data, s->nbytes);
+        if (w->scales) release_pages(w->scales->data, w->scales->nbytes);
+        return;
+    }
     if (w->xf != XF_NONE) {
         float *f = transform(t, w);
         if (w->xf == XF_F32) t->ops->upload(dst, f, (size_t)w->out_numel * sizeof *f);
