@@ -425,35 +425,30 @@ static int64_t qkvz_row(const dfl_model_config *c, int part, int64_t n) {
     return j / r * group + 2 * dk + (part == 0 ? 0 : r * dv) + j % r * dv + m % dv;
 }
 
-static float *qkvz_f32(const dfl_target *t, const wspec *w) {
-    const int64_t H = t->cfg.hidden_size, rows = w->out_numel / H;
-    float *src = dfl_malloc((size_t)w->src->numel * sizeof *src), *out = dfl_malloc((size_t)w->out_numel * sizeof *out);
-    dfl_st_to_f32(w->src, src);
-    for (int64_t n = 0; n < rows; n++)
-        memcpy(out + n * H, src + qkvz_row(&t->cfg, w->part, n) * H, (size_t)H * sizeof *out);
-    free(src);
-    return out;
+/* The source row of row r of a reordered tensor: XF_HEAD_ROWS and XF_QKVZ
+ * rows of a matrix, XF_NORM_PERM single values. */
+static int64_t reordered_src_row(const dfl_target *t, const wspec *w, int64_t r) {
+    const int64_t D = t->cfg.head_dim, R = t->cfg.rotary_dim;
+    if (w->xf == XF_QKVZ) return qkvz_row(&t->cfg, w->part, r);
+    if (w->xf == XF_NORM_PERM) return rotary_src_dim(r, D, R);
+    const int64_t d = r % D; /* XF_HEAD_ROWS */
+    return r / D * w->stride + w->off + (w->perm ? rotary_src_dim(d, D, R) : d);
 }
 
-/* The rewritten tensor in host f32 (w->out_numel floats). */
-static float *transform(const dfl_target *t, const wspec *w) {
-    if (w->xf == XF_QKVZ) return qkvz_f32(t, w);
-    const int64_t D = t->cfg.head_dim, R = t->cfg.rotary_dim, n = w->src->numel;
-    float *src = dfl_malloc((size_t)n * sizeof *src);
-    dfl_st_to_f32(w->src, src);
-    if (w->xf == XF_F32) return src;
-    float *out = dfl_malloc((size_t)w->out_numel * sizeof *out);
-    if (w->xf == XF_NORM_PERM) {
-        for (int64_t d = 0; d < D; d++) out[d] = src[rotary_src_dim(d, D, R)];
-    } else { /* XF_HEAD_ROWS */
-        const int64_t H = t->cfg.hidden_size;
-        for (int64_t h = 0; h < w->heads; h++)
-            for (int64_t d = 0; d < D; d++) {
-                int64_t s = h * w->stride + w->off + (w->perm ? rotary_src_dim(d, D, R) : d);
-                memcpy(out + (h * D + d) * H, src + s * H, (size_t)H * sizeof *out);
-            }
-    }
-    free(src);
+/* A reordered tensor's w->out_numel values, in the source's dtype: its rows
+ * copied as they are (exact, whatever the dtype), on every thread. Nothing
+ * is converted here: the backend's load_wt converts them as it does a
+ * tensor taken as it is, so a reordered matrix costs one copy of its own
+ * size, not an f32 copy of the whole source (Qwen3.5's q_proj, read for
+ * its query rows and again for its gate rows) and one of the output. */
+static void *reordered(const dfl_target *t, const wspec *w) {
+    const dfl_st_tensor *s = w->src;
+    const int64_t len = w->xf == XF_NORM_PERM ? 1 : s->shape[1], rows = w->out_numel / len;
+    const size_t rb = (size_t)len * dfl_dtype_size((dfl_dtype)s->dtype);
+    char *out = dfl_aligned_alloc((size_t)rows * rb);
+    const char *src = s->data;
+    #pragma omp parallel for schedule(static) if (w->out_numel > 1 << 16)
+    for (int64_t r = 0; r < rows; r++) memcpy(out + (size_t)r * rb, src + (size_t)reordered_src_row(t, w, r) * rb, rb);
     return out;
 }
 
@@ -467,15 +462,6 @@ static int raw_bf16(const dfl_target *t, const wspec *w) {
 static void narrow_bf16(uint16_t *h, const float *f, int64_t n) {
     #pragma omp parallel for schedule(static) if (n > 1 << 16)
     for (int64_t i = 0; i < n; i++) h[i] = dfl_f32_to_bf16(f[i]);
-}
-
-/* n f32 values that are bf16 values (raw_bf16's), stored as bf16: exact. */
-static void upload_as_bf16(const dfl_ops *ops, void *dst, const float *f, int64_t n) {
-    uint16_t *h = dfl_malloc((size_t)n * sizeof *h);
-    narrow_bf16(h, f, n);
-    ops->upload(dst, h, (size_t)n * sizeof *h);
-    ops->sync();
-    free(h);
 }
 
 /* XF_EXPERTS into place one expert at a time: its source in f32 (MXFP4
@@ -513,42 +499,46 @@ static void load_experts(dfl_target *t, const wspec *w, void *dst) {
     free(h);
 }
 
+/* n values of dtype dt at src (the file's mapping or a reordered copy)
+ * into dst. */
+static void load_values(dfl_target *t, const wspec *w, void *dst, const void *src, dfl_dtype dt, int64_t n) {
+    if (raw_bf16(t, w)) { /* bf16 in the file (mat_dtype) */
+        t->ops->upload(dst, src, (size_t)n * 2);
+        t->ops->sync();
+        return;
+    }
+    size_t esz = dfl_dtype_size(dt);
+    void *tmp = NULL;
+    if ((uintptr_t)src % esz) { /* files from other writers may be unaligned */
+        tmp = dfl_aligned_alloc((size_t)n * esz);
+        memcpy(tmp, src, (size_t)n * esz);
+        src = tmp;
+    }
+    t->ops->load_wt(dst, src, dt, n);
+    if (tmp) t->ops->sync(); /* tmp is freed next */
+    free(tmp);
+}
+
 static void load_one(dfl_target *t, const wspec *w, void *dst) {
     const dfl_st_tensor *s = w->src;
     if (w->xf == XF_EXPERTS) {
         load_experts(t, w, dst);
-        release_pages(s->data, s->nbytes);
-        if (w->scales) release_pages(w->scales->data, w->scales->nbytes);
-        return;
-    }
-    if (w->xf != XF_NONE) {
-        float *f = transform(t, w);
-        if (w->xf == XF_F32) t->ops->upload(dst, f, (size_t)w->out_numel * sizeof *f);
-        else if (raw_bf16(t, w)) upload_as_bf16(t->ops, dst, f, w->out_numel);
-        else t->ops->load_wt(dst, f, DFL_F32, w->out_numel);
+    } else if (w->xf == XF_F32) {
+        float *f = dfl_malloc((size_t)s->numel * sizeof *f);
+        dfl_st_to_f32(s, f);
+        t->ops->upload(dst, f, (size_t)s->numel * sizeof *f);
         t->ops->sync(); /* f is freed next */
         free(f);
-        release_pages(s->data, s->nbytes);
-        if (w->scales) release_pages(w->scales->data, w->scales->nbytes);
-        return;
+    } else if (w->xf != XF_NONE) {
+        void *r = reordered(t, w);
+        load_values(t, w, dst, r, (dfl_dtype)s->dtype, w->out_numel);
+        t->ops->sync(); /* r is freed next */
+        free(r);
+    } else {
+        load_values(t, w, dst, s->data, (dfl_dtype)s->dtype, s->numel);
     }
-    if (raw_bf16(t, w)) { /* bf16 in the file (mat_dtype) */
-        t->ops->upload(dst, s->data, s->nbytes);
-        t->ops->sync();
-        release_pages(s->data, s->nbytes);
-        return;
-    }
-    size_t esz = dfl_dtype_size((dfl_dtype)s->dtype);
-    const void *src = s->data;
-    void *tmp = NULL;
-    if ((uintptr_t)src % esz) { /* files from other writers may be unaligned */
-        tmp = dfl_aligned_alloc(s->nbytes);
-        memcpy(tmp, src, s->nbytes);
-        src = tmp;
-    }
-    t->ops->load_wt(dst, src, (dfl_dtype)s->dtype, s->numel);
-    free(tmp);
     release_pages(s->data, s->nbytes);
+    if (w->scales) release_pages(w->scales->data, w->scales->nbytes);
 }
 
 static int check_arch(const dfl_model_config *c, const char *path) {

@@ -908,6 +908,15 @@ static void test_weight_encodings(void) {
     got = all_taps_of("qwen35", d, &m35, NULL);
     T_CHECK(ref35 && got && n35 == m35 && !memcmp(got, ref35, (size_t)n35 * sizeof *got));
     free(got);
+    /* ... and as f16: the reordered rows are copied in the file's dtype,
+     * then widened as any f16 weight is */
+    make_converted_of("qwen35", "q35-f16", DFL_F16);
+    snprintf(d, sizeof d, "%s/q35-f16", tmp);
+    got = all_taps_of("qwen35", d, &m35, NULL);
+    e = got && n35 == m35 ? t_nmse_f32(got, ref35, n35) : 1;
+    T_CHECKF(e < 1e-8, "qwen35 f16 weights: nmse %.3g", e);
+    fprintf(stderr, "  qwen35 f16 weights vs bf16: nmse %.2e\n", e);
+    free(got);
     free(ref35);
     make_unaligned("unaligned");
     snprintf(d, sizeof d, "%s/unaligned", tmp);
