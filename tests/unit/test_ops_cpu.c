@@ -189,6 +189,36 @@ static void test_memory_and_conversions(void) {
     ops->free(w);
 }
 
+/* An allocation and an upload from 8 MiB on run on every thread in runs of
+ * 2 MiB (ops_cpu.c): the last run ragged, and an overlapping upload still a
+ * memmove. */
+static void test_large_alloc_and_upload(void) {
+    const size_t n = ((size_t)8 << 20) + 4099; /* 4 full runs and a ragged one */
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(3);
+    uint8_t *a = ops->alloc(n), *b = ops->alloc(n), *want = malloc(n);
+    for (size_t i = 0; i < n; i++) want[i] = (uint8_t)(i * 2654435761u >> 13);
+    memset(b, 0xa5, n);
+    ops->free(b);
+    b = ops->alloc(n); /* perhaps b's old pages again, not zero */
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n; i++) nonzero += a[i] != 0 || b[i] != 0;
+    T_CHECKF(nonzero == 0, "alloc(%zu): %zu bytes not zero", n, nonzero);
+    ops->upload(a, want, n);
+    T_CHECK(!memcmp(a, want, n));
+    ops->upload(b + 7, want + 7, n - 20); /* odd start and end */
+    T_CHECK(b[6] == 0 && !memcmp(b + 7, want + 7, n - 20) && b[n - 13] == 0);
+    memmove(want + 1000, want, n - 1000); /* overlapping: forward */
+    ops->upload(a + 1000, a, n - 1000);
+    T_CHECK(!memcmp(a, want, n));
+    memmove(want, want + 3, n - 3); /* and backward */
+    ops->upload(a, a + 3, n - 3);
+    T_CHECK(!memcmp(a, want, n));
+    ops->free(a), ops->free(b);
+    free(want);
+    omp_set_num_threads(threads);
+}
+
 /* ------------------------------------------------------------------------ */
 /* dense                                                                     */
 
@@ -2169,6 +2199,7 @@ int main(void) {
     fx_dense = open_fx("dense"), fx_attn = open_fx("attn"), fx_lm = open_fx("lmhead"), fx_adam = open_fx("adamw");
     fx_gdn = open_fx("gdn"), fx_yarn = open_fx("rope_yarn"), fx_oss = open_fx("gptoss");
     T_RUN(test_memory_and_conversions);
+    T_RUN(test_large_alloc_and_upload);
     T_RUN(test_products_thread_count_invariance);
     T_RUN(test_matmul);
     T_RUN(test_matmul_fd);
