@@ -38,7 +38,7 @@ static const dfl_opt opts[] = {
      "Pack consecutive samples into forward passes of at most N tokens (a longer sample runs alone). On a GPU the "
      "next pass runs while the records of the one before are encoded and written; the host holds two passes' "
      "records, so memory grows with N.", NULL},
-    {"threads", 't', DFL_OPT_INT, &threads, "N", "CPU threads: the forward on the CPU, and the records' encoding (byte shuffle, LZ4, checksums), one sample a thread, written in order (the encoded bytes do not depend on N).", "all cores"},
+    {"threads", 't', DFL_OPT_INT, &threads, "N", "CPU threads: the target's load and forward on the CPU, and the records' encoding (byte shuffle, LZ4, checksums), one sample a thread, written in order (the encoded bytes do not depend on N).", "all cores"},
     {"device", 'd', DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
     {"compress", 0, DFL_OPT_CHOICE, &compress, "none|lz4", "Codec of the output's tensors (as dflash-pack --compress, but lz4 alone does not byte-shuffle here: add --byte-shuffle on).",
      "none"},
