@@ -386,17 +386,28 @@ void dfl_st_to_f32(const dfl_st_tensor *t, float *out) { dfl_st_range_to_f32(t, 
 static const float fp4_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-void dfl_mxfp4_to_f32(const uint8_t *blocks, const uint8_t *scales, int64_t nblocks, float *out) {
+/* Into f32 (of) or bf16 (ob). Every MXFP4 value, 2 significant bits times
+ * a power of two, is a bf16 value (subnormals included: their bits stay in
+ * the top half of the f32), so the bf16 is exact too. */
+static void mxfp4_decode(const uint8_t *blocks, const uint8_t *scales, int64_t nblocks, float *of, uint16_t *ob) {
     #pragma omp parallel for schedule(static) if (nblocks > 1 << 12)
     for (int64_t b = 0; b < nblocks; b++) {
         const int e = (int)scales[b] - 127; /* E8M0: a power of two */
         const uint8_t *q = blocks + 16 * b;
-        float *o = out + 32 * b;
-        for (int i = 0; i < 16; i++) { /* the low nibble is the first of the two values */
-            o[2 * i] = ldexpf(fp4_e2m1[q[i] & 15], e);
-            o[2 * i + 1] = ldexpf(fp4_e2m1[q[i] >> 4], e);
+        for (int j = 0; j < 32; j++) { /* the low nibble is the first of the two values */
+            const float v = ldexpf(fp4_e2m1[j & 1 ? q[j / 2] >> 4 : q[j / 2] & 15], e);
+            if (of) of[32 * b + j] = v;
+            else ob[32 * b + j] = dfl_f32_to_bf16(v);
         }
     }
+}
+
+void dfl_mxfp4_to_f32(const uint8_t *blocks, const uint8_t *scales, int64_t nblocks, float *out) {
+    mxfp4_decode(blocks, scales, nblocks, out, NULL);
+}
+
+void dfl_mxfp4_to_bf16(const uint8_t *blocks, const uint8_t *scales, int64_t nblocks, uint16_t *out) {
+    mxfp4_decode(blocks, scales, nblocks, NULL, out);
 }
 
 void dfl_st_range_to_f32(const dfl_st_tensor *t, int64_t off, int64_t n, float *out) {

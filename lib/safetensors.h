@@ -60,8 +60,9 @@ void dfl_st_to_f32(const dfl_st_tensor *t, float *out);
 void dfl_st_range_to_f32(const dfl_st_tensor *t, int64_t off, int64_t n, float *out);
 /* MXFP4 (gpt-oss's experts): nblocks blocks of 32 values, each 16 bytes of
  * FP4 E2M1 codes (two a byte, the low nibble first) and one E8M0 scale
- * byte (2^(s - 127)), into out[32 * nblocks]. Exact in f32. */
+ * byte (2^(s - 127)), into out[32 * nblocks]. Exact in f32, and in bf16. */
 void dfl_mxfp4_to_f32(const uint8_t *blocks, const uint8_t *scales, int64_t nblocks, float *out);
+void dfl_mxfp4_to_bf16(const uint8_t *blocks, const uint8_t *scales, int64_t nblocks, uint16_t *out);
 
 /* ---- writing ---- */
 typedef struct {

@@ -387,27 +387,32 @@ static int64_t expert_src_row(int64_t r, int64_t R, int interleave) {
 
 /* One expert's rows [R, C] from its source: rows reordered (interleave),
  * and with `transposed` read from src [C, R]. The tiles of rows on all
- * threads: a released MoE's experts are gigabytes, and this is load time. */
-static void expert_rows(float *o, const float *src, int64_t R, int64_t C, int interleave, int transposed) {
-    const int64_t nr = (R + EXPERT_TILE - 1) / EXPERT_TILE;
-    if (!transposed) {
-        #pragma omp parallel for schedule(static) if (R * C > 1 << 16)
-        for (int64_t r = 0; r < R; r++)
-            memcpy(o + r * C, src + expert_src_row(r, R, interleave) * C, (size_t)C * sizeof *o);
-        return;
+ * threads: a released MoE's experts are gigabytes, and this is load time.
+ * A copy of values, so one for each element size: f32 (f32 and f16
+ * sources) and bf16 (bf16 and MXFP4 sources, kept in bf16). */
+#define DEFINE_EXPERT_ROWS(NAME, T)                                                                          \
+    static void NAME(T *o, const T *src, int64_t R, int64_t C, int interleave, int transposed) {             \
+        const int64_t nr = (R + EXPERT_TILE - 1) / EXPERT_TILE;                                              \
+        if (!transposed) {                                                                                   \
+            _Pragma("omp parallel for schedule(static) if (R * C > 1 << 16)")                                \
+            for (int64_t r = 0; r < R; r++)                                                                  \
+                memcpy(o + r * C, src + expert_src_row(r, R, interleave) * C, (size_t)C * sizeof *o);        \
+            return;                                                                                          \
+        }                                                                                                    \
+        _Pragma("omp parallel for schedule(static) if (R * C > 1 << 16)")                                    \
+        for (int64_t rt = 0; rt < nr; rt++) {                                                                \
+            const int64_t r0 = rt * EXPERT_TILE, r1 = r0 + EXPERT_TILE < R ? r0 + EXPERT_TILE : R;           \
+            for (int64_t k0 = 0; k0 < C; k0 += EXPERT_TILE) {                                                \
+                const int64_t k1 = k0 + EXPERT_TILE < C ? k0 + EXPERT_TILE : C;                              \
+                for (int64_t r = r0; r < r1; r++) {                                                          \
+                    const T *s = src + expert_src_row(r, R, interleave);                                     \
+                    for (int64_t k = k0; k < k1; k++) o[r * C + k] = s[k * R];                               \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
     }
-    #pragma omp parallel for schedule(static) if (R * C > 1 << 16)
-    for (int64_t rt = 0; rt < nr; rt++) {
-        const int64_t r0 = rt * EXPERT_TILE, r1 = r0 + EXPERT_TILE < R ? r0 + EXPERT_TILE : R;
-        for (int64_t k0 = 0; k0 < C; k0 += EXPERT_TILE) {
-            const int64_t k1 = k0 + EXPERT_TILE < C ? k0 + EXPERT_TILE : C;
-            for (int64_t r = r0; r < r1; r++) {
-                const float *s = src + expert_src_row(r, R, interleave);
-                for (int64_t k = k0; k < k1; k++) o[r * C + k] = s[k * R];
-            }
-        }
-    }
-}
+DEFINE_EXPERT_ROWS(expert_rows, float)
+DEFINE_EXPERT_ROWS(expert_rows_bf16, uint16_t)
 
 /* XF_QKVZ: the source row of row n of Qwen3.5's layout (see plan_linear). */
 static int64_t qkvz_row(const dfl_model_config *c, int part, int64_t n) {
@@ -458,47 +463,6 @@ static int raw_bf16(const dfl_target *t, const wspec *w) {
     return w->mat && t->mat_dt == DFL_BF16 && t->ops->wt_bytes != 2;
 }
 
-/* n f32 values that are bf16 values into h, exactly (see raw_bf16). */
-static void narrow_bf16(uint16_t *h, const float *f, int64_t n) {
-    #pragma omp parallel for schedule(static) if (n > 1 << 16)
-    for (int64_t i = 0; i < n; i++) h[i] = dfl_f32_to_bf16(f[i]);
-}
-
-/* XF_EXPERTS into place one expert at a time: its source in f32 (MXFP4
- * decoded, or widened), its rows reordered (expert_rows), then converted
- * into its slot of dst. What the load holds beside the weights is one
- * expert, not the whole stack twice over (gpt-oss-120b: a layer's gate_up,
- * 128 x 5760 x 2880, is 8.5 GB in f32), and the buffers are the same ones
- * for every expert, so the pages are faulted in once. */
-static void load_experts(dfl_target *t, const wspec *w, void *dst) {
-    const dfl_ops *ops = t->ops;
-    const int64_t E = w->heads, R = w->rows, C = w->cols, n = R * C;
-    const int bf16 = raw_bf16(t, w);
-    const size_t esz = bf16 ? sizeof(uint16_t) : (size_t)ops->wt_bytes;
-    float *src = dfl_malloc((size_t)n * sizeof *src), *o = dfl_malloc((size_t)n * sizeof *o);
-    uint16_t *h = bf16 ? dfl_malloc((size_t)n * sizeof *h) : NULL;
-    for (int64_t e = 0; e < E; e++) {
-        if (w->mxfp4) {
-            const uint8_t *bl = (const uint8_t *)w->src->data, *sc = (const uint8_t *)w->scales->data;
-            dfl_mxfp4_to_f32(bl + e * n / 2, sc + e * n / 32, n / 32, src);
-        } else {
-            dfl_st_range_to_f32(w->src, e * n, n, src);
-        }
-        expert_rows(o, src, R, C, w->interleave, w->transposed);
-        void *at = (char *)dst + (size_t)(e * n) * esz;
-        if (bf16) {
-            narrow_bf16(h, o, n);
-            ops->upload(at, h, (size_t)n * sizeof *h);
-        } else {
-            ops->load_wt(at, o, DFL_F32, n);
-        }
-        ops->sync(); /* o and h are reused next */
-    }
-    free(src);
-    free(o);
-    free(h);
-}
-
 /* n values of dtype dt at src (the file's mapping or a reordered copy)
  * into dst. */
 static void load_values(dfl_target *t, const wspec *w, void *dst, const void *src, dfl_dtype dt, int64_t n) {
@@ -517,6 +481,55 @@ static void load_values(dfl_target *t, const wspec *w, void *dst, const void *sr
     t->ops->load_wt(dst, src, dt, n);
     if (tmp) t->ops->sync(); /* tmp is freed next */
     free(tmp);
+}
+
+/* One expert's source values into bf16 (w16: `len` values from element
+ * `off`): MXFP4 decoded, bf16 as it is (copied where the file leaves it
+ * unaligned, else read in place). */
+static const uint16_t *expert_src_bf16(const wspec *w, int64_t off, int64_t len, uint16_t *w16) {
+    if (w->mxfp4) {
+        dfl_mxfp4_to_bf16((const uint8_t *)w->src->data + off / 2, (const uint8_t *)w->scales->data + off / 32,
+                          len / 32, w16);
+        return w16;
+    }
+    const char *p = (const char *)w->src->data + (size_t)off * 2;
+    if ((uintptr_t)p % 2 == 0) return (const uint16_t *)p;
+    memcpy(w16, p, (size_t)len * 2);
+    return w16;
+}
+
+/* XF_EXPERTS into place one expert at a time: its source, its rows
+ * reordered (expert_rows), then loaded into its slot of dst. Where the
+ * backend keeps them in bf16 (mat_dtype: the CPU's bf16 matrices, or the
+ * GPU; the experts' biases are wt) and the file holds bf16 or MXFP4, all
+ * of it is in bf16, which holds those values exactly; else in f32. What the load holds beside the
+ * weights is one expert, not the whole stack twice over (gpt-oss-120b: a
+ * layer's gate_up, 128 x 5760 x 2880, is 8.5 GB in f32), and the buffers
+ * are the same ones for every expert, so their pages are faulted in once. */
+static void load_experts(dfl_target *t, const wspec *w, void *dst) {
+    const int64_t E = w->heads, R = w->rows, C = w->cols, n = R * C;
+    const dfl_dtype dst_dt = w->mat ? t->mat_dt : t->ops->wt_bytes == 2 ? DFL_BF16 : DFL_F32; /* biases: wt */
+    const int in_bf16 = dst_dt == DFL_BF16 && (w->mxfp4 || w->src->dtype == DFL_BF16);
+    const size_t esz = dfl_dtype_size(dst_dt);
+    void *src = dfl_malloc((size_t)n * (in_bf16 ? 2 : 4)), *o = dfl_malloc((size_t)n * (in_bf16 ? 2 : 4));
+    for (int64_t e = 0; e < E; e++) {
+        void *at = (char *)dst + (size_t)(e * n) * esz;
+        if (in_bf16) {
+            expert_rows_bf16(o, expert_src_bf16(w, e * n, n, src), R, C, w->interleave, w->transposed);
+            load_values(t, w, at, o, DFL_BF16, n);
+        } else {
+            if (w->mxfp4) /* beside f32 matrices (mat_dtype) */
+                dfl_mxfp4_to_f32((const uint8_t *)w->src->data + e * n / 2,
+                                 (const uint8_t *)w->scales->data + e * n / 32, n / 32, src);
+            else
+                dfl_st_range_to_f32(w->src, e * n, n, src);
+            expert_rows(o, src, R, C, w->interleave, w->transposed);
+            load_values(t, w, at, o, DFL_F32, n);
+        }
+        t->ops->sync(); /* o is reused next */
+    }
+    free(src);
+    free(o);
 }
 
 static void load_one(dfl_target *t, const wspec *w, void *dst) {

@@ -162,6 +162,16 @@ static void test_mxfp4(void) {
     T_CHECKF(bad == 0, "%d bytes decoded wrong", bad);
     T_CHECK(out[2 * 0x21] == 0.5f * ldexpf(1, exps[2]) && out[2 * 0x21 + 1] == 1.0f * ldexpf(1, exps[2]));
     T_CHECK(signbit(out[2 * 0x08]) && out[2 * 0x08] == 0.0f); /* -0 */
+    /* into bf16: the same values, exactly (bf16 back to f32 gives the f32
+     * decode's bits, subnormals, infinities and -0 included) */
+    uint16_t out16[NB * 32];
+    dfl_mxfp4_to_bf16(blocks, scales, NB, out16);
+    int inexact = 0;
+    for (int i = 0; i < NB * 32; i++) {
+        const float back = dfl_bf16_to_f32(out16[i]);
+        inexact += memcmp(&back, &out[i], 4) != 0;
+    }
+    T_CHECKF(inexact == 0, "%d values not exact in bf16", inexact);
 }
 
 int main(void) {
