@@ -380,9 +380,9 @@ static int64_t expert_src_row(int64_t r, int64_t R, int interleave) {
 }
 
 /* Square tiles of the transposing gather: a tile's rows of o and of src stay
- * in L1 (32 x 32 floats of each, up to twice that of src with interleaving),
+ * in L1 (32 x 32 values of each, up to twice that of src with interleaving),
  * where a whole row of o read src a cache line per element, at a stride of
- * R floats. */
+ * R values. */
 #define EXPERT_TILE 32
 
 /* One expert's rows [R, C] from its source: rows reordered (interleave),
@@ -483,9 +483,18 @@ static void load_values(dfl_target *t, const wspec *w, void *dst, const void *sr
     free(tmp);
 }
 
-/* One expert's source values into bf16 (w16: `len` values from element
- * `off`): MXFP4 decoded, bf16 as it is (copied where the file leaves it
- * unaligned, else read in place). */
+/* `len` values of an expert's source from element `off`, in f32: MXFP4
+ * decoded (beside f32 matrices: mat_dtype), the others widened. */
+static void expert_src_f32(const wspec *w, int64_t off, int64_t len, float *f) {
+    if (w->mxfp4)
+        dfl_mxfp4_to_f32((const uint8_t *)w->src->data + off / 2, (const uint8_t *)w->scales->data + off / 32,
+                         len / 32, f);
+    else
+        dfl_st_range_to_f32(w->src, off, len, f);
+}
+
+/* The same in bf16 (w16 a buffer of len values): MXFP4 decoded, bf16 as it
+ * is (copied where the file leaves it unaligned, else read in place). */
 static const uint16_t *expert_src_bf16(const wspec *w, int64_t off, int64_t len, uint16_t *w16) {
     if (w->mxfp4) {
         dfl_mxfp4_to_bf16((const uint8_t *)w->src->data + off / 2, (const uint8_t *)w->scales->data + off / 32,
@@ -502,10 +511,11 @@ static const uint16_t *expert_src_bf16(const wspec *w, int64_t off, int64_t len,
  * reordered (expert_rows), then loaded into its slot of dst. Where the
  * backend keeps them in bf16 (mat_dtype: the CPU's bf16 matrices, or the
  * GPU; the experts' biases are wt) and the file holds bf16 or MXFP4, all
- * of it is in bf16, which holds those values exactly; else in f32. What the load holds beside the
- * weights is one expert, not the whole stack twice over (gpt-oss-120b: a
- * layer's gate_up, 128 x 5760 x 2880, is 8.5 GB in f32), and the buffers
- * are the same ones for every expert, so their pages are faulted in once. */
+ * of it is in bf16, which holds those values exactly; else in f32. What
+ * the load holds beside the weights is one expert, not the whole stack
+ * twice over (gpt-oss-120b: a layer's gate_up, 128 x 5760 x 2880, is 8.5
+ * GB in f32), and the buffers are the same ones for every expert, so their
+ * pages are faulted in once. */
 static void load_experts(dfl_target *t, const wspec *w, void *dst) {
     const int64_t E = w->heads, R = w->rows, C = w->cols, n = R * C;
     const dfl_dtype dst_dt = w->mat ? t->mat_dt : t->ops->wt_bytes == 2 ? DFL_BF16 : DFL_F32; /* biases: wt */
@@ -518,11 +528,7 @@ static void load_experts(dfl_target *t, const wspec *w, void *dst) {
             expert_rows_bf16(o, expert_src_bf16(w, e * n, n, src), R, C, w->interleave, w->transposed);
             load_values(t, w, at, o, DFL_BF16, n);
         } else {
-            if (w->mxfp4) /* beside f32 matrices (mat_dtype) */
-                dfl_mxfp4_to_f32((const uint8_t *)w->src->data + e * n / 2,
-                                 (const uint8_t *)w->scales->data + e * n / 32, n / 32, src);
-            else
-                dfl_st_range_to_f32(w->src, e * n, n, src);
+            expert_src_f32(w, e * n, n, src);
             expert_rows(o, src, R, C, w->interleave, w->transposed);
             load_values(t, w, at, o, DFL_F32, n);
         }
