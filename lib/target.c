@@ -457,10 +457,19 @@ static void *reordered(const dfl_target *t, const wspec *w) {
     return out;
 }
 
+/* The dtype of a spec's values in the backend's memory (load_all lays them
+ * out): f32 parameters f32, matrices mat_dtype's, the rest (norms, biases,
+ * the embedding) the backend's wt. */
+static dfl_dtype dst_dtype(const dfl_target *t, const wspec *w) {
+    if (w->xf == XF_F32) return DFL_F32;
+    if (w->mat) return t->mat_dt;
+    return t->ops->wt_bytes == 2 ? DFL_BF16 : DFL_F32;
+}
+
 /* Matrices kept in bf16 by a backend computing in f32 (the CPU: see
  * mat_dtype): their bf16 values as they are. */
 static int raw_bf16(const dfl_target *t, const wspec *w) {
-    return w->mat && t->mat_dt == DFL_BF16 && t->ops->wt_bytes != 2;
+    return dst_dtype(t, w) == DFL_BF16 && t->ops->wt_bytes != 2;
 }
 
 /* n values of dtype dt at src (the file's mapping or a reordered copy)
@@ -518,9 +527,8 @@ static const uint16_t *expert_src_bf16(const wspec *w, int64_t off, int64_t len,
  * pages are faulted in once. */
 static void load_experts(dfl_target *t, const wspec *w, void *dst) {
     const int64_t E = w->heads, R = w->rows, C = w->cols, n = R * C;
-    const dfl_dtype dst_dt = w->mat ? t->mat_dt : t->ops->wt_bytes == 2 ? DFL_BF16 : DFL_F32; /* biases: wt */
-    const int in_bf16 = dst_dt == DFL_BF16 && (w->mxfp4 || w->src->dtype == DFL_BF16);
-    const size_t esz = dfl_dtype_size(dst_dt);
+    const int in_bf16 = dst_dtype(t, w) == DFL_BF16 && (w->mxfp4 || w->src->dtype == DFL_BF16);
+    const size_t esz = dfl_dtype_size(dst_dtype(t, w));
     void *src = dfl_malloc((size_t)n * (in_bf16 ? 2 : 4)), *o = dfl_malloc((size_t)n * (in_bf16 ? 2 : 4));
     for (int64_t e = 0; e < E; e++) {
         void *at = (char *)dst + (size_t)(e * n) * esz;
@@ -626,7 +634,7 @@ static void load_all(dfl_target *t, wlist *l) {
     for (int i = 0; i < l->n; i++) {
         wspec *w = &l->v[i];
         void *at;
-        const uint64_t esz = w->xf == XF_F32 ? sizeof(float) : w->mat ? xb : (uint64_t)ops->wt_bytes;
+        const uint64_t esz = dfl_dtype_size(dst_dtype(t, w));
         if (w->xf == XF_F32) {
             at = (float *)t->params_f32 + off32;
             off32 += (uint64_t)w->out_numel;
