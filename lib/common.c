@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -50,9 +51,22 @@ void dfl_die(const char *prog, int code, const char *fmt, ...) {
     exit(code);
 }
 
+static void (*_Atomic abort_hook)(void);
+
+void dfl_set_abort_hook(void (*hook)(void)) { atomic_store(&abort_hook, hook); }
+
+/* A bug, on whatever thread meets it: exit 70 as the exit table says, with
+ * the temporary outputs removed as a signal would. _exit, not exit: other
+ * threads (OpenMP's, the read-ahead) may be running, and atexit handlers
+ * and library destructors under them can hang; the hook is all the
+ * cleaning that matters. An assertion failing inside the hook (or on a
+ * second thread meanwhile) exits at once. */
 void dfl_abort(const char *file, int line, const char *what) {
+    static atomic_flag aborting = ATOMIC_FLAG_INIT;
     fprintf(stderr, "dflash: internal error at %s:%d: assertion '%s' failed\n", file, line, what);
-    abort();
+    void (*hook)(void) = atomic_load(&abort_hook);
+    if (hook && !atomic_flag_test_and_set(&aborting)) hook();
+    _exit(DFL_EX_SOFTWARE);
 }
 
 static void *out_of_memory(size_t n) {

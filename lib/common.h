@@ -4,7 +4,8 @@
  * status: 0 on success, otherwise one of the DFL_EX_* exit codes below, after
  * recording a message with dfl_err(). Tools print that message, prefixed with
  * their name, and exit with the code. Internal invariants (programmer errors)
- * abort through DFL_ASSERT instead: bad input must never reach an assert.
+ * end the tool through DFL_ASSERT instead (exit 70): bad input must never
+ * reach an assert.
  */
 #ifndef DFLASH_COMMON_H
 #define DFLASH_COMMON_H
@@ -55,10 +56,15 @@ DFL_NORETURN void dfl_die_last(const char *prog);
 DFL_NORETURN void dfl_die(const char *prog, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Internal invariant: abort with file and line. Never used for input checks. */
+/* Internal invariant: report file and line, remove the temporary outputs
+ * (dfl_set_abort_hook) and exit 70, as an internal error. Never used for
+ * input checks. */
 #define DFL_ASSERT(x) \
     do { if (!(x)) dfl_abort(__FILE__, __LINE__, #x); } while (0)
 DFL_NORETURN void dfl_abort(const char *file, int line, const char *what);
+/* What dfl_abort runs before it exits: outfile.c's removal of temporary
+ * outputs, set with the first output. */
+void dfl_set_abort_hook(void (*hook)(void));
 
 /* Allocation that aborts on failure (exit 70): used only for sizes that were
  * already validated against caps; untrusted sizes are checked first. */

@@ -134,6 +134,7 @@ static const int handled_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
 
 static void install_handlers(void) {
     atexit(run_cleanup);
+    dfl_set_abort_hook(run_cleanup);
     for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++) {
         struct sigaction sa, old;
         if (sigaction(handled_signals[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;

@@ -651,8 +651,8 @@ json_t *dfl_score_line_json(const dfl_score_line *l, const dfl_score_stats *st) 
     return j;
 }
 
-/* A string field: tabs and newlines would break the row; they are written
- * as \t and \n (and a backslash as \\). */
+/* A string field: tabs and line ends would break the row; they are written
+ * as \t, \n and \r (and a backslash as \\). */
 static void put_str(FILE *f, const char *s) {
     for (; *s; s++) {
         if (*s == '\t') fputs("\\t", f);

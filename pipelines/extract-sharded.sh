@@ -60,7 +60,7 @@
 #   bytes per token = K * H * 2: Qwen3-8B / Llama-3.1-8B (H 4096, K 5) 40 KiB,
 #   Qwen3-4B (H 2560) 25 KiB, Qwen3-0.6B (H 1024) 10 KiB. Per million tokens:
 #   41 GB, 26 GB, 10 GB. --byte-shuffle on (byte shuffle + LZ4) stores about 0.85
-#   to 0.9 of that (see README: stream sizes); plain LZ4 gains nothing on bf16.
+#   to 0.9 of that (see README: "A real run"); plain LZ4 gains nothing on bf16.
 #   800K samples x 1,000 tokens on Qwen3-8B = 33 TB raw: use --shards and
 #   train from the pieces, or train online (dflash-extract | dflash-train-step).
 #   Rate: the best public capture is ~27,000 tokens/s per H200 for Qwen3-8B,

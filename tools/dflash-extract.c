@@ -46,7 +46,8 @@ static const dfl_opt opts[] = {
      "Byte-shuffle tensors before LZ4 (what makes bf16 compressible). on implies --compress lz4 when --compress is "
      "not given; with --compress none it is refused, as by dflash-pack.", NULL},
     {"skip-bad", 0, DFL_OPT_FLAG, &skip_bad, NULL,
-     "Skip bad samples (reported on stderr, counted in a summary) instead of stopping at the first.", NULL},
+     "Skip bad samples instead of stopping at the first: the first 10 reported on stderr, all counted in the closing "
+     "summary.", NULL},
     {"progress", 'p', DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };

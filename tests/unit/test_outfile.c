@@ -1,5 +1,6 @@
 /* test_outfile: the signal cleanup of temporary outputs (lib/outfile.c),
- * in forked children that are killed by the signal they raise. */
+ * in forked children that are killed by the signal they raise (or exit 70
+ * on a failed assertion). */
 #include "../../lib/common.h"
 #include "../../lib/outfile.h"
 #include "../test.h"
@@ -392,9 +393,81 @@ static void test_staged_files(void) {
     t_rm_rf(parent);
 }
 
+/* Makes the assertion fail without the compiler seeing that it must. */
+static volatile int one = 1;
+
+static void *assert_on_this_thread(void *arg) {
+    (void)arg;
+    DFL_ASSERT(one == 0);
+    return NULL;
+}
+
+/* The child of an assertion test: an output file being written and a
+ * checkpoint directory holding a file, in `parent`, then an assertion that
+ * fails on the main (writing) thread or on another one. stderr goes to
+ * `errfd`. */
+static void child_asserts(const char *parent, int on_another_thread, int errfd) {
+    dup2(errfd, 2);
+    char final[PATH_MAX], tmp[PATH_MAX], f[PATH_MAX + 8];
+    snprintf(final, sizeof final, "%s/ck", parent);
+    if (dfl_tmpdir_create(final, tmp, sizeof tmp)) _exit(3);
+    snprintf(f, sizeof f, "%s/a", tmp);
+    int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) _exit(4);
+    close(fd);
+    dfl_out *o;
+    snprintf(final, sizeof final, "%s/out.dfs", parent);
+    if (dfl_out_open(&o, final, 1)) _exit(5);
+    fputs("partial", dfl_out_file(o));
+    fflush(dfl_out_file(o));
+    if (on_another_thread) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, assert_on_this_thread, NULL)) _exit(6);
+        for (;;) pause();
+    }
+    assert_on_this_thread(NULL);
+    _exit(7);
+}
+
+/* A failed assertion is an internal error: exit 70 (the exit table's, not
+ * abort's SIGABRT), its file and line on stderr, and the temporary
+ * outputs removed as a signal removes them, whichever thread it failed on. */
+static void test_assertion_exits_70_and_cleans_up(void) {
+    for (int other = 0; other < 2; other++) {
+        char parent[] = "/tmp/dflash-outfile.XXXXXX";
+        T_CHECK(mkdtemp(parent) != NULL);
+        int fd[2];
+        T_CHECK(pipe(fd) == 0);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fd[0]);
+            child_asserts(parent, other, fd[1]);
+        }
+        close(fd[1]);
+        char buf[4096];
+        size_t n = 0;
+        ssize_t k;
+        while (n < sizeof buf - 1 && (k = read(fd[0], buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)k;
+        buf[n] = 0;
+        close(fd[0]);
+        int status = 0;
+        T_CHECK(waitpid(pid, &status, 0) == pid);
+        T_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == DFL_EX_SOFTWARE,
+                 "thread %s: status 0x%x (exit %d), expected exit 70", other ? "other" : "writer", status,
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        T_CHECKF(strstr(buf, "internal error at") && strstr(buf, "test_outfile.c:") && strstr(buf, "one == 0"),
+                 "stderr: %s", buf);
+        T_CHECKF(count_entries(parent) == 0, "thread %s: %d entries left in %s", other ? "other" : "writer",
+                 count_entries(parent), parent);
+        t_rm_rf(parent);
+    }
+}
+
 int main(void) {
     T_RUN(test_signal_on_the_writer_cleans_up);
     T_RUN(test_signal_on_another_thread_cleans_up);
+    T_RUN(test_assertion_exits_70_and_cleans_up);
     T_RUN(test_signal_removes_nested_tmpdir);
     T_RUN(test_registry_holds_every_shard);
     T_RUN(test_signal_inside_malloc_cleans_up);
