@@ -230,6 +230,67 @@ static int empty_path(const char *opt) { return dfl_empty_path_err(DFL_EX_CANTCR
 
 int dfl_out_check_name(const char *opt, const char *path) { return path && !*path ? empty_path(opt) : 0; }
 
+/* `path` split into its directory (".", or "/" for a name right under the
+ * root) and its last component; a trailing '/' names the same directory. */
+static void split_path(const char *path, char parent[PATH_MAX], char last[PATH_MAX]) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t slash = n;
+    while (slash > 0 && path[slash - 1] != '/') slash--;
+    size_t plen = slash == 0 ? 0 : slash == 1 ? 1 : slash - 1;
+    snprintf(parent, PATH_MAX, "%.*s", (int)plen, plen ? path : ".");
+    snprintf(last, PATH_MAX, "%.*s", (int)(n - slash), path + slash);
+}
+
+static int same_inode(const struct stat *a, const struct stat *b) {
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/* Whether directory `dir` exists and is the directory `path` lies in. */
+static int lies_in(const char *path, const char *dir) {
+    char parent[PATH_MAX], last[PATH_MAX];
+    split_path(path, parent, last);
+    struct stat sp, sd;
+    return stat(parent, &sp) == 0 && stat(dir, &sd) == 0 && S_ISDIR(sd.st_mode) && same_inode(&sp, &sd);
+}
+
+/* Two paths naming one file: the same inode where both exist; where one
+ * does not, the same last component in the same directory. */
+static int same_path(const char *a, const char *b) {
+    struct stat sa, sb;
+    int ha = stat(a, &sa) == 0, hb = stat(b, &sb) == 0;
+    if (ha && hb) return same_inode(&sa, &sb);
+    if (ha != hb) return 0;
+    char pa[PATH_MAX], la[PATH_MAX], pb[PATH_MAX], lb[PATH_MAX];
+    split_path(a, pa, la);
+    split_path(b, pb, lb);
+    return strcmp(la, lb) == 0 && lies_in(a, pb);
+}
+
+/* 1 if `name` is longer than `ext` and ends with it. */
+static int ends_with(const char *name, const char *ext) {
+    size_t n = strlen(name), k = ext ? strlen(ext) : 0;
+    return ext && n > k && !strcmp(name + n - k, ext);
+}
+
+int dfl_out_check_input(const char *opt, const char *out, const char *in_opt, const char *in, dfl_in_kind kind) {
+    if (!out || !in || !*out || !*in || !strcmp(out, "-") || !strcmp(in, "-")) return 0;
+    struct stat si;
+    if (same_path(out, in))
+        return dfl_err(DFL_EX_USAGE, "%s %s is the %s %s", opt, out, in_opt,
+                       kind == DFL_IN_OUT_DIR || (stat(in, &si) == 0 && S_ISDIR(si.st_mode)) ? "directory" : "file");
+    if (kind == DFL_IN_FILE || !lies_in(out, in)) return 0;
+    char parent[PATH_MAX], name[PATH_MAX];
+    split_path(out, parent, name);
+    struct stat so;
+    if (kind == DFL_IN_OUT_DIR)
+        return dfl_err(DFL_EX_USAGE, "%s %s is inside the %s directory %s, which the run replaces", opt, out, in_opt,
+                       in);
+    if (stat(out, &so) == 0 && S_ISREG(so.st_mode) && (ends_with(name, ".json") || ends_with(name, ".safetensors")))
+        return dfl_err(DFL_EX_USAGE, "%s %s would replace a file of the %s directory %s", opt, out, in_opt, in);
+    return 0;
+}
+
 int dfl_out_open(dfl_out **out, const char *path, int binary) {
     *out = NULL;
     if (!*path) return empty_path(NULL);
@@ -437,12 +498,6 @@ static int name_in(const char *name, const char *const *names) {
     for (; names && *names; names++)
         if (!strcmp(name, *names)) return 1;
     return 0;
-}
-
-/* 1 if `name` is longer than `ext` and ends with it. */
-static int ends_with(const char *name, const char *ext) {
-    size_t n = strlen(name), k = ext ? strlen(ext) : 0;
-    return ext && n > k && !strcmp(name + n - k, ext);
 }
 
 static int refuse_entry(const char *final_path, const char *sub, const char *name) {

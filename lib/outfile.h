@@ -23,6 +23,24 @@ typedef struct dfl_out dfl_out;
  * DFL_EX_CANTCREAT with the error recorded. */
 int dfl_out_check_name(const char *opt, const char *path);
 
+/* What an output must not replace (dfl_out_check_input). */
+typedef enum {
+    DFL_IN_FILE,      /* an input file: the output must not be that file */
+    DFL_IN_MODEL_DIR, /* a model or checkpoint directory read: the output must not be one of its .json or
+                       * .safetensors files (a new file there, or another one, is left alone) */
+    DFL_IN_OUT_DIR,   /* a directory output that replaces a directory: nothing may be written inside it */
+} dfl_in_kind;
+
+/* An output given to `opt` ("-o", "--log") must not replace what the tool
+ * reads or writes elsewhere (`in`, given to `in_opt`): written through a
+ * temporary name and renamed, it would replace a model's weights or the
+ * samples being read once the run ends, or be lost with a checkpoint
+ * directory replaced after it. Paths are compared by inode where both
+ * exist, else by their parent directory's inode and their last component.
+ * "-" and NULL never match. Returns 0 or DFL_EX_USAGE with the error
+ * recorded (naming both options). */
+int dfl_out_check_input(const char *opt, const char *out, const char *in_opt, const char *in, dfl_in_kind kind);
+
 /* Open `path` for writing ("-" is stdout). Returns 0 or an exit code
  * (DFL_EX_CANTCREAT, DFL_EX_USAGE for binary output to a terminal) with the
  * error recorded. */

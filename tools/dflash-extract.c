@@ -11,7 +11,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 static const char *model_dir = NULL, *out_path = "-", *layers = NULL, *drafter_cfg = NULL, *device = "cpu";
 static dfl_strlist with = {0, NULL};
@@ -71,11 +70,12 @@ int main(int argc, char **argv) {
     if (dfl_in_check_name("--model", model_dir) || dfl_in_check_name("--drafter-config", drafter_cfg) ||
         dfl_in_check_name("input", in_path))
         dfl_die_last(cli.prog);
-    /* -o INPUT would replace the samples with their hidden states */
-    struct stat si, so;
-    if (strcmp(in_path, "-") && strcmp(out_path, "-") && stat(in_path, &si) == 0 && stat(out_path, &so) == 0 &&
-        S_ISREG(si.st_mode) && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-        dfl_cli_usage_error(&cli, "-o %s is the input file", out_path);
+    /* -o INPUT would replace the samples with their hidden states, -o
+     * MODEL/model.safetensors the target's weights */
+    if (dfl_out_check_input("-o", out_path, "input", in_path, DFL_IN_FILE) ||
+        dfl_out_check_input("-o", out_path, "--drafter-config", drafter_cfg, DFL_IN_FILE) ||
+        dfl_out_check_input("-o", out_path, "--model", model_dir, DFL_IN_MODEL_DIR))
+        dfl_cli_usage_error(&cli, "%s", dfl_errmsg());
     if (batch_tokens < 1 || batch_tokens > INT32_MAX) dfl_cli_usage_error(&cli, "--batch-tokens must be in [1, 2^31)");
     if (threads < 0 || threads > 4096) dfl_cli_usage_error(&cli, "--threads must be in [0, 4096]");
     int want_ids = 0, want_last = 0;

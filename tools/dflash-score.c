@@ -177,6 +177,16 @@ static void check_input_names(int npos, char **pos) {
     if (rc) dfl_die_last(PROG);
 }
 
+/* --emit must not replace the prompts, or a model's files, once the run
+ * ends (it is renamed into place then). */
+static void check_emit_path(void) {
+    int rc = dfl_out_check_input("--emit", emit_path, "--prompts", prompts, DFL_IN_FILE) ||
+             dfl_out_check_input("--emit", emit_path, "--target", target_dir, DFL_IN_MODEL_DIR);
+    for (int i = 0; !rc && i < drafters.n; i++)
+        rc = dfl_out_check_input("--emit", emit_path, "--drafter", drafters.v[i], DFL_IN_MODEL_DIR);
+    if (rc) dfl_cli_usage_error(&cli, "%s", dfl_errmsg());
+}
+
 static dfl_drafter *load_drafter(const dfl_ops *ops, const char *dir, const dfl_model_config *tcfg) {
     dfl_drafter_config c;
     if (dfl_ckpt_load_config(dir, &c)) dfl_die_last(PROG);
@@ -215,6 +225,7 @@ int main(int argc, char **argv) {
     check_options(online, npos, pos);
     if (dfl_out_check_name("--emit", emit_path)) dfl_die_last(PROG); /* before the models are loaded */
     check_input_names(npos, pos);
+    check_emit_path();
     const char *input = online ? prompts : npos ? pos[0] : "-";
     dfl_ops_cpu_threads(threads);
     dfs_set_codec_threads((int)threads); /* the records' decoding too */

@@ -300,6 +300,18 @@ static void check_schedule(int64_t at) {
 
 static double next_normal(void *r) { return dfl_rng_normal((dfl_rng *)r); }
 
+/* --log must not be (or append to) what the run reads, nor lie in the
+ * --out directory, which the checkpoint replaces at the end. */
+static void check_log_path(const char *input) {
+    if (dfl_out_check_input("--log", log_path, "input", input, DFL_IN_FILE) ||
+        dfl_out_check_input("--log", log_path, "--init", init_cfg, DFL_IN_FILE) ||
+        dfl_out_check_input("--log", log_path, "--target", target_dir, DFL_IN_MODEL_DIR) ||
+        dfl_out_check_input("--log", log_path, "--init-from", init_from, DFL_IN_MODEL_DIR) ||
+        dfl_out_check_input("--log", log_path, "--resume", resume, DFL_IN_MODEL_DIR) ||
+        dfl_out_check_input("--log", log_path, "--out", out_dir, DFL_IN_OUT_DIR))
+        dfl_cli_usage_error(&cli, "%s", dfl_errmsg());
+}
+
 static FILE *open_log(void) {
     if (!log_path) return stderr;
     FILE *f = fopen(log_path, "a");
@@ -321,6 +333,7 @@ int main(int argc, char **argv) {
         dfl_in_check_name("--init-from", init_from) || dfl_in_check_name("--resume", resume) ||
         dfl_in_check_name("input", input))
         dfl_die_last(PROG);
+    check_log_path(input);
     if (steps < 0) dfl_cli_usage_error(&cli, "--steps N is required (N >= 0)");
     if (!!init_cfg + !!init_from + !!resume != 1)
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
