@@ -313,4 +313,9 @@ int dfl_ops_get(const char *device, const dfl_ops **out);
  * --threads N; N <= 0 keeps the defaults (all cores). */
 void dfl_ops_cpu_threads(int64_t n);
 
+/* The most --threads a tool takes, each tool refusing more with exit 2:
+ * libgomp overflows its stack long before 100000 threads, and the counts
+ * OpenMP and the record codec take are ints (2^32 + 1 became 1). */
+#define DFL_MAX_THREADS 4096
+
 #endif

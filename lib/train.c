@@ -29,7 +29,11 @@ double dfl_lr_at(int64_t i, int64_t total, double warmup_ratio, double peak) {
     /* Past the schedule the rate stays at its end, 0: the cosine would
      * otherwise climb back to the peak (a resumed run longer than T). */
     if (i >= total) return 0.0;
-    int64_t W = (int64_t)floor(warmup_ratio * (double)total);
+    /* W <= total, and held there in integers: near INT64_MAX the double of
+     * total rounds up to 2^63, which no int64_t holds (dflash-train-step
+     * keeps total <= 2^53, where every step is exact) */
+    double w = floor(warmup_ratio * (double)total);
+    int64_t W = w < (double)total ? (int64_t)w : total;
     if (i < W) return peak * (double)(i + 1) / (double)W;
     int64_t span = total - W > 1 ? total - W : 1;
     return peak * 0.5 * (1.0 + cos(M_PI * (double)(i - W) / (double)span));

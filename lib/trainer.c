@@ -213,17 +213,24 @@ int dfl_trainer_step(dfl_trainer *t, dfl_step_log *log, int *made) {
     return 0;
 }
 
+/* JSON has no NaN or infinity: json_pack's "f" fails on them, and the step
+ * whose loss diverged printed "(null)" for its whole line. As in
+ * dflash-score's lines, a figure that is not finite is written null. */
 static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
 json_t *dfl_step_log_json(const dfl_trainer *t, const dfl_step_log *l) {
     json_t *acc = json_array();
     for (int k = 1; k < t->d->cfg.block_size; k++) json_array_append_new(acc, num_or_null(l->acc_k[k]));
     double s = l->seconds > 0 ? l->seconds : 1e-9;
-    return json_pack("{sI sf sf so sf sf sf sI sI sI sf sf sf sf}", "step", (json_int_t)l->step, "loss", l->loss,
-                     "accuracy", l->accuracy, "accuracy_per_position", acc, "tau", l->tau, "grad_norm", l->grad_norm,
-                     "lr", l->lr, "sequences", (json_int_t)l->nseq, "tokens", (json_int_t)l->tokens, "block_tokens",
-                     (json_int_t)l->block_tokens, "tokens_per_s", (double)l->tokens / s, "block_tokens_per_s",
-                     (double)l->block_tokens / s, "seconds", l->seconds, "input_wait_s", l->input_wait);
+    json_t *j = json_pack("{sI so so so so so so sI sI sI so so so so}", "step", (json_int_t)l->step, "loss",
+                          num_or_null(l->loss), "accuracy", num_or_null(l->accuracy), "accuracy_per_position", acc,
+                          "tau", num_or_null(l->tau), "grad_norm", num_or_null(l->grad_norm), "lr", num_or_null(l->lr),
+                          "sequences", (json_int_t)l->nseq, "tokens", (json_int_t)l->tokens, "block_tokens",
+                          (json_int_t)l->block_tokens, "tokens_per_s", num_or_null((double)l->tokens / s),
+                          "block_tokens_per_s", num_or_null((double)l->block_tokens / s), "seconds",
+                          num_or_null(l->seconds), "input_wait_s", num_or_null(l->input_wait));
+    DFL_ASSERT(j); /* only an allocation can fail now */
+    return j;
 }
 
 /* ---- state -------------------------------------------------------------------------- */
@@ -260,8 +267,9 @@ json_t *dfl_trainer_state_json(const dfl_trainer *t) {
 
 int dfl_trainer_restore(dfl_trainer *t, const json_t *state, const char *path) {
     json_t *step = json_object_get(state, "step"), *rng = json_object_get(state, "rng");
-    if (!json_is_integer(step) || json_integer_value(step) < 0)
-        return dfl_err(DFL_EX_DATA, "%s: \"step\" is not a count", path);
+    /* bounded: the run's last step, step + --steps, must not overflow */
+    if (!json_is_integer(step) || json_integer_value(step) < 0 || json_integer_value(step) > DFL_TRAIN_MAX_STEPS)
+        return dfl_err(DFL_EX_DATA, "%s: \"step\" is not a count in [0, 2^53]", path);
     if (!json_is_array(rng) || json_array_size(rng) != 4) return dfl_err(DFL_EX_DATA, "%s: \"rng\" is not 4 words", path);
     dfl_rng r;
     for (int i = 0; i < 4; i++) {

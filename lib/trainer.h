@@ -28,6 +28,14 @@
 
 #include <jansson.h>
 
+/* The largest count of steps the trainer takes or stores: --steps,
+ * --total-steps, and trainer_state.json's step, options.total_steps,
+ * input.records and input.epoch. Sums of two (the step a run ends at) are
+ * far from overflowing an int64_t, every count is exact as a double (the
+ * schedule's floor(R * T), the progress line) and in a JSON reader that
+ * reads numbers as doubles; and no training comes near it. */
+#define DFL_TRAIN_MAX_STEPS (INT64_C(1) << 53)
+
 typedef struct {
     dfl_drafter *d;              /* not owned */
     const dfl_model_config *tcfg; /* the target's config, not owned */
@@ -101,7 +109,8 @@ json_t *dfl_step_log_json(const dfl_trainer *t, const dfl_step_log *log);
 json_t *dfl_trainer_state_json(const dfl_trainer *t);
 /* Restore step, RNG and seed from a state; the options are the caller's
  * business (dfl_trainer_opts_json / the tool). Returns 0 or DFL_EX_DATA
- * with an error naming `path`, the trainer_state.json the state came from. */
+ * with an error naming `path`, the trainer_state.json the state came from
+ * (a step that is not a count in [0, DFL_TRAIN_MAX_STEPS] among them). */
 int dfl_trainer_restore(dfl_trainer *t, const json_t *state, const char *path);
 /* The options of a state that must match on resume, as stored. */
 json_t *dfl_trainer_opts_json(const dfl_trainer *t);

@@ -37,7 +37,7 @@ static const dfl_opt opts[] = {
      "Pack consecutive samples into forward passes of at most N tokens (a longer sample runs alone). On a GPU the "
      "next pass runs while the records of the one before are encoded and written; the host holds two passes' "
      "records, so memory grows with N.", NULL},
-    {"threads", 't', DFL_OPT_INT, &threads, "N", "CPU threads: the target's load and forward on the CPU, and the records' encoding (byte shuffle, LZ4, checksums), one sample a thread, written in order (the encoded bytes do not depend on N).", "all cores"},
+    {"threads", 't', DFL_OPT_INT, &threads, "N", "CPU threads: the target's load and forward on the CPU, and the records' encoding (byte shuffle, LZ4, checksums), one sample a thread, written in order (the encoded bytes do not depend on N). At most 4096.", "all cores"},
     {"device", 'd', DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
     {"compress", 0, DFL_OPT_CHOICE, &compress, "none|lz4", "Codec of the output's tensors (as dflash-pack --compress, but lz4 alone does not byte-shuffle here: add --byte-shuffle on).",
      "none"},
@@ -77,7 +77,8 @@ int main(int argc, char **argv) {
         dfl_out_check_input("-o", out_path, "--model", model_dir, DFL_IN_MODEL_DIR))
         dfl_cli_usage_error(&cli, "%s", dfl_errmsg());
     if (batch_tokens < 1 || batch_tokens > INT32_MAX) dfl_cli_usage_error(&cli, "--batch-tokens must be in [1, 2^31)");
-    if (threads < 0 || threads > 4096) dfl_cli_usage_error(&cli, "--threads must be in [0, 4096]");
+    if (threads < 0 || threads > DFL_MAX_THREADS)
+        dfl_cli_usage_error(&cli, "--threads must be in [0, %d]", DFL_MAX_THREADS);
     int want_ids = 0, want_last = 0;
     for (int i = 0; i < with.n; i++) {
         if (!strcmp(with.v[i], "target-ids")) want_ids = 1;

@@ -14,6 +14,7 @@
 #include "target.h"
 #include "train.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -83,7 +84,8 @@ static const dfl_opt opts[] = {
     {"no-header", 0, DFL_OPT_FLAG, &no_header, NULL, "TSV without the header row (to append to a file).", NULL},
     {"device", 0, DFL_OPT_STR, &device, "DEV", "cpu, cuda or cuda:N.", NULL},
     {"threads", 0, DFL_OPT_INT, &threads, "N",
-     "CPU threads, for the ops and for decoding each record's large tensors (0: OpenMP's default).", NULL},
+     "CPU threads, for the ops and for decoding each record's large tensors (0: OpenMP's default; at most 4096).",
+     NULL},
     {"progress", 0, DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
@@ -120,6 +122,16 @@ static int64_t ckpt_step(const char *dir, const dfl_model_config *tcfg) {
     return step;
 }
 
+/* --top-p P as the sampler's float, where 0 means off. A positive P below
+ * the smallest float rounds to 0 (1e-50 did), and the draw was silently
+ * from every token. Any P below FLT_MIN, the smallest normal float, keeps
+ * only the most probable token and its ties, as FLT_MIN does: it is clamped
+ * there. The output lines report P as given. */
+static float top_p_float(double p) {
+    if (isnan(p)) return 0.0f;
+    return p < FLT_MIN ? FLT_MIN : (float)p;
+}
+
 static void utc_now(char *buf, size_t n) {
     time_t now = time(NULL);
     struct tm tm;
@@ -130,7 +142,8 @@ static void utc_now(char *buf, size_t n) {
 static void check_options(int online, int npos, char **pos) {
     if (!target_dir) dfl_cli_usage_error(&cli, "--target DIR is required");
     if (drafters.n < 1) dfl_cli_usage_error(&cli, "--drafter CKPT is required");
-    if (threads < 0 || threads > 4096) dfl_cli_usage_error(&cli, "--threads must be in [0, 4096]");
+    if (threads < 0 || threads > DFL_MAX_THREADS)
+        dfl_cli_usage_error(&cli, "--threads must be in [0, %d]", DFL_MAX_THREADS);
     if (online) {
         if (npos) dfl_cli_usage_error(&cli, "--prompts reads no stream (got '%s')", pos[0]);
         if (labels || anchors != UNSET || anchors_from_path || !isnan(gamma_) || micro_rows != UNSET || read_ahead)
@@ -261,7 +274,7 @@ int main(int argc, char **argv) {
                               .temperature = (float)temperature,
                               .seed = (uint64_t)seed,
                               .top_k = top_k != UNSET ? (int32_t)top_k : 0,
-                              .top_p = isnan(top_p) ? 0.0f : (float)top_p,
+                              .top_p = top_p_float(top_p),
                               .progress = progress,
                               .emit = emit ? dfl_out_file(emit) : NULL,
                               .emit_name = emit ? dfl_out_path(emit) : NULL,

@@ -47,7 +47,7 @@ static const dfl_opt opts[] = {
     {"resume", 0, DFL_OPT_STR, &resume, "CKPT",
      "Continue a checkpoint written by this tool: weights, AdamW moments, step, schedule, RNG and input position. "
      "Options that change the math must be left out or equal the checkpoint's.", NULL},
-    {"steps", 'n', DFL_OPT_INT, &steps, "N", "Optimizer steps to make in this run. Required.", "none"},
+    {"steps", 'n', DFL_OPT_INT, &steps, "N", "Optimizer steps to make in this run, at most 2^53. Required.", "none"},
     {"out", 'o', DFL_OPT_STR, &out_dir, "CKPT",
      "Write the checkpoint directory here (under a temporary name, renamed when complete). An existing CKPT is "
      "replaced only if it is a checkpoint directory; anything else, or an empty CKPT, is refused before training. "
@@ -73,7 +73,7 @@ static const dfl_opt opts[] = {
     {"total-steps", 0, DFL_OPT_INT, &total_steps, "N",
      "Length of the learning-rate schedule over the whole training (all runs): give the first run the total, as "
      "--resume keeps it; a --resume with every step past it (at learning rate 0) is refused. A --steps 0 run "
-     "without it leaves the schedule unset (recorded as 0), for the first run that makes steps to set.",
+     "without it leaves the schedule unset (recorded as 0), for the first run that makes steps to set. At most 2^53.",
      "--steps of the first run that makes steps"},
     {"weight-decay", 0, DFL_OPT_DOUBLE, &weight_decay, "W", "AdamW decoupled weight decay.", "0"},
     {"max-grad-norm", 0, DFL_OPT_DOUBLE, &max_grad_norm, "X",
@@ -94,7 +94,8 @@ static const dfl_opt opts[] = {
     {"seed", 0, DFL_OPT_INT, &seed, "N", "Seed of the RNG (initial weights, anchors, noise); on --resume the "
      "checkpoint's RNG state continues instead.", NULL},
     {"threads", 0, DFL_OPT_INT, &threads, "N",
-     "CPU threads, for the ops and for decoding each record's large tensors (0: OpenMP's default).", NULL},
+     "CPU threads, for the ops and for decoding each record's large tensors (0: OpenMP's default; at most 4096).",
+     NULL},
     {"progress", 0, DFL_OPT_FLAG, &progress, NULL, "Show progress on stderr even when it is not a terminal.", NULL},
     {NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
@@ -264,7 +265,8 @@ static void check_ranges(void) {
     out_of_range(weight_decay >= 0, "weight-decay", "must be >= 0");
     out_of_range(max_grad_norm >= 0, "max-grad-norm", "must be >= 0");
     /* 0 only from a --steps 0 run without --total-steps (a given 0 is refused in main) */
-    out_of_range(total_steps >= 0, "total-steps", "must be at least 1 (or 0, not set yet)");
+    out_of_range(total_steps >= 0 && total_steps <= DFL_TRAIN_MAX_STEPS, "total-steps",
+                 "must be in [1, 2^53] (or 0, not set yet)");
     out_of_range(micro_rows >= 1, "micro-rows", "must be at least 1");
     out_of_range(batch_seqs >= 0, "batch-seqs", "must be >= 0");
     out_of_range(batch_tokens >= 0, "batch-tokens", "must be >= 0");
@@ -296,6 +298,26 @@ static void check_schedule(int64_t at) {
         fprintf(stderr, "%s: note: steps %lld..%lld are past --total-steps %lld, where the learning rate is 0 and the "
                 "weights do not change (give the first run of a training the --total-steps of all its runs)\n", PROG,
                 (long long)total_steps + 1, (long long)(at + steps), (long long)total_steps);
+}
+
+/* input.KEY of the state, a count in [0, 2^53]: --loop adds 1 to the
+ * epoch at the end of each pass, which must not overflow. */
+static int64_t stored_count(const json_t *in, const char *key) {
+    const json_t *v = json_object_get(in, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > DFL_TRAIN_MAX_STEPS)
+        bad_state("input.%s is not a count in [0, 2^53]", key);
+    return json_integer_value(v);
+}
+
+/* The log writes a loss that is not finite as null and the run goes on, as
+ * asked; the first such step is also said on stderr, which a --log file
+ * would not show. */
+static void warn_not_finite(const dfl_step_log *lg) {
+    static int warned;
+    if (isfinite(lg->loss) || warned) return;
+    warned = 1;
+    fprintf(stderr, "%s: warning: the loss is %s at step %lld (logged as null); the training has diverged, "
+            "perhaps from too high a --lr\n", PROG, isnan(lg->loss) ? "NaN" : "infinite", (long long)lg->step);
 }
 
 static double next_normal(void *r) { return dfl_rng_normal((dfl_rng *)r); }
@@ -335,11 +357,18 @@ int main(int argc, char **argv) {
         dfl_die_last(PROG);
     check_log_path(input);
     if (steps < 0) dfl_cli_usage_error(&cli, "--steps N is required (N >= 0)");
+    /* bounded, as the step counts of a checkpoint: the step a run ends at,
+     * its own plus --steps, must not overflow */
+    if (steps > DFL_TRAIN_MAX_STEPS) dfl_cli_usage_error(&cli, "--steps must be in [0, 2^53]");
     if (!!init_cfg + !!init_from + !!resume != 1)
         dfl_cli_usage_error(&cli, "give exactly one of --init, --init-from and --resume");
-    if (threads < 0) dfl_cli_usage_error(&cli, "--threads must be >= 0");
+    /* as dflash-extract and dflash-score: 100000 overflowed libgomp's stack,
+     * 2^32 + 1 became 1 in the (int) of the codec's count */
+    if (threads < 0 || threads > DFL_MAX_THREADS)
+        dfl_cli_usage_error(&cli, "--threads must be in [0, %d]", DFL_MAX_THREADS);
     /* here, not in check_ranges: there 0 is a stored unset schedule, given it is no schedule */
-    if (total_steps != UNSET && total_steps < 1) dfl_cli_usage_error(&cli, "--total-steps must be at least 1");
+    if (total_steps != UNSET && (total_steps < 1 || total_steps > DFL_TRAIN_MAX_STEPS))
+        dfl_cli_usage_error(&cli, "--total-steps must be in [1, 2^53]");
     /* as dflash-pack and dflash-score: -1 would silently mean 2^64-1 */
     if (seed < 0) dfl_cli_usage_error(&cli, "--seed must be >= 0");
     dfl_ops_cpu_threads(threads);
@@ -409,11 +438,8 @@ int main(int argc, char **argv) {
         const char *was = json_string_value(json_object_get(in, "path"));
         char *rp = strcmp(input, "-") ? realpath(input, NULL) : NULL;
         if (rp && was && !strcmp(rp, was)) {
-            const json_t *r = json_object_get(in, "records"), *e = json_object_get(in, "epoch");
-            if (!json_is_integer(r) || json_integer_value(r) < 0 || !json_is_integer(e) || json_integer_value(e) < 0)
-                bad_state("input.records and input.epoch must be counts");
-            skip = json_integer_value(r);
-            epoch = json_integer_value(e);
+            skip = stored_count(in, "records");
+            epoch = stored_count(in, "epoch");
         } else if (strcmp(input, "-")) {
             fprintf(stderr, "%s: note: %s is not the checkpoint's input (%s); reading it from its start\n", PROG, input,
                     was ? was : "?");
@@ -442,8 +468,10 @@ int main(int argc, char **argv) {
         int made;
         if (dfl_trainer_step(&t, &lg, &made)) dfl_die_last(PROG);
         if (!made) break;
+        warn_not_finite(&lg);
         json_t *line = dfl_step_log_json(&t, &lg);
         char *s = json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(8));
+        DFL_ASSERT(s); /* never "(null)" in the log */
         fprintf(logf, "%s\n", s);
         free(s);
         json_decref(line);

@@ -125,6 +125,28 @@ assert int(r["tokens"]) == sum(len(e["output_ids"]) for e in E)
 assert sum(int(x) for x in r["hist"].split(",")) == int(r["blocks"])
 EOF
 
+# A --top-p below the smallest float keeps only the most probable token, as
+# any tiny P does: at --temperature 1000 (near uniform) the draws are the
+# greedy run's argmax. 1e-50 used to round to 0.0f, "off": a draw from all.
+check "online greedy, 20 tokens" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/prompts.jsonl" \
+    --max-new-tokens 20 --ignore-eos --emit "$T/argmax.jsonl"
+for p in 1e-50 1e-30 1; do
+    check "online at T=1000, --top-p $p" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/prompts.jsonl" \
+        --max-new-tokens 20 --ignore-eos --temperature 1000 --top-p $p --seed 3 --json --emit "$T/topp-$p.jsonl"
+    cp "$T/.out" "$T/topp-$p.json"
+done
+check "  ... a tiny --top-p draws the argmax, 1e-50 as 1e-30 (not as 1, all tokens); reported as given" python3 - \
+    "$T/argmax.jsonl" "$T/topp-1e-50.jsonl" "$T/topp-1e-30.jsonl" "$T/topp-1.jsonl" "$T/topp-1e-50.json" <<'EOF'
+import json, sys
+greedy, p50, p30, p1 = ({e["id"]: e["output_ids"] for e in map(json.loads, open(f))} for f in sys.argv[1:5])
+assert len(greedy) == 3 and all(len(x) == 20 for x in greedy.values()), greedy
+assert p50 == greedy, (p50, greedy)
+assert p30 == greedy, (p30, greedy)
+assert p1 != greedy, "T=1000 drew the argmax from all tokens: the checks above prove nothing"
+line = json.load(open(sys.argv[5]))
+assert line["top_p"] == 1e-50 and line["mismatches"] == 0, line
+EOF
+
 # The defaults --help shows (written in the option table by hand; the real
 # ones are set in check_options) are the ones a run without the options
 # records: offline labels, anchors, gamma (block 6), seed; online

@@ -442,6 +442,77 @@ expect_exit 66 "a missing target directory: exit 66" $TS --target "$T/nope" --in
     --out "$T/x" "$T/train.dfs"
 check "--help" $TS --help
 
+# ---- limits: --threads, the step counts, and the counts a checkpoint stores ---------------------
+# --threads 100000 overflowed libgomp's stack (SIGSEGV) and 2^32 + 1 became 1
+# in an (int) cast: refused as by dflash-extract and dflash-score
+for n in 100000 4294967297 -1; do
+    expect_exit 2 "--threads $n: refused (2)" $TS --threads $n --target "$T/target" --init "$T/drafter.json" --steps 1 \
+        --out "$T/x" "$T/train.dfs"
+    grep -qF -- "--threads must be in [0, 4096]" "$T/.err" && pass "  ... naming the range" ||
+        fail "  ... naming the range" "$(cat "$T/.err")"
+done
+# Step counts are at most 2^53: the resumed step plus --steps 2^63-1 overflowed,
+# and so did floor(R * T) and T - W of the schedule for T = 2^63-1.
+while IFS='|' read -r args msg; do
+    # shellcheck disable=SC2086
+    expect_exit 2 "$args: refused (2)" $TS --target "$T/target" $args --out "$T/x" "$T/train.dfs"
+    grep -qF -- "$msg" "$T/.err" && pass "  ... $msg" || fail "  ... $msg" "$(cat "$T/.err")"
+done <<CASES
+--resume $T/rn --steps 9223372036854775807|--steps must be in [0, 2^53]
+--init $T/drafter.json --steps 9007199254740993|--steps must be in [0, 2^53]
+--init $T/drafter.json --steps 1 --warmup-ratio 1 --total-steps 9223372036854775807|--total-steps must be in [1, 2^53]
+CASES
+check "  ... and no checkpoint" test ! -e "$T/x"
+# 2^53 itself is taken: the input (12 records, 4 a step) ends first, exit 0
+check "--steps 2^53 --warmup-ratio 1: runs until the input ends" $TS --target "$T/target" --init "$T/drafter.json" \
+    --steps 9007199254740992 --warmup-ratio 1 --log "$T/big.log" --out "$T/big" "$T/train.dfs"
+grep -q "after 3 of 9007199254740992 steps" "$T/.err" &&
+    python3 -c "import json; s = json.load(open('$T/big/trainer_state.json'))
+assert s['step'] == 3 and s['options']['total_steps'] == 2**53, s
+L = [json.loads(x) for x in open('$T/big.log')]
+assert all(abs(x['lr'] - 6e-4 * i / 2**53) < 1e-7 * x['lr'] for x, i in zip(L, (1, 2, 3))) and len(L) == 3, L" &&
+    pass "  ... 3 steps, total_steps 2^53, the warm-up's first rates" || fail "  ... 3 steps, total_steps 2^53" "$(cat "$T/.err")"
+# A checkpoint's counts past 2^53 are errors in its trainer_state.json (65),
+# naming the field: input.epoch 2^63-1 overflowed at the end of the next
+# --loop pass, "step" in step + --steps, options.total_steps in the schedule.
+while IFS='|' read -r e msg; do
+    rm -rf "$T/ckb" && cp -r "$T/rn" "$T/ckb"
+    python3 -c "import json, sys; s = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(s, open(sys.argv[1], 'w'))" \
+        "$T/ckb/trainer_state.json" "$e"
+    expect_exit 65 "resume with $e: 65" $TS --target "$T/target" --loop --resume "$T/ckb" --steps 3 --out "$T/x" \
+        "$T/train.dfs"
+    grep -qF "dflash-train-step: $T/ckb/trainer_state.json: $msg" "$T/.err" && pass "  ... $msg" ||
+        fail "  ... $msg" "$(cat "$T/.err")"
+done <<'CASES'
+s['input']['epoch'] = 2**63 - 1|input.epoch is not a count in [0, 2^53]
+s['input']['records'] = 2**53 + 1|input.records is not a count in [0, 2^53]
+s['step'] = 2**63 - 1|"step" is not a count in [0, 2^53]
+s['options']['total_steps'] = 2**63 - 1|options.total_steps is 9223372036854775807, must be in [1, 2^53] (or 0, not set yet)
+CASES
+check "  ... and no checkpoint" test ! -e "$T/x"
+
+# ---- a diverged loss: null in the log, one warning, the run goes on -------------------------------
+# A loss that is not finite made json_pack fail: every line from there on was
+# "(null)", and nothing said why.
+check "--lr 1e308: the run ends, exit 0" $TS --target "$T/target" --init "$T/drafter.json" --anchors 12 --batch-seqs 1 \
+    --steps 4 --lr 1e308 --log "$T/nan.log" --out "$T/nan" "$T/train.dfs"
+cp "$T/.err" "$T/nan.err"
+check "  ... every line JSON, a non-finite loss null, one warning naming its first step" python3 - "$T/nan.log" \
+    "$T/nan.err" <<'EOF'
+import json, re, sys
+text = open(sys.argv[1]).read()
+assert "(null)" not in text and "NaN" not in text and "Infinity" not in text, text
+L = [json.loads(x) for x in text.splitlines()]
+assert [x["step"] for x in L] == [1, 2, 3, 4], text
+bad = [x["step"] for x in L if x["loss"] is None]
+assert bad and all(isinstance(x["loss"], float) for x in L if x["step"] < bad[0]), text
+err = open(sys.argv[2]).read().splitlines()
+warn = [x for x in err if "warning" in x]
+assert len(warn) == 1 and re.fullmatch(r"dflash-train-step: warning: the loss is (NaN|infinite) at step %d \(logged as "
+    r"null\); the training has diverged, perhaps from too high a --lr" % bad[0], warn[0]), err
+EOF
+check "  ... and the checkpoint is written" test -f "$T/nan/trainer_state.json"
+
 # ---- every logged step: the metrics are mutually consistent ----------------------------
 # Per-position accuracies (a null: no row with a loss at that position) lie in
 # [0,1]; the overall accuracy, their row-weighted mean, lies between their min

@@ -5,7 +5,7 @@
  * duplicate keys refused, "format" checked), then dfl_trainer_restore takes
  * step, RNG state and seed from it against a target config whose digest is
  * "0123456789abcdef". Every input must give success or DFL_EX_DATA. After a
- * success: the step is the file's non-negative count, each RNG word is the
+ * success: the step is the file's count, in [0, 2^53], each RNG word is the
  * file's 16 hex digits exactly (nothing strtoull would also accept: signs,
  * spaces, "0x"), the state is not all zero (xoshiro256** would then give
  * zeros forever), and the seed, when given, is the file's decimal number
@@ -43,7 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc = dfl_trainer_restore(&t, j, "fuzz");
     if (rc == 0) {
         json_t *step = json_object_get(j, "step");
-        FUZZ_CHECK(json_is_integer(step) && t.step == json_integer_value(step) && t.step >= 0);
+        FUZZ_CHECK(json_is_integer(step) && t.step == json_integer_value(step) && t.step >= 0 &&
+                   t.step <= DFL_TRAIN_MAX_STEPS);
         uint64_t any = 0;
         for (int i = 0; i < 4; i++) {
             char hex[32];

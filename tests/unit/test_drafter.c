@@ -349,6 +349,14 @@ static void test_slot_weights_and_schedule(void) {
     /* past the schedule the rate stays 0 (the cosine climbed back to the peak) */
     T_CHECK(dfl_lr_at(100, 100, 0.04, 1.0) == 0.0);
     T_CHECK(dfl_lr_at(150, 100, 0.04, 1.0) == 0.0 && dfl_lr_at(196, 100, 0.04, 1.0) == 0.0);
+    /* the longest schedules: all warm-up over 2^63-1 steps (floor(R * T)
+     * was 2^63 as a double, cast to an int64_t: the rate was a cosine of
+     * garbage) and over dflash-train-step's limit 2^53 (exact) */
+    const int64_t big = INT64_MAX, lim = INT64_C(1) << 53;
+    T_CHECKF(dfl_lr_at(0, big, 1.0, 1.0) > 0 && dfl_lr_at(0, big, 1.0, 1.0) < 1e-18, "%g", dfl_lr_at(0, big, 1.0, 1.0));
+    T_CHECK(dfl_lr_at(big - 1, big, 1.0, 1.0) == 1.0);
+    T_CHECK(dfl_lr_at(lim - 1, lim, 1.0, 1.0) == 1.0 && dfl_lr_at(0, lim, 1.0, 1.0) == 1.0 / (double)lim);
+    T_CHECK(fabs(dfl_lr_at(lim / 2, lim, 0.5, 1.0) - 1.0) < 1e-15);
 }
 
 static void test_anchors(void) {

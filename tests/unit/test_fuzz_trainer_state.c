@@ -2,8 +2,10 @@
  * through the fuzz target (its invariants abort on a violation), and pin the
  * trainer_state.json bugs it found: each hostile-* seed was accepted before
  * its fix (rng words with a sign, spaces or "0x"; an all-zero RNG state; a
- * seed that is not a decimal number). ok-baseline.json is a --steps 0
- * checkpoint: step 0 and options.total_steps 0, a schedule not set yet. */
+ * seed that is not a decimal number; a step past 2^53, whose step + --steps
+ * overflowed). ok-baseline.json is a --steps 0 checkpoint: step 0 and
+ * options.total_steps 0, a schedule not set yet; ok-step-2p53.json is at
+ * the largest step taken. */
 #include "fuzz/fuzz_trainer_state.c"
 #include "fuzz/replay.h"
 #include "test.h"
@@ -46,12 +48,21 @@ static void test_baseline_seed(void) {
     T_CHECK(t.step == 0 && t.seed == 42);
 }
 
+/* The largest step a state may hold (DFL_TRAIN_MAX_STEPS) is taken. */
+static void test_step_limit_seed(void) {
+    dfl_trainer t;
+    T_CHECKF(restore_file("ok-step-2p53.json", &t) == 0, "%s", dfl_errmsg());
+    T_CHECK(t.step == DFL_TRAIN_MAX_STEPS && t.step == INT64_C(9007199254740992));
+}
+
 static void test_hostile_refused(void) {
     static const struct { const char *file, *msg; } cases[] = {
         {"hostile-rng-sign.json", "\"rng\"[0]"},   {"hostile-rng-space-0x.json", "\"rng\"[0]"},
         {"hostile-rng-zero.json", "all zero"},     {"hostile-seed.json", "\"seed\""},
         {"hostile-seed-text.json", "\"seed\""},    {"hostile-step.json", "\"step\""},
         {"hostile-digest.json", "target config"},  {"hostile-rng-short.json", "\"rng\""},
+        {"hostile-step-huge.json", "\"step\" is not a count in [0, 2^53]"},
+        {"hostile-step-2p53-plus-1.json", "\"step\" is not a count in [0, 2^53]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dfl_trainer t;
@@ -66,6 +77,7 @@ int main(void) {
     T_RUN(test_replay_corpus);
     T_RUN(test_ok_seed);
     T_RUN(test_baseline_seed);
+    T_RUN(test_step_limit_seed);
     T_RUN(test_hostile_refused);
     return t_exit();
 }
