@@ -211,20 +211,18 @@ static int open_state(const char *dir, int64_t nparams, json_t **state, dfl_st *
     *state = NULL;
     *st = NULL;
     join(path, sizeof path, dir, "trainer_state.json");
-    json_error_t je;
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!j) {
-        if (access(path, F_OK) != 0)
-            return dfl_err(DFL_EX_NOINPUT, "%s: no trainer state (a model-only checkpoint: use --init-from)", dir);
-        return dfl_err(DFL_EX_DATA, "%s: %s (line %d)", path, je.text, je.line);
-    }
+    if (access(path, F_OK) != 0)
+        return dfl_err(DFL_EX_NOINPUT, "%s: no trainer state (a model-only checkpoint: use --init-from)", dir);
+    json_t *j;
+    int rc = dfl_load_json(path, "trainer_state.json", &j);
+    if (rc) return rc;
     const char *fmt = json_string_value(json_object_get(j, "format"));
     if (!json_is_object(j) || !fmt || strcmp(fmt, STATE_FORMAT)) {
         json_decref(j);
         return dfl_err(DFL_EX_DATA, "%s: \"format\" is not \"%s\"", path, STATE_FORMAT);
     }
     join(path, sizeof path, dir, "trainer_state.safetensors");
-    int rc = dfl_st_open(st, path);
+    rc = dfl_st_open(st, path);
     int64_t shape[1] = {nparams};
     for (int i = 0; i < 3 && !rc; i++) {
         rc = dfl_st_get(*st, state_names[i], 1, shape, &tensor[i]);

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -205,13 +206,46 @@ int dfl_refuse_directory(FILE *f, const char *name) {
     return 0;
 }
 
+const char *dfl_file_kind(mode_t m) {
+    return S_ISFIFO(m) ? "a pipe or FIFO" : S_ISDIR(m) ? "a directory" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device" : "a special file";
+}
+
+int dfl_open_regular(const char *path, int *fd_out, struct stat *st_out) {
+    *fd_out = -1;
+    /* O_NONBLOCK: a FIFO with no writer would block open() itself, before
+     * fstat could refuse it (a tool hung on a FIFO put in place of a model's
+     * file). On the regular file that passes, the flag changes nothing: a
+     * regular file's reads and mmap never block in its sense. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(e));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return dfl_err(DFL_EX_NOINPUT, "%s: is a directory", path);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return dfl_err(DFL_EX_NOINPUT, "%s: is %s, not a regular file", path, dfl_file_kind(st.st_mode));
+    }
+    *fd_out = fd;
+    if (st_out) *st_out = st;
+    return 0;
+}
+
 int dfl_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
-    int rc = dfl_refuse_directory(f, path);
-    if (rc) {
-        fclose(f);
-        return rc;
+    int fd;
+    int rc = dfl_open_regular(path, &fd, NULL);
+    if (rc) return rc;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return dfl_err(DFL_EX_SOFTWARE, "%s: fdopen: %s", path, strerror(errno)); /* out of memory */
     }
     size_t cap = 4096, n = 0;
     char *b = dfl_malloc(cap);
@@ -236,5 +270,18 @@ int dfl_read_file(const char *path, size_t max, const char *what, char **buf, si
     }
     *buf = b;
     *len = n;
+    return 0;
+}
+
+int dfl_load_json(const char *path, const char *what, json_t **out) {
+    *out = NULL;
+    char *text;
+    size_t len;
+    int rc = dfl_read_file(path, 16u << 20, what, &text, &len);
+    if (rc) return rc;
+    json_error_t je;
+    *out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
+    if (!*out) return dfl_err(DFL_EX_DATA, "%s: not JSON: %s (line %d)", path, je.text, je.line);
     return 0;
 }

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/types.h>
 
 #define DFLASH_VERSION "0.1.0"
 
@@ -105,10 +106,32 @@ int dfl_parse_double(const char *s, double *out);
 /* Sizes with optional K/M/G/T suffix (powers of 1024, "KiB" and "KB" alike). */
 int dfl_parse_size(const char *s, uint64_t *out);
 
-/* Read a whole small file (a config.json) into a malloc'd buffer. Files
- * larger than `max` bytes are refused as not what the caller expects.
- * Returns 0, DFL_EX_NOINPUT, DFL_EX_DATA (too large) or DFL_EX_IOERR. */
+/* Open an input that must be a regular file (a model's or a checkpoint's
+ * config.json, safetensors, index, trainer state) read-only, without
+ * blocking: a FIFO, device, socket or directory in its place is refused
+ * (a FIFO with no writer would hang open() itself). Returns 0 with the
+ * descriptor in *fd and, if st is not NULL, its fstat in *st; or
+ * DFL_EX_NOINPUT with "PATH: cannot open: ...", "PATH: is a directory" or
+ * "PATH: is a pipe or FIFO, not a regular file". */
+struct stat;
+int dfl_open_regular(const char *path, int *fd, struct stat *st);
+/* What a file of mode m is, for messages: "a pipe or FIFO", "a directory",
+ * "a socket", "a character device", "a block device", "a special file". */
+const char *dfl_file_kind(mode_t m);
+
+/* Read a whole small regular file (a config.json) into a malloc'd buffer,
+ * opened by dfl_open_regular. Files larger than `max` bytes are refused as
+ * not what the caller expects. Returns 0, DFL_EX_NOINPUT, DFL_EX_DATA (too
+ * large) or DFL_EX_IOERR. */
 int dfl_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len);
+
+/* Parse the JSON of a small regular file (trainer_state.json, a drafter's
+ * config.json read as plain JSON), read by dfl_read_file: a FIFO in its
+ * place is refused, not waited on. Duplicate keys are refused. Returns 0
+ * with the value in *out (json_decref it), DFL_EX_NOINPUT, DFL_EX_IOERR, or
+ * DFL_EX_DATA with "PATH: not JSON: TEXT (line N)". */
+struct json_t;
+int dfl_load_json(const char *path, const char *what, struct json_t **out);
 
 /* Standard input closed when the tool started (<&-). Reading "-" is then
  * "cannot open input" (66), not a read error (74) or, for JSONL, an empty

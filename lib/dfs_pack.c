@@ -62,11 +62,17 @@ static int split_part(const char *s, const char *end, dfs_pack_opts *o) {
                        (int)(end - s), s);
     if (o->nsplits == DFS_PACK_MAX_SPLITS)
         return dfl_err(DFL_EX_USAGE, "--split: at most %d parts", DFS_PACK_MAX_SPLITS);
-    char num[64];
-    snprintf(num, sizeof num, "%.*s", (int)(end - eq - 1), eq + 1);
+    /* The fraction whole, however long: a fixed buffer cut a long one short,
+     * and "1.000...0junk" was read as 1 with the junk never seen. */
+    size_t nlen = (size_t)(end - eq - 1);
+    char *num = dfl_malloc(nlen + 1);
+    memcpy(num, eq + 1, nlen);
+    num[nlen] = 0;
     double f;
-    if (dfl_parse_double(num, &f) || !(f > 0))
-        return dfl_err(DFL_EX_USAGE, "--split: fraction '%s' is not a positive number", num);
+    int bad = dfl_parse_double(num, &f) || !(f > 0);
+    free(num);
+    if (bad)
+        return dfl_err(DFL_EX_USAGE, "--split: '%.*s': the fraction is not a positive number", (int)(end - s), s);
     int k = o->nsplits++;
     snprintf(o->split_name[k], sizeof o->split_name[k], "%.*s", (int)(eq - s), s);
     o->split_frac[k] = f;

@@ -31,15 +31,9 @@ static int parse_list(const char *list, int L, int *ids, int *n) {
 }
 
 static int from_drafter(const char *path, int L, int *ids, int *n) {
-    json_error_t je;
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!j) {
-        FILE *f = fopen(path, "rb");
-        if (!f) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
-        fclose(f);
-        return dfl_err(DFL_EX_DATA, "%s: not JSON: %s (line %d)", path, je.text, je.line);
-    }
-    int rc = 0;
+    json_t *j;
+    int rc = dfl_load_json(path, "drafter config.json", &j);
+    if (rc) return rc;
     json_t *ntl = json_object_get(j, "num_target_layers");
     json_t *ids_j = json_object_get(json_object_get(j, "dflash_config"), "target_layer_ids");
     *n = 0;
@@ -77,11 +71,11 @@ static int from_drafter(const char *path, int L, int *ids, int *n) {
 }
 
 int dfl_extract_check_drafter(const char *path, int64_t hidden_size, int64_t vocab_size) {
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, NULL);
-    if (!j) return dfl_err(DFL_EX_DATA, "%s: not JSON", path); /* read once already by dfl_extract_layer_ids */
+    json_t *j;
+    int rc = dfl_load_json(path, "drafter config.json", &j); /* read once already by dfl_extract_layer_ids */
+    if (rc) return rc;
     const char *keys[2] = {"hidden_size", "vocab_size"};
     const int64_t want[2] = {hidden_size, vocab_size};
-    int rc = 0;
     for (int i = 0; i < 2 && !rc; i++) {
         json_t *v = json_object_get(j, keys[i]);
         if (json_is_integer(v) && json_integer_value(v) != want[i])

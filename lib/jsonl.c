@@ -58,45 +58,48 @@ void dfl_jsonl_close(dfl_jsonl *r) {
     free(r);
 }
 
-/* Read one line into r->buf (without the newline). The buffer grows only as
- * bytes arrive; a line longer than the cap is consumed and refused.
- * Returns 1 (a line), 0 (end of input), DFL_EX_DATA (too long), DFL_EX_IOERR. */
+/* Read one line into r->buf (without the newline), by its real length:
+ * fgets and strlen would end the line at a NUL byte, and the bytes after it
+ * (the next line too, since fgets took the newline) would be read as a line
+ * of their own. The buffer grows only as bytes arrive; a line longer than
+ * the cap is consumed and refused, and so is a line holding a NUL byte (no
+ * JSON text has one), naming the byte's 1-based column.
+ * Returns 1 (a line), 0 (end of input), DFL_EX_DATA (too long, or a NUL
+ * byte), DFL_EX_IOERR. */
 static int read_line(dfl_jsonl *r, size_t *len) {
     size_t n = 0;
-    int got = 0, too_long = 0;
-    for (;;) {
-        if (r->cap - n < 2) {
-            size_t ncap = r->cap ? r->cap * 2 : 65536;
-            if (ncap > DFL_JSONL_MAX_LINE + 2) ncap = DFL_JSONL_MAX_LINE + 2;
-            if (ncap - n < 2) { /* at the cap: drop what we have, keep reading to the newline */
-                too_long = 1;
-                n = 0;
-            } else {
-                r->buf = dfl_realloc(r->buf, ncap);
-                r->cap = ncap;
-            }
-        }
-        if (!fgets(r->buf + n, (int)(r->cap - n > INT32_MAX ? INT32_MAX : r->cap - n), r->f)) break;
+    uint64_t col = 0, nul_col = 0;
+    int c, got = 0, too_long = 0;
+    flockfile(r->f); /* one lock for the line, not one a byte */
+    while ((c = getc_unlocked(r->f)) != EOF) {
         got = 1;
-        size_t k = strlen(r->buf + n); /* a NUL byte in the line cuts it short; the JSON then fails */
-        n += k;
-        if (n > 0 && r->buf[n - 1] == '\n') {
-            r->buf[--n] = 0;
-            break;
+        if (c == '\n') break;
+        col++;
+        if (c == 0 && !nul_col) nul_col = col;
+        if (too_long) continue; /* at the cap: drop the bytes, keep reading to the newline */
+        if (n == r->cap) {
+            size_t ncap = r->cap ? r->cap * 2 : 65536;
+            if (ncap > DFL_JSONL_MAX_LINE) ncap = DFL_JSONL_MAX_LINE;
+            if (ncap == n) {
+                too_long = 1;
+                continue;
+            }
+            r->buf = dfl_realloc(r->buf, ncap);
+            r->cap = ncap;
         }
-        if (k == 0) { /* an embedded NUL at the start of the chunk: skip the rest of the line */
-            int c;
-            while ((c = getc(r->f)) != EOF && c != '\n') {}
-            break;
-        }
+        r->buf[n++] = (char)c;
     }
+    funlockfile(r->f);
     if (ferror(r->f)) return dfl_err(DFL_EX_IOERR, "%s: read error: %s", r->path, strerror(errno));
     if (!got) return 0;
     r->line++;
     if (too_long)
         return dfl_err(DFL_EX_DATA, "%s:%lld: line longer than %llu bytes", r->path, (long long)r->line,
                        (unsigned long long)DFL_JSONL_MAX_LINE);
-    if (n > 0 && r->buf[n - 1] == '\r') r->buf[--n] = 0;
+    if (nul_col)
+        return dfl_err(DFL_EX_DATA, "%s:%lld: column %llu: a NUL byte (a JSONL line is text)", r->path,
+                       (long long)r->line, (unsigned long long)nul_col);
+    if (n > 0 && r->buf[n - 1] == '\r') n--;
     *len = n;
     return 1;
 }

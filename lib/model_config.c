@@ -102,6 +102,21 @@ static int is_moe(const char *arch) {
            !strcmp(arch, "Qwen3_5MoeForConditionalGeneration") || !strcmp(arch, "Qwen3NextForCausalLM");
 }
 
+/* "architectures": the model class, the list's first name (transformers
+ * writes one). A value of another type is refused as such, not read as an
+ * architecture "" that then is not supported. Absent, c->architecture
+ * stays "": check_architecture names what is supported. */
+static int parse_architecture(dfl_model_config *c, const json_t *j, const char *path) {
+    const json_t *a = json_object_get(j, "architectures");
+    if (!a) return 0;
+    if (!json_is_array(a)) return dfl_err(DFL_EX_DATA, "%s: \"architectures\" is not a list", path);
+    if (json_array_size(a) == 0) return dfl_err(DFL_EX_DATA, "%s: \"architectures\" is empty", path);
+    if (!json_is_string(json_array_get(a, 0)))
+        return dfl_err(DFL_EX_DATA, "%s: \"architectures\"[0] is not a string", path);
+    copy_str(c->architecture, sizeof c->architecture, json_array_get(a, 0));
+    return 0;
+}
+
 /* The architectures dflash runs, checked before any size is read. */
 static int check_architecture(const dfl_model_config *c, const char *path, const char *role) {
     static const char *archs[] = {"Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
@@ -224,6 +239,54 @@ static int reads_use_sliding_window(const dfl_model_config *c, int drafter) {
     return drafter || is_qwen_dense(c->architecture) || !strcmp(c->architecture, "Qwen3MoeForCausalLM");
 }
 
+/* A size read from KEY that must be at least `min`. */
+typedef struct {
+    const char *key;
+    int64_t v, min;
+} size_key;
+
+/* The first of n sizes below its minimum, refused by key and value:
+ * "head_dim" 0 must be positive (a VLM's key under text_config; an absent
+ * key is named with the default it took, as head_dim's from hidden_size /
+ * num_attention_heads). */
+static int check_size_keys(const size_key *s, size_t n, const dfl_model_config *c, const json_t *tj, const char *path) {
+    const char *pre = tj != c->json ? "text_config." : "";
+    for (size_t i = 0; i < n; i++) {
+        if (s[i].v >= s[i].min) continue;
+        return dfl_err(DFL_EX_DATA, "%s: \"%s%s\" %lld must be %s%s", path, pre, s[i].key, (long long)s[i].v,
+                       s[i].min ? "positive" : "at least 0", json_object_get(tj, s[i].key) ? "" : " (absent: the default)");
+    }
+    return 0;
+}
+
+/* The sizes every architecture needs, each positive; intermediate_size may
+ * be 0 with experts (a layer without a dense MLP; check_moe). */
+static int check_sizes(const dfl_model_config *c, const json_t *tj, const char *path) {
+    const size_key s[] = {
+        {"hidden_size", c->hidden_size, 1},
+        {"num_hidden_layers", c->num_hidden_layers, 1},
+        {"num_attention_heads", c->num_attention_heads, 1},
+        {"num_key_value_heads", c->num_key_value_heads, 1},
+        {"head_dim", c->head_dim, 1},
+        {"vocab_size", c->vocab_size, 1},
+        {"intermediate_size", c->intermediate_size, c->num_experts ? 0 : 1},
+    };
+    return check_size_keys(s, sizeof s / sizeof s[0], c, tj, path);
+}
+
+/* The Gated DeltaNet sizes of the Qwen3.5 and Qwen3-Next hybrids. */
+static int check_hybrid_sizes(const dfl_model_config *c, const json_t *tj, const char *path) {
+    const size_key s[] = {
+        {"linear_num_key_heads", c->lin_k_heads, 1},
+        {"linear_num_value_heads", c->lin_v_heads, 1},
+        {"linear_key_head_dim", c->lin_k_dim, 1},
+        {"linear_value_head_dim", c->lin_v_dim, 1},
+        {"linear_conv_kernel_dim", c->lin_conv, 1},
+        {"full_attention_interval", c->full_attention_interval, 1},
+    };
+    return check_size_keys(s, sizeof s / sizeof s[0], c, tj, path);
+}
+
 /* Refuse what the model code would silently get wrong. */
 static int check_supported(const dfl_model_config *c, const json_t *tj, const char *path, int drafter) {
     const json_t *j = tj;
@@ -255,9 +318,7 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
     if (lt && !json_is_null(lt) && (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->num_hidden_layers))
         return dfl_err(DFL_EX_DATA, "%s: \"layer_types\" must list one type for each of the %lld layers", path,
                        (long long)c->num_hidden_layers);
-    if (c->hidden_size <= 0 || c->num_hidden_layers <= 0 || c->num_attention_heads <= 0 || c->num_key_value_heads <= 0 ||
-        c->head_dim <= 0 || c->vocab_size <= 0 || c->intermediate_size < 0 || (c->intermediate_size == 0 && !c->num_experts))
-        return dfl_err(DFL_EX_DATA, "%s: sizes must be positive", path);
+    if ((rc = check_sizes(c, tj, path))) return rc;
     if (c->head_dim % 2) return dfl_err(DFL_EX_DATA, "%s: \"head_dim\" %lld must be even for RoPE", path, (long long)c->head_dim);
     if (c->num_attention_heads % c->num_key_value_heads)
         return dfl_err(DFL_EX_DATA, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
@@ -268,9 +329,7 @@ static int check_supported(const dfl_model_config *c, const json_t *tj, const ch
         return dfl_err(DFL_EX_DATA, "%s: \"partial_rotary_factor\" gives %lld rotary dims of a %lld-dim head; they must be "
                        "even and at least 2", path, (long long)c->rotary_dim, (long long)c->head_dim);
     if (c->hybrid) {
-        if (c->lin_k_heads <= 0 || c->lin_v_heads <= 0 || c->lin_k_dim <= 0 || c->lin_v_dim <= 0 || c->lin_conv <= 0 ||
-            c->full_attention_interval <= 0)
-            return dfl_err(DFL_EX_DATA, "%s: the linear_* sizes and full_attention_interval must be positive", path);
+        if ((rc = check_hybrid_sizes(c, tj, path))) return rc;
         if (c->lin_v_heads % c->lin_k_heads)
             return dfl_err(DFL_EX_DATA, "%s: linear_num_value_heads %lld is not a multiple of linear_num_key_heads %lld",
                            path, (long long)c->lin_v_heads, (long long)c->lin_k_heads);
@@ -363,9 +422,16 @@ static int parse_yarn(dfl_model_config *c, const json_t *j, const json_t *scalin
     return 0;
 }
 
-/* rope_theta/rope_scaling (4.x) or rope_parameters (5.x). */
+/* rope_theta/rope_scaling (4.x) or rope_parameters (5.x). Each is an
+ * object or null (transformers' Optional[dict]): any other value is
+ * refused, not read as no scaling; so is a rope_type that is not a string. */
 static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
     json_t *rp = json_object_get(j, "rope_parameters"), *rs = json_object_get(j, "rope_scaling");
+    static const char *const keys[2] = {"rope_parameters", "rope_scaling"};
+    const json_t *given[2] = {rp, rs};
+    for (int i = 0; i < 2; i++)
+        if (given[i] && !json_is_null(given[i]) && !json_is_object(given[i]))
+            return dfl_err(DFL_EX_DATA, "%s: \"%s\" is not an object or null", path, keys[i]);
     const json_t *scaling = json_is_object(rp) ? rp : (json_is_object(rs) ? rs : NULL);
     const double theta_def = c->gpt_oss ? 150000.0 : 10000.0; /* GptOssConfig.default_theta */
     int rc = get_num(json_is_object(rp) ? rp : j, "rope_theta", json_is_object(rp) ? NAN : theta_def, &c->rope_theta, path);
@@ -377,8 +443,10 @@ static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
     c->rope_type = DFL_ROPE_DEFAULT;
     c->rope_attention_factor = 1;
     if (!scaling) return 0;
-    json_t *t = json_object_get(scaling, "rope_type");
-    if (!t) t = json_object_get(scaling, "type");
+    const char *tkey = json_object_get(scaling, "rope_type") ? "rope_type" : "type";
+    json_t *t = json_object_get(scaling, tkey);
+    if (t && !json_is_null(t) && !json_is_string(t))
+        return dfl_err(DFL_EX_DATA, "%s: \"%s\".%s is not a string", path, scaling == rp ? keys[0] : keys[1], tkey);
     const char *type = json_string_value(t) ? json_string_value(t) : "default";
     if (!strcmp(type, "default")) return 0;
     if (!strcmp(type, "llama3")) return parse_llama3(c, j, scaling, path);
@@ -386,18 +454,30 @@ static int parse_rope(dfl_model_config *c, const json_t *j, const char *path) {
     return dfl_err(DFL_EX_DATA, "%s: rope type \"%s\" is not supported (supported: default, llama3, yarn)", path, type);
 }
 
-static void parse_token_ids(dfl_model_config *c, const json_t *j) {
+/* bos_token_id (an integer or null) and eos_token_id (an integer, a list
+ * of them, or null), as transformers' configs give them. A present value
+ * of another type ("x", 5.0, a list holding a string) is refused, not read
+ * as no token: online scoring would then never stop at an end of sequence.
+ * `pre` names the object they are in ("text_config." or ""). */
+static int parse_token_ids(dfl_model_config *c, const json_t *j, const char *pre, const char *path) {
     json_t *b = json_object_get(j, "bos_token_id"), *e = json_object_get(j, "eos_token_id"), *v;
+    if (b && !json_is_null(b) && !json_is_integer(b))
+        return dfl_err(DFL_EX_DATA, "%s: \"%sbos_token_id\" is not an integer or null", path, pre);
     c->bos_token_id = json_is_integer(b) ? json_integer_value(b) : -1;
     c->n_eos = 0;
     if (json_is_integer(e)) {
         c->eos_token_ids[c->n_eos++] = json_integer_value(e);
-    } else {
+    } else if (json_is_array(e)) {
         size_t i;
         json_array_foreach(e, i, v) {
-            if (json_is_integer(v) && c->n_eos < 8) c->eos_token_ids[c->n_eos++] = json_integer_value(v);
+            if (!json_is_integer(v))
+                return dfl_err(DFL_EX_DATA, "%s: \"%seos_token_id\"[%zu] is not an integer", path, pre, i);
+            if (c->n_eos < 8) c->eos_token_ids[c->n_eos++] = json_integer_value(v);
         }
+    } else if (e && !json_is_null(e)) {
+        return dfl_err(DFL_EX_DATA, "%s: \"%seos_token_id\" is not an integer, a list of integers or null", path, pre);
     }
+    return 0;
 }
 
 /* The Qwen3.5 keys (defaults as transformers' Qwen3_5TextConfig). */
@@ -519,12 +599,12 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     }
     c->json = j;
     snprintf(c->digest, sizeof c->digest, "%016llx", (unsigned long long)XXH64(text, len, 0));
-    copy_str(c->architecture, sizeof c->architecture, json_array_get(json_object_get(j, "architectures"), 0));
     copy_str(c->model_type, sizeof c->model_type, json_object_get(j, "model_type"));
     copy_str(c->dtype, sizeof c->dtype, json_object_get(j, "dtype") ? json_object_get(j, "dtype") : json_object_get(j, "torch_dtype"));
     /* The Qwen3.5 checkpoints are VLMs: the language model's settings are
      * its "text_config", its weights under model.language_model. */
-    int rc = check_architecture(c, path, role);
+    int rc = parse_architecture(c, j, path);
+    rc = rc ? rc : check_architecture(c, path, role);
     if (rc) return rc;
     c->hybrid = is_qwen35(c->architecture);
     c->qwen3_next = !strcmp(c->architecture, "Qwen3NextForCausalLM");
@@ -573,7 +653,8 @@ int dfl_model_config_parse(dfl_model_config *c, const char *text, size_t len, co
     if (!c->gpt_oss) c->qkv_bias = !strcmp(c->architecture, "Qwen2ForCausalLM");
     c->qk_norm = strcmp(c->architecture, "LlamaForCausalLM") && strcmp(c->architecture, "MistralForCausalLM") &&
                  strcmp(c->architecture, "Qwen2ForCausalLM") && !c->gpt_oss;
-    parse_token_ids(c, json_object_get(tj, "eos_token_id") ? tj : j);
+    const json_t *ids = json_object_get(tj, "eos_token_id") ? tj : j;
+    if ((rc = parse_token_ids(c, ids, ids != j ? "text_config." : "", path))) return rc;
     return check_supported(c, tj, path, drafter);
 }
 

@@ -124,20 +124,33 @@ static void on_signal(int sig) {
     raise(sig);
 }
 
-/* A signal ignored when the tool starts stays ignored: under nohup
+/* The signals whose default action ends the process and that a user, a
+ * shell or the system sends: Ctrl-C and Ctrl-\ (SIGINT, SIGQUIT), kill and
+ * timeout (SIGTERM, and SIGALRM, SIGUSR1, SIGUSR2, SIGVTALRM by name, as
+ * batch schedulers send USR1/USR2 before a job's end), a closed terminal
+ * (SIGHUP), a closed pipe (SIGPIPE, as `| head` gives), and the limits of
+ * ulimit -t and -f (SIGXCPU, SIGXFSZ: a write past the file-size limit).
+ * Each kills as before, after the temporary outputs are removed.
+ * Not SIGPROF: a profiler (gprof's profil, gperftools) catches its ticks
+ * with its own handler, which ours would replace, ending the run at the
+ * first tick. Nor the signals of a fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+ * SIGTRAP, SIGSYS): a bug, whose state a cleanup should not trust, and
+ * which debuggers and sanitizers want; SIGABRT is dfl_abort's hook.
+ * A signal ignored when the tool starts stays ignored: under nohup
  * (SIGHUP) or as a script's background job (SIGINT) the caller asked for
- * the run to survive it, as GNU tools and zstd let it. SIGPIPE (the reader
- * of a pipe went away, as `| head` does) kills as before, but after the
- * temporary outputs are removed; ignored, it stays ignored, and the write
- * fails with EPIPE, which the tool reports as an I/O error. */
-static const int handled_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+ * the run to survive it, as GNU tools and zstd let it; an ignored SIGPIPE
+ * or SIGXFSZ makes the write fail (EPIPE, EFBIG), which the tool reports
+ * as an I/O error. A handler that is already there (not the default) is
+ * left too: whoever installed it handles that signal. */
+static const int handled_signals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGPIPE,   SIGQUIT, SIGALRM,
+                                      SIGXCPU, SIGXFSZ, SIGUSR1, SIGUSR2, SIGVTALRM};
 
 static void install_handlers(void) {
     atexit(run_cleanup);
     dfl_set_abort_hook(run_cleanup);
     for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++) {
         struct sigaction sa, old;
-        if (sigaction(handled_signals[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        if (sigaction(handled_signals[i], NULL, &old) != 0 || old.sa_handler != SIG_DFL) continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_signal;
         sigemptyset(&sa.sa_mask);

@@ -4,9 +4,11 @@
  * (".NAME.tmp.XXXXXX") and renamed over NAME on commit, as zstd and
  * safetensors do, with mode 0666 less the umask (a directory: 0777). The
  * temporary path is registered for cleanup: SIGINT, SIGTERM, SIGHUP,
- * SIGPIPE and exit() before commit remove it (a signal ignored when the
- * process starts, as under nohup, stays ignored). "-" writes to stdout,
- * which is refused when it is a terminal and the output is binary.
+ * SIGPIPE, SIGQUIT, SIGALRM, SIGUSR1, SIGUSR2, SIGVTALRM, SIGXCPU, SIGXFSZ
+ * and exit() before commit remove it (a signal ignored when the process
+ * starts, as under nohup, stays ignored; see handled_signals). "-" writes
+ * to stdout, which is refused when it is a terminal and the output is
+ * binary.
  */
 #ifndef DFLASH_OUTFILE_H
 #define DFLASH_OUTFILE_H

@@ -66,13 +66,10 @@ static int find_dtype(const char *s, int *dtype, int *bits) {
 }
 
 static int map_file(st_file *f, const char *path) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return dfl_err(DFL_EX_NOINPUT, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return dfl_err(DFL_EX_NOINPUT, "%s: not a regular file", path);
-    }
+    int rc = dfl_open_regular(path, &fd, &st); /* a FIFO in a file's place refused, not waited on */
+    if (rc) return rc;
     f->path = dfl_strdup(path);
     f->size = (size_t)st.st_size;
     if (f->size < 8) {
@@ -145,7 +142,10 @@ static int load_header(dfl_st *st, st_file *f) {
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | p[i];
     if (n > DFL_ST_MAX_HEADER) return dfl_err(DFL_EX_DATA, "%s: header length %llu exceeds the 100 MB limit", f->path, (unsigned long long)n);
-    if (n + 8 > f->size) return dfl_err(DFL_EX_DATA, "%s: truncated: header length %llu but the file has %zu bytes", f->path, (unsigned long long)n, f->size);
+    /* the 8 bytes of the length come first: a file of exactly n bytes is short by 8 */
+    if (n + 8 > f->size)
+        return dfl_err(DFL_EX_DATA, "%s: truncated: header length %llu needs %llu bytes with its 8-byte prefix, the file has %zu",
+                       f->path, (unsigned long long)n, (unsigned long long)n + 8, f->size);
     if (n < 2 || p[8] != '{') return dfl_err(DFL_EX_DATA, "%s: header is not a JSON object", f->path);
     json_error_t je;
     f->header = json_loadb((const char *)p + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
@@ -244,12 +244,17 @@ static int check_unique_names(dfl_st *st, const char *index_path) {
 }
 
 static int open_index(dfl_st *st, const char *dir, const char *index_path) {
+    char *text;
+    size_t len;
+    /* an index is smaller than the headers it indexes */
+    int rc = dfl_read_file(index_path, DFL_ST_MAX_HEADER, "safetensors index", &text, &len);
+    if (rc) return rc;
     json_error_t je;
-    json_t *idx = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    json_t *idx = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!idx) return dfl_err(DFL_EX_DATA, "%s: %s (line %d)", index_path, je.text, je.line);
     json_t *wm = json_object_get(idx, "weight_map");
     st->index = dfl_strdup(index_path);
-    int rc = 0;
     if (!json_is_object(wm)) rc = dfl_err(DFL_EX_DATA, "%s: no \"weight_map\" object", index_path);
     const char *name;
     json_t *v;

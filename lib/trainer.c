@@ -50,18 +50,13 @@ static int reopen(dfl_trainer *t) {
     return rc ? rc : dfl_records_check_meta(&t->meta, t->path, t->tcfg, &t->d, 1, t->o.labels_target, t->o.kl);
 }
 
-static const char *file_kind(mode_t m) {
-    return S_ISFIFO(m) ? "a pipe or FIFO" : S_ISDIR(m) ? "a directory" : S_ISSOCK(m) ? "a socket"
-         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device" : "not a regular file";
-}
-
 int dfl_trainer_check_loop(const char *path, int loop) {
     if (!loop) return 0;
     if (!strcmp(path, "-")) return dfl_err(DFL_EX_USAGE, "--loop needs a file to re-read, not standard input");
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return dfl_err(DFL_EX_USAGE, "%s: --loop needs a regular file it can re-read, and this is %s (write the "
-                       "stream to a file first, or leave out --loop)", path, file_kind(st.st_mode));
+                       "stream to a file first, or leave out --loop)", path, dfl_file_kind(st.st_mode));
     return 0;
 }
 

@@ -107,10 +107,10 @@ static int64_t ckpt_step(const char *dir, const dfl_model_config *tcfg) {
     if (!dfl_ckpt_has_state(dir)) return -1;
     char path[4200];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
+    json_t *j;
+    if (dfl_load_json(path, "trainer_state.json", &j)) dfl_die_last(PROG);
     json_t *s = json_object_get(j, "step");
-    if (!j || !json_is_integer(s) || json_integer_value(s) < 0)
+    if (!json_is_integer(s) || json_integer_value(s) < 0)
         dfl_die(PROG, DFL_EX_DATA, "%s: \"step\" is missing or not a count", path);
     const char *dig = json_string_value(json_object_get(json_object_get(j, "target"), "config_digest"));
     if (dig && strcmp(dig, tcfg->digest))

@@ -152,17 +152,21 @@ static const struct {
 #define NMATH (sizeof math / sizeof math[0])
 typedef char value_text[64];
 
-/* math[k]'s value as text ("" when not given). A double gets the fewest
- * digits (15 or 17) that read back as the same value: equal texts are equal
- * values, and 0.3 is not shown as 0.29999999999999999. */
+/* A double in the fewest digits (15 or 17) that read back as the same
+ * value: equal texts are equal values, and 0.3 is not shown as
+ * 0.29999999999999999. */
+static void real_text(double x, value_text t) {
+    snprintf(t, sizeof(value_text), "%.15g", x);
+    if (strtod(t, NULL) != x) snprintf(t, sizeof(value_text), "%.17g", x);
+}
+
+/* math[k]'s value as text ("" when not given). */
 static void math_text(size_t k, value_text t) {
     t[0] = 0;
     if (math[k].type == 'i' && *(int64_t *)math[k].v != UNSET) {
         snprintf(t, sizeof(value_text), "%lld", (long long)*(int64_t *)math[k].v);
     } else if (math[k].type == 'd' && !isnan(*(double *)math[k].v)) {
-        double x = *(double *)math[k].v;
-        snprintf(t, sizeof(value_text), "%.15g", x);
-        if (strtod(t, NULL) != x) snprintf(t, sizeof(value_text), "%.17g", x);
+        real_text(*(double *)math[k].v, t);
     } else if (math[k].type == 's' && *(const char **)math[k].v) {
         snprintf(t, sizeof(value_text), "%s", *(const char **)math[k].v);
     }
@@ -191,6 +195,18 @@ static void take_stored(const json_t *o, size_t k) {
     }
 }
 
+/* AdamW's constants: stored in options as the rest are, but no option
+ * gives them (a first run takes dfl_train_opts_default's). On --resume they
+ * are the checkpoint's too, checked as the others (their type here, their
+ * range in check_adam): a hand edit, or another version's values, must not
+ * go on silently with the defaults. */
+static double beta1 = NAN, beta2 = NAN, adam_eps = NAN;
+static const struct {
+    const char *key;
+    double *v;
+} adam[] = {{"beta1", &beta1}, {"beta2", &beta2}, {"adam_eps", &adam_eps}};
+#define NADAM (sizeof adam / sizeof adam[0])
+
 /* On --resume: the stored options replace the given ones, kept in `given`
  * for check_given() once the stored values have passed check_ranges() (a
  * bad stored value is the file's fault, whatever was given). */
@@ -199,6 +215,12 @@ static void options_from_state(const json_t *o, value_text given[NMATH]) {
     for (size_t k = 0; k < NMATH; k++) {
         math_text(k, given[k]);
         take_stored(o, k);
+    }
+    for (size_t k = 0; k < NADAM; k++) {
+        const json_t *s = json_object_get(o, adam[k].key);
+        if (!s) bad_state("options.%s is missing", adam[k].key);
+        if (!json_is_number(s)) bad_state("options.%s is not a number", adam[k].key);
+        *adam[k].v = json_number_value(s);
     }
 }
 
@@ -239,6 +261,9 @@ static void options_default(int B) {
     if (batch_seqs == UNSET) batch_seqs = 4;
     if (batch_tokens == UNSET) batch_tokens = 0;
     if (micro_rows == UNSET) micro_rows = d.micro_rows;
+    beta1 = d.beta1;
+    beta2 = d.beta2;
+    adam_eps = d.adam_eps;
 }
 
 /* A value that breaks `rule` ("must be at least 1"). On --resume every
@@ -256,6 +281,20 @@ static void out_of_range(int ok, const char *opt, const char *rule) {
     DFL_ASSERT(!"no such option");
 }
 
+/* AdamW computes in f32: 1 - beta^t must stay above 0 there, and eps be a
+ * positive f32. Out of range they are the checkpoint's (no option gives
+ * them; a first run's defaults pass). */
+static void check_adam(void) {
+    const int ok[NADAM] = {beta1 >= 0 && (float)beta1 < 1, beta2 >= 0 && (float)beta2 < 1,
+                           (float)adam_eps > 0 && isfinite((float)adam_eps)};
+    for (size_t k = 0; k < NADAM; k++) {
+        if (ok[k]) continue;
+        value_text t;
+        real_text(*adam[k].v, t);
+        bad_state("options.%s is %s, %s", adam[k].key, t, k < 2 ? "must be in [0, 1)" : "must be a positive float");
+    }
+}
+
 static void check_ranges(void) {
     out_of_range(anchors >= 1, "anchors", "must be at least 1");
     out_of_range(gamma_ > 0, "gamma", "must be positive");
@@ -270,6 +309,7 @@ static void check_ranges(void) {
     out_of_range(micro_rows >= 1, "micro-rows", "must be at least 1");
     out_of_range(batch_seqs >= 0, "batch-seqs", "must be >= 0");
     out_of_range(batch_tokens >= 0, "batch-tokens", "must be >= 0");
+    check_adam();
     if (batch_seqs == 0 && batch_tokens == 0) {
         if (resume) bad_state("options.batch_seqs and options.batch_tokens are both 0: a step needs a limit");
         dfl_cli_usage_error(&cli, "--batch-seqs 0 needs a --batch-tokens limit");
@@ -426,6 +466,9 @@ int main(int argc, char **argv) {
     o.warmup_ratio = warmup_ratio;
     o.weight_decay = weight_decay;
     o.max_grad_norm = max_grad_norm;
+    o.beta1 = beta1;
+    o.beta2 = beta2;
+    o.adam_eps = adam_eps;
     o.total_steps = total_steps;
     o.micro_rows = micro_rows;
 

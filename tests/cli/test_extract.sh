@@ -150,6 +150,15 @@ fi
 check "--skip-bad: output passes dflash-pack --verify" dflash-pack --verify "$T/skip.dfs"
 check "--skip-bad: output verifies" "$CMP" "$TG/qwen3-tied/reference" "$T/skip.dfs"
 if grep -q '^samples: 3$' "$T/.out"; then pass "--skip-bad: the 3 good samples written"; else fail "--skip-bad: the 3 good samples written" "$(cat "$T/.out")"; fi
+# A NUL byte makes its line a bad sample (named by line and column), and
+# only that line: the next is read on its own, not glued onto it.
+{ sed -n 1p "$good" | tr -d '\n'; printf '\0junk\n'; sed -n 2,3p "$good"; } >"$T/nul.jsonl"
+expect_exit 65 "a NUL byte in a line: exit 65" dflash-extract -m "$TG/qwen3-tied" -l 1,4 -o "$T/nul-stop.dfs" "$T/nul.jsonl"
+if grep -q "nul.jsonl:1: column $(( $(sed -n 1p "$good" | wc -c) )): a NUL byte" "$T/.err"; then pass "  ... named by file, line and column"
+else fail "NUL byte message" "$(cat "$T/.err")"; fi
+expect_exit 0 "  ... --skip-bad skips that line only" dflash-extract -m "$TG/qwen3-tied" -l 1,4 --skip-bad -o "$T/nul.dfs" "$T/nul.jsonl"
+if grep -q 'skipped 1 bad samples; wrote 2 samples' "$T/.err"; then pass "  ... the 2 good samples after it written"
+else fail "NUL byte --skip-bad" "$(cat "$T/.err")"; fi
 
 # Broken models and bad options.
 mkdir -p "$T/trunc" "$T/dynamic" "$T/arch"
@@ -165,6 +174,18 @@ cp "$TG/qwen3-tied/model.safetensors" "$T/arch/"
 sed 's/Qwen3ForCausalLM/GPT2LMHeadModel/' "$TG/qwen3-tied/config.json" >"$T/arch/config.json"
 expect_exit 65 "unknown architecture: exit 65" dflash-extract -m "$T/arch" -l 1,4 -o "$T/x.dfs" "$good"
 expect_exit 66 "missing model directory: exit 66" dflash-extract -m "$T/nope" -o "$T/x.dfs" "$good"
+# A FIFO in place of the target's config.json or weights is refused, not
+# opened (a plain open waits for a writer forever).
+for f in config.json model.safetensors; do
+    rm -rf "$T/fifo-target"
+    cp -r "$TG/qwen3-tied" "$T/fifo-target"
+    rm "$T/fifo-target/$f"
+    mkfifo "$T/fifo-target/$f"
+    expect_exit 66 "a FIFO as the target's $f: exit 66, no hang" timeout 60 dflash-extract -m "$T/fifo-target" -l 1,4 -o "$T/x.dfs" "$good"
+    if grep -q "fifo-target/$f: is a pipe or FIFO, not a regular file" "$T/.err"; then pass "  ... named"; else fail "FIFO $f message" "$(cat "$T/.err")"; fi
+done
+mkfifo "$T/fifo.json"
+expect_exit 66 "a FIFO as --drafter-config: exit 66, no hang" timeout 60 dflash-extract -m "$TG/qwen3-tied" --drafter-config "$T/fifo.json" -o "$T/x.dfs" "$good"
 expect_exit 66 "missing input: exit 66" dflash-extract -m "$TG/qwen3-tied" -l 1,4 -o "$T/x.dfs" "$T/nope.jsonl"
 expect_exit 2 "layer id out of range: exit 2" dflash-extract -m "$TG/qwen3-tied" -l 1,6 -o "$T/x.dfs" "$good"
 expect_exit 2 "bad --with: exit 2" dflash-extract -m "$TG/qwen3-tied" --with logits -o "$T/x.dfs" "$good"
@@ -186,6 +207,12 @@ check "--byte-shuffle on alone: extract" dflash-extract -m "$TG/qwen3-tied" -l 1
 expect_exit 2 "SOURCE_DATE_EPOCH that is not a time: exit 2" env SOURCE_DATE_EPOCH=abc dflash-extract -m "$TG/qwen3-tied" -l 1,4 -o "$T/x.dfs" "$good"
 if grep -q "SOURCE_DATE_EPOCH: 'abc' is not a count of seconds" "$T/.err"; then pass "  ... named"; else fail "SOURCE_DATE_EPOCH message" "$(cat "$T/.err")"; fi
 expect_exit 2 "SOURCE_DATE_EPOCH past 9999: exit 2" env SOURCE_DATE_EPOCH=253402300800 dflash-extract -m "$TG/qwen3-tied" -l 1,4 -o "$T/x.dfs" "$good"
+# A write past ulimit -f ends the tool by SIGXFSZ (128+25), as any signal
+# that ends it: after removing its temporary output (it was left).
+expect_exit 153 "a write past ulimit -f: exit 153 (SIGXFSZ)" bash -c \
+    "ulimit -c 0 -f 4; dflash-extract -m '$TG/qwen3-tied' -l 1,4 -o '$T/fsz.dfs' '$good'; exit \$?"
+if ls -a "$T" | grep -q '^\.fsz\.dfs\.tmp\.' || [ -e "$T/fsz.dfs" ]; then fail "  ... leaves no temporary output" "$(ls -a "$T")"
+else pass "  ... leaves no temporary output"; fi
 expect_exit 69 "--device cuda without a GPU: exit 69" dflash-extract -m "$TG/qwen3-tied" -l 1,4 --device cuda -o "$T/x.dfs" "$good"
 if [ ! -e "$T/x.dfs" ]; then pass "failed runs leave no output file"; else fail "failed runs leave no output file"; fi
 if ls -a "$T" | grep -q '\.tmp\.'; then fail "no temporary files left behind"; else pass "no temporary files left behind"; fi

@@ -157,6 +157,11 @@ PYEOF
 expect_exit 2 "--split needs %s in -o" dflash-pack --split a=1,b=1 -o "$T/x.dfs" "$T/a.dfs"
 expect_exit 2 "--split rejects a bad fraction" dflash-pack --split a=0,b=1 -o "$T/x-%s.dfs" "$T/a.dfs"
 expect_exit 2 "--split rejects a repeated name" dflash-pack --split a=1,a=1 -o "$T/x-%s.dfs" "$T/a.dfs"
+# a fraction past 63 characters is read whole (the rest was dropped: 1.0...0junk was 1)
+expect_exit 2 "--split rejects junk after a long fraction" dflash-pack --split "a=1.$(printf '0%.0s' {1..70})junk,b=1" \
+    -o "$T/x-%s.dfs" "$T/a.dfs"
+if grep -q "junk': the fraction is not a positive number" "$T/.err"; then pass "  ... naming --split and the part"
+else fail "long --split fraction message" "$(cat "$T/.err")"; fi
 expect_exit 2 "--split rejects a trailing comma" dflash-pack --split a=1,b=1, -o "$T/x-%s.dfs" "$T/a.dfs"
 expect_exit 2 "--split rejects fractions whose sum overflows" dflash-pack --split a=1e308,b=1e308 -o "$T/x-%s.dfs" "$T/a.dfs"
 grep -q 'add up to more than' "$T/.err" && pass "--split overflow explained" || fail "--split overflow message" "$(cat "$T/.err")"

@@ -190,6 +190,17 @@ keep
 check "  ... says so" grep -q "num_hidden_layers 6 differs from the drafter's num_target_layers 8" "$T/err.txt"
 expect_exit 66 "a missing target directory" $SC --target "$T/nope" --drafter "$T/d1" "$T/val.dfs"
 expect_exit 66 "a missing drafter" $SC --target "$T/target" --drafter "$T/nope" "$T/val.dfs"
+# A FIFO in place of a checkpoint's file is refused, not opened (a plain
+# open waits for a writer forever); timeout ends a hang as exit 124.
+for f in model.safetensors config.json; do
+    rm -rf "$T/fifo-drafter"
+    cp -r "$T/d1" "$T/fifo-drafter"
+    rm "$T/fifo-drafter/$f"
+    mkfifo "$T/fifo-drafter/$f"
+    expect_exit 66 "a FIFO as the drafter's $f: exit 66, no hang" timeout 60 $SC --target "$T/target" --drafter "$T/fifo-drafter" "$T/val.dfs"
+    keep
+    check "  ... named" grep -q "fifo-drafter/$f: is a pipe or FIFO, not a regular file" "$T/err.txt"
+done
 printf '{"id": "a", "input_ids": [1, 2]}\n{"id": "b", "input_ids": [1, 2\n' >"$T/bad.jsonl"
 expect_exit 65 "a malformed prompt file" $SC --target "$T/target" --drafter "$T/d1" --prompts "$T/bad.jsonl"
 keep

@@ -218,6 +218,26 @@ json.dump(s, open(sys.argv[1], 'w'))" "$T/old1/trainer_state.json"
 expect_exit 65 "a stored total_steps -1: 65" $TS --target "$T/target" --resume "$T/old1" --steps 1 --out "$T/oldn" "$T/train.dfs"
 grep -q "trainer_state.json: options.total_steps is -1" "$T/.err" && pass "  ... naming the field" ||
     fail "  ... naming the field" "$(cat "$T/.err")"
+# AdamW's constants are stored options too: checked (they were read by
+# nothing, any value of any type resumed with the defaults) and taken.
+for bad in 'beta1|"x"|options.beta1 is not a number' 'beta2|1.0|options.beta2 is 1, must be in [0, 1)' \
+           'adam_eps|0|options.adam_eps is 0, must be a positive float' 'beta1|-0.5|options.beta1 is -0.5, must be in [0, 1)' \
+           'beta1|DEL|options.beta1 is missing'; do
+    IFS='|' read -r key val want <<<"$bad"
+    rm -rf "$T/adam" && cp -r "$T/base6" "$T/adam"
+    python3 -c "import json, sys; s = json.load(open(sys.argv[1])); o = s['options']
+if sys.argv[3] == 'DEL': del o[sys.argv[2]]
+else: o[sys.argv[2]] = json.loads(sys.argv[3])
+json.dump(s, open(sys.argv[1], 'w'))" "$T/adam/trainer_state.json" "$key" "$val"
+    expect_exit 65 "a stored $key $val: 65" $TS --target "$T/target" --loop --resume "$T/adam" --steps 1 --out "$T/adamr" "$T/train.dfs"
+    grep -qF "trainer_state.json: $want" "$T/.err" && pass "  ... naming the field" || fail "  ... naming the field" "$(cat "$T/.err")"
+done
+rm -rf "$T/adam" && cp -r "$T/base6" "$T/adam"
+python3 -c "import json, sys; s = json.load(open(sys.argv[1])); s['options']['beta2'] = 0.99
+json.dump(s, open(sys.argv[1], 'w'))" "$T/adam/trainer_state.json"
+check "a stored beta2 0.99 resumes" $TS --target "$T/target" --loop --resume "$T/adam" --steps 1 --out "$T/adamr" "$T/train.dfs"
+[ "$(state "$T/adamr" "['options']['beta2']")" = 0.99 ] && pass "  ... with it, kept" ||
+    fail "  ... with it, kept" "$(state "$T/adamr" "['options']['beta2']")"
 
 # ---- resume: N then N more equals 2N, bit for bit ------------------------------------------
 O="$COMMON --total-steps 10 --seed 7"
@@ -237,6 +257,17 @@ mkdir -p "$T/model-only"
 cp "$T/rn/config.json" "$T/rn/model.safetensors" "$T/model-only/"
 expect_exit 66 "--resume of a model-only checkpoint is refused" $TS --target "$T/target" --resume "$T/model-only" \
     --steps 1 --out "$T/x" "$T/train.dfs"
+# A FIFO in place of the trainer state is refused, not waited on.
+for f in trainer_state.json trainer_state.safetensors; do
+    rm -rf "$T/fifo-state"
+    cp -r "$T/rn" "$T/fifo-state"
+    rm "$T/fifo-state/$f"
+    mkfifo "$T/fifo-state/$f"
+    expect_exit 66 "--resume with a FIFO as $f: exit 66, no hang" timeout 60 $TS --target "$T/target" \
+        --resume "$T/fifo-state" --steps 1 --out "$T/x" "$T/train.dfs"
+    cp "$T/.err" "$T/err.txt"
+    check "  ... named" grep -q "fifo-state/$f: is a pipe or FIFO, not a regular file" "$T/err.txt"
+done
 # a max_position_embeddings of 0 (as the old code wrote) is replaced by the target's
 cp -r "$T/rn" "$T/mp0"
 python3 -c "import json; p = '$T/mp0/config.json'; c = json.load(open(p)); c['max_position_embeddings'] = 0; json.dump(c, open(p, 'w'))"

@@ -117,6 +117,15 @@ static void test_split_rule(void) {
     T_CHECK(dfs_pack_parse_split("a=1,,b=2", &o) != 0);
     T_CHECK(dfs_pack_parse_split("a/b=1", &o) != 0);
     T_CHECK(dfs_pack_parse_split("a=-1", &o) != 0);
+    /* a fraction longer than 63 characters is read whole: the junk past a
+     * 64-byte buffer was dropped, and this was 1 */
+    char longer[200];
+    snprintf(longer, sizeof longer, "a=1.%070djunk,b=1", 0);
+    T_CHECKF(dfs_pack_parse_split(longer, &o) == DFL_EX_USAGE && strstr(dfl_errmsg(), "--split: 'a=1.000") &&
+                 strstr(dfl_errmsg(), "junk': the fraction is not a positive number"),
+             "%s", dfl_errmsg());
+    snprintf(longer, sizeof longer, "a=1.%0100d,b=1", 0);
+    T_CHECKF(dfs_pack_parse_split(longer, &o) == 0 && o.split_frac[0] == 1, "%s", dfl_errmsg());
     /* a trailing ',' is an empty part, as in the middle */
     T_CHECK(dfs_pack_parse_split("a=1,b=1,", &o) == DFL_EX_USAGE && strstr(dfl_errmsg(), "'' is not NAME=FRACTION"));
     /* finite fractions whose sum is not: every part but the last got 0 */

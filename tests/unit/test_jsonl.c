@@ -15,6 +15,13 @@ static void write_file(const char *text) {
     fclose(f);
 }
 
+/* For text with NUL bytes, which fputs would end at. */
+static void write_bytes(const char *bytes, size_t n) {
+    FILE *f = fopen(path, "wb");
+    fwrite(bytes, 1, n, f);
+    fclose(f);
+}
+
 static void test_good_samples(void) {
     write_file("{\"id\": \"a\", \"input_ids\": [0, 5, 210], \"loss_mask\": [0, 1, 1]}\n"
                "\n"
@@ -107,6 +114,31 @@ static void test_long_line(void) {
     dfl_jsonl_close(r);
 }
 
+/* A NUL byte makes its line a bad sample, named by line and column; the
+ * lines after it are read on their own (fgets and strlen glued the next
+ * line onto the bad one, or skipped it after a NUL at a line's start). */
+static void test_nul_byte(void) {
+    static const char text[] = "{\"id\":\"a\",\"input_ids\":[1,2]}\0junk\n"
+                               "{\"id\":\"b\",\"input_ids\":[3]}\n"
+                               "\0{\"id\":\"c\",\"input_ids\":[4]}\n"
+                               "{\"id\":\"d\",\"input_ids\":[5]}\n";
+    write_bytes(text, sizeof text - 1);
+    dfl_jsonl *r;
+    T_CHECK(dfl_jsonl_open(&r, path, 211) == 0);
+    dfl_jsonl_sample s;
+    int rc = dfl_jsonl_next(r, &s);
+    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), path) && strstr(dfl_errmsg(), ":1: column 29: a NUL byte"),
+             "rc %d, '%s'", rc, dfl_errmsg());
+    rc = dfl_jsonl_next(r, &s);
+    T_CHECKF(rc == 1 && !strcmp(s.id, "b") && s.line == 2, "rc %d, '%s'", rc, rc == 1 ? s.id : dfl_errmsg());
+    rc = dfl_jsonl_next(r, &s);
+    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), ":3: column 1: a NUL byte"), "rc %d, '%s'", rc, dfl_errmsg());
+    rc = dfl_jsonl_next(r, &s);
+    T_CHECKF(rc == 1 && !strcmp(s.id, "d") && s.line == 4, "rc %d, '%s'", rc, rc == 1 ? s.id : dfl_errmsg());
+    T_CHECK(dfl_jsonl_next(r, &s) == 0);
+    dfl_jsonl_close(r);
+}
+
 int main(void) {
     int fd = mkstemp(path);
     if (fd < 0) return 1;
@@ -115,6 +147,7 @@ int main(void) {
     T_RUN(test_errors_and_resume);
     T_RUN(test_no_vocab_check_and_missing_file);
     T_RUN(test_long_line);
+    T_RUN(test_nul_byte);
     unlink(path);
     return t_exit();
 }

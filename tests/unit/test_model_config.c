@@ -356,6 +356,52 @@ static void test_refusals(void) {
     }
 }
 
+/* A bad value is named by its key (and, for a size, its value); a value
+ * of a type the key cannot have is refused, not read as absent. The sizes
+ * were "sizes must be positive", architectures [12] an architecture "",
+ * and eos_token_id "x" or rope_scaling 5 no end token and no scaling. */
+#define SIZES_BUT(k) "\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":4,\"num_attention_heads\":4," \
+                     "\"num_key_value_heads\":2,\"rms_norm_eps\":1e-6," k
+#define QWEN3 "{\"architectures\":[\"Qwen3ForCausalLM\"]," BASE
+static void test_fields_named(void) {
+    static const struct { const char *json, *why; } cases[] = {
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," SIZES_BUT("\"head_dim\":16,\"vocab_size\":0") "}",
+         "\"vocab_size\" 0 must be positive"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," SIZES_BUT("\"head_dim\":0,\"vocab_size\":100") "}",
+         "\"head_dim\" 0 must be positive"},
+        {"{\"architectures\":[\"Qwen3ForCausalLM\"]," SIZES_BUT("\"head_dim\":-4,\"vocab_size\":100") "}",
+         "\"head_dim\" -4 must be positive"},
+        {"{\"architectures\":[12]," BASE "}", "\"architectures\"[0] is not a string"},
+        {"{\"architectures\":\"Qwen3ForCausalLM\"," BASE "}", "\"architectures\" is not a list"},
+        {"{\"architectures\":[]," BASE "}", "\"architectures\" is empty"},
+        {QWEN3 ",\"eos_token_id\":\"x\"}", "\"eos_token_id\" is not an integer, a list of integers or null"},
+        {QWEN3 ",\"eos_token_id\":2.0}", "\"eos_token_id\" is not an integer"},
+        {QWEN3 ",\"eos_token_id\":[1,\"x\"]}", "\"eos_token_id\"[1] is not an integer"},
+        {QWEN3 ",\"bos_token_id\":\"x\"}", "\"bos_token_id\" is not an integer or null"},
+        {QWEN3 ",\"rope_scaling\":\"x\"}", "\"rope_scaling\" is not an object or null"},
+        {QWEN3 ",\"rope_scaling\":5}", "\"rope_scaling\" is not an object or null"},
+        {QWEN3 ",\"rope_parameters\":[1]}", "\"rope_parameters\" is not an object or null"},
+        {QWEN3 ",\"rope_scaling\":{\"rope_type\":5}}", "\"rope_scaling\".rope_type is not a string"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dfl_model_config c;
+        int rc = parse(&c, cases[i].json);
+        T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), cases[i].why) && strstr(dfl_errmsg(), "config.json"),
+                 "case %zu: rc %d '%s', wanted '%s'", i, rc, dfl_errmsg(), cases[i].why);
+        dfl_model_config_free(&c);
+    }
+    /* the forms transformers writes are read */
+    dfl_model_config c;
+    T_CHECK(parse(&c, QWEN3 ",\"eos_token_id\":[5,7],\"bos_token_id\":null,\"rope_scaling\":null}") == 0);
+    T_CHECK(c.n_eos == 2 && c.eos_token_ids[0] == 5 && c.eos_token_ids[1] == 7 && c.bos_token_id == -1);
+    dfl_model_config_free(&c);
+    T_CHECK(parse(&c, QWEN3 ",\"eos_token_id\":3,\"bos_token_id\":1,\"rope_parameters\":null}") == 0);
+    T_CHECK(c.n_eos == 1 && c.eos_token_ids[0] == 3 && c.bos_token_id == 1);
+    dfl_model_config_free(&c);
+    T_CHECK(parse(&c, QWEN3 ",\"eos_token_id\":null}") == 0 && c.n_eos == 0);
+    dfl_model_config_free(&c);
+}
+
 /* Qwen3.5: the flat text config and the released VLM one (settings under
  * text_config, weights under model.language_model.), the transformers
  * defaults (interval-4 layer pattern, 1/4 rotary) and the refusals. */
@@ -439,7 +485,16 @@ static void test_qwen35_defaults(void) {
     dfl_model_config_free(&b);
     dfl_model_config_free(&v);
     int rc = parse(&a, "{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35_MIN ",\"head_dim\":0}");
-    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), "sizes must be positive"), "rc %d, %s", rc, dfl_errmsg());
+    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), "\"head_dim\" 0 must be positive"), "rc %d, %s", rc, dfl_errmsg());
+    dfl_model_config_free(&a);
+    /* the VLM's key is named where it is, under text_config */
+    rc = parse(&v, "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],\"text_config\":{" Q35_MIN ",\"head_dim\":0}}");
+    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), "\"text_config.head_dim\" 0 must be positive"), "rc %d, %s", rc,
+             dfl_errmsg());
+    dfl_model_config_free(&v);
+    rc = parse(&a, "{\"architectures\":[\"Qwen3_5ForCausalLM\"]," Q35_MIN ",\"linear_conv_kernel_dim\":0}");
+    T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), "\"linear_conv_kernel_dim\" 0 must be positive"), "rc %d, %s", rc,
+             dfl_errmsg());
     dfl_model_config_free(&a);
 }
 
@@ -622,6 +677,7 @@ int main(void) {
     T_RUN(test_gpt_oss);
     T_RUN(test_qwen3_next);
     T_RUN(test_refusals);
+    T_RUN(test_fields_named);
     T_RUN(test_qwen35);
     T_RUN(test_qwen35_defaults);
     T_RUN(test_moe);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -32,16 +33,31 @@ static int count_entries(const char *dir) {
     return n;
 }
 
+/* waitpid, but a child still running after 30 s is killed (SIGKILL): a
+ * cleanup that hangs fails the test instead of hanging it. The watchdog is
+ * the parent's, as every signal a child could set itself (alarm's SIGALRM)
+ * is one the cleanup now handles. */
+static pid_t wait_or_kill(pid_t pid, int *status) {
+    const struct timespec tick = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 3000; i++) {
+        pid_t r = waitpid(pid, status, WNOHANG);
+        if (r != 0) return r;
+        nanosleep(&tick, NULL);
+    }
+    kill(pid, SIGKILL);
+    return waitpid(pid, status, 0);
+}
+
 /* Waits for the child forked to work in `parent`; checks that it ended by
  * `sig` (0: exited with status 0) and left `parent` empty, then removes
  * `parent`. `round` (>= 0) goes into the messages. */
 static void reap_and_check(pid_t pid, int sig, const char *parent, int round) {
     int status = 0;
-    T_CHECK(waitpid(pid, &status, 0) == pid);
+    T_CHECK(wait_or_kill(pid, &status) == pid);
     if (sig)
         T_CHECKF(WIFSIGNALED(status) && WTERMSIG(status) == sig,
-                 "round %d: status 0x%x (exit %d), expected death by signal %d (SIGALRM %d: the cleanup hung)", round,
-                 status, WIFEXITED(status) ? WEXITSTATUS(status) : -1, sig, SIGALRM);
+                 "round %d: status 0x%x (exit %d), expected death by signal %d (SIGKILL %d: the cleanup hung)", round,
+                 status, WIFEXITED(status) ? WEXITSTATUS(status) : -1, sig, SIGKILL);
     else
         T_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "round %d: status 0x%x (exit %d)", round, status,
                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
@@ -89,24 +105,74 @@ static void test_signal_on_another_thread_cleans_up(void) {
     }
 }
 
-/* The main thread's own signal: the same cleanup, in place. */
+/* No core file in the working directory from a child's SIGQUIT, SIGXCPU
+ * or SIGXFSZ (their default action dumps core). */
+static void no_core(void) {
+    const struct rlimit none = {0, 0};
+    setrlimit(RLIMIT_CORE, &none);
+}
+
+/* The child: a temporary checkpoint directory and a temporary file with
+ * bytes in it, in `parent`. */
+static void child_opens_outputs(const char *parent, dfl_out **o) {
+    char final[PATH_MAX], tmp[PATH_MAX];
+    no_core();
+    snprintf(final, sizeof final, "%s/ck", parent);
+    if (dfl_tmpdir_create(final, tmp, sizeof tmp)) _exit(3);
+    snprintf(final, sizeof final, "%s/out.dfs", parent);
+    if (dfl_out_open(o, final, 1)) _exit(4);
+    fputs("partial", dfl_out_file(*o));
+    fflush(dfl_out_file(*o));
+}
+
+/* The main thread's own signal: the same cleanup, in place, for every
+ * signal that ends a process and that a user or the system sends. Only
+ * SIGINT, SIGTERM, SIGHUP and SIGPIPE were handled: the others (a
+ * Ctrl-\, kill -USR1 from a batch system, ...) left the outputs behind. */
 static void test_signal_on_the_writer_cleans_up(void) {
+    static const int sigs[] = {SIGTERM, SIGINT,  SIGHUP,  SIGQUIT, SIGALRM,
+                               SIGXCPU, SIGXFSZ, SIGUSR1, SIGUSR2, SIGVTALRM};
+    for (int round = 0; round < (int)(sizeof sigs / sizeof sigs[0]); round++) {
+        char parent[] = "/tmp/dflash-outfile.XXXXXX";
+        T_CHECK(mkdtemp(parent) != NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            dfl_out *o;
+            child_opens_outputs(parent, &o);
+            raise(sigs[round]);
+            _exit(5);
+        }
+        reap_and_check(pid, sigs[round], parent, round);
+    }
+}
+
+/* The signals as the system sends them: a write past `ulimit -f` (SIGXFSZ,
+ * `(ulimit -f 4; dflash-extract ...)` left .NAME.tmp.* behind) and an
+ * alarm that goes off (SIGALRM). */
+static void test_system_signals_clean_up(void) {
     char parent[] = "/tmp/dflash-outfile.XXXXXX";
     T_CHECK(mkdtemp(parent) != NULL);
     pid_t pid = fork();
     if (pid == 0) {
-        char final[PATH_MAX], tmp[PATH_MAX];
-        snprintf(final, sizeof final, "%s/ck", parent);
-        if (dfl_tmpdir_create(final, tmp, sizeof tmp)) _exit(3);
         dfl_out *o;
-        snprintf(final, sizeof final, "%s/out.dfs", parent);
-        if (dfl_out_open(&o, final, 1)) _exit(4);
-        fputs("partial", dfl_out_file(o));
-        fflush(dfl_out_file(o));
-        raise(SIGTERM);
-        _exit(5);
+        child_opens_outputs(parent, &o);
+        const struct rlimit fsize = {4096, 4096};
+        if (setrlimit(RLIMIT_FSIZE, &fsize)) _exit(6);
+        static char block[8192];
+        fwrite(block, 1, sizeof block, dfl_out_file(o));
+        fflush(dfl_out_file(o)); /* past the limit: SIGXFSZ */
+        _exit(7);
     }
-    reap_and_check(pid, SIGTERM, parent, 0);
+    reap_and_check(pid, SIGXFSZ, parent, 0);
+    T_CHECK(mkdtemp(strcpy(parent, "/tmp/dflash-outfile.XXXXXX")) != NULL);
+    pid = fork();
+    if (pid == 0) {
+        dfl_out *o;
+        child_opens_outputs(parent, &o);
+        alarm(1);
+        for (;;) pause();
+    }
+    reap_and_check(pid, SIGALRM, parent, 1);
 }
 
 static int accept_any(const char *name) { return name[0] != '.'; }
@@ -259,7 +325,7 @@ static void *signal_main_soon(void *arg) {
 /* The child: a full checkpoint directory, and the main thread busy in
  * malloc and free (sizes past the thread cache, so the arena lock is
  * taken) when SIGTERM lands on it. A cleanup that allocates (opendir)
- * deadlocks on that lock; alarm() ends such a child by SIGALRM. */
+ * deadlocks on that lock; the parent kills such a child (wait_or_kill). */
 static void child_in_malloc_when_signalled(const char *parent) {
     char final[PATH_MAX], tmp[PATH_MAX], f[PATH_MAX + 32];
     snprintf(final, sizeof final, "%s/ck", parent);
@@ -270,7 +336,6 @@ static void child_in_malloc_when_signalled(const char *parent) {
         if (fd < 0) _exit(4);
         close(fd);
     }
-    alarm(10);
     main_thread = pthread_self();
     pthread_t th;
     if (pthread_create(&th, NULL, signal_main_soon, NULL)) _exit(5);
@@ -452,7 +517,7 @@ static void test_assertion_exits_70_and_cleans_up(void) {
         buf[n] = 0;
         close(fd[0]);
         int status = 0;
-        T_CHECK(waitpid(pid, &status, 0) == pid);
+        T_CHECK(wait_or_kill(pid, &status) == pid);
         T_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == DFL_EX_SOFTWARE,
                  "thread %s: status 0x%x (exit %d), expected exit 70", other ? "other" : "writer", status,
                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
@@ -466,6 +531,7 @@ static void test_assertion_exits_70_and_cleans_up(void) {
 
 int main(void) {
     T_RUN(test_signal_on_the_writer_cleans_up);
+    T_RUN(test_system_signals_clean_up);
     T_RUN(test_signal_on_another_thread_cleans_up);
     T_RUN(test_assertion_exits_70_and_cleans_up);
     T_RUN(test_signal_removes_nested_tmpdir);

@@ -5,7 +5,10 @@
 
 #include <math.h>
 
+#include <jansson.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char dir[] = "/tmp/dflash-st-XXXXXX";
@@ -128,6 +131,16 @@ static void test_rejects(void) {
     fclose(f);
     dfl_st *st;
     T_CHECK(dfl_st_open(&st, path) == DFL_EX_DATA && strstr(dfl_errmsg(), "100 MB"));
+    /* A header length equal to the file's size: short by the 8-byte prefix.
+     * The message said "header length 100 but the file has 100 bytes". */
+    f = fopen(path, "wb");
+    uint64_t hundred = 100;
+    fwrite(&hundred, 8, 1, f);
+    for (int i = 0; i < 92; i++) fputc(' ', f);
+    fclose(f);
+    T_CHECKF(dfl_st_open(&st, path) == DFL_EX_DATA &&
+                 strstr(dfl_errmsg(), "truncated: header length 100 needs 108 bytes with its 8-byte prefix, the file has 100"),
+             "%s", dfl_errmsg());
     path_in(path, "missing.safetensors");
     T_CHECK(dfl_st_open(&st, path) == DFL_EX_NOINPUT);
 }
@@ -174,12 +187,50 @@ static void test_mxfp4(void) {
     T_CHECKF(inexact == 0, "%d values not exact in bf16", inexact);
 }
 
+/* A FIFO where a model's file should be is refused (66, named as a FIFO),
+ * not opened: a plain open() waits for a writer forever. An alarm ends
+ * the test as a failure if a reader hangs. */
+static void test_fifo_refused(void) {
+    char sub[512], path[512];
+    path_in(sub, "fifo");
+    T_CHECK(mkdir(sub, 0755) == 0);
+    path_in(path, "fifo/model.safetensors");
+    T_CHECK(mkfifo(path, 0644) == 0);
+    alarm(20);
+    dfl_st *st = NULL;
+    int rc = dfl_st_open(&st, path);
+    T_CHECKF(rc == DFL_EX_NOINPUT && !st && strstr(dfl_errmsg(), "model.safetensors: is a pipe or FIFO, not a regular file"),
+             "rc %d, '%s'", rc, dfl_errmsg());
+    rc = dfl_st_open_dir(&st, sub);
+    T_CHECKF(rc == DFL_EX_NOINPUT && !st && strstr(dfl_errmsg(), "pipe or FIFO"), "dir: rc %d, '%s'", rc, dfl_errmsg());
+    /* the index of a sharded model, and a small file read whole (config.json) */
+    path_in(path, "fifo/model.safetensors.index.json");
+    T_CHECK(mkfifo(path, 0644) == 0);
+    rc = dfl_st_open_dir(&st, sub);
+    T_CHECKF(rc == DFL_EX_NOINPUT && !st && strstr(dfl_errmsg(), "index.json: is a pipe or FIFO"), "index: rc %d, '%s'",
+             rc, dfl_errmsg());
+    char *text = NULL;
+    size_t len;
+    rc = dfl_read_file(path, 1 << 20, "config.json", &text, &len);
+    T_CHECKF(rc == DFL_EX_NOINPUT && !text && strstr(dfl_errmsg(), "pipe or FIFO"), "read_file: rc %d, '%s'", rc,
+             dfl_errmsg());
+    json_t *j = NULL;
+    rc = dfl_load_json(path, "trainer_state.json", &j);
+    T_CHECKF(rc == DFL_EX_NOINPUT && !j && strstr(dfl_errmsg(), "pipe or FIFO"), "load_json: rc %d, '%s'", rc,
+             dfl_errmsg());
+    rc = dfl_read_file(sub, 1 << 20, "config.json", &text, &len);
+    T_CHECKF(rc == DFL_EX_NOINPUT && strstr(dfl_errmsg(), "fifo: is a directory"), "directory: rc %d, '%s'", rc,
+             dfl_errmsg());
+    alarm(0);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) return 1;
     T_RUN(test_round_trip);
     T_RUN(test_rejects);
     T_RUN(test_find_many);
     T_RUN(test_mxfp4);
+    T_RUN(test_fifo_refused);
     if (t_rm_rf(dir)) return 1;
     return t_exit();
 }
