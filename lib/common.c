@@ -4,7 +4,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -270,18 +269,5 @@ int dfl_read_file(const char *path, size_t max, const char *what, char **buf, si
     }
     *buf = b;
     *len = n;
-    return 0;
-}
-
-int dfl_load_json(const char *path, const char *what, json_t **out) {
-    *out = NULL;
-    char *text;
-    size_t len;
-    int rc = dfl_read_file(path, 16u << 20, what, &text, &len);
-    if (rc) return rc;
-    json_error_t je;
-    *out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    free(text);
-    if (!*out) return dfl_err(DFL_EX_DATA, "%s: not JSON: %s (line %d)", path, je.text, je.line);
     return 0;
 }

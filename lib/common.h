@@ -129,7 +129,8 @@ int dfl_read_file(const char *path, size_t max, const char *what, char **buf, si
  * config.json read as plain JSON), read by dfl_read_file: a FIFO in its
  * place is refused, not waited on. Duplicate keys are refused. Returns 0
  * with the value in *out (json_decref it), DFL_EX_NOINPUT, DFL_EX_IOERR, or
- * DFL_EX_DATA with "PATH: not JSON: TEXT (line N)". */
+ * DFL_EX_DATA with "PATH: not JSON: TEXT (line N)". In json_file.c: common.c
+ * itself needs no jansson. */
 struct json_t;
 int dfl_load_json(const char *path, const char *what, struct json_t **out);
 
