@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static int t_failed_now, t_failed_total, t_passed_total;
 
@@ -45,6 +46,17 @@ static inline int t_rm_rf(const char *dir) {
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     return system(cmd);
+}
+
+/* Read what a child writes to the pipe `fd` until it closes its end (or
+ * `cap` - 1 bytes came), NUL-terminate it and close `fd`; the length. */
+static inline size_t t_read_pipe(int fd, char *buf, size_t cap) {
+    size_t n = 0;
+    ssize_t k;
+    while (n < cap - 1 && (k = read(fd, buf + n, cap - 1 - n)) > 0) n += (size_t)k;
+    buf[n] = 0;
+    close(fd);
+    return n;
 }
 
 /* Normalised error sum (a-b)^2 / sum b^2 (b is the reference). */

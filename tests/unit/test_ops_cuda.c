@@ -541,11 +541,7 @@ static int toy_aborts(const char *name, const char *msg) {
     }
     close(fd[1]);
     char buf[4096];
-    size_t n = 0;
-    ssize_t k;
-    while (n < sizeof buf - 1 && (k = read(fd[0], buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)k;
-    buf[n] = 0;
-    close(fd[0]);
+    t_read_pipe(fd[0], buf, sizeof buf);
     int st = 0;
     waitpid(pid, &st, 0);
     int ok = WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && strstr(buf, msg) != NULL;

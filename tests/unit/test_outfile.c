@@ -511,11 +511,7 @@ static void test_assertion_exits_70_and_cleans_up(void) {
         }
         close(fd[1]);
         char buf[4096];
-        size_t n = 0;
-        ssize_t k;
-        while (n < sizeof buf - 1 && (k = read(fd[0], buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)k;
-        buf[n] = 0;
-        close(fd[0]);
+        t_read_pipe(fd[0], buf, sizeof buf);
         int status = 0;
         T_CHECK(wait_or_kill(pid, &status) == pid);
         T_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == DFL_EX_SOFTWARE,
