@@ -10,6 +10,13 @@
  * OpenBLAS runs single-threaded, on fixed tiles that our threads share
  * (dfl_cpu_sgemm), so that no result depends on the thread count.
  */
+/* As in ops_cpu_attn.c: lets GCC vectorize the loops over dfl_cpu_expf
+ * (if-conversion of its selects). No result changes: nothing here reads
+ * the floating-point exception flags. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include "ops_cpu.h"
 
 #include "common.h"
@@ -476,16 +483,20 @@ static void cpu_matmul_bwd(void *din, float *dw, const void *dout, const void *i
 /* Per row: rstd = 1/sqrt(mean(x^2) + eps), out = (x * rstd) * w, the order
  * of transformers' Qwen3RMSNorm in f32 (the sum of squares in double). */
 /* out = (in * rstd) * (w + w_add), w_add 0 (rmsnorm) or 1 (rmsnorm1p). */
-static void rmsnorm_rows(float *out, float *rstd, const float *in, const float *w, float w_add, int64_t rows,
-                         int64_t dim, float eps) {
+SIMD_CLONES static void rmsnorm_rows(float *out, float *rstd, const float *in, const float *w, float w_add,
+                                     int64_t rows, int64_t dim, float eps) {
 #pragma omp parallel for if (rows * dim > DFL_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *x = in + r * dim;
         float *y = out + r * dim;
         double ss = 0;
+        /* in any order: a sum of squares in double rounds to the same f32
+         * mean but for a last-bit tie, and the order is fixed per dim */
+#pragma omp simd reduction(+ : ss)
         for (int64_t i = 0; i < dim; i++) ss += (double)x[i] * x[i];
         float rs = 1.0f / sqrtf((float)(ss / (double)dim) + eps);
         if (rstd) rstd[r] = rs;
+#pragma omp simd
         for (int64_t i = 0; i < dim; i++) y[i] = (x[i] * rs) * (w[i] + w_add);
     }
 }
@@ -508,12 +519,9 @@ static int64_t row_chunk(int64_t rows) {
 
 /* With y = x r w, r = (mean(x^2) + eps)^-1/2:
  *   dx_i = r w_i dy_i - x_i r^3 / dim * sum_j dy_j w_j x_j,   dw_i = sum_rows dy_i x_i r. */
-static void cpu_rmsnorm_bwd(void *din_, float *dw, const void *dout_, const void *in_, const float *rstd,
-                            const void *w_, int64_t rows, int64_t dim) {
-    float *din = din_;
-    const float *dout = dout_, *in = in_, *w = w_;
-    int64_t chunk = row_chunk(rows), nch = (rows + chunk - 1) / chunk;
-    double *part = dw ? dfl_calloc((size_t)(nch * dim), sizeof(double)) : NULL;
+SIMD_CLONES static void rmsnorm_bwd_chunks(float *din, double *part, const float *dout, const float *in,
+                                           const float *rstd, const float *w, int64_t rows, int64_t dim,
+                                           int64_t chunk, int64_t nch) {
 #pragma omp parallel for schedule(dynamic) if (nch > 1 && rows * dim > DFL_CPU_PAR_MIN)
     for (int64_t ch = 0; ch < nch; ch++) {
         double *mine = part ? part + ch * dim : NULL;
@@ -523,15 +531,25 @@ static void cpu_rmsnorm_bwd(void *din_, float *dw, const void *dout_, const void
             float rs = rstd[r];
             if (din) {
                 double dot = 0;
+#pragma omp simd reduction(+ : dot)
                 for (int64_t i = 0; i < dim; i++) dot += (double)dy[i] * w[i] * x[i];
                 float c = (float)(dot / (double)dim) * rs * rs * rs;
                 float *dx = din + r * dim;
+#pragma omp simd
                 for (int64_t i = 0; i < dim; i++) dx[i] += rs * w[i] * dy[i] - c * x[i];
             }
             if (mine)
+#pragma omp simd
                 for (int64_t i = 0; i < dim; i++) mine[i] += (double)dy[i] * (x[i] * rs);
         }
     }
+}
+
+static void cpu_rmsnorm_bwd(void *din, float *dw, const void *dout, const void *in, const float *rstd,
+                            const void *w, int64_t rows, int64_t dim) {
+    int64_t chunk = row_chunk(rows), nch = (rows + chunk - 1) / chunk;
+    double *part = dw ? dfl_calloc((size_t)(nch * dim), sizeof(double)) : NULL;
+    rmsnorm_bwd_chunks(din, part, dout, in, rstd, w, rows, dim, chunk, nch);
     if (dw) {
 #pragma omp parallel for if (nch * dim > DFL_CPU_PAR_MIN)
         for (int64_t i = 0; i < dim; i++) {
@@ -594,24 +612,54 @@ static void cpu_qk_norm_rope_bwd(void *din, float *dw, const void *dout, const v
     free(g);
 }
 
-/* silu(g) = g / (1 + exp(-g)), as PyTorch's CPU kernel writes it. */
-static void cpu_swiglu(void *out_, const void *gate_, const void *up_, int64_t n) {
+/* silu(g) = g / (1 + exp(-g)), as PyTorch's CPU kernel writes it, with
+ * dfl_cpu_expf (within 2 ulp of expf, as PyTorch's vectorized exp is within
+ * 1) so that the loop vectorizes: libm's expf was a call per element. For
+ * g below -88 exp(-g) is capped at exp(88) (about 1.7e38) where expf gives
+ * inf: silu is then g * 6e-39 instead of -0, below any f32 sum's rounding. */
+SIMD_CLONES static void cpu_swiglu(void *out_, const void *gate_, const void *up_, int64_t n) {
     float *out = out_;
     const float *g = gate_, *u = up_;
-#pragma omp parallel for if (n > 16384)
-    for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+#pragma omp parallel for simd if (n > 16384)
+    for (int64_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + dfl_cpu_expf(-g[i])) * u[i];
 }
 
-/* d silu(g)/dg = s (1 + g (1 - s)) with s = sigmoid(g). */
-static void cpu_swiglu_bwd(void *dgate_, void *dup_, const void *dout_, const void *gate_, const void *up_,
-                           int64_t n, int accumulate) {
+/* dst[0, m) = v, or += v when add */
+static inline void put_or_add(float *restrict dst, const float *restrict v, int64_t m, int add) {
+    if (!add) {
+        memcpy(dst, v, (size_t)m * sizeof(float));
+        return;
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < m; j++) dst[j] += v[j];
+}
+
+/* d silu(g)/dg = s (1 + g (1 - s)) with s = sigmoid(g). A block of
+ * elements at a time, its sigmoids in a buffer that both gradients read,
+ * so that each loop is straight and vectorizes (either output may be NULL,
+ * and either may be added to). */
+#define SWIGLU_BLOCK 512
+SIMD_CLONES static void cpu_swiglu_bwd(void *dgate_, void *dup_, const void *dout_, const void *gate_,
+                                       const void *up_, int64_t n, int accumulate) {
     float *dgate = dgate_, *dup = dup_;
-    const float *dout = dout_, *g = gate_, *u = up_;
+    const float *dout = dout_, *gate = gate_, *up = up_;
 #pragma omp parallel for if (n > 16384)
-    for (int64_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + expf(-g[i]));
-        if (dgate) dgate[i] = (accumulate ? dgate[i] : 0.0f) + dout[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
-        if (dup) dup[i] = (accumulate ? dup[i] : 0.0f) + dout[i] * (g[i] * s);
+    for (int64_t b = 0; b < n; b += SWIGLU_BLOCK) {
+        const int64_t m = n - b < SWIGLU_BLOCK ? n - b : SWIGLU_BLOCK;
+        const float *g = gate + b, *u = up + b, *dy = dout + b;
+        float s[SWIGLU_BLOCK], d[SWIGLU_BLOCK];
+#pragma omp simd
+        for (int64_t j = 0; j < m; j++) s[j] = 1.0f / (1.0f + dfl_cpu_expf(-g[j]));
+        if (dgate) {
+#pragma omp simd
+            for (int64_t j = 0; j < m; j++) d[j] = dy[j] * u[j] * (s[j] * (1.0f + g[j] * (1.0f - s[j])));
+            put_or_add(dgate + b, d, m, accumulate);
+        }
+        if (dup) {
+#pragma omp simd
+            for (int64_t j = 0; j < m; j++) d[j] = dy[j] * (g[j] * s[j]);
+            put_or_add(dup + b, d, m, accumulate);
+        }
     }
 }
 

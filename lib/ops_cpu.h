@@ -161,6 +161,13 @@ void dfl_cpu_lmhead_sample(int32_t *pred, float *gap, const void *h, const void 
 #define DFL_CPU_LMHEAD_FLOATS ((int64_t)1 << 22) /* 16 MiB per logits buffer */
 #define DFL_CPU_LMHEAD_MAX_ROWS 128
 int64_t dfl_cpu_lmhead_chunk_rows(int64_t V);
+/* The top two of z[V], V >= 1: returns the argmax, the lowest index of the
+ * maximum; *max = z[argmax], *second = the largest of the others (-inf
+ * when V is 1). NaN entries are ignored, except z[0]: a NaN there is the
+ * argmax and the max (so the row's statistics come out NaN). The scalar
+ * scan "z[c] > max, else z[c] > second" from z[0] gives the same three
+ * (the runner-up the same in value: a zero's sign may differ). */
+int32_t dfl_cpu_top2(const float *z, int64_t V, float *max, float *second);
 /* Test hook: when > 0, the number of rows per chunk (instead of the rule
  * above). Not thread-safe; set it only between calls. */
 extern int64_t dfl_cpu_lmhead_rows_override;

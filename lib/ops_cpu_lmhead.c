@@ -43,6 +43,56 @@ static void logits(float *z, const float *h, const float *w, int64_t R, int64_t 
     dfl_cpu_gemm_nt(z, h, w, R, H, V, 0.0f);
 }
 
+/* dfl_cpu_top2 (ops_cpu.h) in TOP2_LANES independent scans, lane j over
+ * z[j], z[j + LANES], ... (each keeps its first maximum, its index and its
+ * runner-up), so the compiler can vectorize the scan: it is a select per
+ * element, where the one running scan was a compare and branch per logit
+ * (half of the CE rows' time in a small drafter's step). The lanes merge
+ * in index order: the maximum of the lanes' maxima with the lowest index,
+ * and as runner-up the best of every other lane's maximum and every lane's
+ * runner-up. A lane whose index is still -1 saw nothing above -inf. */
+#define TOP2_LANES 16
+
+SIMD_CLONES int32_t dfl_cpu_top2(const float *z, int64_t V, float *max, float *second) {
+    float m1[TOP2_LANES], m2[TOP2_LANES];
+    int32_t i1[TOP2_LANES];
+    for (int j = 0; j < TOP2_LANES; j++) m1[j] = m2[j] = -INFINITY, i1[j] = -1;
+    int64_t c = 0;
+    for (; c + TOP2_LANES <= V; c += TOP2_LANES) {
+#pragma omp simd
+        for (int j = 0; j < TOP2_LANES; j++) {
+            float x = z[c + j];
+            int gt = x > m1[j];
+            float lower = x > m2[j] ? x : m2[j];
+            m2[j] = gt ? m1[j] : lower;
+            i1[j] = gt ? (int32_t)(c + j) : i1[j];
+            m1[j] = gt ? x : m1[j];
+        }
+    }
+    for (int j = 0; c < V; c++, j++) {
+        float x = z[c];
+        if (x > m1[j]) m2[j] = m1[j], m1[j] = x, i1[j] = (int32_t)c;
+        else if (x > m2[j]) m2[j] = x;
+    }
+    int best = -1;
+    for (int j = 0; j < TOP2_LANES; j++)
+        if (i1[j] >= 0 && (best < 0 || m1[j] > m1[best] || (m1[j] == m1[best] && i1[j] < i1[best]))) best = j;
+    float run = -INFINITY;
+    for (int j = 0; j < TOP2_LANES; j++) {
+        if (j != best && m1[j] > run) run = m1[j];
+        if (m2[j] > run) run = m2[j];
+    }
+    if (best < 0 || z[0] != z[0]) {
+        /* every entry -inf or NaN, or z[0] NaN: z[0] is the argmax; the
+         * runner-up is the largest of the others */
+        if (best >= 0 && m1[best] > run) run = m1[best];
+        *max = z[0], *second = run;
+        return 0;
+    }
+    *max = z[i1[best]], *second = run;
+    return i1[best];
+}
+
 /* Row statistics of z[V]: the argmax (lowest index on ties), top-1 minus
  * top-2, and the max. */
 typedef struct {
@@ -51,16 +101,13 @@ typedef struct {
 } row_top;
 
 static row_top top2(const float *z, int64_t V) {
-    row_top t = {0, z[0], -INFINITY};
-    for (int64_t c = 1; c < V; c++) {
-        if (z[c] > t.max) t.second = t.max, t.max = z[c], t.arg = (int32_t)c;
-        else if (z[c] > t.second) t.second = z[c];
-    }
+    row_top t;
+    t.arg = dfl_cpu_top2(z, V, &t.max, &t.second);
     return t;
 }
 
 /* log sum exp z, the sum in double around the max. */
-static float logsumexp(const float *z, int64_t V, float max) {
+static inline float logsumexp(const float *z, int64_t V, float max) {
     double s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t c = 0; c < V; c++) s += dfl_cpu_expf(z[c] - max);
@@ -122,6 +169,28 @@ static void chunk_free(lm_chunk *c) {
     free(c->rows);
 }
 
+/* One row of dfl_cpu_lmhead_ce: its argmax and loss, and z[V] overwritten
+ * with gs * (softmax - onehot(y)) when `grad` (exp(z - max) otherwise). A
+ * clone per target, as the exponentials are most of the row. */
+SIMD_CLONES static void ce_row(float *z, int64_t V, int32_t y, float gs, int grad, float *loss, int32_t *pred) {
+    row_top t = top2(z, V);
+    if (pred) *pred = t.arg;
+    if (y < 0) {
+        if (loss) *loss = 0;
+        return;
+    }
+    float zy = z[y];
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < V; c++) z[c] = dfl_cpu_expf(z[c] - t.max), sum += z[c];
+    if (loss) *loss = t.max + (float)log(sum) - zy;
+    if (!grad) return;
+    float g = (float)((double)gs / sum);
+#pragma omp simd
+    for (int64_t c = 0; c < V; c++) z[c] *= g;
+    z[y] -= gs;
+}
+
 void dfl_cpu_lmhead_ce(float *loss, int32_t *pred, void *dh_, const void *h_, const void *w_,
                        const int32_t *labels, const float *gscale, int64_t N, int64_t H, int64_t V) {
     if (N <= 0) return;
@@ -138,25 +207,9 @@ void dfl_cpu_lmhead_ce(float *loss, int32_t *pred, void *dh_, const void *h_, co
             int64_t r = r0 + i;
             int32_t y = labels ? labels[r] : -1;
             DFL_ASSERT(y < V);
-            row_top t = top2(z, V);
-            if (pred) pred[r] = t.arg;
             float gs = gscale ? gscale[r] : 1.0f;
             ck.want[i] = dh && y >= 0 && gs != 0;
-            if (y < 0) {
-                if (loss) loss[r] = 0;
-                continue;
-            }
-            /* z becomes exp(z - max), then gscale * (softmax - onehot) */
-            float zy = z[y];
-            double sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t c = 0; c < V; c++) z[c] = dfl_cpu_expf(z[c] - t.max), sum += z[c];
-            if (loss) loss[r] = t.max + (float)log(sum) - zy;
-            if (!ck.want[i]) continue;
-            float g = (float)((double)gs / sum);
-#pragma omp simd
-            for (int64_t c = 0; c < V; c++) z[c] *= g;
-            z[y] -= gs;
+            ce_row(z, V, y, gs, ck.want[i], loss ? loss + r : NULL, pred ? pred + r : NULL);
         }
         if (dh) {
             int64_t n = pack_rows(ck.z, ck.want, ck.rows, R, V);
@@ -164,6 +217,24 @@ void dfl_cpu_lmhead_ce(float *loss, int32_t *pred, void *dh_, const void *h_, co
         }
     }
     chunk_free(&ck);
+}
+
+/* One row of dfl_cpu_lmhead_kl past its argmaxes: the loss, and zd[V]
+ * overwritten with gs * (p_d - p_t) when `grad`. A clone per target. */
+SIMD_CLONES static void kl_row(float *zd, const float *zt, int64_t V, float max_d, float max_t, float gs, int grad,
+                               float *loss) {
+    float lse_d = logsumexp(zd, V, max_d), lse_t = logsumexp(zt, V, max_t);
+    /* sum p_t (log p_t - log p_d); p_t = 0 terms are 0 (finite logs) */
+    double kl = 0;
+#pragma omp simd reduction(+ : kl)
+    for (int64_t c = 0; c < V; c++) {
+        float lpt = zt[c] - lse_t, lpd = zd[c] - lse_d;
+        kl += (double)dfl_cpu_expf(lpt) * ((double)lpt - (double)lpd);
+    }
+    if (loss) *loss = (float)kl;
+    if (!grad) return;
+#pragma omp simd
+    for (int64_t c = 0; c < V; c++) zd[c] = gs * (dfl_cpu_expf(zd[c] - lse_d) - dfl_cpu_expf(zt[c] - lse_t));
 }
 
 void dfl_cpu_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh_, const void *h_, const void *th_,
@@ -191,18 +262,7 @@ void dfl_cpu_lmhead_kl(float *loss, int32_t *pred, int32_t *tpred, void *dh_, co
                 if (loss) loss[r] = 0;
                 continue;
             }
-            float lse_d = logsumexp(zd, V, td.max), lse_t = logsumexp(zt, V, tt.max);
-            /* sum p_t (log p_t - log p_d); p_t = 0 terms are 0 (finite logs) */
-            double kl = 0;
-#pragma omp simd reduction(+ : kl)
-            for (int64_t c = 0; c < V; c++) {
-                float lpt = zt[c] - lse_t, lpd = zd[c] - lse_d;
-                kl += (double)dfl_cpu_expf(lpt) * ((double)lpt - (double)lpd);
-            }
-            if (loss) loss[r] = (float)kl;
-            if (!ck.want[i]) continue;
-#pragma omp simd
-            for (int64_t c = 0; c < V; c++) zd[c] = gs * (dfl_cpu_expf(zd[c] - lse_d) - dfl_cpu_expf(zt[c] - lse_t));
+            kl_row(zd, zt, V, td.max, tt.max, gs, ck.want[i], loss ? loss + r : NULL);
         }
         if (dh) {
             int64_t n = pack_rows(ck.z, ck.want, ck.rows, R, V);

@@ -1583,6 +1583,54 @@ static void test_lmhead_argmax(void) {
     lm_free(&c);
 }
 
+/* dfl_cpu_top2 (16 interleaved scans merged) against the one running scan
+ * it replaces, "z[c] > max, else z[c] > second" from z[0], on rows built to
+ * break a merge: few distinct values (ties within and across lanes), signed
+ * zeros, -inf and NaN anywhere, z[0] NaN, every entry -inf, lengths around
+ * the lane count. The argmax and max must match to the bit, the runner-up
+ * in value (which zero, -0 or +0, is met first depends on the order). */
+static int32_t top2_scan(const float *z, int64_t V, float *max, float *second) {
+    int32_t arg = 0;
+    float m = z[0], s = -INFINITY;
+    for (int64_t c = 1; c < V; c++) {
+        if (z[c] > m) s = m, m = z[c], arg = (int32_t)c;
+        else if (z[c] > s) s = z[c];
+    }
+    *max = m, *second = s;
+    return arg;
+}
+
+static void test_top2_matches_scan(void) {
+    static const float pool[8] = {1.0f, 2.0f, -3.0f, 0.0f, -0.0f, -INFINITY, NAN, 2.0f};
+    const int64_t lens[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 47, 100, 1000, 8192};
+    dfl_rng r;
+    dfl_rng_seed(&r, 31);
+    float *z = fbuf(8192);
+    int bad = 0, runs = 0;
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+        int64_t V = lens[li];
+        for (int rep = 0; rep < 200; rep++, runs++) {
+            int kind = rep % 5; /* 0 pool, 1 pool without NaN, 2 random, 3 all -inf/NaN, 4 random + z[0] NaN */
+            for (int64_t c = 0; c < V; c++) {
+                uint32_t u = (uint32_t)(dfl_rng_u64(&r) >> 32);
+                if (kind == 2 || kind == 4) z[c] = (float)(u % 1000) * 0.01f - 5.0f;
+                else if (kind == 3) z[c] = u % 3 ? -INFINITY : NAN;
+                else z[c] = pool[u % (kind == 1 ? 6 : 8)];
+            }
+            if (kind == 4) z[0] = NAN;
+            float m, s, em, es;
+            int32_t a = dfl_cpu_top2(z, V, &m, &s), ea = top2_scan(z, V, &em, &es);
+            if (a != ea || memcmp(&m, &em, 4) || !(s == es)) {
+                if (bad++ < 5)
+                    fprintf(stderr, "  V %lld kind %d: arg %d max %g second %g, scan %d %g %g\n", (long long)V, kind,
+                            a, m, s, ea, em, es);
+            }
+        }
+    }
+    T_CHECKF(bad == 0, "%d of %d rows differ from the scan", bad, runs);
+    ops->free(z);
+}
+
 /* Sampling at a temperature: the draws follow softmax(z / T), restricted to
  * the tokens top-k and top-p keep. Oracle: the softmax computed here in
  * double from the same h and w, the kept set by sorting (ties with the cut
@@ -2232,6 +2280,7 @@ int main(void) {
     T_RUN(test_lmhead_kl);
     T_RUN(test_lmhead_fd);
     T_RUN(test_lmhead_argmax);
+    T_RUN(test_top2_matches_scan);
     T_RUN(test_lmhead_sample);
     T_RUN(test_lmhead_memory_bound);
     T_RUN(test_adamw);
