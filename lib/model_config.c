@@ -472,7 +472,10 @@ static int parse_token_ids(dfl_model_config *c, const json_t *j, const char *pre
         json_array_foreach(e, i, v) {
             if (!json_is_integer(v))
                 return dfl_err(DFL_EX_DATA, "%s: \"%seos_token_id\"[%zu] is not an integer", path, pre, i);
-            if (c->n_eos < 8) c->eos_token_ids[c->n_eos++] = json_integer_value(v);
+            if (c->n_eos == DFL_MAX_EOS)
+                return dfl_err(DFL_EX_DATA, "%s: \"%seos_token_id\" lists %zu ids, more than %d", path, pre,
+                               json_array_size(e), DFL_MAX_EOS);
+            c->eos_token_ids[c->n_eos++] = json_integer_value(v);
         }
     } else if (e && !json_is_null(e)) {
         return dfl_err(DFL_EX_DATA, "%s: \"%seos_token_id\" is not an integer, a list of integers or null", path, pre);

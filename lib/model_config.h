@@ -27,6 +27,11 @@
 
 typedef enum { DFL_ROPE_DEFAULT = 0, DFL_ROPE_LLAMA3 = 1, DFL_ROPE_YARN = 2 } dfl_rope_type;
 
+/* End-of-sequence ids a config may list (released models list 1 to 3; a
+ * longer list is refused, not cut, as a cut id would never stop a
+ * generation). */
+#define DFL_MAX_EOS 64
+
 typedef struct {
     char    architecture[64];   /* architectures[0] */
     char    model_type[32];
@@ -81,7 +86,7 @@ typedef struct {
     /* token ids (-1 if absent); eos may be a list */
     int64_t bos_token_id;
     int     n_eos;
-    int64_t eos_token_ids[8];
+    int64_t eos_token_ids[DFL_MAX_EOS];
     char    digest[17];         /* XXH64 of the config.json bytes, 16 hex digits */
     json_t *json;               /* the parsed file (owned) */
 } dfl_model_config;

@@ -400,6 +400,23 @@ static void test_fields_named(void) {
     dfl_model_config_free(&c);
     T_CHECK(parse(&c, QWEN3 ",\"eos_token_id\":null}") == 0 && c.n_eos == 0);
     dfl_model_config_free(&c);
+    /* a list is kept whole up to DFL_MAX_EOS ids (the ninth was dropped
+     * without a word), and refused past it */
+    char json[4096];
+    for (int n = 9; n <= DFL_MAX_EOS + 1; n += DFL_MAX_EOS - 8) {
+        int k = snprintf(json, sizeof json, QWEN3 ",\"eos_token_id\":[");
+        for (int i = 0; i < n; i++) k += snprintf(json + k, sizeof json - (size_t)k, "%s%d", i ? "," : "", 100 + i);
+        snprintf(json + k, sizeof json - (size_t)k, "]}");
+        int rc = parse(&c, json);
+        if (n <= DFL_MAX_EOS) {
+            T_CHECKF(rc == 0 && c.n_eos == n && c.eos_token_ids[n - 1] == 100 + n - 1, "%d ids: rc %d, %d kept", n,
+                     rc, c.n_eos);
+        } else {
+            T_CHECKF(rc == DFL_EX_DATA && strstr(dfl_errmsg(), "\"eos_token_id\" lists 65 ids, more than 64"),
+                     "%d ids: rc %d '%s'", n, rc, dfl_errmsg());
+        }
+        dfl_model_config_free(&c);
+    }
 }
 
 /* Qwen3.5: the flat text config and the released VLM one (settings under
