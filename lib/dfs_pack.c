@@ -422,14 +422,10 @@ static int buckets_open(pack *p, buckets *b, int shift) {
     b->shift = shift;
     if (!p->tmp[0]) {
         const char *dir = p->o->tmpdir;
-        if (snprintf(p->tmp, sizeof p->tmp, "%s" BUCKET_DIR, dir) >= (int)sizeof p->tmp || !mkdtemp(p->tmp)) {
-            int rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
-            p->tmp[0] = 0;
-            return rc;
-        }
-        int rc = dfl_cleanup_register(p->tmp, 1);
+        int rc = snprintf(p->tmp, sizeof p->tmp, "%s" BUCKET_DIR, dir) >= (int)sizeof p->tmp ? (errno = ENAMETOOLONG, -1)
+                                                                                           : dfl_cleanup_mktemp(p->tmp, 1, NULL);
+        if (rc < 0) rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
         if (rc) {
-            rmdir(p->tmp);
             p->tmp[0] = 0;
             return rc;
         }

@@ -170,6 +170,18 @@ static void set_up_once(void) {
     install_handlers();
 }
 
+/* Block the handled signals on this thread (until release_signals): one
+ * that lands meanwhile, here or forwarded from another thread, waits, and
+ * is handled once they are let in again. */
+static void hold_signals(sigset_t *prev) {
+    sigset_t held;
+    sigemptyset(&held);
+    for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++) sigaddset(&held, handled_signals[i]);
+    pthread_sigmask(SIG_BLOCK, &held, prev);
+}
+
+static void release_signals(const sigset_t *prev) { pthread_sigmask(SIG_SETMASK, prev, NULL); }
+
 /* The mode open(2) and mkdir(2) would give: mkstemp and mkdtemp create
  * 0600 and 0700, private whatever the umask, and a rename keeps that. As
  * lz4 and zstd do, an output gets 0666 (a directory 0777) less the umask. */
@@ -193,6 +205,22 @@ int dfl_cleanup_register(const char *path, int levels) {
     }
     free(e);
     return dfl_err(DFL_EX_CANTCREAT, "%s: too many temporary outputs at once (at most %d)", path, DFL_CLEANUP_MAX);
+}
+
+int dfl_cleanup_mktemp(char *tmpl, int levels, int *fd) {
+    set_up_once(); /* the handlers in place before anything exists to remove */
+    sigset_t prev;
+    hold_signals(&prev);
+    int made = levels ? (mkdtemp(tmpl) ? 0 : -1) : (*fd = mkstemp(tmpl)) >= 0 ? 0 : -1;
+    int rc = made ? -1 : dfl_cleanup_register(tmpl, levels);
+    if (rc > 0) {
+        if (levels) rmdir(tmpl);
+        else close(*fd), unlink(tmpl);
+    }
+    int err = errno;
+    release_signals(&prev);
+    errno = err;
+    return rc;
 }
 
 void dfl_cleanup_unregister(const char *path) {
@@ -337,14 +365,9 @@ int dfl_out_open(dfl_out **out, const char *path, int binary) {
     }
     char tmp[PATH_MAX];
     if (tmp_name_for(path, "tmp", tmp, sizeof tmp)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create: %s", path, strerror(errno));
-    int rc = dfl_cleanup_register(tmp, 0);
-    if (rc) {
-        close(fd);
-        unlink(tmp);
-        return rc;
-    }
+    int fd = -1, rc = dfl_cleanup_mktemp(tmp, 0, &fd);
+    if (rc < 0) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create: %s", path, strerror(errno));
+    if (rc) return rc;
     fchmod(fd, creation_mode(0666));
     dfl_out *o = dfl_calloc(1, sizeof *o);
     o->f = fdopen(fd, "wb");
@@ -459,10 +482,9 @@ static int tmpdir_create(const char *final_path, char *tmp_path, size_t n, int l
     char buf[PATH_MAX];
     if (strip_slashes(final_path, buf, sizeof buf)) return DFL_EX_CANTCREAT;
     if (tmp_name_for(buf, "tmp", tmp_path, n)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
-    if (!mkdtemp(tmp_path)) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", final_path, strerror(errno));
-    int rc = dfl_cleanup_register(tmp_path, levels);
-    if (rc) rmdir(tmp_path);
-    else chmod(tmp_path, creation_mode(0777));
+    int rc = dfl_cleanup_mktemp(tmp_path, levels, NULL);
+    if (rc < 0) return dfl_err(DFL_EX_CANTCREAT, "%s: cannot create directory: %s", final_path, strerror(errno));
+    if (!rc) chmod(tmp_path, creation_mode(0777));
     return rc;
 }
 
@@ -598,12 +620,14 @@ int dfl_tmpdir_check(const char *final_path, const char *const *names) {
 static int swap_by_renames(const char *tmp_path, const char *final_path, int levels) {
     char old[PATH_MAX];
     if (tmp_name_for(final_path, "old", old, sizeof old)) return dfl_err(DFL_EX_CANTCREAT, "%s: path too long", final_path);
-    if (!mkdtemp(old)) return dfl_err(DFL_EX_CANTCREAT, "%s: %s", final_path, strerror(errno));
+    sigset_t prev;
+    hold_signals(&prev); /* from here: even the free name's directory is never left behind */
+    if (!mkdtemp(old)) {
+        int err = errno;
+        release_signals(&prev);
+        return dfl_err(DFL_EX_CANTCREAT, "%s: %s", final_path, strerror(err));
+    }
     rmdir(old); /* a free name, for the rename */
-    sigset_t held, prev;
-    sigemptyset(&held);
-    for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++) sigaddset(&held, handled_signals[i]);
-    pthread_sigmask(SIG_BLOCK, &held, &prev);
     int rc = 0, registered = 0;
     if (rename(final_path, old) != 0) {
         rc = dfl_err(DFL_EX_CANTCREAT, "%s: cannot replace: %s", final_path, strerror(errno));
@@ -613,7 +637,7 @@ static int swap_by_renames(const char *tmp_path, const char *final_path, int lev
     } else {
         registered = dfl_cleanup_register(old, levels) == 0;
     }
-    pthread_sigmask(SIG_SETMASK, &prev, NULL);
+    release_signals(&prev);
     if (rc) return rc;
     fsync_parent(final_path); /* both renames on disk before the old output's files go */
     remove_tree(old, levels);

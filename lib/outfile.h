@@ -129,6 +129,13 @@ int dfl_tmpdir_name_err(int rc, const char *tmp_path, const char *final_path);
  * directories of files (deeper ones are left: the cleanup is bounded). */
 int dfl_cleanup_register(const char *path, int levels);
 void dfl_cleanup_unregister(const char *path);
+/* mkdtemp(tmpl) (levels >= 1) or mkstemp(tmpl) (levels 0, its descriptor
+ * in *fd) and the new path's registration, with the handled signals held
+ * off from before the one to after the other: a signal landing between
+ * them would leave the new path behind (make's Ctrl-C did, at a tool's
+ * start). Returns 0; -1 with errno set where mkdtemp or mkstemp fails; or
+ * the registration's code, the new path removed. */
+int dfl_cleanup_mktemp(char *tmpl, int levels, int *fd);
 
 /* Check stdout at exit, as jq does: flush, ferror and fclose (a stdout
  * closed from the start is no error if nothing was written to it). Returns 0

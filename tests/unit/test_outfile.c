@@ -6,6 +6,7 @@
 #include "../test.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -223,6 +224,76 @@ int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpa
         return -1;
     }
     return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+/* mkdtemp and mkstemp as the library sees them: with `signal_in_mktemp`
+ * set, the next one raises it once the path exists, on this thread, as if
+ * a Ctrl-C landed right there, before the caller could register the path. */
+static int signal_in_mktemp;
+
+static void raise_once_made(void) {
+    int sig = signal_in_mktemp;
+    signal_in_mktemp = 0;
+    if (sig) raise(sig);
+}
+
+char *mkdtemp(char *tmpl) {
+    char *(*real)(char *) = (char *(*)(char *))dlsym(RTLD_NEXT, "mkdtemp");
+    char *r = real(tmpl);
+    if (r) raise_once_made();
+    return r;
+}
+
+int mkstemp(char *tmpl) {
+    int (*real)(char *) = (int (*)(char *))dlsym(RTLD_NEXT, "mkstemp");
+    int fd = real(tmpl);
+    if (fd >= 0) raise_once_made();
+    return fd;
+}
+
+/* A signal that lands between a temporary path's creation and its
+ * registration: the path is removed all the same (the signals are held
+ * off between the two). Each kind of temporary: an output file, an output
+ * directory, dflash-pack's bucket directory (through the same call); in a
+ * fresh process (the first output: the handlers were not even installed,
+ * so the signal killed it at once) and in one that has registered outputs
+ * before. Without the hold, each round left its path behind. */
+static void child_signalled_in_mktemp(const char *parent, int kind, int warm, int sig) {
+    char path[PATH_MAX], tmp[PATH_MAX];
+    if (warm) { /* an output made and committed before: the handlers are in */
+        dfl_out *o;
+        snprintf(path, sizeof path, "%s/before", parent);
+        if (dfl_out_open(&o, path, 0) || dfl_out_commit(o)) _exit(3);
+        unlink(path);
+    }
+    signal_in_mktemp = sig;
+    if (kind == 0) {
+        dfl_out *o;
+        snprintf(path, sizeof path, "%s/out.txt", parent);
+        dfl_out_open(&o, path, 0);
+    } else if (kind == 1) {
+        snprintf(path, sizeof path, "%s/ckpt", parent);
+        dfl_tmpdir_create(path, tmp, sizeof tmp);
+    } else {
+        snprintf(tmp, sizeof tmp, "%s/bucketsXXXXXX", parent);
+        dfl_cleanup_mktemp(tmp, 1, NULL);
+    }
+    _exit(4); /* the signal was lost */
+}
+
+static void test_signal_between_create_and_register(void) {
+    const int sigs[2] = {SIGINT, SIGTERM};
+    for (int round = 0; round < 12; round++) {
+        char parent[] = "/tmp/dflash-outfile.XXXXXX";
+        T_CHECK(mkdtemp(parent) != NULL);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            no_core();
+            child_signalled_in_mktemp(parent, round % 3, round / 3 % 2, sigs[round / 6]);
+        }
+        reap_and_check(pid, sigs[round / 6], parent, round);
+    }
 }
 
 /* dir/stream.json and `n` record directories dir/00000R-tag/t.npy. */
@@ -533,6 +604,7 @@ int main(void) {
     T_RUN(test_signal_removes_nested_tmpdir);
     T_RUN(test_registry_holds_every_shard);
     T_RUN(test_signal_inside_malloc_cleans_up);
+    T_RUN(test_signal_between_create_and_register);
     T_RUN(test_sigpipe_cleans_up);
     T_RUN(test_ignored_sigpipe_stays_ignored);
     /* last: these run in this process, whose handlers they install (the tests
