@@ -214,7 +214,7 @@ static int open_state(const char *dir, int64_t nparams, json_t **state, dfl_st *
     if (access(path, F_OK) != 0)
         return dfl_err(DFL_EX_NOINPUT, "%s: no trainer state (a model-only checkpoint: use --init-from)", dir);
     json_t *j;
-    int rc = dfl_load_json(path, "trainer_state.json", &j);
+    int rc = dfl_load_json(path, DFL_JSON_FILE_MAX, "trainer_state.json", &j);
     if (rc) return rc;
     const char *fmt = json_string_value(json_object_get(j, "format"));
     if (!json_is_object(j) || !fmt || strcmp(fmt, STATE_FORMAT)) {

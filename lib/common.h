@@ -125,14 +125,15 @@ const char *dfl_file_kind(mode_t m);
  * large) or DFL_EX_IOERR. */
 int dfl_read_file(const char *path, size_t max, const char *what, char **buf, size_t *len);
 
-/* Parse the JSON of a small regular file (trainer_state.json, a drafter's
- * config.json read as plain JSON), read by dfl_read_file: a FIFO in its
- * place is refused, not waited on. Duplicate keys are refused. Returns 0
- * with the value in *out (json_decref it), DFL_EX_NOINPUT, DFL_EX_IOERR, or
- * DFL_EX_DATA with "PATH: not JSON: TEXT (line N)". In json_file.c: common.c
- * itself needs no jansson. */
+/* Parse the JSON of a regular file of at most `max` bytes (trainer_state.json,
+ * a drafter's config.json read as plain JSON, a safetensors index), read by
+ * dfl_read_file: a FIFO in its place is refused, not waited on. Duplicate
+ * keys are refused. Returns 0 with the value in *out (json_decref it),
+ * DFL_EX_NOINPUT, DFL_EX_IOERR, or DFL_EX_DATA with "PATH: not JSON: TEXT
+ * (line N)". In json_file.c: common.c itself needs no jansson. */
+#define DFL_JSON_FILE_MAX ((size_t)16 << 20) /* a config or a trainer state */
 struct json_t;
-int dfl_load_json(const char *path, const char *what, struct json_t **out);
+int dfl_load_json(const char *path, size_t max, const char *what, struct json_t **out);
 
 /* Standard input closed when the tool started (<&-). Reading "-" is then
  * "cannot open input" (66), not a read error (74) or, for JSONL, an empty

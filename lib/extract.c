@@ -32,7 +32,7 @@ static int parse_list(const char *list, int L, int *ids, int *n) {
 
 static int from_drafter(const char *path, int L, int *ids, int *n) {
     json_t *j;
-    int rc = dfl_load_json(path, "drafter config.json", &j);
+    int rc = dfl_load_json(path, DFL_JSON_FILE_MAX, "drafter config.json", &j);
     if (rc) return rc;
     json_t *ntl = json_object_get(j, "num_target_layers");
     json_t *ids_j = json_object_get(json_object_get(j, "dflash_config"), "target_layer_ids");
@@ -72,7 +72,7 @@ static int from_drafter(const char *path, int L, int *ids, int *n) {
 
 int dfl_extract_check_drafter(const char *path, int64_t hidden_size, int64_t vocab_size) {
     json_t *j;
-    int rc = dfl_load_json(path, "drafter config.json", &j); /* read once already by dfl_extract_layer_ids */
+    int rc = dfl_load_json(path, DFL_JSON_FILE_MAX, "drafter config.json", &j); /* read once already by dfl_extract_layer_ids */
     if (rc) return rc;
     const char *keys[2] = {"hidden_size", "vocab_size"};
     const int64_t want[2] = {hidden_size, vocab_size};

@@ -5,11 +5,11 @@
 #include <jansson.h>
 #include <stdlib.h>
 
-int dfl_load_json(const char *path, const char *what, json_t **out) {
+int dfl_load_json(const char *path, size_t max, const char *what, json_t **out) {
     *out = NULL;
     char *text;
     size_t len;
-    int rc = dfl_read_file(path, 16u << 20, what, &text, &len);
+    int rc = dfl_read_file(path, max, what, &text, &len);
     if (rc) return rc;
     json_error_t je;
     *out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);

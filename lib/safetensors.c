@@ -244,15 +244,10 @@ static int check_unique_names(dfl_st *st, const char *index_path) {
 }
 
 static int open_index(dfl_st *st, const char *dir, const char *index_path) {
-    char *text;
-    size_t len;
+    json_t *idx;
     /* an index is smaller than the headers it indexes */
-    int rc = dfl_read_file(index_path, DFL_ST_MAX_HEADER, "safetensors index", &text, &len);
+    int rc = dfl_load_json(index_path, DFL_ST_MAX_HEADER, "safetensors index", &idx);
     if (rc) return rc;
-    json_error_t je;
-    json_t *idx = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    free(text);
-    if (!idx) return dfl_err(DFL_EX_DATA, "%s: %s (line %d)", index_path, je.text, je.line);
     json_t *wm = json_object_get(idx, "weight_map");
     st->index = dfl_strdup(index_path);
     if (!json_is_object(wm)) rc = dfl_err(DFL_EX_DATA, "%s: no \"weight_map\" object", index_path);

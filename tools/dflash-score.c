@@ -108,7 +108,7 @@ static int64_t ckpt_step(const char *dir, const dfl_model_config *tcfg) {
     char path[4200];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     json_t *j;
-    if (dfl_load_json(path, "trainer_state.json", &j)) dfl_die_last(PROG);
+    if (dfl_load_json(path, DFL_JSON_FILE_MAX, "trainer_state.json", &j)) dfl_die_last(PROG);
     json_t *s = json_object_get(j, "step");
     if (!json_is_integer(s) || json_integer_value(s) < 0)
         dfl_die(PROG, DFL_EX_DATA, "%s: \"step\" is missing or not a count", path);

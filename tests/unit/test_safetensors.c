@@ -215,7 +215,7 @@ static void test_fifo_refused(void) {
     T_CHECKF(rc == DFL_EX_NOINPUT && !text && strstr(dfl_errmsg(), "pipe or FIFO"), "read_file: rc %d, '%s'", rc,
              dfl_errmsg());
     json_t *j = NULL;
-    rc = dfl_load_json(path, "trainer_state.json", &j);
+    rc = dfl_load_json(path, DFL_JSON_FILE_MAX, "trainer_state.json", &j);
     T_CHECKF(rc == DFL_EX_NOINPUT && !j && strstr(dfl_errmsg(), "pipe or FIFO"), "load_json: rc %d, '%s'", rc,
              dfl_errmsg());
     rc = dfl_read_file(sub, 1 << 20, "config.json", &text, &len);
