@@ -116,10 +116,10 @@ static void check_model(const dfl_model_config *c) {
                               strcmp(c->architecture, "Qwen2ForCausalLM") && !c->gpt_oss));
     for (int64_t i = 0; i < c->num_hidden_layers && i < 64; i++) {
         int64_t w = dfl_model_config_window(c, i);
-        FUZZ_CHECK(w == 0 || (c->gpt_oss && w == c->sliding_window && w > 0));
+        FUZZ_CHECK(w == 0 || (w == c->sliding_window && w > 0)); /* gpt-oss, and Qwen3/Qwen2/Mistral with windows */
     }
     if (c->gpt_oss) FUZZ_CHECK(c->num_experts > 0 && c->norm_topk_prob && isfinite((float)c->swiglu_limit));
-    FUZZ_CHECK(c->n_eos >= 0 && c->n_eos <= 8);
+    FUZZ_CHECK(c->n_eos >= 0 && c->n_eos <= DFL_MAX_EOS);
     /* RoPE */
     FUZZ_CHECK(c->rope_type == DFL_ROPE_DEFAULT || c->rope_type == DFL_ROPE_LLAMA3 || c->rope_type == DFL_ROPE_YARN);
     float theta = (float)c->rope_theta;
