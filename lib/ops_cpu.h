@@ -70,6 +70,24 @@ void dfl_cpu_matmul(void *out, const void *in, const void *w, int64_t M, int64_t
 #endif
 
 typedef float v8f __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+/* Weights k .. k+7 of a row of w: f32, or bf16 widened (exactly: the bf16
+ * bits are the f32's top half). bf16 is a constant where it is inlined. */
+static inline __attribute__((always_inline)) void dfl_load_w8(v8f *v, const void *wr, int64_t k, int bf16) {
+    if (bf16) {
+        v8h h;
+        memcpy(&h, (const uint16_t *)wr + k, sizeof h);
+        const v8u u = __builtin_convertvector(h, v8u) << 16;
+        memcpy(v, &u, sizeof *v);
+    } else {
+        memcpy(v, (const float *)wr + k, sizeof *v);
+    }
+}
+
+/* dst[i] = src[i] widened (exact), eight at a time as dfl_load_w8 does. */
+void dfl_cpu_widen_bf16(float *dst, const uint16_t *src, int64_t n);
 
 #define V8_LOAD(v, p) memcpy(&(v), (p), sizeof(v8f))
 #define V8_ADD_STORE(p, v)            \
