@@ -29,7 +29,11 @@
  * split 2:1), and on f32 weights evens out (1 thread 0.90-1.03x, 2 threads
  * 1.02-1.41x); by 72 rows bf16 is even too. Shorter rows, whose w stays in
  * cache, are sgemm's past 16 rows (K 256, N 4096, 32 rows: 0.87 ms against
- * 1.15 for the kernel). */
+ * 1.15 for the kernel). (Measured on an AMD Zen 4. On an AVX-512 Xeon, where
+ * OpenBLAS's sgemm runs 16 lanes, K 4096, N 4096, 1 thread, sgemm's time
+ * over the kernel's with its fused multiply-adds: bf16 1.75 at 16 rows, 1.20
+ * at 32, 1.07 at 40, 0.95 at 48, 0.87 at 64; f32 1.19 at 16, 0.89 at 24,
+ * 0.66 at 64.) */
 #define DFL_CPU_FEW_ROWS 16
 #define DFL_CPU_FEW_ROWS_LONG_K 64
 #define DFL_CPU_LONG_K 1024

@@ -487,6 +487,76 @@ static void test_few_rows_grouping(void) {
            "alone\n", DFL_CPU_FEW_ROWS_LONG_K, cases);
 }
 
+/* The few-rows kernel's arithmetic, element by element, against a scalar
+ * model of it: eight lanes over k in steps of 8, lane l summing x[k + l] *
+ * w[k + l] in order, the lanes added pairwise ((s0 + s1) + (s2 + s3)) + ...,
+ * then the tail one by one, then the output's old value where it
+ * accumulates. The x86-64-v3 clone fuses each multiply-add (one rounding,
+ * fmaf), the baseline does not (two): the model takes the form the CPU's
+ * clone has, and the kernel must give its bits exactly. So the summation
+ * order the kernel's guarantees rest on is pinned, not only consistent with
+ * itself, and a build that lost the fusing fails here. Shapes: K with no
+ * 8-wide step (5), one (8), steps and a tail (37, 259, 1031: tiles of 4 x 3
+ * from 1024, with prefetches), M 1 to 17 (tiles of 8, 4, 3, 2 and 1 rows),
+ * f32 and bf16 weights, overwrite and accumulate. */
+static int cpu_fuses_few_rows(void) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    return __builtin_cpu_supports("x86-64-v3"); /* what picks the clone */
+#elif defined(__x86_64__) && defined(__GNUC__)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+static float few_rows_model(const float *x, const float *w, int64_t K, int fused) {
+    float lane[8] = {0};
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8)
+        for (int l = 0; l < 8; l++) lane[l] = fused ? fmaf(x[k + l], w[k + l], lane[l]) : lane[l] + x[k + l] * w[k + l];
+    float r = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; k < K; k++) r = fused ? fmaf(x[k], w[k], r) : r + x[k] * w[k];
+    return r;
+}
+
+static void test_few_rows_exact_sums(void) {
+    static const int64_t Ks[] = {5, 8, 37, 259, 1031};
+    const int64_t N = 7, maxM = 17;
+    const int fused = cpu_fuses_few_rows();
+    dfl_rng r;
+    dfl_rng_seed(&r, 47);
+    int64_t checked = 0, wrong = 0;
+    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++) {
+        const int64_t K = Ks[ki];
+        float *x = fbuf(maxM * K), *w = fbuf(N * K), *init = fbuf(maxM * N), *out = fbuf(maxM * N);
+        uint16_t *wb = malloc((size_t)(N * K) * sizeof *wb);
+        frand(x, maxM * K, &r, 1.0f), frand(w, N * K, &r, 1.0f), frand(init, maxM * N, &r, 1.0f);
+        for (int64_t i = 0; i < N * K; i++) wb[i] = dfl_f32_to_bf16(w[i]), w[i] = dfl_bf16_to_f32(wb[i]);
+        for (int64_t M = 1; M <= maxM; M++)
+            for (int bf = 0; bf < 2; bf++)
+                for (int acc = 0; acc < 2; acc++) {
+                    memcpy(out, init, (size_t)(M * N) * sizeof *out);
+                    dfl_cpu_gemm_nt_few_rows(out, x, bf ? (const void *)wb : w, bf ? DFL_BF16 : DFL_F32, M, K, N, acc);
+                    for (int64_t m = 0; m < M; m++)
+                        for (int64_t n = 0; n < N; n++) {
+                            const float s = few_rows_model(x + m * K, w + n * K, K, fused);
+                            const float want = acc ? init[m * N + n] + s : s;
+                            if (memcmp(&want, &out[m * N + n], sizeof want) && wrong++ < 3)
+                                fprintf(stderr, "  few rows M %lld K %lld %s acc %d [%lld, %lld]: %.9g, model %.9g\n",
+                                        (long long)M, (long long)K, bf ? "bf16" : "f32", acc, (long long)m,
+                                        (long long)n, out[m * N + n], want);
+                            checked++;
+                        }
+                }
+        ops->free(x), ops->free(w), ops->free(init), ops->free(out);
+        free(wb);
+    }
+    T_CHECKF(wrong == 0, "%lld of %lld few-rows elements differ from the %s model", (long long)wrong,
+             (long long)checked, fused ? "fused" : "unfused");
+    printf("  few rows, %lld elements        the bits of the %s multiply-add model\n", (long long)checked,
+           fused ? "fused" : "unfused");
+}
+
 /* Which path the matmul op and the grouped product take, bit for bit: the
  * few-rows kernel up to DFL_CPU_FEW_ROWS rows, and up to
  * DFL_CPU_FEW_ROWS_LONG_K from K DFL_CPU_LONG_K on; sgemm (bf16 weights:
@@ -2254,6 +2324,7 @@ int main(void) {
     T_RUN(test_gemm_nt_paths);
     T_RUN(test_sgemm_tiles);
     T_RUN(test_few_rows_grouping);
+    T_RUN(test_few_rows_exact_sums);
     T_RUN(test_gemm_nt_dispatch);
     T_RUN(test_rmsnorm);
     T_RUN(test_rmsnorm_fd);
