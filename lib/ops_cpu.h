@@ -51,10 +51,9 @@ void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, co
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta);
 /* dfl_cpu_gemm_nt's few-rows kernel (what it runs for M > 1 where
  * dfl_cpu_takes_few_rows; any M works), on f32 weights or on bf16 ones,
- * widened exactly (in tiles of 4 x 3 from K 1024 on, or K 256 and 12 rows:
- * from 8 rows on, 3 rows of w at a time into a buffer; else as the tiles
- * read them): the same sums in the same order, so bf16 weights give the
- * bits of f32 weights of the same values. acc: beta 1. */
+ * widened exactly (from 8 rows on, 3 rows of w at a time into a buffer;
+ * else as the tiles read them): the same sums in the same order, so bf16
+ * weights give the bits of f32 weights of the same values. acc: beta 1. */
 void dfl_cpu_gemm_nt_few_rows(float *out, const float *in, const void *w, dfl_dtype wdt, int64_t M, int64_t K,
                               int64_t N, int acc);
 /* dfl_cpu_gemm_nt for bf16 weights and rows past dfl_cpu_takes_few_rows:

@@ -128,21 +128,18 @@ static inline __attribute__((always_inline)) void few_rows_columns(float *out, c
  * (AVX2's 16 vector registers). A weight load serves 4 rows and an input
  * load 3 columns, where 8 rows to a column loaded 9 vectors for 8 products:
  * 16 rows at K 4096, N 4096 take 9.4 ms rather than 18 (f32, 1 thread).
- * Shorter rows gain only with many rows: three short rows of w read side by
- * side stream from memory slower than one row after the other (f32, 8 rows
- * at K 256, N 65536: 10.3 ms against 5.7 before the prefetches below, 4.7
- * against 4.6 with them; 4 rows at K 512 10 % slower), while 12 and 16 rows
- * at K 256 to 768 gain 1.0 to 1.6x (16 x 768 x 16384, f32: 8.5 -> 5.2 ms; K
- * 128 6 % slower). So tiles where K >= FEW_ROWS_TILE_K, or M >=
- * FEW_ROWS_TILE_M and K >= FEW_ROWS_TILE_K_MANY; else, and for the last N %
- * 3 columns, 8 rows go to a column. */
-#define FEW_ROWS_TILE_K 1024
-#define FEW_ROWS_TILE_M 12
-#define FEW_ROWS_TILE_K_MANY 256
-
-static int few_rows_tiled(int64_t M, int64_t K) {
-    return K >= FEW_ROWS_TILE_K || (M >= FEW_ROWS_TILE_M && K >= FEW_ROWS_TILE_K_MANY);
-}
+ * Every product takes them, whatever M and K; the last N % 3 columns go 8
+ * rows to a column. A tile of 3 columns also keeps 3 sums in flight where
+ * one column keeps 1 (a lone row) to 8: with the multiply-adds fused, a sum
+ * is a chain of 4-cycle FMAs (3-cycle adds before), and one chain a column
+ * ran the lone rows at the chain's pace, not memory's. On an AVX-512 Xeon,
+ * 1 thread, bf16, against one column at a time (the lead before the fusing
+ * in brackets): 1 row, K 4096, N 12288 13.8 -> 6.8 ms; K 4096, N 4096 2.67
+ * -> 1.51 ms [1.62]; 2 rows, K 512, N 4096 0.48 -> 0.18 ms [0.40]; 3 rows, K
+ * 768, N 32768 10.6 -> 2.6 ms [7.3]; 8 rows, K 256, N 65536 (short rows
+ * from memory, where one column at a time once streamed better, on Zen 4
+ * before the prefetches below) 5.0 -> 4.5 ms [5.9]; f32, 16 rows, K 128,
+ * N 16384 2.41 -> 1.17 ms (before the fusing). */
 
 /* Where the few-rows kernel prefetches (dot_tile's pf): tiles of 3 columns
  * prefetch the next 3 rows of w while they read theirs; three rows read side
@@ -164,7 +161,7 @@ static int64_t few_rows_pf_ahead(int64_t rowbytes) {
  * that each target's clone gets its own outlined loop body. */
 SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const float *w, int64_t M, int64_t K,
                                          int64_t N, int acc) {
-    const int64_t tiled = few_rows_tiled(M, K) ? N / 3 : 0; /* column groups of 3 */
+    const int64_t tiled = N / 3; /* column groups of 3 */
 #pragma omp parallel if (M * N * K > 16 * DFL_CPU_PAR_MIN)
     {
         const int64_t d = few_rows_pf_ahead(4 * K);
@@ -177,19 +174,18 @@ SIMD_CLONES static void gemm_nt_few_rows(float *out, const float *in, const floa
     }
 }
 
-/* bf16 weights, two rows or more where few_rows_tiled: from
- * FEW_ROWS_WIDEN_M rows on, each thread widens 3 rows of w at a time into
- * its own buffer (exact) and runs the f32 tiles on it; widening once for
- * all M rows costs less than widening a vector for each tile of 4 rows (1
- * thread, K 4096, N 4096: 16 rows 7.6 ms against 10.4, 8 rows 4.8 against
- * 5.2). Fewer rows, fewer tiles: the tiles widen w as they read it (4
- * rows 3.5 -> 2.5 ms, 7 rows 6.1 -> 5.1), and so does one row (a decode
- * step, 8 rows to a column), where widening first would double its time. */
+/* bf16 weights: from FEW_ROWS_WIDEN_M rows on, each thread widens 3 rows of
+ * w at a time into its own buffer (exact) and runs the f32 tiles on it;
+ * widening once for all M rows costs less than widening a vector for each
+ * tile of 4 rows (1 thread, K 4096, N 4096: 16 rows 7.6 ms against 10.4, 8
+ * rows 4.8 against 5.2). Fewer rows, fewer tiles: the tiles widen w as they
+ * read it (4 rows 3.5 -> 2.5 ms, 7 rows 6.1 -> 5.1), and so does one row (a
+ * decode step), where widening first would double its time. */
 #define FEW_ROWS_WIDEN_M 8
 
 SIMD_CLONES static void gemm_nt_few_rows_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K,
                                               int64_t N, int acc) {
-    const int64_t tiled = M > 1 && few_rows_tiled(M, K) ? N / 3 : 0; /* column groups of 3 */
+    const int64_t tiled = N / 3; /* column groups of 3 */
 #pragma omp parallel if (M * N * K > 16 * DFL_CPU_PAR_MIN)
     {
         const int64_t d = few_rows_pf_ahead(2 * K);

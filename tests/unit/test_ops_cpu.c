@@ -415,22 +415,22 @@ static void test_sgemm_tiles(void) {
            NMSE_F32);
 }
 
-/* The few-rows kernel takes tiles of 4 rows x 3 columns where K >= 1024, or
- * M >= 12 and K >= 256 (few_rows_tiled; the rows left in one tile of 2 or 3
- * rows, or of 1; bf16 weights widened 3 rows of w at a time from 8 rows on,
- * by the tiles as they read them below), else and for the last N % 3 columns
- * 8, 4, then 1 row to a column (bf16 read as it is). Each sum is the same
- * whatever its tile and path, so every row of an M-row product is bitwise
- * that row alone, and every element that element alone (f32 and bf16
- * weights, overwrite and accumulate): what keeps a verify block's rows equal
- * to decoding them one by one, up to the matmul op's sgemv for one row. K
- * 259, 267, 1031 and 1050, M 1 to 64 (the most rows it takes, at long K;
- * tiles of 4 rows and 8 rows many times over): both paths at every K below
- * 1024, a tail of 3, 7 or 2 after the 8-wide steps, and tiles of 2 rows or
- * more that prefetch (dot_tile's pf) ending their k with whole cache lines
- * of w (259, 1031) or with one to three 8-wide steps more (267, 1050); N 37
- * leaves one column after the threes, and rows that prefetch (8 or 16 rows
- * ahead at K 259) and rows that do not. */
+/* The few-rows kernel takes tiles of 4 rows x 3 columns (the rows left in
+ * one tile of 2 or 3 rows, or of 1; bf16 weights widened 3 rows of w at a
+ * time from 8 rows on, by the tiles as they read them below), and for the
+ * last N % 3 columns 8, 4, then 1 row to a column (bf16 read as it is). Each
+ * sum is the same whatever its tile and path, so every row of an M-row
+ * product is bitwise that row alone, and every element that element alone
+ * (one row and one column: the one-column path; f32 and bf16 weights,
+ * overwrite and accumulate): what keeps a verify block's rows equal to
+ * decoding them one by one, up to the matmul op's sgemv for one row. K 259,
+ * 267, 1031 and 1050, M 1 to 64 (the most rows it takes, at long K; tiles
+ * of 4 rows and 8 rows many times over): a tail of 3, 7 or 2 after the
+ * 8-wide steps, and tiles of 2 rows or more that prefetch (dot_tile's pf)
+ * ending their k with whole cache lines of w (259, 1031) or with one to
+ * three 8-wide steps more (267, 1050); N 37 leaves one column after the
+ * threes, and rows that prefetch (8 or 16 rows ahead at K 259) and rows
+ * that do not. */
 static int few_rows_case(const float *w, const uint16_t *wb, int64_t M, int64_t K, int64_t N, int bf, int acc,
                          dfl_rng *r) {
     float *x = fbuf(M * K), *init = fbuf(M * N), *all = fbuf(M * N), *one = fbuf(M * N);
@@ -496,9 +496,10 @@ static void test_few_rows_grouping(void) {
  * clone has, and the kernel must give its bits exactly. So the summation
  * order the kernel's guarantees rest on is pinned, not only consistent with
  * itself, and a build that lost the fusing fails here. Shapes: K with no
- * 8-wide step (5), one (8), steps and a tail (37, 259, 1031: tiles of 4 x 3
- * from 1024, with prefetches), M 1 to 17 (tiles of 8, 4, 3, 2 and 1 rows),
- * f32 and bf16 weights, overwrite and accumulate. */
+ * 8-wide step (5), one (8), steps and a tail (37, 259, 1031: tiles that
+ * prefetch from 2 rows on), M 1 to 17 (tiles of 4, 3, 2 and 1 rows on 3
+ * columns, of 8, 4 and 1 on the last, N 7's seventh), f32 and bf16 weights
+ * (widened into a buffer from 8 rows on), overwrite and accumulate. */
 static int cpu_fuses_few_rows(void) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
     return __builtin_cpu_supports("x86-64-v3"); /* what picks the clone */
@@ -2303,7 +2304,7 @@ static void test_matmul_grouped(void) {
     grouped_shape_bits(small, 8, 19, 13, 33);
     grouped_shape_bits(tiled, 4, 37, 520, 34);
     /* few rows on big enough products for the threads to share them (the
-     * bf16 weights widened into each thread's buffer: K >= 1024), N % 3 = 1;
+     * bf16 weights widened into each thread's buffer: 8 rows or more), N % 3 = 1;
      * at this K, 40 rows take the few-rows kernel and 49 sgemm */
     grouped_shape_bits(wide, 6, 1030, 301, 35);
 }
