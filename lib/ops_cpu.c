@@ -25,8 +25,10 @@
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------ */
 /* memory                                                                    */
@@ -148,9 +150,29 @@ static int blas_int(int64_t n) {
  * the work): 4 to 5 of the thread counts 2..6 differ from 1 at Qwen3-8B's
  * 4096 x 4096, and so did dflash-extract's streams at -t 1 and -t 3. So
  * each product is cut into fixed tiles of the output, which depend on the
- * shape alone, and each tile is one single-threaded OpenBLAS call (see
- * blas_serial). */
+ * shape and the machine alone, never on the thread count, and each tile is
+ * one single-threaded OpenBLAS call (see blas_serial). */
 #define GEMM_TILE 256
+
+/* Larger tiles where the output still has GEMM_TILES_PER_CPU of them for
+ * each of the machine's CPUs: a tile's call packs its rows of A and its
+ * columns of B again, so 256 x 256 tiles pack each 4x as often as 1024 x
+ * 1024 ones. One thread, AVX-512 Xeon, in GFLOP/s at 256 / 512 / 1024 /
+ * the whole product as one call: 4096 x 2048 x K 768 (NT) 129 / 140 / 147 /
+ * 162, 4096 x 768 x 2048 (NN) 127 / 136 / 149 / 154, a weight gradient
+ * 2048 x 768 x 4096 (TN) 110 / 126 / 151 / 155. bench_extract's model on
+ * 2 CPUs (its products 4096 x 2048 cut in 1024s, 4096 x 768 and x 256 in
+ * 512s): the whole run 5.49-5.62 -> 4.64-5.00 s, the same bytes; 2 tiles
+ * a CPU (1024s everywhere) ran no faster than 4. Large machines, whose
+ * threads need the tiles, keep 256. The machine's count of online
+ * CPUs (not the threads, not the affinity mask) decides, so one machine
+ * always cuts a shape alike. Another machine's cut can change the last
+ * bits of a ragged edge, where a small call takes OpenBLAS's small-matrix
+ * kernel in one cut and not in the other; elsewhere OpenBLAS sums an
+ * element alike in tiles of 256 and more (this Xeon: no element of six
+ * shapes differed between cuts of 256, 512, 1024 and the whole). */
+#define GEMM_TILE_MAX 1024
+#define GEMM_TILES_PER_CPU 4
 
 /* An output of one tile (a small drafter's weight gradients: 256 x 256)
  * ran on one thread, so its tiles are halved, down to GEMM_TILE_MIN,
@@ -158,7 +180,7 @@ static int blas_int(int64_t n) {
  * 128, 128 x 256 as 2. A tile of 128 runs ~12 % slower than one of 256 on
  * one thread (64: ~28 %): outputs of 2 tiles or more keep 256 (4, the
  * bound tried first, cost a one-thread step 5 % and gained no more on
- * two). The shape alone decides, as the bits require. On the
+ * two). The shape decides, not the threads, as the bits require. On the
  * bench_train.sh drafter, 2 threads: a step ~10 % faster (median ~0.52 ->
  * ~0.45 s), the checkpoint the same bits, as OpenBLAS sums each element
  * alike in these tiles; one thread: the same time. */
@@ -169,8 +191,26 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* The tile edge of an M x N output. */
-static int64_t gemm_tile(int64_t M, int64_t N) {
+int64_t dfl_cpu_machine_cpus_override;
+
+/* The machine's online CPUs, read once (sysconf is thread-safe; two
+ * threads racing here store the same value). */
+static int64_t machine_cpus(void) {
+    static _Atomic int64_t cpus;
+    if (dfl_cpu_machine_cpus_override > 0) return dfl_cpu_machine_cpus_override;
+    int64_t n = atomic_load_explicit(&cpus, memory_order_relaxed);
+    if (n == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        n = online > 0 ? online : 1;
+        atomic_store_explicit(&cpus, n, memory_order_relaxed);
+    }
+    return n;
+}
+
+int64_t dfl_cpu_gemm_tile(int64_t M, int64_t N) {
+    const int64_t want = GEMM_TILES_PER_CPU * machine_cpus();
+    for (int64_t e = GEMM_TILE_MAX; e > GEMM_TILE; e /= 2)
+        if (ceil_div(M, e) * ceil_div(N, e) >= want) return e;
     int64_t e = GEMM_TILE;
     while (e > GEMM_TILE_MIN && ceil_div(M, e) * ceil_div(N, e) < GEMM_TILES_MIN) e /= 2;
     return e;
@@ -179,7 +219,7 @@ static int64_t gemm_tile(int64_t M, int64_t N) {
 void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
-    const int64_t e = gemm_tile(M, N), tm = ceil_div(M, e), tn = ceil_div(N, e);
+    const int64_t e = dfl_cpu_gemm_tile(M, N), tm = ceil_div(M, e), tn = ceil_div(N, e);
     const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
 #pragma omp parallel for schedule(dynamic, 1) if (tm * tn > 1 && M * N * K > DFL_CPU_PAR_MIN)
     for (int64_t t = 0; t < tm * tn; t++) {
@@ -194,7 +234,7 @@ void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, co
 
 /* out[M,N] = in[M,K] . w[N,K]^T + beta * out with w bf16, for more rows
  * than the few-rows kernel takes. The work is cut into panels of a tile's
- * rows of w (gemm_tile), each panel's row tiles into `slices` runs, enough
+ * rows of w (dfl_cpu_gemm_tile), each panel's row tiles into `slices` runs, enough
  * runs for every thread (a target's k and v projections are one or two
  * panels); a thread widens its run's panel into its own f32 buffer (exact:
  * bf16 is the top half of an f32), unless it holds that panel already,
@@ -207,7 +247,7 @@ void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, co
 void dfl_cpu_gemm_nt_bf16(float *out, const float *in, const uint16_t *w, int64_t M, int64_t K, int64_t N,
                           float beta) {
     if (M <= 0 || N <= 0) return;
-    const int64_t e = gemm_tile(M, N), tm = ceil_div(M, e), tn = ceil_div(N, e);
+    const int64_t e = dfl_cpu_gemm_tile(M, N), tm = ceil_div(M, e), tn = ceil_div(N, e);
     const int64_t want = 8 * (int64_t)omp_get_max_threads(); /* runs, for an even finish */
     const int64_t slices = min64(tm, ceil_div(want, tn));
 #pragma omp parallel if (tm * tn > 1 && M * N * K > DFL_CPU_PAR_MIN)

@@ -46,6 +46,13 @@ static inline int dfl_cpu_takes_few_rows(int64_t M, int64_t K) {
 /* C[M,N] = op(A)[M,K] . op(B)[K,N] + beta * C, row-major; op transposes
  * when trans_* is set. Every product goes through it (see ops_cpu.c: the
  * bits do not depend on the thread count). */
+/* The edge of the square tiles an M x N output is cut into: 1024 or 512
+ * where the output has 4 of them for each of the machine's online CPUs,
+ * else 256, halved down to 64 while there are fewer than 2. */
+int64_t dfl_cpu_gemm_tile(int64_t M, int64_t N);
+/* Test hook: when > 0, the machine's CPU count for dfl_cpu_gemm_tile. Not
+ * thread-safe; set it only between calls. */
+extern int64_t dfl_cpu_machine_cpus_override;
 void dfl_cpu_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 void dfl_cpu_gemm_nt(float *out, const float *in, const float *w, int64_t M, int64_t K, int64_t N, float beta);

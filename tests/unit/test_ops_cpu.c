@@ -350,19 +350,50 @@ static void test_gemm_nt_paths(void) {
     }
 }
 
-/* dfl_cpu_sgemm cuts its output into tiles of 256, halved (to 128, then
- * 64) while there are fewer than 2 (gemm_tile), so that small outputs, a
- * small drafter's weight gradients, run on more than one thread. Each
- * edge, ragged and whole: 700 x 520 (256: 3 x 3), 600 x 32 (256: 3 x 1),
- * 256 x 256 (128: 2 x 2), 130 x 200 (128, ragged), 72 x 136 (128: 1 x 2),
- * 40 x 100 and 1 x 100 (64: 1 x 2); the four transpositions, overwrite
- * and accumulate, against a double-precision sum (as gemm_nt_err, the
- * error relative to the summed terms' magnitude); the same bits on 1 and 3
+/* dfl_cpu_sgemm cuts its output into square tiles (dfl_cpu_gemm_tile): of
+ * 1024 or 512 while the output has 4 of them for each of the machine's
+ * CPUs, else of 256, halved (to 128, then 64) while there are fewer than 2,
+ * so that small outputs, a small drafter's weight gradients, run on more
+ * than one thread. The rule, on machines of 1, 2 and 64 CPUs. */
+static void test_sgemm_tile_rule(void) {
+    static const struct {
+        int64_t cpus, M, N, e;
+    } cases[] = {
+        {2, 4096, 2048, 1024}, {2, 4096, 768, 512},  {2, 4096, 256, 512}, {2, 2048, 768, 512},
+        {2, 1024, 768, 256},   {64, 4096, 2048, 256}, {64, 8192, 12288, 512}, {64, 16384, 16384, 1024}, {1, 700, 520, 512},
+        {1, 2100, 2200, 1024}, {1, 600, 300, 256},    {4096, 2100, 2200, 256}, {1, 256, 256, 128},
+        {1, 72, 136, 128},     {2, 40, 100, 64},      {1, 1, 100, 64},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        dfl_cpu_machine_cpus_override = cases[i].cpus;
+        for (int threads = 1; threads <= 7; threads += 6) { /* the threads never decide */
+            dfl_ops_cpu_threads(threads);
+            const int64_t e = dfl_cpu_gemm_tile(cases[i].M, cases[i].N);
+            T_CHECKF(e == cases[i].e, "%lld CPUs, %d threads, %lld x %lld output: tile %lld, want %lld",
+                     (long long)cases[i].cpus, threads, (long long)cases[i].M, (long long)cases[i].N, (long long)e,
+                     (long long)cases[i].e);
+        }
+    }
+    dfl_cpu_machine_cpus_override = 0;
+    dfl_ops_cpu_threads(omp_get_num_procs());
+    const int64_t e = dfl_cpu_gemm_tile(4096, 4096);
+    T_CHECKF(e == 256 || e == 512 || e == 1024, "this machine: tile %lld for 4096 x 4096", (long long)e);
+}
+
+/* Each edge, ragged and whole, cut as one CPU cuts it (1024 and 512 too)
+ * and as 4096 do (256 and less): 700 x 520 (512: 2 x 2 | 256: 3 x 3), 600
+ * x 32 (256: 3 x 1), 256 x 256 (128: 2 x 2), 130 x 200 (128, ragged), 72 x
+ * 136 (128: 1 x 2), 40 x 100 and 1 x 100 (64: 1 x 2), 2100 x 2200 (1024:
+ * 3 x 3, edges of 52 and 152 rows whose calls are OpenBLAS's small ones
+ * at K 16 | 256: 9 x 9); the four transpositions, overwrite and
+ * accumulate, against a double-precision sum (as gemm_nt_err, the error
+ * relative to the summed terms' magnitude); the same bits on 1 and 3
  * threads; and bf16 weights (dfl_cpu_gemm_nt_bf16, which widens a tile's
  * rows of w at a time) the bits of the same values in f32. */
 static void test_sgemm_tiles(void) {
-    static const int64_t shapes[][3] = {{700, 40, 520}, {600, 300, 32}, {256, 65, 256},
-                                        {130, 300, 200}, {72, 700, 136}, {40, 500, 100}, {1, 333, 100}};
+    static const int64_t shapes[][3] = {{700, 40, 520}, {600, 300, 32},  {256, 65, 256}, {130, 300, 200},
+                                        {72, 700, 136}, {40, 500, 100}, {1, 333, 100},  {2100, 16, 2200}};
+    static const int64_t machines[] = {1, 4096};
     dfl_rng r;
     dfl_rng_seed(&r, 43);
     double worst = 0;
@@ -383,36 +414,44 @@ static void test_sgemm_tiles(void) {
                     }
                     ref[i * N + j] = sum, mag[i * N + j] = m;
                 }
-            memcpy(c1, c0, (size_t)(M * N) * 4), memcpy(c3, c0, (size_t)(M * N) * 4);
-            dfl_ops_cpu_threads(1);
-            dfl_cpu_sgemm(ta, tb, M, N, K, a, lda, b, ldb, (float)beta, c1, N);
-            dfl_ops_cpu_threads(3);
-            dfl_cpu_sgemm(ta, tb, M, N, K, a, lda, b, ldb, (float)beta, c3, N);
-            T_CHECKF(!memcmp(c1, c3, (size_t)(M * N) * 4),
-                     "sgemm %lld x %lld x %lld, trans %d %d: 1 and 3 threads differ", (long long)M, (long long)K,
-                     (long long)N, ta, tb);
-            double e2 = 0, m2 = 0;
-            for (int64_t i = 0; i < M * N; i++) e2 += (c1[i] - ref[i]) * (c1[i] - ref[i]), m2 += mag[i] * mag[i];
-            worst = e2 / m2 > worst ? e2 / m2 : worst;
-            T_CHECKF(e2 / m2 <= NMSE_F32, "sgemm %lld x %lld x %lld, trans %d %d, beta %d: error %.3e", (long long)M,
-                     (long long)K, (long long)N, ta, tb, beta, e2 / m2);
+            for (size_t mc = 0; mc < sizeof machines / sizeof *machines; mc++) {
+                dfl_cpu_machine_cpus_override = machines[mc];
+                memcpy(c1, c0, (size_t)(M * N) * 4), memcpy(c3, c0, (size_t)(M * N) * 4);
+                dfl_ops_cpu_threads(1);
+                dfl_cpu_sgemm(ta, tb, M, N, K, a, lda, b, ldb, (float)beta, c1, N);
+                dfl_ops_cpu_threads(3);
+                dfl_cpu_sgemm(ta, tb, M, N, K, a, lda, b, ldb, (float)beta, c3, N);
+                T_CHECKF(!memcmp(c1, c3, (size_t)(M * N) * 4),
+                         "sgemm %lld x %lld x %lld, trans %d %d, tile %lld: 1 and 3 threads differ", (long long)M,
+                         (long long)K, (long long)N, ta, tb, (long long)dfl_cpu_gemm_tile(M, N));
+                double e2 = 0, m2 = 0;
+                for (int64_t i = 0; i < M * N; i++) e2 += (c1[i] - ref[i]) * (c1[i] - ref[i]), m2 += mag[i] * mag[i];
+                worst = e2 / m2 > worst ? e2 / m2 : worst;
+                T_CHECKF(e2 / m2 <= NMSE_F32, "sgemm %lld x %lld x %lld, trans %d %d, beta %d, tile %lld: error %.3e",
+                         (long long)M, (long long)K, (long long)N, ta, tb, beta, (long long)dfl_cpu_gemm_tile(M, N),
+                         e2 / m2);
+            }
         }
         /* bf16 weights w [N, K]: the bits of the same values in f32 */
         uint16_t *wb = dfl_malloc((size_t)(N * K) * sizeof *wb);
         for (int64_t i = 0; i < N * K; i++) b[i] = dfl_bf16_to_f32(wb[i] = dfl_f32_to_bf16(b[i]));
-        for (int beta = 0; beta <= 1; beta++) {
-            memcpy(c1, c0, (size_t)(M * N) * 4), memcpy(c3, c0, (size_t)(M * N) * 4);
-            dfl_cpu_sgemm(0, 1, M, N, K, a, K, b, K, (float)beta, c1, N);
-            dfl_cpu_gemm_nt_bf16(c3, a, wb, M, K, N, (float)beta);
-            T_CHECKF(!memcmp(c1, c3, (size_t)(M * N) * 4), "gemm_nt_bf16 %lld x %lld x %lld, beta %d: not f32's bits",
-                     (long long)M, (long long)K, (long long)N, beta);
-        }
+        for (size_t mc = 0; mc < sizeof machines / sizeof *machines; mc++)
+            for (int beta = 0; beta <= 1; beta++) {
+                dfl_cpu_machine_cpus_override = machines[mc];
+                memcpy(c1, c0, (size_t)(M * N) * 4), memcpy(c3, c0, (size_t)(M * N) * 4);
+                dfl_cpu_sgemm(0, 1, M, N, K, a, K, b, K, (float)beta, c1, N);
+                dfl_cpu_gemm_nt_bf16(c3, a, wb, M, K, N, (float)beta);
+                T_CHECKF(!memcmp(c1, c3, (size_t)(M * N) * 4),
+                         "gemm_nt_bf16 %lld x %lld x %lld, beta %d, tile %lld: not f32's bits", (long long)M,
+                         (long long)K, (long long)N, beta, (long long)dfl_cpu_gemm_tile(M, N));
+            }
+        dfl_cpu_machine_cpus_override = 0;
         free(wb), free(ref), free(mag);
         ops->free(a), ops->free(b), ops->free(c0), ops->free(c1), ops->free(c3);
     }
     dfl_ops_cpu_threads(omp_get_num_procs());
-    printf("  sgemm tiles, %zu shapes x 8    worst error %.2e (<= %.0e)\n", sizeof shapes / sizeof *shapes, worst,
-           NMSE_F32);
+    printf("  sgemm tiles, %zu shapes x 8 x %zu cuts   worst error %.2e (<= %.0e)\n", sizeof shapes / sizeof *shapes,
+           sizeof machines / sizeof *machines, worst, NMSE_F32);
 }
 
 /* The few-rows kernel takes tiles of 4 rows x 3 columns (the rows left in
@@ -2323,6 +2362,7 @@ int main(void) {
     T_RUN(test_matmul);
     T_RUN(test_matmul_fd);
     T_RUN(test_gemm_nt_paths);
+    T_RUN(test_sgemm_tile_rule);
     T_RUN(test_sgemm_tiles);
     T_RUN(test_few_rows_grouping);
     T_RUN(test_few_rows_exact_sums);
