@@ -24,14 +24,25 @@ void cuda_after_launch(const char *file, int line) {
 // ---------------------------------------------------------------------------
 // memory
 
+// Out of device memory: what the device has left, then dfl_oom (exit 70).
+static void cuda_oom(size_t bytes) {
+    (void)cudaGetLastError(); // not sticky: clear it so that cudaMemGetInfo answers
+    size_t free_b = 0, total_b = 0;
+    char detail[160] = "";
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+        char f[32], t[32];
+        snprintf(detail, sizeof detail, "cuda:%d has %s free of %s", g_cuda.dev, dfl_human_bytes(f, (double)free_b),
+                 dfl_human_bytes(t, (double)total_b));
+    }
+    dfl_oom("GPU memory", bytes, detail[0] ? detail : NULL);
+}
+
 static void *cuda_alloc(size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 1;
     cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) {
-        fprintf(stderr, "dflash: out of GPU memory allocating %zu bytes: %s\n", bytes, cudaGetErrorString(e));
-        exit(DFL_EX_SOFTWARE);
-    }
+    if (e == cudaErrorMemoryAllocation) cuda_oom(bytes);
+    if (e != cudaSuccess) cuda_fail("CUDA", cudaGetErrorString(e), __FILE__, __LINE__);
     cudaCheck(cudaMemsetAsync(p, 0, bytes, g_cuda.stream));
     return p;
 }
@@ -138,10 +149,7 @@ void *cuda_scratch_try(int slot, size_t bytes) {
 
 void *cuda_scratch(int slot, size_t bytes) {
     void *p = cuda_scratch_try(slot, bytes);
-    if (!p && bytes) {
-        fprintf(stderr, "dflash: out of GPU memory allocating %zu bytes of scratch\n", bytes + bytes / 4 + 256);
-        exit(DFL_EX_SOFTWARE);
-    }
+    if (!p && bytes) cuda_oom(bytes + bytes / 4 + 256);
     return p;
 }
 

@@ -61,18 +61,54 @@ void dfl_set_abort_hook(void (*hook)(void)) { atomic_store(&abort_hook, hook); }
  * and library destructors under them can hang; the hook is all the
  * cleaning that matters. An assertion failing inside the hook (or on a
  * second thread meanwhile) exits at once. */
-void dfl_abort(const char *file, int line, const char *what) {
-    static atomic_flag aborting = ATOMIC_FLAG_INIT;
-    fprintf(stderr, "dflash: internal error at %s:%d: assertion '%s' failed\n", file, line, what);
+static DFL_NORETURN void exit_internal(void) {
+    static atomic_flag exiting = ATOMIC_FLAG_INIT;
     void (*hook)(void) = atomic_load(&abort_hook);
-    if (hook && !atomic_flag_test_and_set(&aborting)) hook();
+    if (hook && !atomic_flag_test_and_set(&exiting)) hook();
     _exit(DFL_EX_SOFTWARE);
 }
 
-static void *out_of_memory(size_t n) {
-    fprintf(stderr, "dflash: out of memory allocating %zu bytes\n", n);
-    exit(DFL_EX_SOFTWARE);
+void dfl_abort(const char *file, int line, const char *what) {
+    fprintf(stderr, "dflash: internal error at %s:%d: assertion '%s' failed\n", file, line, what);
+    exit_internal();
 }
+
+/* Set once, before the work and its threads start. */
+static const char *oom_prog = "dflash";
+static char oom_hint[256];
+
+void dfl_set_oom_hint(const char *prog, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(oom_hint, sizeof oom_hint, fmt, ap);
+    va_end(ap);
+    oom_prog = prog;
+}
+
+const char *dfl_human_bytes(char buf[32], double bytes) {
+    static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (bytes < 1024) {
+        snprintf(buf, 32, "%.0f bytes", bytes);
+        return buf;
+    }
+    int u = 0;
+    for (bytes /= 1024; bytes >= 1024 && u < 4; u++) bytes /= 1024;
+    snprintf(buf, 32, "%.1f %s", bytes, unit[u]);
+    return buf;
+}
+
+/* No allocation here: the message is printed straight to stderr. An
+ * allocation fails on whatever thread needs it, possibly inside a parallel
+ * region, so the end is dfl_abort's (the hook, then _exit), not exit(). */
+void dfl_oom(const char *what, size_t bytes, const char *detail) {
+    char size[32];
+    fprintf(stderr, "%s: out of %s allocating %s (%zu bytes)%s%s%s%s\n", oom_prog, what,
+            dfl_human_bytes(size, (double)bytes), bytes, detail ? ", " : "", detail ? detail : "",
+            oom_hint[0] ? "; " : "", oom_hint);
+    exit_internal();
+}
+
+static void *out_of_memory(size_t n) { dfl_oom("memory", n, NULL); }
 
 void *dfl_malloc(size_t n) {
     void *p = malloc(n ? n : 1);

@@ -57,6 +57,17 @@ DFL_NORETURN void dfl_die_last(const char *prog);
 DFL_NORETURN void dfl_die(const char *prog, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Out of memory, on the CPU (dfl_malloc and the rest below) or the GPU
+ * (the CUDA backend): print "PROG: out of WHAT allocating 64.0 MiB
+ * (67108864 bytes)[, DETAIL][; HINT]", remove the temporary outputs as
+ * dfl_abort does and exit 70. A tool names itself and what sizes its
+ * largest buffers (the option to lower) once its options are parsed, with
+ * dfl_set_oom_hint; before that the message says "dflash" and no hint. */
+void dfl_set_oom_hint(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+DFL_NORETURN void dfl_oom(const char *what, size_t bytes, const char *detail);
+/* "1.5 GiB", "64.0 MiB", "12.0 KiB" or "100 bytes" into buf[32]. */
+const char *dfl_human_bytes(char buf[32], double bytes);
+
 /* Internal invariant: report file and line, remove the temporary outputs
  * (dfl_set_abort_hook) and exit 70, as an internal error. Never used for
  * input checks. */

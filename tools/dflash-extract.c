@@ -111,7 +111,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < ntaps; i++) deepest = taps[i] + 1 > deepest ? taps[i] + 1 : deepest;
     dfl_target_opts topts = {want_ids || want_last ? 0 : deepest, want_ids};
     dfl_target *t;
+    dfl_set_oom_hint(cli.prog, "while loading the target %s", model_dir);
     if (dfl_target_load(&t, model_dir, ops, &topts)) dfl_die_last(cli.prog);
+    dfl_set_oom_hint(cli.prog, "a forward's buffers grow with --batch-tokens (now %lld)", (long long)batch_tokens);
 
     dfl_jsonl *in;
     if (dfl_jsonl_open(&in, in_path, dfl_target_config(t)->vocab_size)) dfl_die_last(cli.prog);

@@ -141,6 +141,11 @@ int main(int argc, char **argv) {
         o.shuffle = shuffle;
         o.seed = (uint64_t)seed;
         o.mem = mem;
+        if (shuffle) {
+            char m[32];
+            dfl_set_oom_hint(cli.prog, "--mem (now %s) bounds the records the shuffle holds",
+                             dfl_human_bytes(m, (double)mem));
+        }
         o.tmpdir = tmpdir ? tmpdir : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
         o.progress = progress;
         o.producer = "dflash-pack " DFLASH_VERSION;

@@ -247,6 +247,7 @@ int main(int argc, char **argv) {
 
     const dfl_ops *ops;
     if (dfl_ops_get(device, &ops)) dfl_die_last(PROG);
+    dfl_set_oom_hint(PROG, "while loading the drafters%s", online ? " and the target" : "");
     dfl_model_config tcfg;
     if (dfl_model_config_load_dir(&tcfg, target_dir, "target")) dfl_die_last(PROG);
 
@@ -265,6 +266,8 @@ int main(int argc, char **argv) {
         dfl_target *t;
         dfl_target_opts topts = {0, 1};
         if (dfl_target_load(&t, target_dir, ops, &topts)) dfl_die_last(PROG);
+        dfl_set_oom_hint(PROG, "the KV caches grow with a prompt's length plus --max-new-tokens (now %lld)",
+                         (long long)max_new);
         dfl_jsonl *in;
         if (dfl_jsonl_open(&in, prompts, tcfg.vocab_size)) dfl_die_last(PROG);
         dfl_out *emit = NULL;
@@ -307,6 +310,7 @@ int main(int argc, char **argv) {
             gam[i] = o.gamma;
             sc[i] = dfl_offline_new(d[i], &o, micro_rows);
         }
+        dfl_set_oom_hint(PROG, "a forward's buffers grow with --micro-rows (now %lld)", (long long)micro_rows);
         dfl_score_stream_opts so = {anchors, (uint64_t)seed, from, !strcmp(labels, "target"), progress,
                                     !strcmp(read_ahead, "on")};
         int64_t records;

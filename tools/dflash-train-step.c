@@ -422,6 +422,7 @@ int main(int argc, char **argv) {
 
     const dfl_ops *ops;
     if (dfl_ops_get(device, &ops)) dfl_die_last(PROG);
+    dfl_set_oom_hint(PROG, "while loading the drafter and the target's embedding and LM head");
 
     /* the target */
     dfl_model_config tcfg;
@@ -500,6 +501,7 @@ int main(int argc, char **argv) {
      * untrained drafter to score, a released one brought into our layout):
      * nothing is trained, so no input is read. */
     if ((steps > 0 || resume) && dfl_trainer_open(&t, input, skip, epoch)) dfl_die_last(PROG);
+    dfl_set_oom_hint(PROG, "a micro-batch's buffers grow with --micro-rows (now %lld)", (long long)micro_rows);
     if (!strcmp(read_ahead, "off")) dfl_trainer_read_ahead(&t, 0);
 
     FILE *logf = open_log();

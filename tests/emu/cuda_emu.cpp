@@ -840,12 +840,32 @@ static bool in_device_memory(const void *p, size_t n) {
 }
 
 // dfl_emu_alloc_limit: allocations over this many bytes fail, as on a
-// device without the memory (0: no limit); g_alloc_refused counts them
+// device without the memory (0: no limit); g_alloc_refused counts them.
 static size_t g_alloc_limit;
 static unsigned long g_alloc_refused;
 
+// The emulated device's memory: an H100's 80 GiB, or DFLASH_EMU_DEVICE_BYTES
+// (for a tool's test of running out of it): cudaMalloc fails where the
+// allocations live would pass it, and cudaMemGetInfo reports what is left.
+static size_t device_bytes() {
+    static const char *env = getenv("DFLASH_EMU_DEVICE_BYTES");
+    return env ? (size_t)strtoull(env, NULL, 10) : (size_t)80 << 30;
+}
+
+static size_t device_used() {
+    size_t used = 0;
+    for (const auto &a : g_dev_allocs) used += a.second;
+    return used;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
+    size_t used = device_used(), total = device_bytes();
+    *free_b = used < total ? total - used : 0, *total_b = total;
+    return cudaSuccess;
+}
+
 cudaError_t cudaMalloc(void **p, size_t n) {
-    if (g_alloc_limit && n > g_alloc_limit) {
+    if ((g_alloc_limit && n > g_alloc_limit) || device_used() + n > device_bytes()) {
         g_alloc_refused++;
         *p = NULL;
         return cudaErrorMemoryAllocation;

@@ -270,6 +270,7 @@ cudaError_t cudaSetDevice(int dev);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s);
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);

@@ -42,6 +42,21 @@ static void test_parse_size(void) {
     T_CHECK(dfl_parse_size("", &v) != 0);
 }
 
+/* The sizes of the out-of-memory message: bytes below 1 KiB, then one
+ * decimal in the largest binary unit that keeps the number >= 1. */
+static void test_human_bytes(void) {
+    static const struct {
+        double n;
+        const char *s;
+    } cases[] = {{0, "0 bytes"},          {100, "100 bytes"},          {1023, "1023 bytes"},
+                 {1024, "1.0 KiB"},       {1536, "1.5 KiB"},           {67108864, "64.0 MiB"},
+                 {1610612736, "1.5 GiB"}, {1099511627776.0, "1.0 TiB"}, {1152921504606846976.0, "1024.0 PiB"}};
+    char buf[32];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        T_CHECKF(!strcmp(dfl_human_bytes(buf, cases[i].n), cases[i].s), "%.0f bytes: '%s', want '%s'", cases[i].n,
+                 buf, cases[i].s);
+}
+
 static void test_rng_deterministic_and_uniform(void) {
     dfl_rng a, b;
     dfl_rng_seed(&a, 42);
@@ -67,6 +82,7 @@ int main(void) {
     T_RUN(test_bf16_rounds_to_nearest_even);
     T_RUN(test_f16_round_trip);
     T_RUN(test_parse_size);
+    T_RUN(test_human_bytes);
     T_RUN(test_rng_deterministic_and_uniform);
     return t_exit();
 }
