@@ -852,30 +852,27 @@ static size_t device_bytes() {
     return env ? (size_t)strtoull(env, NULL, 10) : (size_t)80 << 30;
 }
 
-static size_t device_used() {
-    size_t used = 0;
-    for (const auto &a : g_dev_allocs) used += a.second;
-    return used;
-}
+static size_t g_dev_used; // the sizes in g_dev_allocs, summed
 
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
-    size_t used = device_used(), total = device_bytes();
+    size_t used = g_dev_used, total = device_bytes();
     *free_b = used < total ? total - used : 0, *total_b = total;
     return cudaSuccess;
 }
 
 cudaError_t cudaMalloc(void **p, size_t n) {
-    if ((g_alloc_limit && n > g_alloc_limit) || device_used() + n > device_bytes()) {
+    if ((g_alloc_limit && n > g_alloc_limit) || g_dev_used + n > device_bytes()) {
         g_alloc_refused++;
         *p = NULL;
         return cudaErrorMemoryAllocation;
     }
     *p = aligned_alloc(256, (n + 255) / 256 * 256);
-    if (*p) g_dev_allocs[(const char *)*p] = n;
+    if (*p) g_dev_allocs[(const char *)*p] = n, g_dev_used += n;
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFree(void *p) {
-    g_dev_allocs.erase((const char *)p);
+    auto it = g_dev_allocs.find((const char *)p);
+    if (it != g_dev_allocs.end()) g_dev_used -= it->second, g_dev_allocs.erase(it);
     free(p);
     return cudaSuccess;
 }
